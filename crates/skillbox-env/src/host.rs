@@ -1,0 +1,377 @@
+//! `HostEnv`: the unsandboxed env. **No boundary**: commands run as the calling user with
+//! the caller's view of the machine. Use it only for code you would run in your own shell.
+
+use std::io::{BufRead, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use tokio::io::AsyncWriteExt;
+
+use crate::error::{EnvError, EnvResult};
+use crate::exec::{pump_output, ExecEvent, ExecOutput, ExecRequest, ExecStream, StreamKind};
+use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines};
+use crate::limits::Limits;
+use crate::path::temp_name;
+use crate::{blocking, Boundary, CancellationToken, ExecutionEnv, Shell, Truncated};
+
+/// Runs on the host itself. There is no isolation: see the module docs.
+#[derive(Debug)]
+pub struct HostEnv {
+    cwd: PathBuf,
+    temp_root: PathBuf,
+    limits: Limits,
+    temps: Mutex<Vec<PathBuf>>,
+}
+
+impl HostEnv {
+    /// A host env rooted at `cwd`; temp entries go under `temp_root`.
+    pub fn new(cwd: impl Into<PathBuf>, temp_root: impl Into<PathBuf>) -> Self {
+        HostEnv {
+            cwd: cwd.into(),
+            temp_root: temp_root.into(),
+            limits: Limits::default(),
+            temps: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Timeout and output cap for execs (the other limits need a sandbox).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    fn remember(&self, path: &Path) {
+        if let Ok(mut temps) = self.temps.lock() {
+            temps.push(path.to_path_buf());
+        }
+    }
+}
+
+fn kind_of(file_type: std::fs::FileType) -> FileKind {
+    if file_type.is_symlink() {
+        FileKind::Symlink
+    } else if file_type.is_dir() {
+        FileKind::Dir
+    } else if file_type.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    }
+}
+
+/// Reads at most `max` lines from `reader`.
+pub(crate) fn first_lines(reader: impl BufRead, max: usize, path: &Path) -> EnvResult<TextLines> {
+    let mut lines = Vec::new();
+    for line in reader.lines() {
+        let line = line.map_err(|e| EnvError::io(&e, "read", path))?;
+        if lines.len() == max {
+            return Ok(TextLines { lines, truncated: true });
+        }
+        lines.push(line);
+    }
+    Ok(TextLines { lines, truncated: false })
+}
+
+#[async_trait]
+impl FileSystem for HostEnv {
+    fn cwd(&self) -> &Path {
+        &self.cwd
+    }
+
+    async fn canonical(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+        let p = self.absolute(path);
+        blocking(cancel, "canonical", move || {
+            std::fs::canonicalize(&p).map_err(|e| EnvError::io(&e, "canonical", &p))
+        })
+        .await
+    }
+
+    async fn exists(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<bool> {
+        let p = self.absolute(path);
+        blocking(cancel, "exists", move || match std::fs::symlink_metadata(&p) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(EnvError::io(&e, "exists", &p)),
+        })
+        .await
+    }
+
+    async fn file_info(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<FileInfo> {
+        let p = self.absolute(path);
+        blocking(cancel, "file_info", move || {
+            let meta = std::fs::symlink_metadata(&p).map_err(|e| EnvError::io(&e, "stat", &p))?;
+            Ok(FileInfo {
+                kind: kind_of(meta.file_type()),
+                size: meta.size(),
+                mode: meta.permissions().mode() & 0o7777,
+                modified: meta.modified().ok(),
+                read_only: meta.permissions().readonly(),
+            })
+        })
+        .await
+    }
+
+    async fn list_dir(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<DirEntry>> {
+        let p = self.absolute(path);
+        blocking(cancel, "list_dir", move || {
+            let read = std::fs::read_dir(&p).map_err(|e| EnvError::io(&e, "list", &p))?;
+            let mut entries = Vec::new();
+            for entry in read {
+                let entry = entry.map_err(|e| EnvError::io(&e, "list", &p))?;
+                let kind = entry.file_type().map(kind_of).unwrap_or(FileKind::Other);
+                entries.push(DirEntry { name: entry.file_name().to_string_lossy().into(), kind });
+            }
+            entries.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(entries)
+        })
+        .await
+    }
+
+    async fn read_text(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<String> {
+        let bytes = self.read_bytes(path, cancel).await?;
+        String::from_utf8(bytes).map_err(|_| {
+            EnvError::invalid(format!("read {}: not UTF-8 text", path.display())).with_path(path)
+        })
+    }
+
+    async fn read_text_lines(
+        &self,
+        path: &Path,
+        max: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<TextLines> {
+        let p = self.absolute(path);
+        blocking(cancel, "read", move || {
+            let file = std::fs::File::open(&p).map_err(|e| EnvError::io(&e, "read", &p))?;
+            first_lines(std::io::BufReader::new(file), max, &p)
+        })
+        .await
+    }
+
+    async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
+        let p = self.absolute(path);
+        blocking(cancel, "read", move || std::fs::read(&p).map_err(|e| EnvError::io(&e, "read", &p)))
+            .await
+    }
+
+    async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        let p = self.absolute(path);
+        let data = data.to_vec();
+        blocking(cancel, "write", move || {
+            let dir = p.parent().unwrap_or(Path::new("/"));
+            let name = p.file_name().ok_or_else(|| {
+                EnvError::invalid(format!("write {}: not a file path", p.display()))
+            })?;
+            let tmp = dir.join(temp_name(&format!(".{}.", name.to_string_lossy())));
+            let result = (|| {
+                let mut file = std::fs::File::create_new(&tmp)?;
+                file.write_all(&data)?;
+                std::fs::rename(&tmp, &p)
+            })();
+            result.map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                EnvError::io(&e, "write", &p)
+            })
+        })
+        .await
+    }
+
+    async fn append(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        let p = self.absolute(path);
+        let data = data.to_vec();
+        blocking(cancel, "append", move || {
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&p)
+                .map_err(|e| EnvError::io(&e, "append", &p))?;
+            file.write_all(&data).map_err(|e| EnvError::io(&e, "append", &p))
+        })
+        .await
+    }
+
+    async fn rename(&self, from: &Path, to: &Path, cancel: &CancellationToken) -> EnvResult<()> {
+        let (from, to) = (self.absolute(from), self.absolute(to));
+        blocking(cancel, "rename", move || {
+            std::fs::rename(&from, &to).map_err(|e| EnvError::io(&e, "rename", &from))
+        })
+        .await
+    }
+
+    async fn remove(&self, path: &Path, recursive: bool, cancel: &CancellationToken) -> EnvResult<()> {
+        let p = self.absolute(path);
+        blocking(cancel, "remove", move || {
+            let meta = std::fs::symlink_metadata(&p).map_err(|e| EnvError::io(&e, "remove", &p))?;
+            let result = if meta.is_dir() {
+                if recursive { std::fs::remove_dir_all(&p) } else { std::fs::remove_dir(&p) }
+            } else {
+                std::fs::remove_file(&p)
+            };
+            result.map_err(|e| EnvError::io(&e, "remove", &p))
+        })
+        .await
+    }
+
+    async fn create_dir(&self, path: &Path, recursive: bool, cancel: &CancellationToken) -> EnvResult<()> {
+        let p = self.absolute(path);
+        blocking(cancel, "create_dir", move || {
+            let result =
+                if recursive { std::fs::create_dir_all(&p) } else { std::fs::create_dir(&p) };
+            result.map_err(|e| EnvError::io(&e, "create_dir", &p))
+        })
+        .await
+    }
+
+    async fn create_temp_dir(&self, prefix: &str, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+        let p = self.temp_root.join(temp_name(prefix));
+        let made = p.clone();
+        blocking(cancel, "create_temp_dir", move || {
+            std::fs::create_dir_all(made.parent().unwrap_or(Path::new("/")))
+                .and_then(|()| std::fs::create_dir(&made))
+                .map_err(|e| EnvError::io(&e, "create_temp_dir", &made))
+        })
+        .await?;
+        self.remember(&p);
+        Ok(p)
+    }
+
+    async fn create_temp_file(&self, prefix: &str, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+        let p = self.temp_root.join(temp_name(prefix));
+        let made = p.clone();
+        blocking(cancel, "create_temp_file", move || {
+            std::fs::create_dir_all(made.parent().unwrap_or(Path::new("/")))
+                .and_then(|()| std::fs::File::create_new(&made).map(drop))
+                .map_err(|e| EnvError::io(&e, "create_temp_file", &made))
+        })
+        .await?;
+        self.remember(&p);
+        Ok(p)
+    }
+
+    async fn cleanup(&self) -> EnvResult<()> {
+        let temps = match self.temps.lock() {
+            Ok(mut temps) => std::mem::take(&mut *temps),
+            Err(_) => Vec::new(),
+        };
+        for temp in temps {
+            let result = if temp.is_dir() {
+                std::fs::remove_dir_all(&temp)
+            } else {
+                std::fs::remove_file(&temp)
+            };
+            match result {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(EnvError::io(&e, "cleanup", &temp));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Shell for HostEnv {
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<ExecStream> {
+        request.validate()?;
+        let argv = request.command.to_argv();
+        let cwd = self.absolute(request.cwd.as_deref().unwrap_or(&self.cwd));
+        let mut command = tokio::process::Command::new(&argv[0]);
+        command
+            .args(&argv[1..])
+            .current_dir(&cwd)
+            .envs(&request.env)
+            .stdin(if request.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so cancel and timeout reach the children too.
+            .process_group(0)
+            .kill_on_drop(true);
+        let started = Instant::now();
+        let mut child = command.spawn().map_err(|e| EnvError::io(&e, "exec", &argv[0]))?;
+        let pid = child.id().map(|p| p as i32);
+        let (tx, stream) = ExecStream::channel();
+        let cap = self.limits.output_bytes;
+        let stdout = child.stdout.take().map(|r| {
+            tokio::spawn(pump_output(r, StreamKind::Stdout, cap, tx.clone()))
+        });
+        let stderr = child.stderr.take().map(|r| {
+            tokio::spawn(pump_output(r, StreamKind::Stderr, cap, tx.clone()))
+        });
+        if let (Some(mut sink), Some(input)) = (child.stdin.take(), request.stdin) {
+            tokio::spawn(async move {
+                let _ = sink.write_all(&input).await;
+            });
+        }
+        let timeout = request.timeout.unwrap_or(self.limits.timeout());
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let kill_group = || {
+                if let Some(pid) = pid {
+                    // SAFETY: plain kill(2) on the child's process group.
+                    unsafe { libc::kill(-pid, libc::SIGKILL) };
+                }
+            };
+            let mut timed_out = false;
+            let status = tokio::select! {
+                status = child.wait() => status,
+                () = tokio::time::sleep(timeout) => { timed_out = true; kill_group(); child.wait().await }
+                () = cancel.cancelled() => {
+                    kill_group();
+                    let _ = child.wait().await;
+                    let _ = tx.send(Err(EnvError::aborted("exec"))).await;
+                    return;
+                }
+            };
+            // The group may hold children that outlived the leader.
+            kill_group();
+            let mut truncated = Truncated::default();
+            if let Some(h) = stdout {
+                truncated.stdout = h.await.unwrap_or(false);
+            }
+            if let Some(h) = stderr {
+                truncated.stderr = h.await.unwrap_or(false);
+            }
+            let output = match status {
+                Ok(status) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    ExecOutput {
+                        exit_code: status.code(),
+                        signal: status.signal(),
+                        timed_out,
+                        limit_hit: (truncated.stdout || truncated.stderr)
+                            .then_some(crate::LimitKind::Output),
+                        duration_ms: started.elapsed().as_millis() as u64,
+                        truncated,
+                        ..ExecOutput::default()
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(EnvError::io(&e, "wait", "child"))).await;
+                    return;
+                }
+            };
+            let _ = tx.send(Ok(ExecEvent::Exit(output))).await;
+        });
+        Ok(stream)
+    }
+}
+
+#[async_trait]
+impl ExecutionEnv for HostEnv {
+    fn backend(&self) -> &'static str {
+        "host"
+    }
+
+    fn boundary(&self) -> Boundary {
+        Boundary::None
+    }
+}
