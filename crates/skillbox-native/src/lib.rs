@@ -1,1 +1,19 @@
-//! placeholder
+//! `native`: the Linux sandbox skillbox uses when nothing else is asked for. No daemon:
+//! one `clone3` into new user, pid, net, mount, ipc, uts and cgroup namespaces, a fresh
+//! root with read-only system directories, Landlock, seccomp, cgroups and rlimits.
+//!
+//! If a layer cannot be applied the sandbox is refused with `unavailable` naming it;
+//! it never runs with less than asked.
+
+mod cgroup;
+mod child;
+mod fs;
+mod landlock;
+mod layout;
+mod probe;
+mod sandbox;
+mod seccomp;
+mod spawn;
+
+pub use probe::{Layer, NativeReport, probe};
+pub use sandbox::{NativeBackend, NativeSandbox};

@@ -1,1 +1,101 @@
-fn main() {}
+//! The `skillbox` binary: `doctor` and `exec` (DESIGN.md §4).
+
+mod doctor;
+mod exec;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run code that AI agents write behind a real boundary.
+#[derive(Debug, Parser)]
+#[command(name = "skillbox", version, about, long_about = None)]
+struct Cli {
+    /// Where skillbox keeps its state [default: $SKILLBOX_DATA, else ~/.local/share/skillbox]
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show every backend, whether it works here and why, and each native layer.
+    Doctor(doctor::DoctorArgs),
+    /// Run one command in a fresh sandbox with /workspace as its working directory.
+    Exec(exec::ExecArgs),
+}
+
+/// Exit status for skillbox's own failures (the sandbox could not be set up), as
+/// distinct from the command's exit status.
+pub const EXIT_SETUP_FAILED: u8 = 125;
+/// Exit status for bad usage.
+pub const EXIT_USAGE: u8 = 2;
+
+fn data_dir(flag: Option<PathBuf>) -> PathBuf {
+    if let Some(dir) = flag {
+        return dir;
+    }
+    if let Some(dir) = std::env::var_os("SKILLBOX_DATA").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => PathBuf::from(home).join(".local/share/skillbox"),
+        // SAFETY: getuid has no preconditions.
+        None => std::env::temp_dir().join(format!("skillbox-{}", unsafe { libc::getuid() })),
+    }
+}
+
+/// Folds clap's multi-line error into one line: the error, plus the valid values.
+fn one_line(rendered: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for line in rendered.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line.starts_with("For more information") || line.starts_with("Usage:") {
+            continue;
+        }
+        parts.push(line.trim_start_matches("error: "));
+    }
+    format!("{} (see --help)", parts.join(" "))
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("skillbox: {}", one_line(&e.to_string()));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let data_dir = data_dir(cli.data_dir);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("skillbox: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_SETUP_FAILED);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Doctor(args) => doctor::run(args),
+            Command::Exec(args) => exec::run(args, &data_dir).await,
+        }
+    })
+}

@@ -1,0 +1,545 @@
+//! The code that runs in the cloned child, before and instead of `execve`.
+//!
+//! The child is a copy of one thread of a multi-threaded process, so everything here is
+//! raw syscalls over data prepared by the parent: no allocation, no locks, no panics.
+//! The child becomes the sandbox's init (pid 1): it builds the root, locks itself down
+//! (every layer is inherited by what it forks), forks the payload, reaps, reports the
+//! payload's wait status and exits — which kills whatever is left in the namespace.
+
+use std::ffi::CString;
+
+use crate::landlock;
+
+/// Where the new root is assembled inside the child's mount namespace, before
+/// `pivot_root`. Every bind source is an fd, so whatever this hides does not matter.
+pub const STAGE: &str = "/tmp";
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const OPEN_TREE_CLONE: u32 = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// One step of building the root; paths are absolute, under [`STAGE`].
+#[derive(Debug)]
+pub enum MountOp {
+    Dir {
+        path: CString,
+    },
+    File {
+        path: CString,
+    },
+    Symlink {
+        target: CString,
+        path: CString,
+    },
+    /// `source` is a host path, captured with `open_tree` before the child gives up
+    /// the parent's credentials (it may sit in a directory only they can traverse).
+    Bind {
+        source: CString,
+        target: CString,
+        attrs: u64,
+    },
+    Tmpfs {
+        target: CString,
+        options: CString,
+    },
+    Proc {
+        target: CString,
+    },
+}
+
+/// Steps reported through the error pipe: `(step, errno)`. Mount ops report
+/// `STEP_MOUNT + index`.
+pub const STEP_MOUNT_PRIVATE: u32 = 1;
+pub const STEP_ROOT_TMPFS: u32 = 2;
+pub const STEP_PIVOT: u32 = 3;
+pub const STEP_ROOT_READONLY: u32 = 4;
+pub const STEP_HOSTNAME: u32 = 5;
+pub const STEP_LOOPBACK: u32 = 6;
+pub const STEP_RLIMIT: u32 = 7;
+pub const STEP_NO_NEW_PRIVS: u32 = 8;
+pub const STEP_LANDLOCK: u32 = 9;
+pub const STEP_CAPS: u32 = 10;
+pub const STEP_SECCOMP: u32 = 11;
+pub const STEP_FORK: u32 = 12;
+pub const STEP_STDIO: u32 = 13;
+pub const STEP_CHDIR: u32 = 14;
+pub const STEP_EXEC: u32 = 15;
+pub const STEP_IDS: u32 = 16;
+pub const STEP_MOUNT: u32 = 1000;
+/// `STEP_OPEN_TREE + index`: capturing a bind source failed.
+pub const STEP_OPEN_TREE: u32 = 100_000;
+
+/// At most this many bind mounts per sandbox.
+pub const MAX_BINDS: usize = 128;
+
+/// Everything the child needs, built by the parent before clone.
+#[derive(Debug)]
+pub struct ChildPlan {
+    pub layout: std::sync::Arc<Layout>,
+    /// Drop the supplementary groups inherited from the parent (possible only when
+    /// the parent could leave `setgroups` allowed, i.e. as root).
+    pub clear_groups: bool,
+    pub cwd: CString,
+    /// Candidate program paths, tried in order (PATH search done up front).
+    pub programs: Vec<CString>,
+    pub argv: Vec<CString>,
+    pub env: Vec<CString>,
+    pub fds: ChildFds,
+}
+
+/// The part of a plan that is the same for every exec of one sandbox.
+#[derive(Debug)]
+pub struct Layout {
+    pub mounts: Vec<MountOp>,
+    pub root_options: CString,
+    /// Paths (after pivot) made read-only once populated.
+    pub seal: Vec<CString>,
+    pub hostname: CString,
+    pub rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    pub landlock: landlock::Plan,
+    pub seccomp: Vec<libc::sock_filter>,
+}
+
+/// The child's ends of the pipes.
+#[derive(Debug, Clone, Copy)]
+pub struct ChildFds {
+    pub sync: i32,
+    pub error: i32,
+    pub status: i32,
+    pub stdin: i32,
+    pub stdout: i32,
+    pub stderr: i32,
+}
+
+fn errno() -> i32 {
+    landlock::errno()
+}
+
+/// Reports a failed step to the parent and exits.
+unsafe fn fail(fds: &ChildFds, step: u32, err: i32) -> ! {
+    let mut record = [0u8; 8];
+    record[..4].copy_from_slice(&step.to_ne_bytes());
+    record[4..].copy_from_slice(&err.to_ne_bytes());
+    // SAFETY: writing a stack buffer to our error pipe, then exiting without unwinding.
+    unsafe {
+        libc::write(fds.error, record.as_ptr().cast(), record.len());
+        libc::_exit(127)
+    }
+}
+
+unsafe fn check(fds: &ChildFds, step: u32, rc: libc::c_long) {
+    if rc < 0 {
+        // SAFETY: see `fail`.
+        unsafe { fail(fds, step, errno()) }
+    }
+}
+
+unsafe fn mount_setattr(path: &CString, flags: u32, attr_set: u64) -> libc::c_long {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` and `path` outlive the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    }
+}
+
+unsafe fn apply_mount(op: &MountOp, tree: i32) -> libc::c_long {
+    // SAFETY: every pointer is a NUL-terminated string owned by the plan.
+    unsafe {
+        match op {
+            MountOp::Dir { path } => {
+                let rc = libc::mkdir(path.as_ptr(), 0o755);
+                if rc < 0 && errno() == libc::EEXIST {
+                    0
+                } else {
+                    rc as libc::c_long
+                }
+            }
+            MountOp::File { path } => {
+                let fd = libc::open(
+                    path.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o644,
+                );
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+                fd as libc::c_long
+            }
+            MountOp::Symlink { target, path } => {
+                libc::symlink(target.as_ptr(), path.as_ptr()) as libc::c_long
+            }
+            MountOp::Bind { target, attrs, .. } => {
+                let rc = libc::syscall(
+                    libc::SYS_move_mount,
+                    tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                );
+                if rc < 0 {
+                    return rc;
+                }
+                mount_setattr(target, libc::AT_RECURSIVE as u32, *attrs)
+            }
+            MountOp::Tmpfs { target, options } => libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                options.as_ptr().cast(),
+            ) as libc::c_long,
+            MountOp::Proc { target } => libc::mount(
+                c"proc".as_ptr(),
+                target.as_ptr(),
+                c"proc".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ) as libc::c_long,
+        }
+    }
+}
+
+/// Brings `lo` up so programs can use loopback inside their own network namespace.
+unsafe fn loopback_up() -> libc::c_long {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        pad: [u8; 22],
+    }
+    // SAFETY: a plain socket + two ioctls on a stack struct of the kernel's size.
+    unsafe {
+        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if sock < 0 {
+            return -1;
+        }
+        let mut req = IfReq {
+            name: [0; 16],
+            flags: 0,
+            pad: [0; 22],
+        };
+        req.name[..2].copy_from_slice(b"lo");
+        let mut rc = libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req as *mut IfReq);
+        if rc == 0 {
+            req.flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            rc = libc::ioctl(sock, libc::SIOCSIFFLAGS, &mut req as *mut IfReq);
+        }
+        libc::close(sock);
+        rc as libc::c_long
+    }
+}
+
+/// Closes every fd except those in `keep` (sorted ascending).
+unsafe fn close_all_but(keep: &[i32]) {
+    let mut next: u32 = 0;
+    for &fd in keep {
+        let fd = fd as u32;
+        if fd > next {
+            // SAFETY: closing a range of our own fds.
+            unsafe { libc::syscall(libc::SYS_close_range, next, fd - 1, 0u32) };
+        }
+        next = fd + 1;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, next, u32::MAX, 0u32) };
+}
+
+unsafe fn drop_capabilities() -> libc::c_long {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    // SAFETY: prctl/capset with stack structs of the kernel's layout.
+    unsafe {
+        let mut cap = 0;
+        while libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) == 0 {
+            cap += 1;
+        }
+        if errno() != libc::EINVAL {
+            return -1;
+        }
+        if libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ) < 0
+        {
+            return -1;
+        }
+        let header = CapHeader {
+            version: CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [
+            CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            },
+            CapData {
+                effective: 0,
+                permitted: 0,
+                inheritable: 0,
+            },
+        ];
+        libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr())
+    }
+}
+
+/// The child's entry point. Never returns.
+///
+/// # Safety
+/// Only in the child of `clone3`, with `plan` as prepared by the parent.
+pub unsafe fn init_main(plan: &ChildPlan) -> ! {
+    let fds = &plan.fds;
+    // SAFETY: raw syscalls on plan data, as the module docs describe.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        // Signal handlers came with the copy of the parent; none of them are ours.
+        for sig in 1..libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+
+        // Wait until the parent has written our uid/gid maps and cgroup.
+        let mut byte = 0u8;
+        if libc::read(fds.sync, (&mut byte as *mut u8).cast(), 1) != 1 {
+            libc::_exit(1);
+        }
+
+        // Capture every bind source while we still have the parent's credentials.
+        let mut trees = [-1i32; MAX_BINDS];
+        let mut slot = 0;
+        for (i, op) in plan.layout.mounts.iter().enumerate() {
+            if let MountOp::Bind { source, .. } = op {
+                let fd = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    source.as_ptr(),
+                    OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_RECURSIVE as u32,
+                );
+                check(fds, STEP_OPEN_TREE + i as u32, fd);
+                if slot < MAX_BINDS {
+                    trees[slot] = fd as i32;
+                }
+                slot += 1;
+            }
+        }
+
+        // Become the mapped sandbox user; our credentials are still the parent's.
+        if plan.clear_groups {
+            check(fds, STEP_IDS, libc::setgroups(0, std::ptr::null()) as _);
+        }
+        let id = crate::spawn::SANDBOX_ID;
+        check(fds, STEP_IDS, libc::setresgid(id, id, id) as _);
+        check(fds, STEP_IDS, libc::setresuid(id, id, id) as _);
+
+        let null = std::ptr::null::<libc::c_char>();
+        check(
+            fds,
+            STEP_MOUNT_PRIVATE,
+            libc::mount(
+                null,
+                c"/".as_ptr(),
+                null,
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) as _,
+        );
+        let stage = c"/tmp";
+        check(
+            fds,
+            STEP_ROOT_TMPFS,
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                stage.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                plan.layout.root_options.as_ptr().cast(),
+            ) as _,
+        );
+        let mut slot = 0;
+        for (i, op) in plan.layout.mounts.iter().enumerate() {
+            let tree = if matches!(op, MountOp::Bind { .. }) {
+                slot += 1;
+                trees.get(slot - 1).copied().unwrap_or(-1)
+            } else {
+                -1
+            };
+            check(fds, STEP_MOUNT + i as u32, apply_mount(op, tree));
+        }
+        check(fds, STEP_PIVOT, libc::chdir(stage.as_ptr()) as _);
+        check(
+            fds,
+            STEP_PIVOT,
+            libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()),
+        );
+        check(
+            fds,
+            STEP_PIVOT,
+            libc::umount2(c".".as_ptr(), libc::MNT_DETACH) as _,
+        );
+        check(fds, STEP_PIVOT, libc::chdir(c"/".as_ptr()) as _);
+        for path in &plan.layout.seal {
+            check(
+                fds,
+                STEP_ROOT_READONLY,
+                mount_setattr(path, 0, MOUNT_ATTR_RDONLY),
+            );
+        }
+        check(
+            fds,
+            STEP_HOSTNAME,
+            libc::sethostname(
+                plan.layout.hostname.as_ptr(),
+                plan.layout.hostname.as_bytes().len(),
+            ) as _,
+        );
+        check(fds, STEP_LOOPBACK, loopback_up());
+        for &(resource, soft, hard) in &plan.layout.rlimits {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            check(fds, STEP_RLIMIT, libc::setrlimit(resource, &limit) as _);
+        }
+
+        let mut keep = [fds.error, fds.status, fds.stdin, fds.stdout, fds.stderr];
+        keep.sort_unstable();
+        close_all_but(&keep);
+
+        // Nothing in the sandbox may read or trace init's memory.
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        check(
+            fds,
+            STEP_NO_NEW_PRIVS,
+            libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) as _,
+        );
+        if let Err(err) = landlock::apply(&plan.layout.landlock) {
+            fail(fds, STEP_LANDLOCK, err);
+        }
+        check(fds, STEP_CAPS, drop_capabilities());
+        let prog = libc::sock_fprog {
+            len: plan.layout.seccomp.len() as u16,
+            filter: plan.layout.seccomp.as_ptr().cast_mut(),
+        };
+        check(
+            fds,
+            STEP_SECCOMP,
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            ) as _,
+        );
+
+        let pid = libc::syscall(
+            libc::SYS_clone,
+            libc::SIGCHLD as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        );
+        if pid == 0 {
+            payload_main(plan);
+        }
+        check(fds, STEP_FORK, pid);
+        libc::close(fds.error);
+        libc::close(fds.stdin);
+        libc::close(fds.stdout);
+        libc::close(fds.stderr);
+        let pid = pid as libc::pid_t;
+        loop {
+            let mut status = 0;
+            let reaped = libc::waitpid(-1, &mut status, 0);
+            if reaped == pid {
+                let bytes = status.to_ne_bytes();
+                libc::write(fds.status, bytes.as_ptr().cast(), bytes.len());
+                // Exiting as pid 1 makes the kernel kill everything left in the namespace.
+                libc::_exit(0);
+            }
+            if reaped < 0 && errno() != libc::EINTR {
+                libc::_exit(1);
+            }
+        }
+    }
+}
+
+/// The payload: stdio, session, cwd, then exec. Every layer is already in place.
+unsafe fn payload_main(plan: &ChildPlan) -> ! {
+    let fds = &plan.fds;
+    // SAFETY: raw syscalls on plan data, as the module docs describe.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        // A new session: no controlling terminal, so no TIOCSTI into the caller's.
+        libc::setsid();
+        check(fds, STEP_STDIO, libc::dup2(fds.stdin, 0) as _);
+        check(fds, STEP_STDIO, libc::dup2(fds.stdout, 1) as _);
+        check(fds, STEP_STDIO, libc::dup2(fds.stderr, 2) as _);
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        check(fds, STEP_CHDIR, libc::chdir(plan.cwd.as_ptr()) as _);
+
+        let mut argv: [*const libc::c_char; 4096] = [std::ptr::null(); 4096];
+        for (slot, arg) in argv.iter_mut().zip(plan.argv.iter()) {
+            *slot = arg.as_ptr();
+        }
+        let mut envp: [*const libc::c_char; 1024] = [std::ptr::null(); 1024];
+        for (slot, var) in envp.iter_mut().zip(plan.env.iter()) {
+            *slot = var.as_ptr();
+        }
+        let mut err = libc::ENOENT;
+        for program in &plan.programs {
+            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            let e = errno();
+            // Keep looking past missing entries, but remember a real refusal.
+            if e != libc::ENOENT && e != libc::ENOTDIR {
+                err = e;
+            }
+        }
+        fail(fds, STEP_EXEC, err)
+    }
+}

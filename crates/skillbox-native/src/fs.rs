@@ -1,0 +1,595 @@
+//! The host-side view of a native sandbox's files. It sees exactly what the sandbox's
+//! processes see through the mounts, never more: every path is opened beneath the
+//! mount's directory fd with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, so no
+//! symlink or `..` can lead out; writes only where the sandbox may write.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use skillbox_env::{
+    CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, FileInfo, FileKind, FileSystem,
+    TextLines, blocking,
+};
+
+use crate::layout::WORKSPACE;
+use crate::sandbox::NativeSandbox;
+use crate::spawn::HostIds;
+
+const TEMP_DIR: &str = "/workspace/.tmp";
+
+/// A path resolved to a mount: the mount's dir fd and the path below it.
+#[derive(Debug, Clone)]
+struct Located {
+    fd: Arc<OwnedFd>,
+    host_root: PathBuf,
+    sandbox_root: PathBuf,
+    relative: PathBuf,
+    writable: bool,
+    chown_to: Option<HostIds>,
+    /// The path as the caller gave it (for messages).
+    shown: PathBuf,
+}
+
+fn io_err(errno: Errno, op: &str, path: &Path) -> EnvError {
+    EnvError::io(&std::io::Error::from(errno), op, path)
+}
+
+impl Located {
+    fn err(&self, errno: Errno, op: &str) -> EnvError {
+        io_err(errno, op, &self.shown)
+    }
+
+    fn open(&self, rel: &Path, flags: OFlags, mode: Mode, op: &str) -> EnvResult<OwnedFd> {
+        let rel = if rel.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel
+        };
+        rustix::fs::openat2(
+            self.fd.as_fd(),
+            rel,
+            flags | OFlags::CLOEXEC,
+            mode,
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| self.err(e, op))
+    }
+
+    /// The parent directory (opened beneath the mount) and the last component.
+    fn parent(&self, op: &str) -> EnvResult<(OwnedFd, PathBuf)> {
+        let name = match self.relative.components().next_back() {
+            Some(Component::Normal(name)) => PathBuf::from(name),
+            _ => {
+                return Err(EnvError::new(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "{op} {}: is a mount point of the sandbox",
+                        self.shown.display()
+                    ),
+                )
+                .with_path(&self.shown));
+            }
+        };
+        let parent = self.relative.parent().unwrap_or(Path::new(""));
+        let dir = self.open(parent, OFlags::PATH | OFlags::DIRECTORY, Mode::empty(), op)?;
+        Ok((dir, name))
+    }
+
+    fn require_writable(&self, op: &str) -> EnvResult<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(EnvError::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "{op} {}: read-only in this sandbox (only {WORKSPACE} is writable)",
+                    self.shown.display()
+                ),
+            )
+            .with_path(&self.shown))
+        }
+    }
+
+    fn chown(&self, dir: &OwnedFd, name: &Path) {
+        if let Some(ids) = self.chown_to {
+            let _ = rustix::fs::chownat(
+                dir,
+                name,
+                Some(rustix::fs::Uid::from_raw(ids.uid)),
+                Some(rustix::fs::Gid::from_raw(ids.gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            );
+        }
+    }
+}
+
+fn kind_of(file_type: rustix::fs::FileType) -> FileKind {
+    use rustix::fs::FileType;
+    match file_type {
+        FileType::RegularFile => FileKind::File,
+        FileType::Directory => FileKind::Dir,
+        FileType::Symlink => FileKind::Symlink,
+        _ => FileKind::Other,
+    }
+}
+
+impl NativeSandbox {
+    fn locate(&self, path: &Path) -> EnvResult<Located> {
+        let mut abs = self.absolute_path(path);
+        for (alias, target) in &self.root.aliases {
+            if let Ok(rest) = abs.strip_prefix(alias) {
+                abs = target.join(rest);
+                break;
+            }
+        }
+        for mount in &self.root.mounts {
+            if let Ok(rest) = abs.strip_prefix(&mount.sandbox) {
+                return Ok(Located {
+                    fd: mount.fd.clone(),
+                    host_root: mount.host.clone(),
+                    sandbox_root: mount.sandbox.clone(),
+                    relative: rest.to_path_buf(),
+                    writable: mount.writable,
+                    chown_to: self.chown_to,
+                    shown: abs.clone(),
+                });
+            }
+        }
+        let private = ["/tmp", "/proc", "/dev"].iter().any(|p| abs.starts_with(p));
+        let message = if private {
+            format!(
+                "{}: private to each exec; only {WORKSPACE} and the read-only system directories are shared",
+                abs.display()
+            )
+        } else {
+            format!("{}: not visible in this sandbox", abs.display())
+        };
+        Err(EnvError::new(
+            if private {
+                ErrorCode::NotSupported
+            } else {
+                ErrorCode::NotFound
+            },
+            message,
+        )
+        .with_path(&abs))
+    }
+
+    fn remember(&self, path: &Path) {
+        if let Ok(mut temps) = self.temps.lock() {
+            temps.push(path.to_path_buf());
+        }
+    }
+
+    fn make_dirs(loc: &Located, rel: &Path) -> EnvResult<()> {
+        let mut current = PathBuf::new();
+        for component in rel.components() {
+            current.push(component);
+            let (dir, name) = Located {
+                relative: current.clone(),
+                ..loc.clone()
+            }
+            .parent("create_dir")?;
+            match rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(0o755)) {
+                Ok(()) => loc.chown(&dir, &name),
+                Err(Errno::EXIST) => {}
+                Err(e) => return Err(loc.err(e, "create_dir")),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Removes `name` in `dir` and everything below it, never following a symlink.
+fn remove_tree(dir: &OwnedFd, name: &Path) -> Result<(), Errno> {
+    let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Directory {
+        return rustix::fs::unlinkat(dir, name, AtFlags::empty());
+    }
+    let child = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&child)? {
+        let entry = entry?;
+        let n = entry.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(PathBuf::from(std::ffi::OsStr::from_bytes(n)));
+        }
+    }
+    for n in names {
+        remove_tree(&child, &n)?;
+    }
+    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+}
+
+fn list(dir: OwnedFd) -> Result<Vec<DirEntry>, Errno> {
+    let mut entries = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let name_os = std::ffi::OsStr::from_bytes(name);
+        let kind = match entry.file_type() {
+            rustix::fs::FileType::Unknown => {
+                rustix::fs::statat(&dir, name_os, AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|s| kind_of(rustix::fs::FileType::from_raw_mode(s.st_mode)))
+                    .unwrap_or(FileKind::Other)
+            }
+            t => kind_of(t),
+        };
+        entries.push(DirEntry {
+            name: String::from_utf8_lossy(name).into_owned(),
+            kind,
+        });
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(entries)
+}
+
+#[async_trait]
+impl FileSystem for NativeSandbox {
+    fn cwd(&self) -> &Path {
+        &self.cwd
+    }
+
+    async fn canonical(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+        let loc = self.locate(path)?;
+        blocking(cancel, "canonical", move || {
+            let fd = loc.open(&loc.relative, OFlags::PATH, Mode::empty(), "canonical")?;
+            let host = std::fs::read_link(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&fd)
+            ))
+            .map_err(|e| EnvError::io(&e, "canonical", &loc.shown))?;
+            let rest = host.strip_prefix(&loc.host_root).map_err(|_| {
+                EnvError::new(
+                    ErrorCode::Unknown,
+                    format!(
+                        "canonical {}: resolved outside its mount",
+                        loc.shown.display()
+                    ),
+                )
+            })?;
+            Ok(loc.sandbox_root.join(rest))
+        })
+        .await
+    }
+
+    async fn exists(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<bool> {
+        let loc = match self.locate(path) {
+            Ok(loc) => loc,
+            Err(e) if e.code == ErrorCode::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        blocking(cancel, "exists", move || {
+            match loc.open(
+                &loc.relative,
+                OFlags::PATH | OFlags::NOFOLLOW,
+                Mode::empty(),
+                "exists",
+            ) {
+                Ok(_) => Ok(true),
+                Err(e) if e.code == ErrorCode::NotFound => Ok(false),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    async fn file_info(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<FileInfo> {
+        let loc = self.locate(path)?;
+        blocking(cancel, "file_info", move || {
+            let stat = if loc.relative.as_os_str().is_empty() {
+                rustix::fs::fstat(&*loc.fd).map_err(|e| loc.err(e, "stat"))?
+            } else {
+                let (dir, name) = loc.parent("stat")?;
+                rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
+                    .map_err(|e| loc.err(e, "stat"))?
+            };
+            let modified = u64::try_from(stat.st_mtime).ok().map(|s| {
+                std::time::UNIX_EPOCH + std::time::Duration::new(s, stat.st_mtime_nsec as u32)
+            });
+            Ok(FileInfo {
+                kind: kind_of(rustix::fs::FileType::from_raw_mode(stat.st_mode)),
+                size: stat.st_size as u64,
+                mode: stat.st_mode & 0o7777,
+                modified,
+                read_only: !loc.writable,
+            })
+        })
+        .await
+    }
+
+    async fn list_dir(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<DirEntry>> {
+        let abs = self.absolute_path(path);
+        if abs == Path::new("/") {
+            let mut names: Vec<String> =
+                self.root
+                    .mounts
+                    .iter()
+                    .filter_map(|m| {
+                        m.sandbox
+                            .components()
+                            .nth(1)
+                            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    })
+                    .chain(self.root.aliases.iter().filter_map(|(a, _)| {
+                        a.file_name().map(|n| n.to_string_lossy().into_owned())
+                    }))
+                    .chain(["dev", "proc", "tmp"].map(String::from))
+                    .collect();
+            names.sort();
+            names.dedup();
+            let aliases: Vec<String> = self
+                .root
+                .aliases
+                .iter()
+                .filter_map(|(a, _)| a.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            return Ok(names
+                .into_iter()
+                .map(|name| {
+                    let kind = if aliases.contains(&name) {
+                        FileKind::Symlink
+                    } else {
+                        FileKind::Dir
+                    };
+                    DirEntry { name, kind }
+                })
+                .collect());
+        }
+        let loc = self.locate(path)?;
+        blocking(cancel, "list_dir", move || {
+            let dir = loc.open(
+                &loc.relative,
+                OFlags::RDONLY | OFlags::DIRECTORY,
+                Mode::empty(),
+                "list",
+            )?;
+            list(dir).map_err(|e| loc.err(e, "list"))
+        })
+        .await
+    }
+
+    async fn read_text(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<String> {
+        let bytes = self.read_bytes(path, cancel).await?;
+        let shown = self.absolute_path(path);
+        String::from_utf8(bytes).map_err(|_| {
+            EnvError::invalid(format!("read {}: not UTF-8 text", shown.display())).with_path(&shown)
+        })
+    }
+
+    async fn read_text_lines(
+        &self,
+        path: &Path,
+        max: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<TextLines> {
+        let loc = self.locate(path)?;
+        blocking(cancel, "read", move || {
+            let fd = loc.open(&loc.relative, OFlags::RDONLY, Mode::empty(), "read")?;
+            let reader = std::io::BufReader::new(std::fs::File::from(fd));
+            let mut lines = Vec::new();
+            for line in std::io::BufRead::lines(reader) {
+                let line = line.map_err(|e| EnvError::io(&e, "read", &loc.shown))?;
+                if lines.len() == max {
+                    return Ok(TextLines {
+                        lines,
+                        truncated: true,
+                    });
+                }
+                lines.push(line);
+            }
+            Ok(TextLines {
+                lines,
+                truncated: false,
+            })
+        })
+        .await
+    }
+
+    async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
+        let loc = self.locate(path)?;
+        blocking(cancel, "read", move || {
+            let fd = loc.open(&loc.relative, OFlags::RDONLY, Mode::empty(), "read")?;
+            let mut file = std::fs::File::from(fd);
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)
+                .map_err(|e| EnvError::io(&e, "read", &loc.shown))?;
+            Ok(bytes)
+        })
+        .await
+    }
+
+    async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        let loc = self.locate(path)?;
+        loc.require_writable("write")?;
+        let data = data.to_vec();
+        blocking(cancel, "write", move || {
+            let (dir, name) = loc.parent("write")?;
+            let tmp = PathBuf::from(skillbox_env::path::temp_name(&format!(
+                ".{}.",
+                name.display()
+            )));
+            let fd = rustix::fs::openat(
+                &dir,
+                &tmp,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(|e| loc.err(e, "write"))?;
+            let mut file = std::fs::File::from(fd);
+            let written = file.write_all(&data).and_then(|()| file.flush());
+            drop(file);
+            if let Err(e) = written {
+                let _ = rustix::fs::unlinkat(&dir, &tmp, AtFlags::empty());
+                return Err(EnvError::io(&e, "write", &loc.shown));
+            }
+            loc.chown(&dir, &tmp);
+            rustix::fs::renameat(&dir, &tmp, &dir, &name).map_err(|e| {
+                let _ = rustix::fs::unlinkat(&dir, &tmp, AtFlags::empty());
+                loc.err(e, "write")
+            })
+        })
+        .await
+    }
+
+    async fn append(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        let loc = self.locate(path)?;
+        loc.require_writable("append")?;
+        let data = data.to_vec();
+        blocking(cancel, "append", move || {
+            let (dir, name) = loc.parent("append")?;
+            let fd = rustix::fs::openat(
+                &dir,
+                &name,
+                OFlags::WRONLY
+                    | OFlags::APPEND
+                    | OFlags::CREATE
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(|e| loc.err(e, "append"))?;
+            loc.chown(&dir, &name);
+            std::fs::File::from(fd)
+                .write_all(&data)
+                .map_err(|e| EnvError::io(&e, "append", &loc.shown))
+        })
+        .await
+    }
+
+    async fn rename(&self, from: &Path, to: &Path, cancel: &CancellationToken) -> EnvResult<()> {
+        let (src, dst) = (self.locate(from)?, self.locate(to)?);
+        src.require_writable("rename")?;
+        dst.require_writable("rename")?;
+        blocking(cancel, "rename", move || {
+            let (src_dir, src_name) = src.parent("rename")?;
+            let (dst_dir, dst_name) = dst.parent("rename")?;
+            rustix::fs::renameat(&src_dir, &src_name, &dst_dir, &dst_name)
+                .map_err(|e| src.err(e, "rename"))
+        })
+        .await
+    }
+
+    async fn remove(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
+        let loc = self.locate(path)?;
+        loc.require_writable("remove")?;
+        blocking(cancel, "remove", move || {
+            let (dir, name) = loc.parent("remove")?;
+            let stat = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| loc.err(e, "remove"))?;
+            let is_dir = rustix::fs::FileType::from_raw_mode(stat.st_mode)
+                == rustix::fs::FileType::Directory;
+            let result = match (is_dir, recursive) {
+                (false, _) => rustix::fs::unlinkat(&dir, &name, AtFlags::empty()),
+                (true, false) => rustix::fs::unlinkat(&dir, &name, AtFlags::REMOVEDIR),
+                (true, true) => remove_tree(&dir, &name),
+            };
+            result.map_err(|e| loc.err(e, "remove"))
+        })
+        .await
+    }
+
+    async fn create_dir(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
+        let loc = self.locate(path)?;
+        loc.require_writable("create_dir")?;
+        blocking(cancel, "create_dir", move || {
+            if recursive {
+                let rel = loc.relative.clone();
+                return NativeSandbox::make_dirs(&loc, &rel);
+            }
+            let (dir, name) = loc.parent("create_dir")?;
+            rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(0o755))
+                .map_err(|e| loc.err(e, "create_dir"))?;
+            loc.chown(&dir, &name);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn create_temp_dir(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
+        self.create_dir(Path::new(TEMP_DIR), true, cancel).await?;
+        let path = Path::new(TEMP_DIR).join(skillbox_env::path::temp_name(prefix));
+        self.create_dir(&path, false, cancel).await?;
+        self.remember(&path);
+        Ok(path)
+    }
+
+    async fn create_temp_file(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
+        self.create_dir(Path::new(TEMP_DIR), true, cancel).await?;
+        let path = Path::new(TEMP_DIR).join(skillbox_env::path::temp_name(prefix));
+        let loc = self.locate(&path)?;
+        blocking(cancel, "create_temp_file", move || {
+            let (dir, name) = loc.parent("create_temp_file")?;
+            rustix::fs::openat(
+                &dir,
+                &name,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o644),
+            )
+            .map_err(|e| loc.err(e, "create_temp_file"))?;
+            loc.chown(&dir, &name);
+            Ok(())
+        })
+        .await?;
+        self.remember(&path);
+        Ok(path)
+    }
+
+    async fn cleanup(&self) -> EnvResult<()> {
+        let temps = match self.temps.lock() {
+            Ok(mut temps) => std::mem::take(&mut *temps),
+            Err(_) => Vec::new(),
+        };
+        if !self.temp_workspace {
+            let never = CancellationToken::new();
+            for temp in temps {
+                match self.remove(&temp, true, &never).await {
+                    Err(e) if e.code != ErrorCode::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+            let _ = self.remove(Path::new(TEMP_DIR), false, &never).await;
+        }
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(EnvError::io(&e, "cleanup", &dir))
+            }
+            _ => Ok(()),
+        })
+        .await
+        .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("cleanup worker failed: {e}")))?
+    }
+}

@@ -1,0 +1,360 @@
+//! What a sandbox's root is made of: the mount table (shared by the child's mount
+//! plan and the host-side file view), the synthesized `/etc`, and the layout handed
+//! to the child.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
+use skillbox_env::{EnvError, Limits, SandboxPolicy};
+
+use crate::child::{
+    Layout, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountOp,
+    STAGE,
+};
+use crate::landlock;
+use crate::spawn::SANDBOX_ID;
+
+/// Top-level host directories shown read-only (or as the symlinks they are).
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32",
+];
+/// Host files and directories shown read-only inside the synthesized `/etc`.
+const ETC_PASSTHROUGH: &[&str] = &[
+    "/etc/ssl/certs",
+    "/etc/alternatives",
+    "/etc/ca-certificates",
+];
+/// Device nodes bound from the host.
+pub const DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+/// Where the sandbox may write.
+pub const WRITABLE: &[&str] = &["/workspace", "/tmp", "/dev/shm"];
+pub const WORKSPACE: &str = "/workspace";
+
+/// A directory of the host shown in the sandbox, as the host-side file view uses it.
+#[derive(Debug)]
+pub struct MountEntry {
+    pub sandbox: PathBuf,
+    pub host: PathBuf,
+    pub fd: Arc<OwnedFd>,
+    pub writable: bool,
+}
+
+/// A sandbox's root, prepared once and reused by every exec.
+#[derive(Debug)]
+pub struct Root {
+    pub layout: Arc<Layout>,
+    /// Directory mounts, for the host-side file view (longest prefix wins).
+    pub mounts: Vec<MountEntry>,
+    /// `/bin` → `/usr/bin` style top-level symlinks.
+    pub aliases: Vec<(PathBuf, PathBuf)>,
+    /// Keeps the O_PATH fds of file binds (devices) open.
+    _files: Vec<OwnedFd>,
+}
+
+fn open_path(path: &Path) -> Result<OwnedFd, EnvError> {
+    rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| EnvError::io(&e.into(), "open", path))
+}
+
+fn cstring(path: impl AsRef<Path>) -> CString {
+    CString::new(path.as_ref().as_os_str().as_bytes()).unwrap_or_default()
+}
+
+fn staged(sandbox_path: &Path) -> CString {
+    cstring(format!("{STAGE}{}", sandbox_path.display()))
+}
+
+/// Adds mkdir ops for every ancestor of `path` (inside the stage).
+fn ancestors(ops: &mut Vec<MountOp>, path: &Path) {
+    let mut parents: Vec<&Path> = path
+        .ancestors()
+        .skip(1)
+        .filter(|p| *p != Path::new("/"))
+        .collect();
+    parents.reverse();
+    for parent in parents {
+        ops.push(MountOp::Dir {
+            path: staged(parent),
+        });
+    }
+}
+
+/// Writes the sandbox's own `/etc` into `dir`: a passwd with the sandbox user and
+/// nothing of the host's accounts, keys or homes.
+pub fn write_etc(dir: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(dir)?;
+    let id = SANDBOX_ID;
+    fs::write(
+        dir.join("passwd"),
+        format!(
+            "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{id}:{id}:sandbox:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+    )?;
+    fs::write(
+        dir.join("group"),
+        format!("root:x:0:\nsandbox:x:{id}:\nnogroup:x:65534:\n"),
+    )?;
+    fs::write(
+        dir.join("hosts"),
+        "127.0.0.1 localhost skillbox\n::1 localhost ip6-localhost\n",
+    )?;
+    fs::write(dir.join("hostname"), "skillbox\n")?;
+    fs::write(
+        dir.join("nsswitch.conf"),
+        "passwd: files\ngroup: files\nhosts: files\n",
+    )?;
+    if Path::new("/etc/ld.so.cache").is_file() {
+        fs::copy("/etc/ld.so.cache", dir.join("ld.so.cache"))?;
+    }
+    if Path::new("/etc/ssl/openssl.cnf").is_file() {
+        fs::create_dir_all(dir.join("ssl"))?;
+        fs::copy("/etc/ssl/openssl.cnf", dir.join("ssl/openssl.cnf"))?;
+    }
+    if let Ok(target) = fs::read_link("/etc/localtime") {
+        let _ = std::os::unix::fs::symlink(target, dir.join("localtime"));
+    }
+    for host in ETC_PASSTHROUGH {
+        if Path::new(host).is_dir() {
+            let rel = host.trim_start_matches("/etc/");
+            fs::create_dir_all(dir.join(rel))?;
+        }
+    }
+    Ok(())
+}
+
+/// Plans the root: system dirs, `etc_dir` as `/etc`, `/proc`, `/dev`, `/tmp`,
+/// `workspace` as `/workspace`, and the policy's read-only mounts.
+pub fn plan(
+    etc_dir: &Path,
+    workspace: &Path,
+    limits: &Limits,
+    policy: &SandboxPolicy,
+    landlock_abi: u32,
+    rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
+    seccomp: Vec<libc::sock_filter>,
+) -> Result<Root, EnvError> {
+    let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    let mut ops = Vec::new();
+    let mut mounts = Vec::new();
+    let mut aliases = Vec::new();
+    let mut files = Vec::new();
+    let mut bind_dir = |ops: &mut Vec<MountOp>,
+                        host: &Path,
+                        sandbox: &Path,
+                        attrs: u64,
+                        writable: bool|
+     -> Result<(), EnvError> {
+        let fd = Arc::new(open_path(host)?);
+        ancestors(ops, sandbox);
+        ops.push(MountOp::Dir {
+            path: staged(sandbox),
+        });
+        ops.push(MountOp::Bind {
+            source: cstring(host),
+            target: staged(sandbox),
+            attrs,
+        });
+        mounts.push(MountEntry {
+            sandbox: sandbox.to_path_buf(),
+            host: host.to_path_buf(),
+            fd,
+            writable,
+        });
+        Ok(())
+    };
+
+    for dir in SYSTEM_DIRS {
+        let host = Path::new(dir);
+        match fs::symlink_metadata(host) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = fs::read_link(host).map_err(|e| EnvError::io(&e, "readlink", host))?;
+                let resolved = skillbox_env::path::normalize(&Path::new("/").join(&target));
+                ops.push(MountOp::Symlink {
+                    target: cstring(&target),
+                    path: staged(host),
+                });
+                aliases.push((host.to_path_buf(), resolved));
+            }
+            Ok(meta) if meta.is_dir() => bind_dir(&mut ops, host, host, ro, false)?,
+            _ => {}
+        }
+    }
+
+    bind_dir(&mut ops, etc_dir, Path::new("/etc"), ro, false)?;
+    for host in ETC_PASSTHROUGH {
+        let host = Path::new(host);
+        if host.is_dir() {
+            bind_dir(&mut ops, host, host, ro, false)?;
+        }
+    }
+
+    ops.push(MountOp::Dir {
+        path: staged(Path::new("/proc")),
+    });
+    ops.push(MountOp::Proc {
+        target: staged(Path::new("/proc")),
+    });
+
+    let dev = Path::new("/dev");
+    ops.push(MountOp::Dir { path: staged(dev) });
+    ops.push(MountOp::Tmpfs {
+        target: staged(dev),
+        options: cstring("mode=0755,size=64k"),
+    });
+    for device in DEVICES {
+        let host = Path::new(device);
+        let fd = open_path(host)?;
+        ops.push(MountOp::File { path: staged(host) });
+        ops.push(MountOp::Bind {
+            source: cstring(host),
+            target: staged(host),
+            attrs: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+        });
+        files.push(fd);
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        ops.push(MountOp::Symlink {
+            target: cstring(target),
+            path: staged(&dev.join(name)),
+        });
+    }
+    let shm_bytes = limits.tmp_bytes.min(64 * 1024 * 1024);
+    ops.push(MountOp::Dir {
+        path: staged(&dev.join("shm")),
+    });
+    ops.push(MountOp::Tmpfs {
+        target: staged(&dev.join("shm")),
+        options: cstring(format!("mode=1777,size={shm_bytes}")),
+    });
+
+    let tmp = Path::new("/tmp");
+    ops.push(MountOp::Dir { path: staged(tmp) });
+    ops.push(MountOp::Tmpfs {
+        target: staged(tmp),
+        options: cstring(format!("mode=1777,size={}", limits.tmp_bytes)),
+    });
+
+    bind_dir(
+        &mut ops,
+        workspace,
+        Path::new(WORKSPACE),
+        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        true,
+    )?;
+
+    for mount in &policy.read_only_mounts {
+        let sandbox = skillbox_env::path::normalize(&mount.sandbox);
+        if !mount.sandbox.is_absolute() || !mount.host.is_absolute() {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {} -> {}: both paths must be absolute",
+                mount.host.display(),
+                mount.sandbox.display()
+            )));
+        }
+        let reserved = ["/", "/proc", "/dev", "/tmp", WORKSPACE];
+        if reserved.iter().any(|r| sandbox == Path::new(r)) {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {} is reserved by the sandbox",
+                sandbox.display()
+            )));
+        }
+        if !mount.host.is_dir() {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {} is not a directory on the host",
+                mount.host.display()
+            ))
+            .with_path(&mount.host));
+        }
+        bind_dir(&mut ops, &mount.host, &sandbox, ro, false)?;
+    }
+
+    let binds = ops
+        .iter()
+        .filter(|op| matches!(op, MountOp::Bind { .. }))
+        .count();
+    if binds > crate::child::MAX_BINDS {
+        return Err(EnvError::invalid(format!(
+            "policy.readOnlyMounts: too many mounts ({binds} binds, at most {})",
+            crate::child::MAX_BINDS
+        )));
+    }
+    let layout = Layout {
+        mounts: ops,
+        root_options: cstring("mode=0755,size=1m"),
+        seal: vec![cstring("/"), cstring("/dev")],
+        hostname: cstring("skillbox"),
+        rlimits,
+        landlock: landlock::Plan::sandbox(landlock_abi, WRITABLE, DEVICES),
+        seccomp,
+    };
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.sandbox.as_os_str().len()));
+    Ok(Root {
+        layout: Arc::new(layout),
+        mounts,
+        aliases,
+        _files: files,
+    })
+}
+
+/// Describes a failed child step for an `unavailable` error.
+pub fn describe_step(layout: &Layout, step: u32) -> String {
+    use crate::child::*;
+    match step {
+        STEP_MOUNT_PRIVATE => "mount_ns: making mounts private".into(),
+        STEP_ROOT_TMPFS => "mount_ns: mounting the root tmpfs".into(),
+        STEP_PIVOT => "mount_ns: pivot_root into the new root".into(),
+        STEP_ROOT_READONLY => {
+            "mount_ns: sealing the root read-only (mount_setattr, Linux 5.12+)".into()
+        }
+        STEP_HOSTNAME => "uts_ns: setting the hostname".into(),
+        STEP_LOOPBACK => "net_ns: bringing up loopback".into(),
+        STEP_RLIMIT => "rlimits: setrlimit".into(),
+        STEP_NO_NEW_PRIVS => "no_new_privs".into(),
+        STEP_LANDLOCK => "landlock: applying the ruleset".into(),
+        STEP_CAPS => "capabilities: dropping".into(),
+        STEP_SECCOMP => "seccomp: installing the filter".into(),
+        STEP_FORK => "pid_ns: forking the payload".into(),
+        STEP_STDIO => "stdio: dup2".into(),
+        STEP_IDS => "user_ns: switching to the sandbox user".into(),
+        n if n >= STEP_OPEN_TREE => match layout.mounts.get((n - STEP_OPEN_TREE) as usize) {
+            Some(MountOp::Bind { source, .. }) => format!(
+                "mount_ns: open_tree {} (Linux 5.2+)",
+                source.to_string_lossy()
+            ),
+            _ => "mount_ns: open_tree".into(),
+        },
+        n if n >= STEP_MOUNT => match layout.mounts.get((n - STEP_MOUNT) as usize) {
+            Some(op) => format!("mount_ns: {}", describe_op(op)),
+            None => "mount_ns: unknown mount".into(),
+        },
+        _ => format!("sandbox setup step {step}"),
+    }
+}
+
+fn describe_op(op: &MountOp) -> String {
+    let s = |c: &CString| c.to_string_lossy().trim_start_matches(STAGE).to_string();
+    match op {
+        MountOp::Dir { path } => format!("mkdir {}", s(path)),
+        MountOp::File { path } => format!("create mount point {}", s(path)),
+        MountOp::Symlink { path, .. } => format!("symlink {}", s(path)),
+        MountOp::Bind { target, .. } => format!("bind mount {}", s(target)),
+        MountOp::Tmpfs { target, .. } => format!("tmpfs {}", s(target)),
+        MountOp::Proc { target } => format!("proc on {}", s(target)),
+    }
+}

@@ -1,0 +1,548 @@
+//! `NativeBackend` turns a `SandboxSpec` into a `NativeSandbox`: a prepared root over
+//! one workspace, in which every exec gets a fresh namespace tree.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use skillbox_env::{
+    Boundary, CancellationToken, EnvError, EnvResult, ErrorCode, ExecEvent, ExecOutput,
+    ExecRequest, ExecStream, ExecutionEnv, LimitKind, Limits, SandboxSpec, Shell, StreamKind,
+    Truncated, pump_output,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+
+use crate::cgroup::{self, ExecCgroup};
+use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC};
+use crate::layout::{self, Root, WORKSPACE};
+use crate::spawn::{self, HostIds, Started};
+use crate::{landlock, seccomp};
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const MAX_ARGS: usize = 4000;
+const MAX_ENV: usize = 1000;
+
+/// Creates native sandboxes under `<data_dir>/native`.
+#[derive(Debug, Clone)]
+pub struct NativeBackend {
+    data_dir: PathBuf,
+}
+
+impl NativeBackend {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        NativeBackend {
+            data_dir: data_dir.into(),
+        }
+    }
+
+    /// Prepares a sandbox: its root, `/etc`, workspace and limits. Refuses with
+    /// `unavailable` naming the layer this host cannot give.
+    pub async fn create(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
+        let data_dir = self.data_dir.clone();
+        tokio::task::spawn_blocking(move || NativeSandbox::prepare(&data_dir, spec))
+            .await
+            .map_err(|e| {
+                EnvError::new(
+                    ErrorCode::Unknown,
+                    format!("native: setup worker failed: {e}"),
+                )
+            })?
+    }
+}
+
+/// One native sandbox. Cheap to exec in many times; `cleanup` removes everything.
+#[derive(Debug)]
+pub struct NativeSandbox {
+    pub(crate) root: Root,
+    pub(crate) dir: PathBuf,
+    pub(crate) workspace: PathBuf,
+    pub(crate) temp_workspace: bool,
+    pub(crate) ids: HostIds,
+    /// Set when we run as root: host-side file writes are handed to the sandbox user.
+    pub(crate) chown_to: Option<HostIds>,
+    pub(crate) limits: Limits,
+    pub(crate) cwd: PathBuf,
+    pub(crate) temps: Mutex<Vec<PathBuf>>,
+    cgroup_host: &'static cgroup::Host,
+}
+
+fn seccomp_filter() -> Vec<libc::sock_filter> {
+    static FILTER: OnceLock<Vec<libc::sock_filter>> = OnceLock::new();
+    FILTER.get_or_init(seccomp::filter).clone()
+}
+
+fn sandbox_counter() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Removes sandbox dirs of skillbox processes that no longer run.
+fn sweep_dirs(native_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(native_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn unavailable(layer: &str, detail: impl std::fmt::Display) -> EnvError {
+    EnvError::unavailable(format!("native: {layer}: {detail}"))
+}
+
+impl NativeSandbox {
+    fn prepare(data_dir: &Path, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
+        spec.limits
+            .validate()
+            .map_err(|e| EnvError::invalid(format!("limits: {e}")))?;
+        let abi = landlock::abi_version().map_err(|e| unavailable("landlock", e))?;
+        let cgroup_host = cgroup::Host::get();
+        if spec.limits.cpus.is_some() && !cgroup_host.has("cpu") {
+            return Err(unavailable(
+                "cgroup",
+                format!(
+                    "a cpus limit needs the cpu controller, and this host has {}",
+                    cgroup_host.describe()
+                ),
+            ));
+        }
+        // SAFETY: geteuid/getegid have no preconditions.
+        let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        // As root, the sandbox user is nobody on the host, never root.
+        let ids = if euid == 0 {
+            HostIds {
+                uid: 65534,
+                gid: 65534,
+            }
+        } else {
+            HostIds {
+                uid: euid,
+                gid: egid,
+            }
+        };
+        let chown_to = (euid == 0).then_some(ids);
+
+        let native_dir = data_dir.join("native");
+        std::fs::create_dir_all(&native_dir)
+            .map_err(|e| EnvError::io(&e, "create data dir", &native_dir))?;
+        static SWEPT: OnceLock<()> = OnceLock::new();
+        SWEPT.get_or_init(|| {
+            sweep_dirs(&native_dir);
+            cgroup::sweep(cgroup_host);
+        });
+        let mut random = [0u8; 4];
+        skillbox_env::path::fill_random(&mut random);
+        let dir = native_dir.join(format!(
+            "{}-{}-{:02x}{:02x}{:02x}{:02x}",
+            std::process::id(),
+            sandbox_counter(),
+            random[0],
+            random[1],
+            random[2],
+            random[3]
+        ));
+        std::fs::create_dir(&dir).map_err(|e| EnvError::io(&e, "create sandbox dir", &dir))?;
+        let result = Self::prepare_in(&dir, spec, abi, ids, chown_to, cgroup_host);
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    fn prepare_in(
+        dir: &Path,
+        spec: SandboxSpec,
+        abi: u32,
+        ids: HostIds,
+        chown_to: Option<HostIds>,
+        cgroup_host: &'static cgroup::Host,
+    ) -> EnvResult<NativeSandbox> {
+        let (workspace, temp_workspace) = match &spec.workspace {
+            Some(path) => {
+                let meta =
+                    std::fs::metadata(path).map_err(|e| EnvError::io(&e, "workspace", path))?;
+                if !meta.is_dir() {
+                    return Err(EnvError::new(
+                        ErrorCode::NotDirectory,
+                        format!("workspace {}: not a directory", path.display()),
+                    )
+                    .with_path(path));
+                }
+                (path.clone(), false)
+            }
+            None => {
+                let ws = dir.join("workspace");
+                std::fs::create_dir(&ws).map_err(|e| EnvError::io(&e, "create workspace", &ws))?;
+                if let Some(ids) = chown_to {
+                    std::os::unix::fs::chown(&ws, Some(ids.uid), Some(ids.gid))
+                        .map_err(|e| EnvError::io(&e, "chown workspace", &ws))?;
+                }
+                (ws, true)
+            }
+        };
+        let etc = dir.join("etc");
+        layout::write_etc(&etc).map_err(|e| EnvError::io(&e, "write sandbox /etc", &etc))?;
+        let rlimits = rlimits(&spec.limits, cgroup_host);
+        let root = layout::plan(
+            &etc,
+            &workspace,
+            &spec.limits,
+            &spec.policy,
+            abi,
+            rlimits,
+            seccomp_filter(),
+        )?;
+        std::fs::create_dir(dir.join("root")).ok();
+        Ok(NativeSandbox {
+            root,
+            dir: dir.to_path_buf(),
+            workspace,
+            temp_workspace,
+            ids,
+            chown_to,
+            limits: spec.limits,
+            cwd: PathBuf::from(WORKSPACE),
+            temps: Mutex::new(Vec::new()),
+            cgroup_host,
+        })
+    }
+
+    /// The host directory shown as `/workspace`.
+    pub fn workspace_dir(&self) -> &Path {
+        &self.workspace
+    }
+
+    fn needs_cgroup(&self) -> bool {
+        (self.limits.memory_bytes.is_some() && self.cgroup_host.has("memory"))
+            || (self.limits.pids.is_some() && self.cgroup_host.has("pids"))
+            || self.limits.cpus.is_some()
+    }
+
+    fn child_plan(&self, request: &ExecRequest) -> EnvResult<ChildPlan> {
+        let argv = request.command.to_argv();
+        if argv.len() > MAX_ARGS {
+            return Err(EnvError::invalid(format!(
+                "command: more than {MAX_ARGS} arguments"
+            )));
+        }
+        let mut env = vec![
+            ("PATH".to_string(), PATH.to_string()),
+            ("HOME".into(), "/tmp".into()),
+            ("USER".into(), "sandbox".into()),
+            ("LOGNAME".into(), "sandbox".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("TMPDIR".into(), "/tmp".into()),
+            ("SHELL".into(), "/bin/sh".into()),
+        ];
+        for (key, value) in &request.env {
+            env.retain(|(k, _)| k != key);
+            env.push((key.clone(), value.clone()));
+        }
+        if env.len() > MAX_ENV {
+            return Err(EnvError::invalid(format!(
+                "env: more than {MAX_ENV} variables"
+            )));
+        }
+        let path_var = env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        let cwd = self.absolute_path(request.cwd.as_deref().unwrap_or(&self.cwd));
+        let c = |s: &str| {
+            CString::new(s).map_err(|_| EnvError::invalid("command: contains a NUL byte"))
+        };
+        let programs = if argv[0].contains('/') {
+            vec![c(&argv[0])?]
+        } else {
+            path_var
+                .split(':')
+                .filter(|d| d.starts_with('/'))
+                .map(|d| c(&format!("{d}/{}", argv[0])))
+                .collect::<EnvResult<Vec<_>>>()?
+        };
+        Ok(ChildPlan {
+            layout: self.root.layout.clone(),
+            clear_groups: self.chown_to.is_some(),
+            cwd: CString::new(cwd.as_os_str().as_bytes())
+                .map_err(|_| EnvError::invalid("cwd: contains a NUL byte"))?,
+            programs,
+            argv: argv.iter().map(|a| c(a)).collect::<EnvResult<_>>()?,
+            env: env
+                .iter()
+                .map(|(k, v)| c(&format!("{k}={v}")))
+                .collect::<EnvResult<_>>()?,
+            fds: ChildFds {
+                sync: -1,
+                error: -1,
+                status: -1,
+                stdin: -1,
+                stdout: -1,
+                stderr: -1,
+            },
+        })
+    }
+
+    pub(crate) fn absolute_path(&self, path: &Path) -> PathBuf {
+        skillbox_env::path::normalize(&self.cwd.join(path))
+    }
+}
+
+fn rlimits(limits: &Limits, host: &cgroup::Host) -> Vec<(libc::__rlimit_resource_t, u64, u64)> {
+    let mut out = vec![(libc::RLIMIT_CORE, 0, 0)];
+    if let Some(n) = limits.open_files {
+        out.push((libc::RLIMIT_NOFILE, n, n));
+    }
+    if let Some(bytes) = limits.file_size_bytes {
+        out.push((libc::RLIMIT_FSIZE, bytes, bytes));
+    }
+    if let Some(secs) = limits.cpu_seconds {
+        // SIGXCPU at the soft limit, SIGKILL one second later.
+        out.push((libc::RLIMIT_CPU, secs, secs + 1));
+    }
+    if let Some(bytes) = limits.memory_bytes.filter(|_| !host.has("memory")) {
+        out.push((libc::RLIMIT_AS, bytes, bytes));
+    }
+    if let Some(n) = limits.pids.filter(|_| !host.has("pids")) {
+        out.push((libc::RLIMIT_NPROC, u64::from(n), u64::from(n)));
+    }
+    out
+}
+
+fn read_record(bytes: &[u8]) -> Option<(u32, i32)> {
+    let step = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    let errno = i32::from_ne_bytes(bytes.get(4..8)?.try_into().ok()?);
+    Some((step, errno))
+}
+
+/// Kills the sandbox's init (and so its whole pid namespace) through the pidfd.
+fn kill(pidfd: &OwnedFd) {
+    // SAFETY: signalling our own child through its pidfd; harmless if it already exited.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            0usize,
+            0u32,
+        )
+    };
+}
+
+/// Waits for init to exit and reaps it.
+async fn reap(pidfd: &AsyncFd<OwnedFd>, pid: i32) {
+    loop {
+        let mut status = 0;
+        // SAFETY: non-blocking wait on our own child.
+        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if rc != 0 {
+            return;
+        }
+        match pidfd.readable().await {
+            Ok(mut guard) => guard.clear_ready(),
+            Err(_) => {
+                // SAFETY: blocking wait on our own child as a last resort.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                return;
+            }
+        }
+    }
+}
+
+fn errno_text(errno: i32) -> String {
+    std::io::Error::from_raw_os_error(errno).to_string()
+}
+
+#[async_trait]
+impl Shell for NativeSandbox {
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<ExecStream> {
+        request.validate()?;
+        if cancel.is_cancelled() {
+            return Err(EnvError::aborted("exec"));
+        }
+        let plan = self.child_plan(&request)?;
+        let timeout = request.timeout.unwrap_or(self.limits.timeout());
+        let started_at = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let cgroup = if self.needs_cgroup() {
+            let name = format!(
+                "{}-{}",
+                sandbox_counter(),
+                self.dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            );
+            Some(Arc::new(
+                ExecCgroup::create(self.cgroup_host, &self.limits, &name)
+                    .map_err(|e| unavailable("cgroup", e))?,
+            ))
+        } else {
+            None
+        };
+        let Started {
+            pid,
+            pidfd,
+            stdin,
+            stdout,
+            stderr,
+            error,
+            status,
+        } = spawn::start(plan, self.ids, cgroup.clone())
+            .await
+            .map_err(|e| unavailable("setup", e))?;
+        // SAFETY: the OwnedFd stays open and unchanged inside the AsyncFd until it drops.
+        let pidfd =
+            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+                .map_err(|e| EnvError::io(&e.into(), "watch", "sandbox init"))?;
+        let pipe_err = |e: std::io::Error| EnvError::io(&e, "pipe", "sandbox");
+
+        // The error pipe closes when the payload execs (or setup fails): wait for that.
+        let mut error = pipe::Receiver::from_owned_fd(error).map_err(pipe_err)?;
+        let mut record = Vec::new();
+        let setup = tokio::select! {
+            read = error.read_to_end(&mut record) => read.map(|_| ()).map_err(pipe_err),
+            () = tokio::time::sleep_until(deadline) => Err(EnvError::new(ErrorCode::Timeout, "native: sandbox setup did not finish before the timeout")),
+            () = cancel.cancelled() => Err(EnvError::aborted("exec")),
+        };
+        let setup = setup.and_then(|()| match read_record(&record) {
+            None => Ok(None),
+            Some((STEP_EXEC, errno)) => Ok(Some(errno)),
+            Some((STEP_CHDIR, errno)) => Err(EnvError::new(
+                ErrorCode::from_errno(errno),
+                format!("cwd {}: {}", plan_cwd(&request, self), errno_text(errno)),
+            )),
+            Some((step, errno)) => Err(unavailable(
+                &layout::describe_step(&self.root.layout, step),
+                errno_text(errno),
+            )),
+        });
+        let exec_errno = match setup {
+            Ok(exec_errno) => exec_errno,
+            Err(e) => {
+                kill(pidfd.get_ref());
+                reap(&pidfd, pid).await;
+                return Err(e);
+            }
+        };
+
+        let (tx, stream) = ExecStream::channel();
+        let cap = self.limits.output_bytes;
+        let stdout = pipe::Receiver::from_owned_fd(stdout).map_err(pipe_err)?;
+        let stderr = pipe::Receiver::from_owned_fd(stderr).map_err(pipe_err)?;
+        let stdout_task = tokio::spawn(pump_output(stdout, StreamKind::Stdout, cap, tx.clone()));
+        let stderr_task = tokio::spawn(pump_output(stderr, StreamKind::Stderr, cap, tx.clone()));
+        match (request.stdin, exec_errno) {
+            (Some(input), None) => {
+                let mut sink = pipe::Sender::from_owned_fd(stdin).map_err(pipe_err)?;
+                tokio::spawn(async move {
+                    let _ = sink.write_all(&input).await;
+                });
+            }
+            _ => drop(stdin),
+        }
+        if let Some(errno) = exec_errno {
+            let what = if errno == libc::ENOENT {
+                "command not found".to_string()
+            } else {
+                errno_text(errno)
+            };
+            let line = format!("skillbox: {}: {what}\n", request.command.to_argv()[0]);
+            let _ = tx
+                .send(Ok(ExecEvent::Stderr(line.into_bytes().into())))
+                .await;
+        }
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let mut timed_out = false;
+            let mut aborted = false;
+            tokio::select! {
+                () = reap(&pidfd, pid) => {}
+                () = tokio::time::sleep_until(deadline) => { timed_out = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
+                () = cancel.cancelled() => { aborted = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
+            }
+            let mut truncated = Truncated::default();
+            truncated.stdout = stdout_task.await.unwrap_or(false);
+            truncated.stderr = stderr_task.await.unwrap_or(false);
+            let mut status_bytes = [0u8; 4];
+            let wait_status = {
+                use std::io::Read;
+                let mut file = std::fs::File::from(status);
+                match file.read(&mut status_bytes) {
+                    Ok(4) => Some(i32::from_ne_bytes(status_bytes)),
+                    _ => None,
+                }
+            };
+            let limit_hit = cgroup.as_ref().and_then(|cg| cg.limit_hit());
+            drop(cgroup);
+            if aborted {
+                let _ = tx.send(Err(EnvError::aborted("exec"))).await;
+                return;
+            }
+            let mut output = ExecOutput {
+                timed_out,
+                duration_ms: started_at.elapsed().as_millis() as u64,
+                truncated,
+                ..ExecOutput::default()
+            };
+            match wait_status {
+                Some(ws) if libc::WIFEXITED(ws) => output.exit_code = Some(libc::WEXITSTATUS(ws)),
+                Some(ws) if libc::WIFSIGNALED(ws) => output.signal = Some(libc::WTERMSIG(ws)),
+                // Init itself was killed: by us on timeout, or by the OOM killer.
+                _ => output.signal = Some(libc::SIGKILL),
+            }
+            if exec_errno.is_some() {
+                output.exit_code = Some(if exec_errno == Some(libc::ENOENT) {
+                    127
+                } else {
+                    126
+                });
+                output.signal = None;
+            }
+            output.limit_hit = limit_hit
+                .or(match output.signal {
+                    Some(libc::SIGXCPU) => Some(LimitKind::Cpu),
+                    Some(libc::SIGXFSZ) => Some(LimitKind::FileSize),
+                    _ => None,
+                })
+                .or((truncated.stdout || truncated.stderr).then_some(LimitKind::Output));
+            let _ = tx.send(Ok(ExecEvent::Exit(output))).await;
+        });
+        Ok(stream)
+    }
+}
+
+fn plan_cwd(request: &ExecRequest, sandbox: &NativeSandbox) -> String {
+    sandbox
+        .absolute_path(request.cwd.as_deref().unwrap_or(&sandbox.cwd))
+        .display()
+        .to_string()
+}
+
+#[async_trait]
+impl ExecutionEnv for NativeSandbox {
+    fn backend(&self) -> &'static str {
+        "native"
+    }
+
+    fn boundary(&self) -> Boundary {
+        Boundary::Namespaces
+    }
+}

@@ -1,0 +1,237 @@
+//! The parent side of starting a sandbox: pipes, `clone3` into every namespace at once,
+//! uid/gid maps, cgroup, then the go-ahead byte.
+//!
+//! `clone3` runs on one dedicated thread that lives as long as the process, because the
+//! child's "die with parent" signal fires when the *thread* that cloned it exits, and
+//! tokio's blocking threads come and go.
+
+use std::fs;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+
+use crate::cgroup::ExecCgroup;
+use crate::child::{self, ChildFds, ChildPlan};
+
+/// The namespaces every sandbox gets.
+const NAMESPACES: u64 = (libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWCGROUP) as u64;
+
+/// The uid and gid of the sandbox's user, inside.
+pub const SANDBOX_ID: u32 = 1000;
+
+/// What the parent keeps of a started sandbox.
+#[derive(Debug)]
+pub struct Started {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    pub error: OwnedFd,
+    pub status: OwnedFd,
+}
+
+/// The parent's ends plus the child's, until the clone is done.
+struct Pipes {
+    parent: [OwnedFd; 5], // stdin w, stdout r, stderr r, error r, status r
+    sync: OwnedFd,        // parent's write end
+    child: [OwnedFd; 6],  // sync r, error w, status w, stdin r, stdout w, stderr w
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds are fresh and owned by nobody else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((above_stdio(r)?, above_stdio(w)?))
+}
+
+/// Keeps pipe fds off 0–2 so the payload's dup2 onto stdio never clobbers one.
+fn above_stdio(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC returns a new fd we own.
+    let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    if dup < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+}
+
+fn pipes() -> std::io::Result<Pipes> {
+    let (stdin_r, stdin_w) = pipe()?;
+    let (stdout_r, stdout_w) = pipe()?;
+    let (stderr_r, stderr_w) = pipe()?;
+    let (error_r, error_w) = pipe()?;
+    let (status_r, status_w) = pipe()?;
+    let (sync_r, sync_w) = pipe()?;
+    Ok(Pipes {
+        parent: [stdin_w, stdout_r, stderr_r, error_r, status_r],
+        sync: sync_w,
+        child: [sync_r, error_w, status_w, stdin_r, stdout_w, stderr_w],
+    })
+}
+
+/// Host ids the sandbox user maps to.
+#[derive(Debug, Clone, Copy)]
+pub struct HostIds {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+struct Job {
+    plan: Box<ChildPlan>,
+    ids: HostIds,
+    cgroup: Option<std::sync::Arc<ExecCgroup>>,
+    reply: tokio::sync::oneshot::Sender<Result<Started, String>>,
+}
+
+/// Starts a sandbox from `plan` (whose `fds` are filled in here).
+pub async fn start(
+    plan: ChildPlan,
+    ids: HostIds,
+    cgroup: Option<std::sync::Arc<ExecCgroup>>,
+) -> Result<Started, String> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let sender = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("skillbox-spawner".into())
+            .spawn(move || {
+                for job in rx {
+                    let result = clone_sandbox(job.plan, job.ids, job.cgroup.as_deref());
+                    let _ = job.reply.send(result);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the sandbox spawner thread");
+        }
+        Mutex::new(tx)
+    });
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = Job {
+        plan: Box::new(plan),
+        ids,
+        cgroup,
+        reply,
+    };
+    sender
+        .lock()
+        .map_err(|_| "the sandbox spawner is poisoned".to_string())?
+        .send(job)
+        .map_err(|_| "the sandbox spawner thread is gone".to_string())?;
+    answer
+        .await
+        .map_err(|_| "the sandbox spawner dropped the request".to_string())?
+}
+
+fn clone_sandbox(
+    mut plan: Box<ChildPlan>,
+    ids: HostIds,
+    cgroup: Option<&ExecCgroup>,
+) -> Result<Started, String> {
+    let pipes = pipes().map_err(|e| format!("pipes: {e}"))?;
+    let [sync_r, error_w, status_w, stdin_r, stdout_w, stderr_w] = &pipes.child;
+    plan.fds = ChildFds {
+        sync: sync_r.as_raw_fd(),
+        error: error_w.as_raw_fd(),
+        status: status_w.as_raw_fd(),
+        stdin: stdin_r.as_raw_fd(),
+        stdout: stdout_w.as_raw_fd(),
+        stderr: stderr_w.as_raw_fd(),
+    };
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: clone_args is plain data; zeroed is its documented default.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = NAMESPACES | libc::CLONE_PIDFD as u64;
+    args.pidfd = (&mut pidfd as *mut libc::c_int) as u64;
+    args.exit_signal = libc::SIGCHLD as u64;
+    // SAFETY: clone3 with no stack behaves like fork; the child only runs `init_main`,
+    // which never returns and uses raw syscalls only.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    if pid == 0 {
+        // SAFETY: we are the child; see above.
+        unsafe { child::init_main(&plan) }
+    }
+    if pid < 0 {
+        let err = std::io::Error::last_os_error();
+        return Err(format!(
+            "user_ns: cannot create the sandbox namespaces (clone3: {err}); check that unprivileged user namespaces are enabled (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
+        ));
+    }
+    let pid = pid as i32;
+    let plan_clear_groups = plan.clear_groups;
+    // SAFETY: the kernel gave us this pidfd.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    drop(pipes.child);
+    let kill = |why: String| {
+        // SAFETY: signalling our own child through its pidfd.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                0usize,
+                0u32,
+            )
+        };
+        let mut status = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        why
+    };
+    let maps = (|| -> std::io::Result<()> {
+        // Unprivileged, the kernel wants setgroups denied before a gid map; as root we
+        // leave it allowed so init can drop the supplementary groups it inherited.
+        if !plan_clear_groups {
+            fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
+        }
+        fs::write(
+            format!("/proc/{pid}/uid_map"),
+            format!("{SANDBOX_ID} {} 1\n", ids.uid),
+        )?;
+        fs::write(
+            format!("/proc/{pid}/gid_map"),
+            format!("{SANDBOX_ID} {} 1\n", ids.gid),
+        )
+    })();
+    if let Err(e) = maps {
+        return Err(kill(format!("user_ns: cannot write the uid/gid map: {e}")));
+    }
+    if let Some(cgroup) = cgroup {
+        if let Err(e) = cgroup.add(pid) {
+            return Err(kill(format!("cgroup: {e}")));
+        }
+    }
+    // SAFETY: one byte from a stack variable to our own pipe.
+    if unsafe { libc::write(pipes.sync.as_raw_fd(), [1u8].as_ptr().cast(), 1) } != 1 {
+        return Err(kill("cannot signal the sandbox to start".into()));
+    }
+    let [stdin, stdout, stderr, error, status] = pipes.parent;
+    Ok(Started {
+        pid,
+        pidfd,
+        stdin,
+        stdout,
+        stderr,
+        error,
+        status,
+    })
+}

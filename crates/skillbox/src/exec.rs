@@ -1,0 +1,196 @@
+//! `skillbox exec`: one command in a fresh sandbox.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use skillbox_env::{
+    CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, HostEnv, Limits, SandboxSpec,
+};
+use skillbox_native::NativeBackend;
+
+use crate::units::{parse_duration, parse_size};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendName {
+    /// Linux namespaces + Landlock + seccomp (the default).
+    Native,
+    /// No boundary: runs on the host as you.
+    Host,
+    /// Docker container (not in this build yet).
+    Docker,
+    /// Docker with gVisor's runsc (not in this build yet).
+    Gvisor,
+    /// wasmtime WASI (not in this build yet).
+    Wasm,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Which boundary to run behind.
+    #[arg(long, value_enum, default_value = "native")]
+    backend: BackendName,
+    /// Host directory shown as /workspace (default: a temp dir removed afterwards).
+    #[arg(long, value_name = "DIR")]
+    workdir: Option<PathBuf>,
+    /// Wall-clock limit (500ms, 30s, 2m).
+    #[arg(long, value_parser = parse_duration, default_value = "60s")]
+    timeout: Duration,
+    /// Memory limit for the whole process tree (256M, 1G).
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Most processes and threads at once.
+    #[arg(long)]
+    pids: Option<u32>,
+    /// Print one ExecOutput JSON object instead of streaming the output.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn usage(message: &str) -> ExitCode {
+    eprintln!("skillbox exec: {message}");
+    ExitCode::from(crate::EXIT_USAGE)
+}
+
+fn failed(error: &EnvError) -> ExitCode {
+    eprintln!("skillbox exec: {error}");
+    ExitCode::from(crate::EXIT_SETUP_FAILED)
+}
+
+async fn make_env(
+    args: &ExecArgs,
+    data_dir: &Path,
+    limits: Limits,
+) -> Result<Box<dyn ExecutionEnv>, EnvError> {
+    match args.backend {
+        BackendName::Native => {
+            let spec = SandboxSpec {
+                workspace: args.workdir.clone(),
+                limits,
+                ..SandboxSpec::default()
+            };
+            Ok(Box::new(NativeBackend::new(data_dir).create(spec).await?))
+        }
+        BackendName::Host => {
+            let cwd = match &args.workdir {
+                Some(dir) => dir.clone(),
+                None => std::env::current_dir().map_err(|e| EnvError::io(&e, "cwd", "."))?,
+            };
+            Ok(Box::new(
+                HostEnv::new(cwd, data_dir.join("host-tmp")).with_limits(limits),
+            ))
+        }
+        other => Err(EnvError::unavailable(format!(
+            "backend {}: not part of this build yet; use --backend native",
+            format!("{other:?}").to_lowercase()
+        ))),
+    }
+}
+
+pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
+    if let Some(dir) = &args.workdir {
+        if !dir.is_dir() {
+            return usage(&format!("--workdir {}: no such directory", dir.display()));
+        }
+    }
+    if args.pids == Some(0) {
+        return usage("--pids: must be at least 1");
+    }
+    let mut limits = Limits {
+        timeout_ms: args.timeout.as_millis() as u64,
+        ..Limits::default()
+    };
+    if let Some(memory) = args.memory {
+        limits.memory_bytes = Some(memory);
+    }
+    if let Some(pids) = args.pids {
+        limits.pids = Some(pids);
+    }
+    let env = match make_env(&args, data_dir, limits).await {
+        Ok(env) => env,
+        Err(e) => return failed(&e),
+    };
+    let cancel = CancellationToken::new();
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupt.cancel();
+        }
+    });
+    let request = ExecRequest::argv(args.command.clone());
+    let code = if args.json {
+        run_json(env.as_ref(), request, &cancel).await
+    } else {
+        run_streaming(env.as_ref(), request, &cancel).await
+    };
+    if let Err(e) = env.cleanup().await {
+        eprintln!("skillbox exec: cleanup: {e}");
+    }
+    code
+}
+
+async fn run_json(
+    env: &dyn ExecutionEnv,
+    request: ExecRequest,
+    cancel: &CancellationToken,
+) -> ExitCode {
+    match env.exec(request, cancel).await {
+        Ok(output) => match serde_json::to_string(&output) {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("skillbox exec: cannot render the output: {e}");
+                ExitCode::from(crate::EXIT_SETUP_FAILED)
+            }
+        },
+        Err(e) => failed(&e),
+    }
+}
+
+async fn run_streaming(
+    env: &dyn ExecutionEnv,
+    request: ExecRequest,
+    cancel: &CancellationToken,
+) -> ExitCode {
+    let mut stream = match env.exec_stream(request, cancel).await {
+        Ok(stream) => stream,
+        Err(e) => return failed(&e),
+    };
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(ExecEvent::Stdout(chunk)) => {
+                let _ = out.write_all(&chunk).and_then(|()| out.flush());
+            }
+            Ok(ExecEvent::Stderr(chunk)) => {
+                let _ = err.write_all(&chunk).and_then(|()| err.flush());
+            }
+            Ok(ExecEvent::Exit(output)) => {
+                if output.timed_out {
+                    eprintln!("skillbox exec: timed out");
+                }
+                if let Some(limit) = output.limit_hit {
+                    eprintln!(
+                        "skillbox exec: limit hit: {}",
+                        serde_json::to_string(&limit)
+                            .unwrap_or_default()
+                            .trim_matches('"')
+                    );
+                }
+                return ExitCode::from(output.shell_status().clamp(0, 255) as u8);
+            }
+            Err(e) => return failed(&e),
+        }
+    }
+    failed(&EnvError::new(
+        skillbox_env::ErrorCode::Unknown,
+        "the sandbox ended without an exit status",
+    ))
+}
