@@ -58,8 +58,13 @@ impl ErrorCode {
             libc::EISDIR => ErrorCode::IsDirectory,
             libc::EINVAL | libc::ENAMETOOLONG | libc::EBADF => ErrorCode::Invalid,
             libc::ENOSYS | libc::EOPNOTSUPP => ErrorCode::NotSupported,
-            libc::ENOSPC | libc::EDQUOT | libc::EFBIG | libc::EMFILE | libc::ENFILE
-            | libc::ENOMEM | libc::EAGAIN => ErrorCode::ResourceExhausted,
+            libc::ENOSPC
+            | libc::EDQUOT
+            | libc::EFBIG
+            | libc::EMFILE
+            | libc::ENFILE
+            | libc::ENOMEM
+            | libc::EAGAIN => ErrorCode::ResourceExhausted,
             libc::ETIMEDOUT => ErrorCode::Timeout,
             libc::ECANCELED | libc::EINTR => ErrorCode::Aborted,
             _ => ErrorCode::Unknown,
@@ -86,7 +91,11 @@ pub struct EnvError {
 
 impl EnvError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        EnvError { code, message: message.into(), path: None }
+        EnvError {
+            code,
+            message: message.into(),
+            path: None,
+        }
     }
 
     /// Attaches the path the operation was about.

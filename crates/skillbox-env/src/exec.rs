@@ -56,7 +56,13 @@ impl ExecRequest {
     }
 
     fn new(command: Command) -> Self {
-        ExecRequest { command, cwd: None, env: BTreeMap::new(), stdin: None, timeout: None }
+        ExecRequest {
+            command,
+            cwd: None,
+            env: BTreeMap::new(),
+            stdin: None,
+            timeout: None,
+        }
     }
 
     pub fn cwd(mut self, cwd: impl Into<PathBuf>) -> Self {

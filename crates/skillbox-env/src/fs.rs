@@ -7,9 +7,9 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use serde::Serialize;
 
+use crate::CancellationToken;
 use crate::error::EnvResult;
 use crate::path::normalize;
-use crate::CancellationToken;
 
 /// The kind of a directory entry. Symlinks are reported, never followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -90,15 +90,18 @@ pub trait FileSystem: Send + Sync {
     /// Creates or replaces a file (atomically: readers see the old or the new content).
     async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()>;
 
-    async fn append(&self, path: &Path, data: &[u8], cancel: &CancellationToken)
-    -> EnvResult<()>;
+    async fn append(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()>;
 
     /// Atomic rename; replaces an existing file at `to`.
     async fn rename(&self, from: &Path, to: &Path, cancel: &CancellationToken) -> EnvResult<()>;
 
     /// Removes a file, a symlink, or (with `recursive`) a directory tree.
-    async fn remove(&self, path: &Path, recursive: bool, cancel: &CancellationToken)
-    -> EnvResult<()>;
+    async fn remove(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()>;
 
     async fn create_dir(
         &self,
@@ -108,11 +111,15 @@ pub trait FileSystem: Send + Sync {
     ) -> EnvResult<()>;
 
     /// A new empty directory inside the env; `cleanup` removes it.
-    async fn create_temp_dir(&self, prefix: &str, cancel: &CancellationToken) -> EnvResult<PathBuf>;
+    async fn create_temp_dir(&self, prefix: &str, cancel: &CancellationToken)
+    -> EnvResult<PathBuf>;
 
     /// A new empty file inside the env; `cleanup` removes it.
-    async fn create_temp_file(&self, prefix: &str, cancel: &CancellationToken)
-    -> EnvResult<PathBuf>;
+    async fn create_temp_file(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf>;
 
     /// Removes everything this env created for itself (temp dirs, a temp workspace) and
     /// ends anything still running. The env is unusable afterwards.

@@ -1,22 +1,24 @@
 //! `HostEnv`: the unsandboxed env. **No boundary**: commands run as the calling user with
 //! the caller's view of the machine. Use it only for code you would run in your own shell.
 
+use std::collections::HashSet;
 use std::io::{BufRead, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
+use tokio::task::JoinHandle;
 
 use crate::error::{EnvError, EnvResult};
-use crate::exec::{pump_output, ExecEvent, ExecOutput, ExecRequest, ExecStream, StreamKind};
+use crate::exec::{ExecEvent, ExecOutput, ExecRequest, ExecStream, StreamKind, pump_output};
 use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines};
 use crate::limits::Limits;
 use crate::path::temp_name;
-use crate::{blocking, Boundary, CancellationToken, ExecutionEnv, Shell, Truncated};
+use crate::{Boundary, CancellationToken, ExecutionEnv, Shell, Truncated, blocking};
 
 /// Runs on the host itself. There is no isolation: see the module docs.
 #[derive(Debug)]
@@ -25,6 +27,10 @@ pub struct HostEnv {
     temp_root: PathBuf,
     limits: Limits,
     temps: Mutex<Vec<PathBuf>>,
+    /// Process groups of the execs still running, so `cleanup` can end them.
+    running: Arc<Mutex<HashSet<i32>>>,
+    /// Fired by `cleanup`: running execs stop waiting and report `aborted`.
+    shutdown: CancellationToken,
 }
 
 impl HostEnv {
@@ -35,7 +41,15 @@ impl HostEnv {
             temp_root: temp_root.into(),
             limits: Limits::default(),
             temps: Mutex::new(Vec::new()),
+            running: Arc::new(Mutex::new(HashSet::new())),
+            shutdown: CancellationToken::new(),
         }
+    }
+
+    /// Makes `cleanup` remove `path` too, e.g. a temporary workspace made for this env.
+    pub fn owning(self, path: impl Into<PathBuf>) -> Self {
+        self.remember(&path.into());
+        self
     }
 
     /// Timeout and output cap for execs (the other limits need a sandbox).
@@ -69,11 +83,17 @@ pub(crate) fn first_lines(reader: impl BufRead, max: usize, path: &Path) -> EnvR
     for line in reader.lines() {
         let line = line.map_err(|e| EnvError::io(&e, "read", path))?;
         if lines.len() == max {
-            return Ok(TextLines { lines, truncated: true });
+            return Ok(TextLines {
+                lines,
+                truncated: true,
+            });
         }
         lines.push(line);
     }
-    Ok(TextLines { lines, truncated: false })
+    Ok(TextLines {
+        lines,
+        truncated: false,
+    })
 }
 
 #[async_trait]
@@ -92,10 +112,12 @@ impl FileSystem for HostEnv {
 
     async fn exists(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<bool> {
         let p = self.absolute(path);
-        blocking(cancel, "exists", move || match std::fs::symlink_metadata(&p) {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(EnvError::io(&e, "exists", &p)),
+        blocking(cancel, "exists", move || {
+            match std::fs::symlink_metadata(&p) {
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(EnvError::io(&e, "exists", &p)),
+            }
         })
         .await
     }
@@ -123,7 +145,10 @@ impl FileSystem for HostEnv {
             for entry in read {
                 let entry = entry.map_err(|e| EnvError::io(&e, "list", &p))?;
                 let kind = entry.file_type().map(kind_of).unwrap_or(FileKind::Other);
-                entries.push(DirEntry { name: entry.file_name().to_string_lossy().into(), kind });
+                entries.push(DirEntry {
+                    name: entry.file_name().to_string_lossy().into(),
+                    kind,
+                });
             }
             entries.sort_by(|a, b| a.name.cmp(&b.name));
             Ok(entries)
@@ -134,7 +159,12 @@ impl FileSystem for HostEnv {
     async fn read_text(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<String> {
         let bytes = self.read_bytes(path, cancel).await?;
         String::from_utf8(bytes).map_err(|_| {
-            EnvError::invalid(format!("read {}: not UTF-8 text", path.display())).with_path(path)
+            let p = self.absolute(path);
+            EnvError::invalid(format!(
+                "read {}: not UTF-8 text; read it as bytes",
+                p.display()
+            ))
+            .with_path(p)
         })
     }
 
@@ -154,8 +184,10 @@ impl FileSystem for HostEnv {
 
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
         let p = self.absolute(path);
-        blocking(cancel, "read", move || std::fs::read(&p).map_err(|e| EnvError::io(&e, "read", &p)))
-            .await
+        blocking(cancel, "read", move || {
+            std::fs::read(&p).map_err(|e| EnvError::io(&e, "read", &p))
+        })
+        .await
     }
 
     async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
@@ -167,9 +199,17 @@ impl FileSystem for HostEnv {
                 EnvError::invalid(format!("write {}: not a file path", p.display()))
             })?;
             let tmp = dir.join(temp_name(&format!(".{}.", name.to_string_lossy())));
+            // Replacing a file keeps its permissions (an edited script stays executable).
+            let kept = std::fs::metadata(&p)
+                .ok()
+                .filter(|m| m.is_file())
+                .map(|m| m.permissions());
             let result = (|| {
                 let mut file = std::fs::File::create_new(&tmp)?;
                 file.write_all(&data)?;
+                if let Some(permissions) = kept {
+                    file.set_permissions(permissions)?;
+                }
                 std::fs::rename(&tmp, &p)
             })();
             result.map_err(|e| {
@@ -189,7 +229,8 @@ impl FileSystem for HostEnv {
                 .create(true)
                 .open(&p)
                 .map_err(|e| EnvError::io(&e, "append", &p))?;
-            file.write_all(&data).map_err(|e| EnvError::io(&e, "append", &p))
+            file.write_all(&data)
+                .map_err(|e| EnvError::io(&e, "append", &p))
         })
         .await
     }
@@ -202,12 +243,21 @@ impl FileSystem for HostEnv {
         .await
     }
 
-    async fn remove(&self, path: &Path, recursive: bool, cancel: &CancellationToken) -> EnvResult<()> {
+    async fn remove(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
         let p = self.absolute(path);
         blocking(cancel, "remove", move || {
             let meta = std::fs::symlink_metadata(&p).map_err(|e| EnvError::io(&e, "remove", &p))?;
             let result = if meta.is_dir() {
-                if recursive { std::fs::remove_dir_all(&p) } else { std::fs::remove_dir(&p) }
+                if recursive {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_dir(&p)
+                }
             } else {
                 std::fs::remove_file(&p)
             };
@@ -216,17 +266,29 @@ impl FileSystem for HostEnv {
         .await
     }
 
-    async fn create_dir(&self, path: &Path, recursive: bool, cancel: &CancellationToken) -> EnvResult<()> {
+    async fn create_dir(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
         let p = self.absolute(path);
         blocking(cancel, "create_dir", move || {
-            let result =
-                if recursive { std::fs::create_dir_all(&p) } else { std::fs::create_dir(&p) };
+            let result = if recursive {
+                std::fs::create_dir_all(&p)
+            } else {
+                std::fs::create_dir(&p)
+            };
             result.map_err(|e| EnvError::io(&e, "create_dir", &p))
         })
         .await
     }
 
-    async fn create_temp_dir(&self, prefix: &str, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+    async fn create_temp_dir(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
         let p = self.temp_root.join(temp_name(prefix));
         let made = p.clone();
         blocking(cancel, "create_temp_dir", move || {
@@ -239,7 +301,11 @@ impl FileSystem for HostEnv {
         Ok(p)
     }
 
-    async fn create_temp_file(&self, prefix: &str, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+    async fn create_temp_file(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
         let p = self.temp_root.join(temp_name(prefix));
         let made = p.clone();
         blocking(cancel, "create_temp_file", move || {
@@ -253,6 +319,14 @@ impl FileSystem for HostEnv {
     }
 
     async fn cleanup(&self) -> EnvResult<()> {
+        self.shutdown.cancel();
+        let groups: Vec<i32> = match self.running.lock() {
+            Ok(running) => running.iter().copied().collect(),
+            Err(_) => Vec::new(),
+        };
+        for group in groups {
+            kill_group(group);
+        }
         let temps = match self.temps.lock() {
             Ok(mut temps) => std::mem::take(&mut *temps),
             Err(_) => Vec::new(),
@@ -274,6 +348,52 @@ impl FileSystem for HostEnv {
     }
 }
 
+/// How long the pipes may stay open after a timeout killed the process group: they hold
+/// at most what was already written, unless a process left the group.
+const DRAIN_AFTER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// SIGKILL to a whole process group.
+fn kill_group(group: i32) {
+    // SAFETY: kill(2) takes no pointers; a negative pid names the group.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+}
+
+/// The tasks that move bytes between an exec and its stream. A handle is taken out once
+/// awaited: a finished `JoinHandle` must not be polled again.
+struct Pipes {
+    stdout: Option<JoinHandle<bool>>,
+    stderr: Option<JoinHandle<bool>>,
+    stdin: Option<JoinHandle<()>>,
+}
+
+impl Pipes {
+    /// Waits for both output pumps to reach end of file; says which one truncated.
+    async fn drained(&mut self) -> Truncated {
+        let mut truncated = Truncated::default();
+        if let Some(pump) = self.stdout.as_mut() {
+            truncated.stdout = pump.await.unwrap_or(false);
+            self.stdout = None;
+        }
+        if let Some(pump) = self.stderr.as_mut() {
+            truncated.stderr = pump.await.unwrap_or(false);
+            self.stderr = None;
+        }
+        truncated
+    }
+
+    /// Stops every task and waits until none can send another event.
+    async fn stop(self) {
+        for pump in [self.stdout, self.stderr].into_iter().flatten() {
+            pump.abort();
+            let _ = pump.await;
+        }
+        if let Some(stdin) = self.stdin {
+            stdin.abort();
+            let _ = stdin.await;
+        }
+    }
+}
+
 #[async_trait]
 impl Shell for HostEnv {
     async fn exec_stream(
@@ -282,6 +402,14 @@ impl Shell for HostEnv {
         cancel: &CancellationToken,
     ) -> EnvResult<ExecStream> {
         request.validate()?;
+        if cancel.is_cancelled() {
+            return Err(EnvError::aborted("exec"));
+        }
+        if self.shutdown.is_cancelled() {
+            return Err(EnvError::unavailable(
+                "exec: this env was cleaned up; make a new one",
+            ));
+        }
         let argv = request.command.to_argv();
         let cwd = self.absolute(request.cwd.as_deref().unwrap_or(&self.cwd));
         let mut command = tokio::process::Command::new(&argv[0]);
@@ -289,57 +417,120 @@ impl Shell for HostEnv {
             .args(&argv[1..])
             .current_dir(&cwd)
             .envs(&request.env)
-            .stdin(if request.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if request.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // Its own process group, so cancel and timeout reach the children too.
             .process_group(0)
             .kill_on_drop(true);
         let started = Instant::now();
-        let mut child = command.spawn().map_err(|e| EnvError::io(&e, "exec", &argv[0]))?;
-        let pid = child.id().map(|p| p as i32);
+        let timeout = request.timeout.unwrap_or(self.limits.timeout());
+        let deadline = tokio::time::Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(u32::MAX.into()));
+        let mut child = command.spawn().map_err(|e| {
+            if cwd.is_dir() {
+                EnvError::io(&e, "exec", &argv[0])
+            } else {
+                EnvError::io(&e, "exec: working directory", &cwd)
+            }
+        })?;
+        let (Some(group), Some(out), Some(err)) = (
+            child.id().and_then(|p| i32::try_from(p).ok()),
+            child.stdout.take(),
+            child.stderr.take(),
+        ) else {
+            return Err(EnvError::new(
+                crate::ErrorCode::Unknown,
+                "exec: the child has no pipes",
+            ));
+        };
         let (tx, stream) = ExecStream::channel();
         let cap = self.limits.output_bytes;
-        let stdout = child.stdout.take().map(|r| {
-            tokio::spawn(pump_output(r, StreamKind::Stdout, cap, tx.clone()))
-        });
-        let stderr = child.stderr.take().map(|r| {
-            tokio::spawn(pump_output(r, StreamKind::Stderr, cap, tx.clone()))
-        });
-        if let (Some(mut sink), Some(input)) = (child.stdin.take(), request.stdin) {
-            tokio::spawn(async move {
+        let stdin = match (child.stdin.take(), request.stdin) {
+            (Some(mut sink), Some(input)) => Some(tokio::spawn(async move {
                 let _ = sink.write_all(&input).await;
-            });
+            })),
+            _ => None,
+        };
+        let mut pipes = Pipes {
+            stdout: Some(tokio::spawn(pump_output(
+                out,
+                StreamKind::Stdout,
+                cap,
+                tx.clone(),
+            ))),
+            stderr: Some(tokio::spawn(pump_output(
+                err,
+                StreamKind::Stderr,
+                cap,
+                tx.clone(),
+            ))),
+            stdin,
+        };
+        if let Ok(mut running) = self.running.lock() {
+            running.insert(group);
         }
-        let timeout = request.timeout.unwrap_or(self.limits.timeout());
+        let running = Arc::clone(&self.running);
         let cancel = cancel.clone();
+        let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
-            let kill_group = || {
-                if let Some(pid) = pid {
-                    // SAFETY: plain kill(2) on the child's process group.
-                    unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let stopped = async {
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = shutdown.cancelled() => {}
+                }
+            };
+            tokio::pin!(stopped);
+            let forget = || {
+                if let Ok(mut running) = running.lock() {
+                    running.remove(&group);
                 }
             };
             let mut timed_out = false;
             let status = tokio::select! {
                 status = child.wait() => status,
-                () = tokio::time::sleep(timeout) => { timed_out = true; kill_group(); child.wait().await }
-                () = cancel.cancelled() => {
-                    kill_group();
+                () = tokio::time::sleep_until(deadline) => {
+                    timed_out = true;
+                    kill_group(group);
+                    child.wait().await
+                }
+                () = &mut stopped => {
+                    kill_group(group);
                     let _ = child.wait().await;
+                    forget();
+                    pipes.stop().await;
                     let _ = tx.send(Err(EnvError::aborted("exec"))).await;
                     return;
                 }
             };
             // The group may hold children that outlived the leader.
-            kill_group();
-            let mut truncated = Truncated::default();
-            if let Some(h) = stdout {
-                truncated.stdout = h.await.unwrap_or(false);
-            }
-            if let Some(h) = stderr {
-                truncated.stderr = h.await.unwrap_or(false);
-            }
+            kill_group(group);
+            forget();
+            // A process that left the group can hold the pipes open: the deadline and the
+            // token still end the wait.
+            let drain_until = if timed_out {
+                tokio::time::Instant::now() + DRAIN_AFTER_TIMEOUT
+            } else {
+                deadline
+            };
+            let truncated = tokio::select! {
+                truncated = pipes.drained() => truncated,
+                () = tokio::time::sleep_until(drain_until) => {
+                    timed_out = true;
+                    Truncated::default()
+                }
+                () = &mut stopped => {
+                    pipes.stop().await;
+                    let _ = tx.send(Err(EnvError::aborted("exec"))).await;
+                    return;
+                }
+            };
+            pipes.stop().await;
             let output = match status {
                 Ok(status) => {
                     use std::os::unix::process::ExitStatusExt;
@@ -349,7 +540,8 @@ impl Shell for HostEnv {
                         timed_out,
                         limit_hit: (truncated.stdout || truncated.stderr)
                             .then_some(crate::LimitKind::Output),
-                        duration_ms: started.elapsed().as_millis() as u64,
+                        duration_ms: u64::try_from(started.elapsed().as_millis())
+                            .unwrap_or(u64::MAX),
                         truncated,
                         ..ExecOutput::default()
                     }

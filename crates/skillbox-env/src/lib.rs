@@ -51,7 +51,11 @@ pub trait Shell: Send + Sync {
 
     /// Runs the command to the end and returns everything it printed (up to the
     /// output cap).
-    async fn exec(&self, request: ExecRequest, cancel: &CancellationToken) -> EnvResult<ExecOutput> {
+    async fn exec(
+        &self,
+        request: ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<ExecOutput> {
         self.exec_stream(request, cancel).await?.collect().await
     }
 }
@@ -66,7 +70,7 @@ pub trait ExecutionEnv: FileSystem + Shell {
     fn boundary(&self) -> Boundary;
 }
 
-pub use exec::{pump_output, StreamKind};
+pub use exec::{StreamKind, pump_output};
 
 /// Runs blocking file work off the async threads, giving up early when `cancel` fires.
 pub async fn blocking<T, F>(cancel: &CancellationToken, what: &str, work: F) -> EnvResult<T>

@@ -65,10 +65,10 @@ impl Limits {
         if self.pids == Some(0) {
             return Err("pids must be greater than 0".into());
         }
-        if let Some(cpus) = self.cpus {
-            if !(cpus.is_finite() && cpus > 0.0) {
-                return Err("cpus must be a positive number of cores".into());
-            }
+        if let Some(cpus) = self.cpus
+            && !(cpus.is_finite() && cpus > 0.0)
+        {
+            return Err("cpus must be a positive number of cores".into());
         }
         if self.tmp_bytes < 4096 {
             return Err("tmpBytes must be at least 4096".into());

@@ -34,9 +34,8 @@ pub fn fill_random(buf: &mut [u8]) {
     let mut filled = 0;
     while filled < buf.len() {
         // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n = unsafe {
-            libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0)
-        };
+        let n =
+            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
         if n > 0 {
             filled += n as usize;
         }
@@ -50,7 +49,10 @@ mod tests {
     #[test]
     fn normalize_removes_dots_and_never_climbs_above_root() {
         assert_eq!(normalize(Path::new("/a/./b/../c")), PathBuf::from("/a/c"));
-        assert_eq!(normalize(Path::new("/../../etc/shadow")), PathBuf::from("/etc/shadow"));
+        assert_eq!(
+            normalize(Path::new("/../../etc/shadow")),
+            PathBuf::from("/etc/shadow")
+        );
         assert_eq!(normalize(Path::new("/workspace/..")), PathBuf::from("/"));
         assert_eq!(normalize(Path::new("a/../..")), PathBuf::from("."));
     }

@@ -34,7 +34,11 @@ pub fn limits() -> Limits {
 
 /// The spec every suite test asks its factory for: a temp workspace and [`limits`].
 pub fn spec() -> SandboxSpec {
-    SandboxSpec { workspace: None, limits: limits(), ..SandboxSpec::default() }
+    SandboxSpec {
+        workspace: None,
+        limits: limits(),
+        ..SandboxSpec::default()
+    }
 }
 
 /// True when skips must fail (CI).
@@ -55,7 +59,10 @@ pub fn require(made: Made, test: &str) -> Option<Box<dyn ExecutionEnv>> {
 
 /// Prints a skip reason, or fails the test under `SKILLBOX_REQUIRE_ALL=1`.
 pub fn skip(test: &str, reason: &str) {
-    assert!(!require_all(), "{test}: cannot run here and SKILLBOX_REQUIRE_ALL=1: {reason}");
+    assert!(
+        !require_all(),
+        "{test}: cannot run here and SKILLBOX_REQUIRE_ALL=1: {reason}"
+    );
     eprintln!("SKIP {test}: {reason}");
 }
 
@@ -72,5 +79,115 @@ macro_rules! __testkit_tests {
                 env.cleanup().await.expect("cleanup");
             }
         )*
+    };
+}
+
+/// Generates one `#[tokio::test]` per conformance test (in a module `conformance`), each
+/// with its own env from `$make` (an `async fn(SandboxSpec) -> Made`). See [`conformance`].
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:path) => {
+        mod conformance {
+            #[allow(unused_imports, reason = "brings the caller's factory into scope")]
+            use super::*;
+
+            $crate::__testkit_tests!(
+                $make,
+                conformance,
+                [
+                    write_then_read_round_trips,
+                    write_replaces_the_whole_file,
+                    write_keeps_the_mode_of_a_replaced_file,
+                    append_creates_then_appends,
+                    read_text_lines_stops_at_max,
+                    list_dir_is_sorted_and_does_not_follow_symlinks,
+                    file_info_reports_kind_and_size,
+                    rename_moves_and_replaces,
+                    remove_deletes_files_and_symlinks_not_targets,
+                    remove_dir_needs_recursive_when_not_empty,
+                    remove_recursive_does_not_follow_symlinks,
+                    create_dir_recursive_and_not,
+                    exists_reports_presence_without_following,
+                    canonical_resolves_a_relative_symlink,
+                    temp_entries_are_distinct_and_visible_to_exec,
+                    error_not_found,
+                    error_already_exists,
+                    error_not_directory,
+                    error_is_directory,
+                    error_invalid,
+                    error_aborted_file_ops,
+                    error_aborted_exec,
+                    exec_runs_an_argv,
+                    exec_runs_a_shell_script,
+                    exec_and_files_share_the_cwd,
+                    exec_feeds_stdin,
+                    exec_passes_env_vars,
+                    exec_honours_cwd,
+                    exec_reports_exit_code,
+                    exec_reports_death_by_signal,
+                    exec_stream_yields_chunks_then_exit,
+                    exec_separates_stdout_and_stderr,
+                    timeout_ends_the_exec,
+                    timeout_kills_the_process_tree,
+                    cancel_kills_the_process_tree,
+                    cancel_ends_a_running_exec,
+                    cleanup_ends_running_execs,
+                    output_cap_truncates_stdout,
+                    output_cap_truncates_stderr,
+                ]
+            );
+        }
+    };
+}
+
+/// Generates one `#[tokio::test]` per adversarial test (in a module `adversarial`), each
+/// with its own env from `$make` (an `async fn(SandboxSpec) -> Made`). For sandbox
+/// backends only: `HostEnv` fails it by design. See [`adversarial`].
+#[macro_export]
+macro_rules! adversarial_suite {
+    ($make:path) => {
+        mod adversarial {
+            #[allow(unused_imports, reason = "brings the caller's factory into scope")]
+            use super::*;
+
+            $crate::__testkit_tests!(
+                $make,
+                adversarial,
+                [
+                    write_host_etc,
+                    write_host_usr,
+                    write_host_home,
+                    write_host_tmp,
+                    read_host_shadow,
+                    read_host_root,
+                    read_proc1_environ,
+                    see_host_processes,
+                    loopback_curl,
+                    loopback_bash_dev_tcp,
+                    loopback_node_fetch,
+                    interfaces_only_lo,
+                    raw_and_packet_sockets,
+                    abstract_unix_socket,
+                    host_unix_sockets,
+                    ptrace_denied,
+                    user_namespace_denied,
+                    mount_denied,
+                    io_uring_and_bpf_denied,
+                    tiocsti_denied,
+                    kernel_surface_syscalls_denied,
+                    fork_bomb,
+                    memory_bomb,
+                    workspace_disk_fill,
+                    tmp_disk_fill,
+                    output_flood,
+                    timeout_kills,
+                    daemon_does_not_survive,
+                    host_fd_not_inherited,
+                    privileges_dropped,
+                    workspace_symlink_read,
+                    workspace_symlink_write,
+                ]
+            );
+        }
     };
 }
