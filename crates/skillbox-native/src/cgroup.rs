@@ -287,10 +287,10 @@ impl ExecCgroup {
                 return Some(LimitKind::Memory);
             }
         }
-        if let Some(dir) = &self.pids {
-            if count(dir.join("pids.events"), "max ") > 0 {
-                return Some(LimitKind::Pids);
-            }
+        if let Some(dir) = &self.pids
+            && count(dir.join("pids.events"), "max ") > 0
+        {
+            return Some(LimitKind::Pids);
         }
         None
     }

@@ -56,6 +56,10 @@ pub enum MountOp {
     Proc {
         target: CString,
     },
+    /// A private devpts instance, so programs can open ptys.
+    Devpts {
+        target: CString,
+    },
 }
 
 /// Steps reported through the error pipe: `(step, errno)`. Mount ops report
@@ -211,6 +215,13 @@ unsafe fn apply_mount(op: &MountOp, tree: i32) -> libc::c_long {
                 c"tmpfs".as_ptr(),
                 libc::MS_NOSUID | libc::MS_NODEV,
                 options.as_ptr().cast(),
+            ) as libc::c_long,
+            MountOp::Devpts { target } => libc::mount(
+                c"devpts".as_ptr(),
+                target.as_ptr(),
+                c"devpts".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
             ) as libc::c_long,
             MountOp::Proc { target } => libc::mount(
                 c"proc".as_ptr(),

@@ -419,6 +419,16 @@ impl FileSystem for NativeSandbox {
         let data = data.to_vec();
         blocking(cancel, "write", move || {
             let (dir, name) = loc.parent("write")?;
+            // Replacing a file keeps its mode (an edited script stays executable).
+            let mode = match rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat)
+                    if rustix::fs::FileType::from_raw_mode(stat.st_mode)
+                        == rustix::fs::FileType::RegularFile =>
+                {
+                    stat.st_mode & 0o7777
+                }
+                _ => 0o644,
+            };
             let tmp = PathBuf::from(skillbox_env::path::temp_name(&format!(
                 ".{}.",
                 name.display()
@@ -430,6 +440,7 @@ impl FileSystem for NativeSandbox {
                 Mode::from_raw_mode(0o644),
             )
             .map_err(|e| loc.err(e, "write"))?;
+            let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777));
             let mut file = std::fs::File::from(fd);
             let written = file.write_all(&data).and_then(|()| file.flush());
             drop(file);
@@ -568,6 +579,10 @@ impl FileSystem for NativeSandbox {
     }
 
     async fn cleanup(&self) -> EnvResult<()> {
+        // End every exec still running: each kills its namespace tree and reaps it.
+        self.shutdown.cancel();
+        self.running.close();
+        self.running.wait().await;
         let temps = match self.temps.lock() {
             Ok(mut temps) => std::mem::take(&mut *temps),
             Err(_) => Vec::new(),

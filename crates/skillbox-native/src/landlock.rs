@@ -73,7 +73,7 @@ pub struct Plan {
 impl Plan {
     /// Reads and executes everywhere; writes only beneath `writable` paths (and the
     /// harmless device nodes); no TCP; no abstract sockets or signals out of the sandbox.
-    pub fn sandbox(abi: u32, writable: &[&str], devices: &[&str]) -> Plan {
+    pub fn sandbox(abi: u32, writable: &[&str], devices: &[&str], ttys: &[&str]) -> Plan {
         let mut handled_fs = ACCESS_FS_ABI1_ALL;
         if abi >= 2 {
             handled_fs |= ACCESS_FS_REFER;
@@ -110,6 +110,14 @@ impl Plan {
             rules.push(Rule {
                 path: cstring(path),
                 access: device,
+            });
+        }
+        // Terminals need their ioctls (seccomp still refuses TIOCSTI and TIOCLINUX).
+        let tty = device | ACCESS_FS_READ_DIR | (handled_fs & ACCESS_FS_IOCTL_DEV);
+        for path in ttys {
+            rules.push(Rule {
+                path: cstring(path),
+                access: tty,
             });
         }
         Plan {

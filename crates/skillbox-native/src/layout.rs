@@ -38,6 +38,8 @@ pub const DEVICES: &[&str] = &[
     "/dev/urandom",
 ];
 /// Where the sandbox may write.
+/// Directories of terminal devices (ptys) the sandbox may open and ioctl.
+pub const TTYS: &[&str] = &["/dev/pts"];
 pub const WRITABLE: &[&str] = &["/workspace", "/tmp", "/dev/shm"];
 pub const WORKSPACE: &str = "/workspace";
 
@@ -234,6 +236,16 @@ pub fn plan(
             path: staged(&dev.join(name)),
         });
     }
+    ops.push(MountOp::Dir {
+        path: staged(&dev.join("pts")),
+    });
+    ops.push(MountOp::Devpts {
+        target: staged(&dev.join("pts")),
+    });
+    ops.push(MountOp::Symlink {
+        target: cstring("pts/ptmx"),
+        path: staged(&dev.join("ptmx")),
+    });
     let shm_bytes = limits.tmp_bytes.min(64 * 1024 * 1024);
     ops.push(MountOp::Dir {
         path: staged(&dev.join("shm")),
@@ -300,7 +312,7 @@ pub fn plan(
         seal: vec![cstring("/"), cstring("/dev")],
         hostname: cstring("skillbox"),
         rlimits,
-        landlock: landlock::Plan::sandbox(landlock_abi, WRITABLE, DEVICES),
+        landlock: landlock::Plan::sandbox(landlock_abi, WRITABLE, DEVICES, TTYS),
         seccomp,
     };
     mounts.sort_by_key(|m| std::cmp::Reverse(m.sandbox.as_os_str().len()));
@@ -356,5 +368,6 @@ fn describe_op(op: &MountOp) -> String {
         MountOp::Bind { target, .. } => format!("bind mount {}", s(target)),
         MountOp::Tmpfs { target, .. } => format!("tmpfs {}", s(target)),
         MountOp::Proc { target } => format!("proc on {}", s(target)),
+        MountOp::Devpts { target } => format!("devpts on {}", s(target)),
     }
 }

@@ -18,6 +18,7 @@ use skillbox_env::{
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
+use tokio_util::task::TaskTracker;
 
 use crate::cgroup::{self, ExecCgroup};
 use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC};
@@ -70,6 +71,10 @@ pub struct NativeSandbox {
     pub(crate) limits: Limits,
     pub(crate) cwd: PathBuf,
     pub(crate) temps: Mutex<Vec<PathBuf>>,
+    /// Cancelled by `cleanup`: ends every running exec.
+    pub(crate) shutdown: CancellationToken,
+    /// The exec tasks, so `cleanup` can wait until their processes are gone.
+    pub(crate) running: TaskTracker,
     cgroup_host: &'static cgroup::Host,
 }
 
@@ -216,6 +221,8 @@ impl NativeSandbox {
             limits: spec.limits,
             cwd: PathBuf::from(WORKSPACE),
             temps: Mutex::new(Vec::new()),
+            shutdown: CancellationToken::new(),
+            running: TaskTracker::new(),
             cgroup_host,
         })
     }
@@ -377,6 +384,11 @@ impl Shell for NativeSandbox {
         if cancel.is_cancelled() {
             return Err(EnvError::aborted("exec"));
         }
+        if self.shutdown.is_cancelled() {
+            return Err(EnvError::unavailable(
+                "native: this sandbox was cleaned up; create a new one",
+            ));
+        }
         let plan = self.child_plan(&request)?;
         let timeout = request.timeout.unwrap_or(self.limits.timeout());
         let started_at = Instant::now();
@@ -470,17 +482,20 @@ impl Shell for NativeSandbox {
                 .await;
         }
         let cancel = cancel.clone();
-        tokio::spawn(async move {
+        let shutdown = self.shutdown.clone();
+        self.running.spawn(async move {
             let mut timed_out = false;
             let mut aborted = false;
             tokio::select! {
                 () = reap(&pidfd, pid) => {}
                 () = tokio::time::sleep_until(deadline) => { timed_out = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
                 () = cancel.cancelled() => { aborted = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
+                () = shutdown.cancelled() => { aborted = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
             }
-            let mut truncated = Truncated::default();
-            truncated.stdout = stdout_task.await.unwrap_or(false);
-            truncated.stderr = stderr_task.await.unwrap_or(false);
+            let truncated = Truncated {
+                stdout: stdout_task.await.unwrap_or(false),
+                stderr: stderr_task.await.unwrap_or(false),
+            };
             let mut status_bytes = [0u8; 4];
             let wait_status = {
                 use std::io::Read;

@@ -84,7 +84,7 @@ fn denied_syscalls() -> Vec<i64> {
     ];
     #[cfg(target_arch = "x86_64")]
     nrs.extend([libc::SYS_iopl, libc::SYS_ioperm, libc::SYS_uselib]);
-    nrs.into_iter().map(i64::from).collect()
+    nrs
 }
 
 fn stmt(code: u32, k: u32) -> sock_filter {

@@ -215,10 +215,10 @@ fn clone_sandbox(
     if let Err(e) = maps {
         return Err(kill(format!("user_ns: cannot write the uid/gid map: {e}")));
     }
-    if let Some(cgroup) = cgroup {
-        if let Err(e) = cgroup.add(pid) {
-            return Err(kill(format!("cgroup: {e}")));
-        }
+    if let Some(cgroup) = cgroup
+        && let Err(e) = cgroup.add(pid)
+    {
+        return Err(kill(format!("cgroup: {e}")));
     }
     // SAFETY: one byte from a stack variable to our own pipe.
     if unsafe { libc::write(pipes.sync.as_raw_fd(), [1u8].as_ptr().cast(), 1) } != 1 {

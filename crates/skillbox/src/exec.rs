@@ -93,10 +93,10 @@ async fn make_env(
 }
 
 pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
-    if let Some(dir) = &args.workdir {
-        if !dir.is_dir() {
-            return usage(&format!("--workdir {}: no such directory", dir.display()));
-        }
+    if let Some(dir) = &args.workdir
+        && !dir.is_dir()
+    {
+        return usage(&format!("--workdir {}: no such directory", dir.display()));
     }
     if args.pids == Some(0) {
         return usage("--pids: must be at least 1");
