@@ -350,7 +350,9 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
 
-        // Wait until the parent has written our uid/gid maps and cgroup.
+        // Wait until the parent has written our uid/gid maps. (A second byte, before we
+        // fork the payload, says the cgroup is joined: that move can be slow on v1 and
+        // overlaps with building the root.)
         let mut byte = 0u8;
         if libc::read(fds.sync, (&mut byte as *mut u8).cast(), 1) != 1 {
             libc::_exit(1);
@@ -453,7 +455,9 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
             check(fds, STEP_RLIMIT, libc::setrlimit(resource, &limit) as _);
         }
 
-        let mut keep = [fds.error, fds.status, fds.stdin, fds.stdout, fds.stderr];
+        let mut keep = [
+            fds.sync, fds.error, fds.status, fds.stdin, fds.stdout, fds.stderr,
+        ];
         keep.sort_unstable();
         close_all_but(&keep);
 
@@ -482,6 +486,10 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
             ) as _,
         );
 
+        if libc::read(fds.sync, (&mut byte as *mut u8).cast(), 1) != 1 {
+            libc::_exit(1);
+        }
+        libc::close(fds.sync);
         let pid = libc::syscall(
             libc::SYS_clone,
             libc::SIGCHLD as libc::c_ulong,

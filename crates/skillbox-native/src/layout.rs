@@ -92,47 +92,84 @@ fn ancestors(ops: &mut Vec<MountOp>, path: &Path) {
     }
 }
 
-/// Writes the sandbox's own `/etc` into `dir`: a passwd with the sandbox user and
-/// nothing of the host's accounts, keys or homes.
-pub fn write_etc(dir: &Path) -> std::io::Result<()> {
-    fs::create_dir_all(dir)?;
+/// Host files shown read-only inside the synthesized `/etc` (bound over empty files).
+const ETC_FILES: &[&str] = &["/etc/ld.so.cache", "/etc/ssl/openssl.cnf"];
+
+/// The files of the sandbox's own `/etc`: a passwd with the sandbox user and nothing
+/// of the host's accounts, keys or homes.
+fn etc_files() -> Vec<(&'static str, String)> {
     let id = SANDBOX_ID;
-    fs::write(
-        dir.join("passwd"),
-        format!(
-            "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{id}:{id}:sandbox:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    vec![
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{id}:{id}:sandbox:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
         ),
-    )?;
-    fs::write(
-        dir.join("group"),
-        format!("root:x:0:\nsandbox:x:{id}:\nnogroup:x:65534:\n"),
-    )?;
-    fs::write(
-        dir.join("hosts"),
-        "127.0.0.1 localhost skillbox\n::1 localhost ip6-localhost\n",
-    )?;
-    fs::write(dir.join("hostname"), "skillbox\n")?;
-    fs::write(
-        dir.join("nsswitch.conf"),
-        "passwd: files\ngroup: files\nhosts: files\n",
-    )?;
-    if Path::new("/etc/ld.so.cache").is_file() {
-        fs::copy("/etc/ld.so.cache", dir.join("ld.so.cache"))?;
-    }
-    if Path::new("/etc/ssl/openssl.cnf").is_file() {
-        fs::create_dir_all(dir.join("ssl"))?;
-        fs::copy("/etc/ssl/openssl.cnf", dir.join("ssl/openssl.cnf"))?;
-    }
-    if let Ok(target) = fs::read_link("/etc/localtime") {
-        let _ = std::os::unix::fs::symlink(target, dir.join("localtime"));
-    }
-    for host in ETC_PASSTHROUGH {
-        if Path::new(host).is_dir() {
-            let rel = host.trim_start_matches("/etc/");
-            fs::create_dir_all(dir.join(rel))?;
+        (
+            "group",
+            format!("root:x:0:\nsandbox:x:{id}:\nnogroup:x:65534:\n"),
+        ),
+        (
+            "hosts",
+            "127.0.0.1 localhost skillbox\n::1 localhost ip6-localhost\n".into(),
+        ),
+        ("hostname", "skillbox\n".into()),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nhosts: files\n".into(),
+        ),
+    ]
+}
+
+/// The synthesized `/etc`, shared read-only by every sandbox: built once under
+/// `native_dir`, named by a hash of its content so a new version never reuses an old one.
+pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
+    let files = etc_files();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (name, content) in &files {
+        for byte in name.bytes().chain(content.bytes()) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
         }
     }
-    Ok(())
+    let dir = native_dir.join(format!("etc-{hash:016x}"));
+    if dir.is_dir() {
+        return Ok(dir);
+    }
+    let staging = native_dir.join(skillbox_env::path::temp_name(&format!(
+        "{}-etc-",
+        std::process::id()
+    )));
+    let build = || -> std::io::Result<()> {
+        fs::create_dir(&staging)?;
+        for (name, content) in &files {
+            fs::write(staging.join(name), content)?;
+        }
+        for mount_point in ETC_FILES {
+            let target = staging.join(mount_point.trim_start_matches("/etc/"));
+            if let Some(parent) = target.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::write(target, "")?;
+        }
+        for host in ETC_PASSTHROUGH {
+            fs::create_dir_all(staging.join(host.trim_start_matches("/etc/")))?;
+        }
+        if let Ok(target) = fs::read_link("/etc/localtime") {
+            std::os::unix::fs::symlink(target, staging.join("localtime"))?;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+    };
+    let built = build().and_then(|()| fs::rename(&staging, &dir));
+    if built.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+        // Another process may have built it first.
+        if dir.is_dir() {
+            return Ok(dir);
+        }
+    }
+    built.map(|()| dir)
 }
 
 /// Plans the root: system dirs, `etc_dir` as `/etc`, `/proc`, `/dev`, `/tmp`,
@@ -198,6 +235,16 @@ pub fn plan(
         let host = Path::new(host);
         if host.is_dir() {
             bind_dir(&mut ops, host, host, ro, false)?;
+        }
+    }
+    for host in ETC_FILES {
+        let host = Path::new(host);
+        if host.is_file() {
+            ops.push(MountOp::Bind {
+                source: cstring(host),
+                target: staged(host),
+                attrs: ro,
+            });
         }
     }
 

@@ -126,11 +126,34 @@ impl NativeSandbox {
         }
         // SAFETY: geteuid/getegid have no preconditions.
         let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        // As root, the sandbox user is nobody on the host, never root.
+        // As root, the sandbox user is never host root: it is the owner of the
+        // workspace the caller gave (when that is an ordinary user), else nobody.
         let ids = if euid == 0 {
-            HostIds {
-                uid: 65534,
-                gid: 65534,
+            match &spec.workspace {
+                Some(path) => {
+                    use std::os::unix::fs::MetadataExt;
+                    let meta =
+                        std::fs::metadata(path).map_err(|e| EnvError::io(&e, "workspace", path))?;
+                    if meta.uid() == 0 {
+                        return Err(EnvError::new(
+                            ErrorCode::PermissionDenied,
+                            format!(
+                                "workspace {}: owned by root, and sandboxed code never runs as host root; \
+                                 give the directory to an unprivileged user (e.g. chown -R 65534:65534) or leave the workspace out for a temporary one",
+                                path.display()
+                            ),
+                        )
+                        .with_path(path));
+                    }
+                    HostIds {
+                        uid: meta.uid(),
+                        gid: meta.gid(),
+                    }
+                }
+                None => HostIds {
+                    uid: 65534,
+                    gid: 65534,
+                },
             }
         } else {
             HostIds {
@@ -198,8 +221,9 @@ impl NativeSandbox {
                 (ws, true)
             }
         };
-        let etc = dir.join("etc");
-        layout::write_etc(&etc).map_err(|e| EnvError::io(&e, "write sandbox /etc", &etc))?;
+        let native_dir = dir.parent().unwrap_or(dir);
+        let etc = layout::ensure_etc(native_dir)
+            .map_err(|e| EnvError::io(&e, "write the sandbox /etc", native_dir))?;
         let rlimits = rlimits(&spec.limits, cgroup_host);
         let root = layout::plan(
             &etc,
@@ -210,7 +234,6 @@ impl NativeSandbox {
             rlimits,
             seccomp_filter(),
         )?;
-        std::fs::create_dir(dir.join("root")).ok();
         Ok(NativeSandbox {
             root,
             dir: dir.to_path_buf(),
@@ -420,6 +443,9 @@ impl Shell for NativeSandbox {
         } = spawn::start(plan, self.ids, cgroup.clone())
             .await
             .map_err(|e| unavailable("setup", e))?;
+        let spawned_at = Instant::now();
+        let spawn_ms = started_at.elapsed().as_millis();
+        tracing::debug!(spawn_ms, "native: sandbox cloned");
         // SAFETY: the OwnedFd stays open and unchanged inside the AsyncFd until it drops.
         let pidfd =
             unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
@@ -431,7 +457,13 @@ impl Shell for NativeSandbox {
         let mut record = Vec::new();
         let setup = tokio::select! {
             read = error.read_to_end(&mut record) => read.map(|_| ()).map_err(pipe_err),
-            () = tokio::time::sleep_until(deadline) => Err(EnvError::new(ErrorCode::Timeout, "native: sandbox setup did not finish before the timeout")),
+            () = tokio::time::sleep_until(deadline) => Err(EnvError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "native: sandbox setup did not finish before the timeout (clone and maps took {spawn_ms} ms, then {} ms waiting for the exec)",
+                    spawned_at.elapsed().as_millis()
+                ),
+            )),
             () = cancel.cancelled() => Err(EnvError::aborted("exec")),
         };
         let setup = setup.and_then(|()| match read_record(&record) {

@@ -215,14 +215,22 @@ fn clone_sandbox(
     if let Err(e) = maps {
         return Err(kill(format!("user_ns: cannot write the uid/gid map: {e}")));
     }
+    let go = || {
+        // SAFETY: one byte from a stack variable to our own pipe.
+        unsafe { libc::write(pipes.sync.as_raw_fd(), [1u8].as_ptr().cast(), 1) == 1 }
+    };
+    if !go() {
+        return Err(kill("cannot signal the sandbox to start".into()));
+    }
     if let Some(cgroup) = cgroup
         && let Err(e) = cgroup.add(pid)
     {
         return Err(kill(format!("cgroup: {e}")));
     }
-    // SAFETY: one byte from a stack variable to our own pipe.
-    if unsafe { libc::write(pipes.sync.as_raw_fd(), [1u8].as_ptr().cast(), 1) } != 1 {
-        return Err(kill("cannot signal the sandbox to start".into()));
+    if !go() {
+        return Err(kill(
+            "cannot signal the sandbox that its cgroup is ready".into(),
+        ));
     }
     let [stdin, stdout, stderr, error, status] = pipes.parent;
     Ok(Started {

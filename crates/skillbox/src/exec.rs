@@ -11,7 +11,7 @@ use skillbox_env::{
 };
 use skillbox_native::NativeBackend;
 
-use crate::units::{parse_duration, parse_size};
+use crate::units::{Bound, parse_count_bound, parse_duration, parse_size_bound};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendName {
@@ -38,12 +38,12 @@ pub struct ExecArgs {
     /// Wall-clock limit (500ms, 30s, 2m).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     timeout: Duration,
-    /// Memory limit for the whole process tree (256M, 1G).
-    #[arg(long, value_parser = parse_size)]
-    memory: Option<u64>,
-    /// Most processes and threads at once.
-    #[arg(long)]
-    pids: Option<u32>,
+    /// Memory limit for the whole process tree (256M, 1G, or none) [default: 1G]
+    #[arg(long, value_parser = parse_size_bound)]
+    memory: Option<Bound>,
+    /// Most processes and threads at once (or none) [default: 256]
+    #[arg(long, value_parser = parse_count_bound)]
+    pids: Option<Bound>,
     /// Print one ExecOutput JSON object instead of streaming the output.
     #[arg(long)]
     json: bool,
@@ -98,18 +98,15 @@ pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
     {
         return usage(&format!("--workdir {}: no such directory", dir.display()));
     }
-    if args.pids == Some(0) {
-        return usage("--pids: must be at least 1");
-    }
     let mut limits = Limits {
         timeout_ms: args.timeout.as_millis() as u64,
         ..Limits::default()
     };
-    if let Some(memory) = args.memory {
-        limits.memory_bytes = Some(memory);
+    if let Some(Bound(memory)) = args.memory {
+        limits.memory_bytes = memory;
     }
-    if let Some(pids) = args.pids {
-        limits.pids = Some(pids);
+    if let Some(Bound(pids)) = args.pids {
+        limits.pids = pids.map(|n| n as u32);
     }
     let env = match make_env(&args, data_dir, limits).await {
         Ok(env) => env,

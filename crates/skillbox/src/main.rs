@@ -82,7 +82,7 @@ fn main() -> ExitCode {
         }
     };
     let data_dir = data_dir(cli.data_dir);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

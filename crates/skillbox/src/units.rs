@@ -56,6 +56,31 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// A limit the user may also lift with `none`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound(pub Option<u64>);
+
+/// A size, or `none` for no limit.
+pub fn parse_size_bound(text: &str) -> Result<Bound, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(Bound(None));
+    }
+    parse_size(text).map(|n| Bound(Some(n)))
+}
+
+/// A count of at least 1, or `none` for no limit.
+pub fn parse_count_bound(text: &str) -> Result<Bound, String> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(Bound(None));
+    }
+    match text.trim().parse::<u64>() {
+        Ok(n) if n >= 1 && n <= u64::from(u32::MAX) => Ok(Bound(Some(n))),
+        _ => Err(format!(
+            "{text:?}: give a whole number of at least 1, or none"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,5 +105,11 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("-1M").is_err());
         assert!(parse_size("lots").is_err());
+        assert_eq!(parse_size_bound("none"), Ok(Bound(None)));
+        assert_eq!(parse_size_bound("2G"), Ok(Bound(Some(2 << 30))));
+        assert_eq!(parse_count_bound("64"), Ok(Bound(Some(64))));
+        assert_eq!(parse_count_bound("none"), Ok(Bound(None)));
+        assert!(parse_count_bound("0").is_err());
+        assert!(parse_count_bound("-3").is_err());
     }
 }

@@ -1,0 +1,379 @@
+//! The CLI contract (DESIGN.md §4): `doctor` and `exec`, run as the real binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_skillbox");
+
+fn skillbox(data: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .output()
+        .expect("run skillbox")
+}
+
+fn native_or_skip(test: &str) -> bool {
+    let report = skillbox_native::probe();
+    if !report.available {
+        skillbox_env::testkit::skip(test, &report.reason.unwrap_or_default());
+    }
+    report.available
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn exec_runs_as_non_root_writes_the_workspace_and_cannot_read_shadow() {
+    if !native_or_skip("exec_runs_as_non_root") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    // As root the workspace must belong to an unprivileged user (see the next test).
+    if is_root() {
+        std::os::unix::fs::chown(work.path(), Some(65534), Some(65534)).unwrap();
+    }
+    let workdir = work.path().to_str().unwrap();
+    let out = skillbox(
+        data.path(),
+        &[
+            "exec",
+            "--backend",
+            "native",
+            "--workdir",
+            workdir,
+            "--",
+            "sh",
+            "-c",
+            "id -u; echo hi > /workspace/x; cat /etc/shadow",
+        ],
+    );
+    let stdout = text(&out.stdout);
+    let uid: u32 = stdout.lines().next().unwrap().trim().parse().unwrap();
+    assert_ne!(uid, 0, "the sandbox must not run as uid 0");
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("x")).unwrap(),
+        "hi\n"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "cat /etc/shadow must fail: {}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("/etc/shadow"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Nothing left behind in the data dir.
+    let left: Vec<_> = std::fs::read_dir(data.path().join("native"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "sandbox dirs left behind: {left:?}");
+}
+
+#[test]
+fn exec_json_follows_the_contract() {
+    if !native_or_skip("exec_json_follows_the_contract") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let out = skillbox(
+        data.path(),
+        &[
+            "exec",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 3",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut keys: Vec<&str> = json
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "durationMs",
+            "exitCode",
+            "limitHit",
+            "signal",
+            "stderr",
+            "stdout",
+            "timedOut",
+            "truncated"
+        ]
+    );
+    assert_eq!(json["exitCode"], 3);
+    assert_eq!(json["signal"], Value::Null);
+    assert_eq!(json["stdout"], "out\n");
+    assert_eq!(json["stderr"], "err\n");
+    assert_eq!(json["timedOut"], false);
+    assert_eq!(json["limitHit"], Value::Null);
+    assert_eq!(
+        json["truncated"],
+        serde_json::json!({"stdout": false, "stderr": false})
+    );
+    assert!(json["durationMs"].is_u64());
+}
+
+#[test]
+fn exec_plain_mode_exits_with_the_command_status_and_124_on_timeout() {
+    if !native_or_skip("exec_plain_mode_exit_status") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let out = skillbox(data.path(), &["exec", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    let out = skillbox(
+        data.path(),
+        &["exec", "--timeout", "300ms", "--", "sleep", "30"],
+    );
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    let out = skillbox(data.path(), &["exec", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(137));
+    let out = skillbox(data.path(), &["exec", "--", "no-such-program-here"]);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(
+        text(&out.stderr).contains("command not found"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn exec_memory_and_pids_flags_are_enforced() {
+    if !native_or_skip("exec_memory_and_pids_flags") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let out = skillbox(
+        data.path(),
+        &[
+            "exec",
+            "--json",
+            "--memory",
+            "64M",
+            "--",
+            "python3",
+            "-c",
+            "x = bytearray(512 * 1024 * 1024); print('allocated')",
+        ],
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        !json["stdout"].as_str().unwrap().contains("allocated"),
+        "{json}"
+    );
+    assert_ne!(json["exitCode"], 0, "{json}");
+    let cgroup_memory = skillbox_native::probe().layers["memory_limit"]
+        .detail
+        .contains("cgroup");
+    if cgroup_memory {
+        assert_eq!(json["limitHit"], "memory", "{json}");
+    }
+    let out = skillbox(
+        data.path(),
+        &[
+            "exec",
+            "--json",
+            "--pids",
+            "8",
+            "--",
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 5 & done; wait",
+        ],
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        json["stderr"].as_str().unwrap().contains("fork") || json["limitHit"] == "pids",
+        "{json}"
+    );
+}
+
+#[test]
+fn doctor_json_lists_each_native_layer() {
+    let data = tempfile::tempdir().unwrap();
+    let out = skillbox(data.path(), &["doctor", "--json"]);
+    assert!(out.status.success());
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let backends = json["backends"].as_array().unwrap();
+    let names: Vec<&str> = backends
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["native", "host", "docker", "gvisor", "wasm"]);
+    for backend in backends {
+        assert!(backend["available"].is_boolean());
+        assert!(backend.get("reason").is_some());
+        assert!(backend["layers"].is_object());
+    }
+    let layers = backends[0]["layers"].as_object().unwrap();
+    for layer in [
+        "user_ns",
+        "pid_ns",
+        "net_ns",
+        "mount_ns",
+        "ipc_ns",
+        "uts_ns",
+        "landlock",
+        "seccomp",
+        "cgroup",
+        "rlimits",
+        "memory_limit",
+        "pids_limit",
+    ] {
+        let entry = layers
+            .get(layer)
+            .unwrap_or_else(|| panic!("layer {layer} missing"));
+        assert!(
+            entry["available"].is_boolean() && entry["detail"].is_string(),
+            "{layer}: {entry}"
+        );
+    }
+    // An unavailable backend says why.
+    assert_eq!(backends[2]["available"], false);
+    assert!(backends[2]["reason"].as_str().unwrap().contains("docker"));
+}
+
+/// One clear line on stderr and exit 2 for each kind of bad usage.
+#[test]
+fn bad_usage_is_one_line_and_exit_2() {
+    let data = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["exec", "--backend", "bogus", "--", "true"], "bogus"),
+        (&["exec", "--timeout", "soon", "--", "true"], "soon"),
+        (&["exec", "--memory", "lots", "--", "true"], "lots"),
+        (
+            &["exec", "--workdir", "/no/such/dir", "--", "true"],
+            "/no/such/dir",
+        ),
+        (&["exec"], "CMD"),
+        (&["frobnicate"], "frobnicate"),
+    ];
+    for (args, needle) in cases {
+        let out = skillbox(data.path(), args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_root_owned_workdir_is_refused_not_run_as_root() {
+    if !is_root() {
+        skillbox_env::testkit::skip("a_root_owned_workdir_is_refused", "needs root");
+        return;
+    }
+    if !native_or_skip("a_root_owned_workdir_is_refused") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let out = skillbox(
+        data.path(),
+        &[
+            "exec",
+            "--workdir",
+            work.path().to_str().unwrap(),
+            "--",
+            "touch",
+            "/workspace/x",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("owned by root"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!work.path().join("x").exists());
+}
+
+/// The sandbox as an ordinary user: no root, no cgroup delegation.
+#[test]
+fn exec_works_as_an_unprivileged_user() {
+    if !is_root() {
+        // Already unprivileged: the other tests cover this user.
+        skillbox_env::testkit::skip(
+            "exec_works_as_an_unprivileged_user",
+            "needs root to switch to uid 65534",
+        );
+        return;
+    }
+    if !native_or_skip("exec_works_as_an_unprivileged_user") {
+        return;
+    }
+    // The test binary may live under a directory nobody cannot enter: copy it out.
+    let place = tempfile::tempdir().unwrap();
+    let bin = place.path().join("skillbox");
+    std::fs::copy(BIN, &bin).unwrap();
+    let data = place.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&data, Some(65534), Some(65534)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        .arg("--data-dir")
+        .arg(&data)
+        .args([
+            "exec",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "id -u; echo hi > /workspace/x && cat /workspace/x; cat /etc/shadow",
+        ])
+        .env("HOME", &data)
+        .output()
+        .expect("run setpriv");
+    assert!(
+        out.status.success(),
+        "skillbox as uid 65534: {}",
+        text(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["stdout"], "1000\nhi\n", "{json}");
+    assert_eq!(json["exitCode"], 1, "{json}");
+    let doctor = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let native = &json["backends"][0];
+    assert_eq!(native["available"], true, "{native}");
+    assert!(
+        native["layers"]["memory_limit"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rlimit"),
+        "{native}"
+    );
+}
