@@ -100,6 +100,8 @@ pub struct ChildPlan {
     pub argv: Vec<CString>,
     pub env: Vec<CString>,
     pub fds: ChildFds,
+    /// The payload's stack until it execs (allocated here: init cannot allocate).
+    pub payload_stack: Vec<u8>,
 }
 
 /// The part of a plan that is the same for every exec of one sandbox.
@@ -490,18 +492,16 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
             libc::_exit(1);
         }
         libc::close(fds.sync);
-        let pid = libc::syscall(
-            libc::SYS_clone,
-            libc::SIGCHLD as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
+        // vfork-style: the payload borrows init's memory (on its own stack) until it
+        // execs, so nothing is copied for a process that is about to be replaced.
+        let stack = plan.payload_stack.as_ptr() as usize + plan.payload_stack.len();
+        let pid = libc::clone(
+            payload_entry,
+            (stack & !15) as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (plan as *const ChildPlan).cast_mut().cast(),
         );
-        if pid == 0 {
-            payload_main(plan);
-        }
-        check(fds, STEP_FORK, pid);
+        check(fds, STEP_FORK, pid as libc::c_long);
         libc::close(fds.error);
         libc::close(fds.stdin);
         libc::close(fds.stdout);
@@ -524,6 +524,11 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
 }
 
 /// The payload: stdio, session, cwd, then exec. Every layer is already in place.
+extern "C" fn payload_entry(plan: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `plan` is the init's plan, alive (init is suspended) until we exec.
+    unsafe { payload_main(&*(plan as *const ChildPlan)) }
+}
+
 unsafe fn payload_main(plan: &ChildPlan) -> ! {
     let fds = &plan.fds;
     // SAFETY: raw syscalls on plan data, as the module docs describe.

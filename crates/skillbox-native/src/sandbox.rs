@@ -28,6 +28,8 @@ use crate::{landlock, seccomp};
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const MAX_ARGS: usize = 4000;
+/// The payload's argv/envp arrays live on this stack until exec.
+const PAYLOAD_STACK: usize = 256 * 1024;
 const MAX_ENV: usize = 1000;
 
 /// Creates native sandboxes under `<data_dir>/native`.
@@ -47,6 +49,7 @@ impl NativeBackend {
     /// `unavailable` naming the layer this host cannot give.
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
         let data_dir = self.data_dir.clone();
+        crate::spawn::warm_up();
         tokio::task::spawn_blocking(move || NativeSandbox::prepare(&data_dir, spec))
             .await
             .map_err(|e| {
@@ -315,6 +318,7 @@ impl NativeSandbox {
                 .iter()
                 .map(|(k, v)| c(&format!("{k}={v}")))
                 .collect::<EnvResult<_>>()?,
+            payload_stack: vec![0; PAYLOAD_STACK],
             fds: ChildFds {
                 sync: -1,
                 error: -1,

@@ -97,14 +97,10 @@ struct Job {
     reply: tokio::sync::oneshot::Sender<Result<Started, String>>,
 }
 
-/// Starts a sandbox from `plan` (whose `fds` are filled in here).
-pub async fn start(
-    plan: ChildPlan,
-    ids: HostIds,
-    cgroup: Option<std::sync::Arc<ExecCgroup>>,
-) -> Result<Started, String> {
+/// The spawner thread's queue, starting the thread on first use.
+fn spawner() -> &'static Mutex<mpsc::Sender<Job>> {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
-    let sender = SPAWNER.get_or_init(|| {
+    SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Job>();
         let spawned = std::thread::Builder::new()
             .name("skillbox-spawner".into())
@@ -118,7 +114,21 @@ pub async fn start(
             tracing::error!(error = %e, "cannot start the sandbox spawner thread");
         }
         Mutex::new(tx)
-    });
+    })
+}
+
+/// Starts the spawner thread ahead of the first exec, off the critical path.
+pub fn warm_up() {
+    spawner();
+}
+
+/// Starts a sandbox from `plan` (whose `fds` are filled in here).
+pub async fn start(
+    plan: ChildPlan,
+    ids: HostIds,
+    cgroup: Option<std::sync::Arc<ExecCgroup>>,
+) -> Result<Started, String> {
+    let sender = spawner();
     let (reply, answer) = tokio::sync::oneshot::channel();
     let job = Job {
         plan: Box::new(plan),

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Startup cost of one sandboxed command, side by side in one hyperfine run:
+# bare spawn, bubblewrap with equivalent binds, and skillbox's native backend
+# (with its default cgroup limits, and with no cgroup limits like bwrap).
+#
+#   bench/startup.sh            # writes bench/results/startup.md and prints it
+#   RUNS=300 bench/startup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# A clean environment for every contender: e.g. NODE_EXTRA_CA_CERTS alone makes a bare
+# `node -e 0` parse a CA bundle and look 70 ms slower than a sandboxed one.
+if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
+  exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" "$0" "$@"
+fi
+
+runs=${RUNS:-200}
+runs=${runs:-200}
+for tool in hyperfine bwrap node; do
+  command -v "$tool" >/dev/null || { echo "bench/startup.sh: $tool is missing (scripts/test.sh installs it)" >&2; exit 1; }
+done
+cargo build --release -q -p skillbox
+skillbox=$PWD/target/release/skillbox
+data=$(mktemp -d)
+ws=$(mktemp -d)
+trap 'rm -rf "$data" "$ws"' EXIT
+chmod 755 "$ws"
+[ "$(id -u)" = 0 ] && chown 65534:65534 "$ws"
+
+# bwrap with the same view skillbox gives: read-only /usr (+ merged-usr symlinks),
+# its own /proc, /dev and /tmp, the workspace read-write, every namespace.
+bwrap_cmd="bwrap --unshare-all --die-with-parent --new-session \
+  --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/sbin /sbin \
+  --ro-bind /etc/ld.so.cache /etc/ld.so.cache --ro-bind /etc/ssl/certs /etc/ssl/certs \
+  --proc /proc --dev /dev --tmpfs /tmp --bind $ws /workspace --chdir /workspace"
+sb="$skillbox --data-dir $data exec"
+
+mkdir -p bench/results
+out=bench/results/startup.md
+{
+  echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), $(. /etc/os-release; echo "$PRETTY_NAME"), cgroup: $("$skillbox" doctor --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["backends"][0]["layers"]["cgroup"]["detail"])'), user: $(id -un)"
+  echo "Date: $(date -u +%Y-%m-%d), hyperfine $(hyperfine --version | awk '{print $2}'), $runs runs each"
+  echo
+} > "$out"
+
+run() {
+  local title=$1; shift
+  local json
+  json=$(mktemp)
+  hyperfine -N --warmup 10 --runs "$runs" --export-json "$json" "$@" >/dev/null
+  {
+    echo "### $title"
+    echo
+    echo "| command | median | mean ± σ | min | max |"
+    echo "|---|---:|---:|---:|---:|"
+    python3 - "$json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    ms = lambda s: f"{s * 1000:.2f} ms"
+    print(f"| `{r['command']}` | {ms(r['median'])} | {ms(r['mean'])} ± {ms(r['stddev'])} | {ms(r['min'])} | {ms(r['max'])} |")
+PY
+    echo
+  } >> "$out"
+  rm -f "$json"
+}
+
+run "/bin/true" \
+  -n "bare" "/bin/true" \
+  -n "bwrap" "$bwrap_cmd /bin/true" \
+  -n "skillbox native (no cgroup limits)" "$sb --memory none --pids none -- /bin/true" \
+  -n "skillbox native (default: 1G memory, 256 pids via cgroup)" "$sb -- /bin/true"
+
+run "node -e 0" \
+  -n "bare" "node -e 0" \
+  -n "bwrap" "$bwrap_cmd /usr/bin/node -e 0" \
+  -n "skillbox native (no cgroup limits)" "$sb --memory none --pids none -- node -e 0" \
+  -n "skillbox native (default limits)" "$sb -- node -e 0"
+
+# hyperfine's -n names replace the command in the export; put the commands below.
+{
+  echo "Commands: bwrap = \`${bwrap_cmd//$ws/WS} CMD\`; skillbox = \`skillbox exec [--memory none --pids none] -- CMD\`."
+} >> "$out"
+cat "$out"
