@@ -10,11 +10,13 @@ cd "$(dirname "$0")/.."
 # A clean environment for every contender: e.g. NODE_EXTRA_CA_CERTS alone makes a bare
 # `node -e 0` parse a CA bundle and look 70 ms slower than a sandboxed one.
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
-  exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" "$0" "$@"
+  exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" ROUNDS="${ROUNDS:-}" "$0" "$@"
 fi
 
 runs=${RUNS:-200}
 runs=${runs:-200}
+rounds=${ROUNDS:-4}
+rounds=${rounds:-4}
 for tool in hyperfine bwrap node; do
   command -v "$tool" >/dev/null || { echo "bench/startup.sh: $tool is missing (scripts/test.sh installs it)" >&2; exit 1; }
 done
@@ -38,29 +40,38 @@ mkdir -p bench/results
 out=bench/results/startup.md
 {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), $(. /etc/os-release; echo "$PRETTY_NAME"), cgroup: $("$skillbox" doctor --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["backends"][0]["layers"]["cgroup"]["detail"])'), user: $(id -un)"
-  echo "Date: $(date -u +%Y-%m-%d), hyperfine $(hyperfine --version | awk '{print $2}'), $runs runs each"
+  echo "Date: $(date -u +%Y-%m-%d), hyperfine $(hyperfine --version | awk '{print $2}'), $runs runs each, pooled from $rounds rounds"
   echo
 } > "$out"
 
+# Runs the contenders in several rounds (hyperfine times one command fully before the
+# next, so on a noisy machine a slow minute would hit just one of them) and pools the
+# samples of every round.
 run() {
   local title=$1; shift
-  local json
-  json=$(mktemp)
-  hyperfine -N --warmup 10 --runs "$runs" --export-json "$json" "$@" >/dev/null
+  local dir
+  dir=$(mktemp -d)
+  for round in $(seq "$rounds"); do
+    hyperfine -N --warmup 5 --runs $((runs / rounds)) --export-json "$dir/$round.json" "$@" >/dev/null 2>&1
+  done
   {
     echo "### $title"
     echo
     echo "| command | median | mean ± σ | min | max |"
     echo "|---|---:|---:|---:|---:|"
-    python3 - "$json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["results"]:
+    python3 - "$dir" <<'PY'
+import json, os, statistics, sys
+pooled = {}
+for name in sorted(os.listdir(sys.argv[1])):
+    for r in json.load(open(os.path.join(sys.argv[1], name)))["results"]:
+        pooled.setdefault(r["command"], []).extend(r["times"])
+for command, times in pooled.items():
     ms = lambda s: f"{s * 1000:.2f} ms"
-    print(f"| `{r['command']}` | {ms(r['median'])} | {ms(r['mean'])} ± {ms(r['stddev'])} | {ms(r['min'])} | {ms(r['max'])} |")
+    print(f"| `{command}` | {ms(statistics.median(times))} | {ms(statistics.mean(times))} ± {ms(statistics.stdev(times))} | {ms(min(times))} | {ms(max(times))} |")
 PY
     echo
   } >> "$out"
-  rm -f "$json"
+  rm -rf "$dir"
 }
 
 run "/bin/true" \
