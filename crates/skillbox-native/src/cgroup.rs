@@ -259,6 +259,13 @@ impl ExecCgroup {
         Ok(())
     }
 
+    /// On v2, the leaf to start the sandbox in with `CLONE_INTO_CGROUP` (no move: the
+    /// child is born there). `None` on v1, where [`ExecCgroup::add`] moves it instead.
+    pub fn clone_into(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
+        let dir = self.dirs.first().filter(|_| self.v2)?;
+        Some(fs::File::open(dir).map(std::os::fd::OwnedFd::from))
+    }
+
     /// Moves `pid` (the sandbox's init, before it forks anything) into every leaf.
     pub fn add(&self, pid: i32) -> Result<(), String> {
         for dir in &self.dirs {

@@ -380,12 +380,26 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
         }
 
         // Become the mapped sandbox user; our credentials are still the parent's.
+        // Raw syscalls: glibc's set*id wrappers broadcast to every thread it thinks we
+        // have (copied from the parent) and would wait for them for ever.
         if plan.clear_groups {
-            check(fds, STEP_IDS, libc::setgroups(0, std::ptr::null()) as _);
+            check(
+                fds,
+                STEP_IDS,
+                libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()),
+            );
         }
         let id = crate::spawn::SANDBOX_ID;
-        check(fds, STEP_IDS, libc::setresgid(id, id, id) as _);
-        check(fds, STEP_IDS, libc::setresuid(id, id, id) as _);
+        check(
+            fds,
+            STEP_IDS,
+            libc::syscall(libc::SYS_setresgid, id, id, id),
+        );
+        check(
+            fds,
+            STEP_IDS,
+            libc::syscall(libc::SYS_setresuid, id, id, id),
+        );
 
         let null = std::ptr::null::<libc::c_char>();
         check(

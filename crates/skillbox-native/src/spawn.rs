@@ -22,6 +22,9 @@ const NAMESPACES: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWCGROUP) as u64;
 
+/// `CLONE_INTO_CGROUP` (Linux 5.7); libc's constant is deprecated for overflowing.
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
 /// The uid and gid of the sandbox's user, inside.
 pub const SANDBOX_ID: u32 = 1000;
 
@@ -161,12 +164,22 @@ fn clone_sandbox(
         stdout: stdout_w.as_raw_fd(),
         stderr: stderr_w.as_raw_fd(),
     };
+    // On cgroup v2 the child is born in its cgroup; on v1 it is moved after clone.
+    let into = match cgroup.and_then(ExecCgroup::clone_into) {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(e)) => return Err(format!("cgroup: cannot open the exec cgroup: {e}")),
+        None => None,
+    };
     let mut pidfd: libc::c_int = -1;
     // SAFETY: clone_args is plain data; zeroed is its documented default.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
     args.flags = NAMESPACES | libc::CLONE_PIDFD as u64;
     args.pidfd = (&mut pidfd as *mut libc::c_int) as u64;
     args.exit_signal = libc::SIGCHLD as u64;
+    if let Some(fd) = &into {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd.as_raw_fd() as u64;
+    }
     // SAFETY: clone3 with no stack behaves like fork; the child only runs `init_main`,
     // which never returns and uses raw syscalls only.
     let pid = unsafe {
@@ -232,7 +245,7 @@ fn clone_sandbox(
     if !go() {
         return Err(kill("cannot signal the sandbox to start".into()));
     }
-    if let Some(cgroup) = cgroup
+    if let Some(cgroup) = cgroup.filter(|_| into.is_none())
         && let Err(e) = cgroup.add(pid)
     {
         return Err(kill(format!("cgroup: {e}")));
