@@ -400,6 +400,9 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
             STEP_IDS,
             libc::syscall(libc::SYS_setresuid, id, id, id),
         );
+        // A credential change clears the parent-death signal: set it again. Should the
+        // parent die before this, the second sync byte never comes and we exit there.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
 
         let null = std::ptr::null::<libc::c_char>();
         check(

@@ -379,3 +379,102 @@ fn exec_works_as_an_unprivileged_user() {
         "{native}"
     );
 }
+
+/// `skillbox` killed mid-run: the sandbox dies with it, and the next run sweeps what the
+/// dead process could not clean up (its sandbox dir and cgroups).
+#[test]
+fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
+    if !native_or_skip("a_killed_skillbox_takes_its_sandbox_with_it") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let marker = format!("{}", 970_000_000 + std::process::id());
+    let mut child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data.path())
+        .args([
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo started; sleep {marker}"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "started\n");
+    let skillbox_pid = child.id();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The sleeper must go (bounded poll: the kernel delivers the parent-death signal).
+    let running = |needle: &str| {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+            std::fs::read(entry.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while running(&format!("sleep\0{marker}")) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        !running(&format!("sleep\0{marker}")),
+        "the sandbox outlived skillbox"
+    );
+    // The dead process left its sandbox dir; the next run removes it.
+    let leftovers = |prefix: &str| -> Vec<String> {
+        std::fs::read_dir(data.path().join("native"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    };
+    let prefix = format!("{skillbox_pid}-");
+    assert!(
+        !leftovers(&prefix).is_empty(),
+        "expected the killed run's sandbox dir"
+    );
+    let out = skillbox(data.path(), &["exec", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        leftovers(&prefix).is_empty(),
+        "the next run must sweep the dead run's dir"
+    );
+    // And its cgroups, where this host gives cgroups.
+    let cgroup_name = format!("skillbox-{skillbox_pid}-");
+    for controller in ["memory", "pids"] {
+        let Ok(own) = std::fs::read_to_string("/proc/self/cgroup") else {
+            continue;
+        };
+        let Some(path) = own.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, names, path) = (parts.next()?, parts.next()?, parts.next()?);
+            names
+                .split(',')
+                .any(|n| n == controller)
+                .then(|| path.to_string())
+        }) else {
+            continue;
+        };
+        let dir = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join(path.trim_start_matches('/'));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let stale: Vec<String> = entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&cgroup_name))
+            .collect();
+        assert!(stale.is_empty(), "stale {controller} cgroups: {stale:?}");
+    }
+}
