@@ -2,6 +2,9 @@
 
 mod doctor;
 mod exec;
+mod local;
+mod run;
+mod serve;
 mod units;
 
 use std::path::PathBuf;
@@ -27,6 +30,13 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Run one command in a fresh sandbox with /workspace as its working directory.
     Exec(exec::ExecArgs),
+    /// Run one script (Node with pptxgenjs preinstalled, Python or sh) and collect the
+    /// files it makes.
+    Run(run::RunArgs),
+    /// Serve the HTTP API (POST /v1/run, artifact downloads, /metrics, /openapi.json).
+    Serve(serve::ServeArgs),
+    /// Install what runs need (the Node runtime) ahead of the first run.
+    Setup,
 }
 
 /// Exit status for skillbox's own failures (the sandbox could not be set up), as
@@ -82,10 +92,13 @@ fn main() -> ExitCode {
         }
     };
     let data_dir = data_dir(cli.data_dir);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // One thread is fastest for a single exec or run; the server wants every core.
+    let mut builder = if matches!(cli.command, Command::Serve(_)) {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("skillbox: cannot start the async runtime: {e}");
@@ -96,6 +109,9 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Doctor(args) => doctor::run(args),
             Command::Exec(args) => exec::run(args, &data_dir).await,
+            Command::Run(args) => run::run(args, &data_dir).await,
+            Command::Serve(args) => serve::serve(args, &data_dir).await,
+            Command::Setup => serve::setup(&data_dir).await,
         }
     })
 }

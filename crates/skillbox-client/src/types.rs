@@ -1,0 +1,132 @@
+//! Wire types, camelCase JSON. Unknown fields are refused: a typo is an error.
+
+use serde::{Deserialize, Serialize};
+use skillbox_env::{LimitKind, Truncated};
+use utoipa::ToSchema;
+
+/// The longest `timeoutMs` a run may ask for (10 minutes).
+pub const MAX_TIMEOUT_MS: u64 = 600_000;
+
+/// The script's language.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    /// Node.js with pptxgenjs preinstalled.
+    #[default]
+    Node,
+    Python,
+    Sh,
+}
+
+impl Language {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Node => "node",
+            Language::Python => "python",
+            Language::Sh => "sh",
+        }
+    }
+
+    /// From a script's file name: `.js/.mjs/.cjs` node, `.py` python, `.sh` sh.
+    pub fn from_extension(name: &str) -> Option<Language> {
+        match name.rsplit_once('.')?.1 {
+            "js" | "mjs" | "cjs" => Some(Language::Node),
+            "py" => Some(Language::Python),
+            "sh" => Some(Language::Sh),
+            _ => None,
+        }
+    }
+}
+
+/// How a file's `content` is encoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+/// An input file placed in `/workspace` before the script runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileInput {
+    /// Relative to `/workspace`; no `..`, not absolute.
+    pub path: String,
+    pub content: String,
+    #[serde(default)]
+    pub encoding: Encoding,
+}
+
+/// `POST /v1/run`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunRequest {
+    pub script: String,
+    #[serde(default)]
+    pub language: Language,
+    /// Wall-clock limit, 1..=600000 ms (default 60000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileInput>,
+    /// `native` (default); other backends when built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+}
+
+impl RunRequest {
+    pub fn new(language: Language, script: impl Into<String>) -> Self {
+        RunRequest {
+            script: script.into(),
+            language,
+            timeout_ms: None,
+            files: Vec::new(),
+            backend: None,
+        }
+    }
+}
+
+/// A file the script left in `/workspace`, stored and downloadable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArtifactInfo {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    pub content_type: String,
+    /// `/v1/objects/{sha256}?name=…`, relative to the server.
+    pub url: String,
+}
+
+/// What happened: the exec result plus the artifacts. Hitting a limit is a normal
+/// result (`timedOut` / `limitHit`), not an error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunResult {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub timed_out: bool,
+    #[schema(value_type = Option<String>)]
+    pub limit_hit: Option<LimitKind>,
+    pub duration_ms: u64,
+    #[schema(value_type = Object)]
+    pub truncated: Truncated,
+    pub files: Vec<ArtifactInfo>,
+}
+
+/// `{"error":{"code","message"}}`, the body of every error answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiError {
+    pub error: ApiErrorBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiErrorBody {
+    pub code: String,
+    pub message: String,
+}

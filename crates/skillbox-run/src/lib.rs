@@ -1,0 +1,10 @@
+//! Running one script: the preinstalled runtimes ([`NodeRuntime`]) and the [`Runner`]
+//! that takes a `RunRequest`, runs it in a fresh sandbox, stores the files it left in
+//! `/workspace` and answers with a `RunResult`. The CLI's `run` and the server's
+//! `POST /v1/run` are both this.
+
+mod runner;
+mod runtime;
+
+pub use runner::{RunError, Runner, RunnerConfig};
+pub use runtime::{NodeRuntime, RuntimeError};

@@ -1,0 +1,471 @@
+//! The runner: validate a `RunRequest`, run it in a fresh sandbox, collect and store the
+//! files it made, clean up. Limits hit by the script are results, not errors.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use base64::Engine;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use skillbox_client::{ArtifactInfo, Encoding, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};
+use skillbox_env::{
+    CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, FileSystem, Limits, Mount,
+    SandboxPolicy, SandboxSpec,
+};
+use skillbox_native::NativeBackend;
+use skillbox_store::{ArtifactStore, CollectLimits, collect_artifacts, store_all};
+
+use crate::runtime::NodeRuntime;
+
+const WORKSPACE: &str = "/workspace";
+/// Where the preinstalled Node packages appear (Node walks up to it from /workspace).
+const NODE_MODULES: &str = "/node_modules";
+/// Inputs and the script together.
+const MAX_INPUT_BYTES: usize = 32 * 1024 * 1024;
+const MAX_FILES: usize = 1000;
+
+/// Why a run did not happen. Each maps to a stable code (and an HTTP status).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The request is wrong; the message names the field.
+    #[error("{0}")]
+    Invalid(String),
+    /// What the run needs is not there (a backend, the runtime); says how to fix it.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The run was cancelled.
+    #[error("run cancelled")]
+    Aborted,
+    /// The run made more than may be kept.
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl RunError {
+    /// The `ErrorCode` name on the wire.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RunError::Invalid(_) => "invalid",
+            RunError::Unavailable(_) => "unavailable",
+            RunError::Aborted => "aborted",
+            RunError::TooLarge(_) => "resource_exhausted",
+            RunError::Internal(_) => "unknown",
+        }
+    }
+
+    fn from_env(error: EnvError) -> RunError {
+        match error.code {
+            ErrorCode::Invalid => RunError::Invalid(error.message),
+            ErrorCode::Unavailable | ErrorCode::NotSupported => {
+                RunError::Unavailable(error.message)
+            }
+            ErrorCode::Aborted => RunError::Aborted,
+            ErrorCode::ResourceExhausted => RunError::TooLarge(error.message),
+            _ => RunError::Internal(error.to_string()),
+        }
+    }
+}
+
+/// How runs are made.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    pub data_dir: PathBuf,
+    /// Limits of every run; `timeoutMs` of a request replaces `limits.timeout_ms`.
+    pub limits: Limits,
+    pub collect: CollectLimits,
+}
+
+impl RunnerConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        RunnerConfig {
+            data_dir: data_dir.into(),
+            limits: Limits::default(),
+            collect: CollectLimits {
+                max_files: 1000,
+                max_total_bytes: 256 * 1024 * 1024,
+                max_file_bytes: 128 * 1024 * 1024,
+            },
+        }
+    }
+}
+
+/// Runs scripts; one per call, each in its own sandbox.
+#[derive(Debug)]
+pub struct Runner {
+    config: RunnerConfig,
+    store: ArtifactStore,
+    native: NativeBackend,
+    node: NodeRuntime,
+}
+
+/// A request that passed validation.
+struct Checked {
+    language: Language,
+    script: String,
+    timeout_ms: u64,
+    files: Vec<(PathBuf, Bytes)>,
+}
+
+fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
+    let field = format!("files[{index}].path");
+    if path.is_empty() || path.contains('\0') {
+        return Err(RunError::Invalid(format!(
+            "{field}: must be a non-empty relative path"
+        )));
+    }
+    let p = Path::new(path);
+    if p.is_absolute() {
+        return Err(RunError::Invalid(format!(
+            "{field}: {path:?} is absolute; give a path relative to /workspace"
+        )));
+    }
+    for component in p.components() {
+        match component {
+            Component::Normal(_) | Component::CurDir => {}
+            _ => {
+                return Err(RunError::Invalid(format!(
+                    "{field}: {path:?} may not contain `..`"
+                )));
+            }
+        }
+    }
+    let clean: PathBuf = p
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    if clean.as_os_str().is_empty() {
+        return Err(RunError::Invalid(format!(
+            "{field}: {path:?} names no file"
+        )));
+    }
+    Ok(clean)
+}
+
+fn check(request: RunRequest) -> Result<Checked, RunError> {
+    if request.script.trim().is_empty() {
+        return Err(RunError::Invalid(
+            "script: empty; give the code to run".into(),
+        ));
+    }
+    let timeout_ms = request.timeout_ms.unwrap_or(Limits::default().timeout_ms);
+    if timeout_ms == 0 || timeout_ms > MAX_TIMEOUT_MS {
+        return Err(RunError::Invalid(format!(
+            "timeoutMs: {timeout_ms} is out of range 1..={MAX_TIMEOUT_MS}"
+        )));
+    }
+    if request.files.len() > MAX_FILES {
+        return Err(RunError::Invalid(format!(
+            "files: {} files, at most {MAX_FILES}",
+            request.files.len()
+        )));
+    }
+    let mut total = request.script.len();
+    let mut files = Vec::with_capacity(request.files.len());
+    for (index, file) in request.files.into_iter().enumerate() {
+        let path = check_path(index, &file.path)?;
+        let bytes = match file.encoding {
+            Encoding::Utf8 => Bytes::from(file.content.into_bytes()),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(file.content.trim())
+                .map(Bytes::from)
+                .map_err(|e| {
+                    RunError::Invalid(format!("files[{index}].content: not valid base64: {e}"))
+                })?,
+        };
+        total += bytes.len();
+        if total > MAX_INPUT_BYTES {
+            return Err(RunError::Invalid(format!(
+                "files: more than {MAX_INPUT_BYTES} bytes of inputs"
+            )));
+        }
+        files.push((path, bytes));
+    }
+    Ok(Checked {
+        language: request.language,
+        script: request.script,
+        timeout_ms,
+        files,
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The script's file in the workspace (a dot-file: it is an input, not an artifact).
+fn script_name(language: Language) -> &'static str {
+    match language {
+        Language::Node => ".skillbox-main.js",
+        Language::Python => ".skillbox-main.py",
+        Language::Sh => ".skillbox-main.sh",
+    }
+}
+
+/// The command that runs the script. Node runs under its permission model too (a
+/// second layer inside the sandbox, never instead of it): reads only the runtime and
+/// `/workspace`, writes only `/workspace` and `/tmp`, no child processes, no workers.
+fn command(language: Language, script: &str) -> Vec<String> {
+    match language {
+        Language::Node => vec![
+            "node".into(),
+            "--experimental-permission".into(),
+            // `dir/*` covers the dir itself too; naming both crashes node 20.
+            format!("--allow-fs-read={WORKSPACE}/*"),
+            format!("--allow-fs-read={NODE_MODULES}/*"),
+            format!("--allow-fs-write={WORKSPACE}/*"),
+            "--allow-fs-write=/tmp/*".into(),
+            "--disable-warning=ExperimentalWarning".into(),
+            "--experimental-detect-module".into(),
+            script.into(),
+        ],
+        Language::Python => vec!["python3".into(), "-I".into(), script.into()],
+        Language::Sh => vec!["/bin/sh".into(), script.into()],
+    }
+}
+
+impl Runner {
+    pub fn new(config: RunnerConfig, store: ArtifactStore) -> Self {
+        let native = NativeBackend::new(&config.data_dir);
+        let node = NodeRuntime::new(&config.data_dir);
+        Runner {
+            config,
+            store,
+            native,
+            node,
+        }
+    }
+
+    pub fn store(&self) -> &ArtifactStore {
+        &self.store
+    }
+
+    pub fn node_runtime(&self) -> &NodeRuntime {
+        &self.node
+    }
+
+    /// Installs what runs need (the Node runtime), reporting progress.
+    pub async fn prepare(&self, progress: &(dyn Fn(&str) + Send + Sync)) -> Result<(), RunError> {
+        self.node
+            .ensure(progress)
+            .await
+            .map_err(|e| RunError::Unavailable(e.to_string()))
+    }
+
+    /// Runs one request in a fresh sandbox. The sandbox is removed whatever happens.
+    pub async fn run(
+        &self,
+        request: RunRequest,
+        cancel: &CancellationToken,
+    ) -> Result<RunResult, RunError> {
+        match request.backend.as_deref() {
+            None | Some("native") => {}
+            Some(name @ ("docker" | "gvisor" | "wasm")) => {
+                return Err(RunError::Unavailable(format!(
+                    "backend {name}: not part of this build yet; use native"
+                )));
+            }
+            Some(other) => {
+                return Err(RunError::Invalid(format!(
+                    "backend: unknown backend {other:?} (native, docker, gvisor, wasm)"
+                )));
+            }
+        }
+        let checked = check(request)?;
+        let mut policy = SandboxPolicy::default();
+        if checked.language == Language::Node {
+            if !self.node.is_installed() {
+                self.prepare(&|line| tracing::info!("{line}")).await?;
+            }
+            policy.read_only_mounts.push(Mount {
+                host: self.node.node_modules(),
+                sandbox: NODE_MODULES.into(),
+            });
+        }
+        let limits = Limits {
+            timeout_ms: checked.timeout_ms,
+            ..self.config.limits.clone()
+        };
+        let spec = SandboxSpec {
+            workspace: None,
+            limits,
+            policy,
+        };
+        let env = self.native.create(spec).await.map_err(RunError::from_env)?;
+        let result = self.run_in(&env, checked, cancel).await;
+        if let Err(e) = env.cleanup().await {
+            tracing::warn!(error = %e, "run: sandbox cleanup failed");
+        }
+        result
+    }
+
+    async fn run_in(
+        &self,
+        env: &dyn ExecutionEnv,
+        checked: Checked,
+        cancel: &CancellationToken,
+    ) -> Result<RunResult, RunError> {
+        let workspace = Path::new(WORKSPACE);
+        let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
+        for (path, bytes) in &checked.files {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                env.create_dir(&workspace.join(parent), true, cancel)
+                    .await
+                    .map_err(RunError::from_env)?;
+            }
+            env.write(&workspace.join(path), bytes, cancel)
+                .await
+                .map_err(RunError::from_env)?;
+            inputs.insert(path.clone(), sha256_hex(bytes));
+        }
+        let script = script_name(checked.language);
+        env.write(&workspace.join(script), checked.script.as_bytes(), cancel)
+            .await
+            .map_err(RunError::from_env)?;
+        inputs.insert(PathBuf::from(script), sha256_hex(checked.script.as_bytes()));
+
+        let request =
+            ExecRequest::argv(command(checked.language, &format!("{WORKSPACE}/{script}")))
+                .cwd(WORKSPACE)
+                .timeout(std::time::Duration::from_millis(checked.timeout_ms));
+        let output = env
+            .exec(request, cancel)
+            .await
+            .map_err(RunError::from_env)?;
+
+        let collected =
+            collect_artifacts(env, workspace, &inputs, self.config.collect, cancel)
+                .await
+                .map_err(|e| match e.code() {
+                    ErrorCode::ResourceExhausted => RunError::TooLarge(e.to_string()),
+                    ErrorCode::Aborted => RunError::Aborted,
+                    _ => RunError::Internal(e.to_string()),
+                })?;
+        let stored = store_all(&self.store, collected)
+            .await
+            .map_err(|e| RunError::Internal(e.to_string()))?;
+        let files = stored
+            .into_iter()
+            .map(|a| {
+                let name = a.path.rsplit('/').next().unwrap_or(&a.path).to_string();
+                ArtifactInfo {
+                    url: format!("/v1/objects/{}?name={}", a.sha256, percent_encode(&name)),
+                    path: a.path,
+                    size: a.size,
+                    sha256: a.sha256,
+                    content_type: a.content_type,
+                }
+            })
+            .collect();
+        Ok(RunResult {
+            exit_code: output.exit_code,
+            signal: output.signal,
+            stdout: output.stdout_text(),
+            stderr: output.stderr_text(),
+            timed_out: output.timed_out,
+            limit_hit: output.limit_hit,
+            duration_ms: output.duration_ms,
+            truncated: output.truncated,
+            files,
+        })
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (for the `name` query value).
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skillbox_client::FileInput;
+
+    fn request(files: Vec<FileInput>) -> RunRequest {
+        RunRequest {
+            files,
+            ..RunRequest::new(Language::Sh, "true")
+        }
+    }
+
+    fn file(path: &str, content: &str, encoding: Encoding) -> FileInput {
+        FileInput {
+            path: path.into(),
+            content: content.into(),
+            encoding,
+        }
+    }
+
+    fn invalid(req: RunRequest) -> String {
+        match check(req) {
+            Err(RunError::Invalid(message)) => message,
+            Err(other) => panic!("expected invalid, got {other:?}"),
+            Ok(_) => panic!("expected invalid, got ok"),
+        }
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        assert!(invalid(RunRequest::new(Language::Node, "  ")).starts_with("script"));
+        let mut req = request(vec![]);
+        req.timeout_ms = Some(0);
+        assert!(invalid(req.clone()).starts_with("timeoutMs"));
+        req.timeout_ms = Some(MAX_TIMEOUT_MS + 1);
+        assert!(invalid(req).starts_with("timeoutMs"));
+        assert!(
+            invalid(request(vec![file("/etc/passwd", "x", Encoding::Utf8)]))
+                .starts_with("files[0].path")
+        );
+        assert!(
+            invalid(request(vec![
+                file("ok.txt", "x", Encoding::Utf8),
+                file("a/../../x", "x", Encoding::Utf8)
+            ]))
+            .starts_with("files[1].path")
+        );
+        assert!(invalid(request(vec![file("", "x", Encoding::Utf8)])).starts_with("files[0].path"));
+        assert!(
+            invalid(request(vec![file(
+                "b.bin",
+                "not base64!",
+                Encoding::Base64
+            )]))
+            .starts_with("files[0].content")
+        );
+    }
+
+    #[test]
+    fn good_requests_decode_their_files() {
+        let checked = check(request(vec![
+            file("a/b.txt", "hi", Encoding::Utf8),
+            file("c.bin", "AAE=", Encoding::Base64),
+        ]))
+        .expect("valid");
+        assert_eq!(
+            checked.files[0],
+            (PathBuf::from("a/b.txt"), Bytes::from_static(b"hi"))
+        );
+        assert_eq!(
+            checked.files[1],
+            (PathBuf::from("c.bin"), Bytes::from_static(&[0, 1]))
+        );
+        assert_eq!(checked.timeout_ms, 60_000);
+    }
+
+    #[test]
+    fn names_are_percent_encoded() {
+        assert_eq!(percent_encode("deck 1.pptx"), "deck%201.pptx");
+        assert_eq!(percent_encode("a&b=c"), "a%26b%3Dc");
+    }
+}

@@ -1,0 +1,459 @@
+//! `POST /v1/run` end to end over real HTTP against a real sandbox: the seed case (a
+//! pptxgenjs deck, downloaded and parsed), the ShapeType mistake, attacks, bad input,
+//! limits, downloads, health, metrics, OpenAPI and overload.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use skillbox_run::{Runner, RunnerConfig};
+use skillbox_server::ServerConfig;
+use skillbox_store::ArtifactStore;
+use tokio_util::sync::CancellationToken;
+
+/// The Node runtime is installed once for every test here (npm ci), not per test.
+fn shared_data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-server-tests")
+}
+
+struct Server {
+    base: String,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+    _objects: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start(config: ServerConfig) -> Option<Server> {
+    let native = skillbox_native::probe();
+    if !native.available {
+        skillbox_env::testkit::skip("server api", &native.reason.unwrap_or_default());
+        return None;
+    }
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let runner = Runner::new(RunnerConfig::new(shared_data_dir()), store);
+    runner
+        .prepare(&|line| eprintln!("{line}"))
+        .await
+        .expect("install the node runtime");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let serving = shutdown.clone();
+    tokio::spawn(skillbox_server::serve_on(
+        listener,
+        config,
+        Arc::new(runner),
+        serving,
+    ));
+    Some(Server {
+        base,
+        http: reqwest::Client::new(),
+        shutdown,
+        _objects: objects,
+    })
+}
+
+async fn default_server() -> Option<Server> {
+    start(ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..ServerConfig::default()
+    })
+    .await
+}
+
+impl Server {
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn run(&self, body: Value) -> Value {
+        let (status, json) = self.post("/v1/run", &body).await;
+        assert_eq!(status, 200, "{json}");
+        json
+    }
+
+    async fn raw(&self, body: &'static str) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}/v1/run", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn download(&self, url: &str) -> Vec<u8> {
+        let response = self
+            .http
+            .get(format!("{}{url}", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap().to_vec()
+    }
+}
+
+const DECK: &str = r#"
+const pptxgen = require("pptxgenjs");
+const pres = new pptxgen();
+const title = pres.addSlide();
+title.addText("WorkspaceX", { x: 0.5, y: 1.5, w: 9, h: 1.2, fontSize: 40, bold: true });
+title.addText("Desks that follow your team", { x: 0.5, y: 2.8, w: 9, h: 0.8, fontSize: 20 });
+const points = pres.addSlide();
+points.addText("Why WorkspaceX", { x: 0.5, y: 0.3, w: 9, h: 0.8, fontSize: 28 });
+points.addText(
+  ["Book a desk in ten seconds", "Pay only for the days you use", "Every office in one app"].map(
+    (text) => ({ text, options: { bullet: true, breakLine: true } })),
+  { x: 0.5, y: 1.3, w: 9, h: 3 });
+const contact = pres.addSlide();
+contact.addText("Contact", { x: 0.5, y: 0.3, w: 9, h: 0.8, fontSize: 28 });
+contact.addText("hello@workspacex.example · +1 555 0100", { x: 0.5, y: 1.5, w: 9, h: 1 });
+pres.writeFile({ fileName: "workspacex.pptx" }).then((name) => console.log("wrote " + name));
+"#;
+
+fn is_error(json: &Value, code: &str) -> bool {
+    json["error"]["code"] == code
+        && json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_deck_is_made_downloaded_and_verified() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let result = server
+        .run(json!({"script": DECK, "language": "node"}))
+        .await;
+    assert_eq!(result["exitCode"], 0, "{result}");
+    assert_eq!(result["stdout"], "wrote workspacex.pptx\n");
+    let files = result["files"].as_array().unwrap();
+    assert_eq!(
+        files.len(),
+        1,
+        "only the deck: the script itself is not an artifact: {result}"
+    );
+    let file = &files[0];
+    assert_eq!(file["path"], "workspacex.pptx");
+    assert_eq!(
+        file["contentType"],
+        "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+    );
+    let bytes = server.download(file["url"].as_str().unwrap()).await;
+    assert_eq!(bytes.len() as u64, file["size"].as_u64().unwrap());
+    let deck = skillbox_pptx::verify(&bytes).expect("a real pptx");
+    assert_eq!(deck.slide_count(), 3);
+    assert!(deck.contains(1, "WorkspaceX"), "{}", deck.text_of(1));
+    for point in [
+        "Book a desk in ten seconds",
+        "Pay only for the days you use",
+        "Every office in one app",
+    ] {
+        assert!(
+            deck.contains(2, point),
+            "slide 2 lacks {point:?}: {}",
+            deck.text_of(2)
+        );
+    }
+    assert!(
+        deck.contains(3, "hello@workspacex.example"),
+        "{}",
+        deck.text_of(3)
+    );
+    assert!(!deck.contains(1, "hello@workspacex.example"));
+    // The download is named and typed.
+    let response = server
+        .http
+        .get(format!("{}{}", server.base, file["url"].as_str().unwrap()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.headers()["content-disposition"],
+        "attachment; filename=\"workspacex.pptx\""
+    );
+    let head = server
+        .http
+        .head(format!(
+            "{}/v1/objects/{}",
+            server.base,
+            file["sha256"].as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 200);
+    assert_eq!(
+        head.headers()["content-length"],
+        file["size"].to_string().as_str()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shapetype_mistake_fails_with_pptxgenjs_own_message() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let script = r#"
+const pptxgen = require("pptxgenjs");
+const pres = new pptxgen();
+pres.addSlide().addShape(pres.ShapeType.RECTANGLE, { x: 1, y: 1, w: 2, h: 1 });
+pres.writeFile({ fileName: "never.pptx" });
+"#;
+    let result = server.run(json!({"script": script})).await;
+    assert_eq!(result["exitCode"], 1, "{result}");
+    assert!(
+        result["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Missing/Invalid shape parameter"),
+        "{result}"
+    );
+    assert_eq!(result["files"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attacks_over_the_api_are_denied_and_the_host_is_unchanged() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let listener = StdListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let marker = format!("skillbox-api-attack-{}", std::process::id());
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let script = format!(
+        r#"
+const fs = require("fs");
+const attempt = (name, f) => {{ try {{ const r = f(); console.log(name + " ALLOWED " + String(r).slice(0, 40)); }} catch (e) {{ console.log(name + " denied " + (e.code || e.message)); }} }};
+attempt("home", () => fs.writeFileSync("{home}/{marker}", "x"));
+attempt("tmp", () => fs.writeFileSync("/tmp/{marker}", "x") || fs.readFileSync("/etc/hostname", "utf8"));
+attempt("exec", () => require("child_process").execSync("id").toString());
+attempt("passwd", () => fs.readFileSync("/etc/passwd", "utf8"));
+fetch("http://127.0.0.1:{port}/").then(() => console.log("fetch ALLOWED"), (e) => console.log("fetch denied " + (e.cause && e.cause.code)));
+"#
+    );
+    let result = server.run(json!({"script": script})).await;
+    let stdout = result["stdout"].as_str().unwrap();
+    for name in ["home", "exec", "passwd", "fetch"] {
+        assert!(
+            stdout.contains(&format!("{name} denied")),
+            "{name} was not denied: {result}"
+        );
+    }
+    assert!(
+        !stdout.contains("ALLOWED\n") && !stdout.contains("passwd ALLOWED"),
+        "{result}"
+    );
+    assert!(
+        !std::path::Path::new(&format!("{home}/{marker}")).exists(),
+        "wrote the host's $HOME"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/tmp/{marker}")).exists(),
+        "wrote the host's /tmp"
+    );
+    assert!(listener.accept().is_err(), "the host listener was reached");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_4xx() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"language": "node"}), "script"),
+        (json!({"script": "1", "lang": "node"}), "lang"),
+        (json!({"script": "1", "language": "cobol"}), "cobol"),
+        (json!({"script": "1", "timeoutMs": -5}), "timeoutMs"),
+        (json!({"script": "1", "timeoutMs": 99_999_999}), "timeoutMs"),
+        (
+            json!({"script": "1", "files": [{"path": "/etc/passwd", "content": "x"}]}),
+            "files[0].path",
+        ),
+        (
+            json!({"script": "1", "files": [{"path": "../x", "content": "x"}]}),
+            "files[0].path",
+        ),
+        (
+            json!({"script": "1", "files": [{"path": "a.bin", "content": "!!", "encoding": "base64"}]}),
+            "files[0].content",
+        ),
+        (json!({"script": "   "}), "script"),
+        (json!({"script": "1", "backend": "vmware"}), "backend"),
+    ];
+    for (body, needle) in cases {
+        let (status, json) = server.post("/v1/run", &body).await;
+        assert_eq!(status, 400, "{body} -> {json}");
+        assert!(is_error(&json, "invalid"), "{body} -> {json}");
+        assert!(
+            json["error"]["message"].as_str().unwrap().contains(needle),
+            "{body} -> {json}"
+        );
+    }
+    let (status, json) = server.raw("{not json").await;
+    assert_eq!(status, 400);
+    assert!(is_error(&json, "invalid"), "{json}");
+    // A body over the limit.
+    let big = "x".repeat(49 * 1024 * 1024);
+    let (status, json) = server.post("/v1/run", &json!({"script": big})).await;
+    assert_eq!(status, 413, "{json}");
+    assert!(is_error(&json, "payload_too_large"), "{json}");
+    let (status, json) = server
+        .post("/v1/run", &json!({"script": "1", "backend": "docker"}))
+        .await;
+    assert_eq!(status, 503, "{json}");
+    assert!(is_error(&json, "unavailable"), "{json}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_results_not_errors_and_inputs_arrive() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let result = server
+        .run(json!({"script": "sleep 30", "language": "sh", "timeoutMs": 300}))
+        .await;
+    assert_eq!(result["timedOut"], true, "{result}");
+    let result = server
+        .run(json!({
+            "script": "cat in/a.txt; cat b.bin | od -An -tx1; echo made > out.txt; echo changed > in/a.txt",
+            "language": "sh",
+            "files": [{"path": "in/a.txt", "content": "hello\n"}, {"path": "b.bin", "content": "AAH/", "encoding": "base64"}]
+        }))
+        .await;
+    assert_eq!(result["exitCode"], 0, "{result}");
+    assert_eq!(result["stdout"], "hello\n 00 01 ff\n");
+    let paths: Vec<&str> = result["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        ["in/a.txt", "out.txt"],
+        "changed inputs and new files, not unchanged inputs"
+    );
+    let result = server
+        .run(json!({"script": "import sys; print(sys.version_info[0])", "language": "python"}))
+        .await;
+    assert_eq!(result["stdout"], "3\n", "{result}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_health_metrics_and_openapi() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let get = |path: &str| server.http.get(format!("{}{path}", server.base)).send();
+    let response = get("/v1/objects/not-a-sha").await.unwrap();
+    assert_eq!(response.status(), 400);
+    assert!(is_error(&response.json().await.unwrap(), "invalid"));
+    let response = get(&format!("/v1/objects/{}", "0".repeat(64)))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    assert!(is_error(&response.json().await.unwrap(), "not_found"));
+    let response = get("/healthz").await.unwrap();
+    assert_eq!(response.status(), 200);
+    server
+        .run(json!({"script": "true", "language": "sh"}))
+        .await;
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("skillbox_runs_total{outcome=\"ok\"} 1"),
+        "{metrics}"
+    );
+    let openapi: Value = get("/openapi.json").await.unwrap().json().await.unwrap();
+    assert!(openapi["paths"]["/v1/run"]["post"].is_object(), "{openapi}");
+    assert!(openapi["components"]["schemas"]["RunRequest"].is_object());
+    let response = get("/no/such/thing").await.unwrap();
+    assert_eq!(response.status(), 404);
+    assert!(is_error(&response.json().await.unwrap(), "not_found"));
+    let (status, json) = server
+        .post("/run", &json!({"script": "echo alias", "language": "sh"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(json["stdout"], "alias\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_with_retry_after() {
+    let Some(server) = start(ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        max_concurrency: 1,
+        max_queue: 0,
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let slow = {
+        let http = server.http.clone();
+        let url = format!("{}/v1/run", server.base);
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"script": "sleep 3", "language": "sh"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    // Wait until the slow run holds the only slot (bounded poll on /metrics).
+    let mut busy = false;
+    for _ in 0..200 {
+        let metrics = server
+            .http
+            .get(format!("{}/metrics", server.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains("skillbox_runs_in_flight 1") {
+            busy = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(busy, "the slow run never started");
+    let response = server
+        .http
+        .post(format!("{}/v1/run", server.base))
+        .json(&json!({"script": "true", "language": "sh"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(response.headers()["retry-after"], "1");
+    assert!(is_error(&response.json().await.unwrap(), "overloaded"));
+    assert_eq!(slow.await.unwrap(), 200);
+}

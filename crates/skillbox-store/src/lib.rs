@@ -1,0 +1,14 @@
+//! skillbox-store: where the files a run produced go. [`ArtifactStore`] keeps them
+//! content-addressed and write-once on any `object_store` backend (the local filesystem
+//! by default); [`collect_artifacts`] finds them in a workspace through the env, and
+//! [`store_all`] puts them in the store.
+
+mod collect;
+mod error;
+mod store;
+
+pub use collect::{
+    CollectLimits, CollectedFile, StoredArtifact, collect_artifacts, content_type, store_all,
+};
+pub use error::{CollectLimit, StoreError};
+pub use store::{ArtifactStore, ArtifactStream, is_sha256_hex, sha256_hex};

@@ -1,0 +1,335 @@
+//! [`ArtifactStore`]: content-addressed, write-once objects on any `object_store`
+//! backend. The key of an object is the sha256 of its bytes, stored under
+//! `objects/<first 2 hex digits>/<sha256>`, so the same bytes always land in the same
+//! place and a put of bytes already there is a no-op.
+//!
+//! # Nothing is overwritten, nothing is half-written
+//!
+//! Every put uses [`PutMode::Create`]: the store refuses to replace an existing object,
+//! and that refusal (`AlreadyExists`) means the same bytes are already there.
+//!
+//! On the local filesystem (`object_store::local::LocalFileSystem`, 0.14) a
+//! `Create` put writes the whole payload to a staging file `<key>#<n>` beside the
+//! object, closes it, and only then publishes it with `hard_link(staging, key)` — which
+//! fails instead of replacing — and unlinks the staging file. A process that dies
+//! mid-write therefore leaves at most a `<key>#<n>` file, which `object_store` never
+//! lists and refuses to address (a name ending in `#` and digits is not a valid key),
+//! so it is never served; the next put of the same bytes picks a fresh staging name.
+//! We turn on `with_fsync(true)` so the content and the directory entry are on disk
+//! before a put returns: after a power loss the object is whole or absent, never a
+//! truncated file under its final name. As a last line, [`ArtifactStore::get`] and
+//! [`ArtifactStore::get_stream`] rehash what they read and report
+//! [`StoreError::Corrupt`] rather than hand out bytes that are not what the key names.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use futures_util::stream::BoxStream;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{
+    ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutMode, PutOptions, PutPayload,
+};
+use sha2::{Digest, Sha256};
+use url::Url;
+
+use crate::error::StoreError;
+
+/// Write-once, content-addressed artifact storage.
+#[derive(Debug, Clone)]
+pub struct ArtifactStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+}
+
+/// An object being read in chunks; the stream ends with [`StoreError::Corrupt`] instead
+/// of `None` when the bytes read do not hash to the key.
+pub struct ArtifactStream {
+    /// The object's size in bytes.
+    pub size: u64,
+    pub stream: BoxStream<'static, Result<Bytes, StoreError>>,
+}
+
+impl fmt::Debug for ArtifactStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArtifactStream")
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ArtifactStore {
+    /// A store over any `object_store` backend, with every key under `prefix`.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Self {
+        ArtifactStore { store, prefix }
+    }
+
+    /// A store in the local directory `dir`, created if missing.
+    pub async fn local(dir: &std::path::Path) -> Result<Self, StoreError> {
+        let io_error = |op, source| StoreError::Io {
+            op,
+            path: dir.display().to_string(),
+            source,
+        };
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| io_error("create directory", e))?;
+        let local = LocalFileSystem::new_with_prefix(dir)
+            .map_err(|e| StoreError::backend("open local store", e))?
+            .with_fsync(true);
+        Ok(Self::new(Arc::new(local), Path::default()))
+    }
+
+    /// A store named by a URL: `file:///abs/dir` is [`ArtifactStore::local`]; any other
+    /// URL goes to `object_store::parse_url` (with the default features: `memory://`).
+    pub async fn from_url(url: &str) -> Result<Self, StoreError> {
+        let parsed = Url::parse(url).map_err(|e| StoreError::InvalidUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        let shown = redacted(&parsed);
+        if parsed.scheme() == "file" {
+            let dir = parsed.to_file_path().map_err(|()| StoreError::InvalidUrl {
+                url: shown.clone(),
+                reason: "a file URL needs an absolute path and no host, \
+                             like file:///var/lib/skillbox/objects"
+                    .to_string(),
+            })?;
+            return Self::local(&dir).await;
+        }
+        match object_store::parse_url(&parsed) {
+            Ok((store, prefix)) => Ok(Self::new(Arc::from(store), prefix)),
+            // A scheme object_store knows, but whose feature is off in this build.
+            Err(e) if ObjectStoreScheme::parse(&parsed).is_ok() => {
+                Err(StoreError::UnsupportedUrl {
+                    url: shown,
+                    reason: e.to_string(),
+                })
+            }
+            Err(e) => Err(StoreError::InvalidUrl {
+                url: shown,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Stores `bytes` under their sha256 and returns it (lowercase hex). Storing bytes
+    /// that are already there is a no-op; an existing object is never replaced.
+    pub async fn put_once(&self, bytes: Bytes) -> Result<String, StoreError> {
+        let sha256 = sha256_hex(&bytes);
+        let path = self.object_path(&sha256);
+        let size = bytes.len() as u64;
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(&path, PutPayload::from(bytes), create)
+            .await
+        {
+            Ok(_) => {
+                tracing::debug!(%sha256, size, "artifact stored");
+                Ok(sha256)
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                // Same key, so the same bytes, unless the object was damaged after it was
+                // written: a size check costs one stat and catches a truncated file.
+                let meta = self
+                    .store
+                    .head(&path)
+                    .await
+                    .map_err(|e| StoreError::backend("head", e))?;
+                if meta.size != size {
+                    return Err(StoreError::Corrupt {
+                        sha256,
+                        detail: format!("it holds {} bytes, the content has {size}", meta.size),
+                    });
+                }
+                tracing::debug!(%sha256, size, "artifact already stored");
+                Ok(sha256)
+            }
+            Err(e) => Err(StoreError::backend("put", e)),
+        }
+    }
+
+    /// The whole object named by `sha256`.
+    pub async fn get(&self, sha256: &str) -> Result<Bytes, StoreError> {
+        let path = self.checked_path(sha256)?;
+        let result = self
+            .store
+            .get(&path)
+            .await
+            .map_err(|e| missing_or(e, sha256, "get"))?;
+        let bytes = result
+            .bytes()
+            .await
+            .map_err(|e| missing_or(e, sha256, "get"))?;
+        let actual = sha256_hex(&bytes);
+        if actual != sha256 {
+            return Err(StoreError::Corrupt {
+                sha256: sha256.to_string(),
+                detail: format!("its bytes hash to {actual}"),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// The object named by `sha256`, in chunks, with its size up front (for a
+    /// `Content-Length`). The hash is checked as the chunks pass: a corrupt object ends
+    /// the stream with an error instead of a clean end.
+    pub async fn get_stream(&self, sha256: &str) -> Result<ArtifactStream, StoreError> {
+        let path = self.checked_path(sha256)?;
+        let result = self
+            .store
+            .get(&path)
+            .await
+            .map_err(|e| missing_or(e, sha256, "get"))?;
+        let size = result.meta.size;
+        let verified = Verified {
+            inner: result.into_stream(),
+            sha256: sha256.to_string(),
+            hasher: Some(Sha256::new()),
+        };
+        Ok(ArtifactStream {
+            size,
+            stream: Box::pin(verified),
+        })
+    }
+
+    /// The size of the object named by `sha256`, or `None` when there is none.
+    pub async fn head(&self, sha256: &str) -> Result<Option<u64>, StoreError> {
+        let path = self.checked_path(sha256)?;
+        match self.store.head(&path).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(StoreError::backend("head", e)),
+        }
+    }
+
+    /// The key after checking it is a sha256, so nothing else reaches the store.
+    fn checked_path(&self, sha256: &str) -> Result<Path, StoreError> {
+        if !is_sha256_hex(sha256) {
+            return Err(StoreError::InvalidKey {
+                key: sha256.chars().take(80).collect(),
+            });
+        }
+        Ok(self.object_path(sha256))
+    }
+
+    fn object_path(&self, sha256: &str) -> Path {
+        self.prefix
+            .clone()
+            .join("objects")
+            .join(&sha256[..2])
+            .join(sha256)
+    }
+}
+
+/// The sha256 of `bytes` as 64 lowercase hex digits: an artifact's key.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// True for exactly 64 lowercase hex digits.
+pub fn is_sha256_hex(key: &str) -> bool {
+    key.len() == 64 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn hex(digest: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(digest.len() * 2);
+    for byte in digest {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    out
+}
+
+fn missing_or(err: object_store::Error, sha256: &str, op: &'static str) -> StoreError {
+    match err {
+        object_store::Error::NotFound { .. } => StoreError::NotFound {
+            sha256: sha256.to_string(),
+        },
+        other => StoreError::backend(op, other),
+    }
+}
+
+/// The URL as it may appear in an error: without a password.
+fn redacted(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        let _ = shown.set_password(Some("***"));
+    }
+    shown.to_string()
+}
+
+/// Hashes the chunks as they pass and turns a wrong hash at the end into an error.
+struct Verified {
+    inner: BoxStream<'static, object_store::Result<Bytes>>,
+    sha256: String,
+    /// `None` once the stream has ended (or failed).
+    hasher: Option<Sha256>,
+}
+
+impl Stream for Verified {
+    type Item = Result<Bytes, StoreError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let Some(hasher) = this.hasher.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match futures_util::ready!(this.inner.as_mut().poll_next(cx)) {
+            Some(Ok(chunk)) => {
+                hasher.update(&chunk);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Some(Err(e)) => {
+                this.hasher = None;
+                Poll::Ready(Some(Err(missing_or(e, &this.sha256, "get"))))
+            }
+            None => {
+                let actual = this
+                    .hasher
+                    .take()
+                    .map(|h| hex(&h.finalize()))
+                    .unwrap_or_default();
+                if actual == this.sha256 {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Ready(Some(Err(StoreError::Corrupt {
+                        sha256: this.sha256.clone(),
+                        detail: format!("its bytes hash to {actual}"),
+                    })))
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_of_known_input() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn keys_must_be_lowercase_sha256_hex() {
+        assert!(is_sha256_hex(&sha256_hex(b"")));
+        assert!(!is_sha256_hex(&sha256_hex(b"").to_uppercase()));
+        assert!(!is_sha256_hex("abc"));
+        assert!(!is_sha256_hex(&format!("../{}", &sha256_hex(b"")[3..])));
+        assert!(!is_sha256_hex(&format!("{}g", &sha256_hex(b"")[1..])));
+    }
+}

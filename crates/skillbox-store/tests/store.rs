@@ -1,0 +1,811 @@
+//! The artifact store on the local filesystem, and collection through a real `HostEnv`
+//! over a temp dir, wrapped in a tripwire that fails any read of a path the collector
+//! must never read (a symlink, a FIFO, a file over the limit).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use skillbox_env::{
+    Boundary, CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecRequest, ExecStream,
+    ExecutionEnv, FileInfo, FileSystem, HostEnv, Shell, TextLines,
+};
+use skillbox_store::{
+    ArtifactStore, CollectLimit, CollectLimits, CollectedFile, StoreError, collect_artifacts,
+    sha256_hex, store_all,
+};
+
+const PPTX: &str = "application/vnd.openxmlformats-officedocument.presentationml.presentation";
+
+// ---------------------------------------------------------------------------------------
+// Artifact store
+
+/// Every regular file under `dir`, relative, sorted.
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(base: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(base, &path, out);
+            } else {
+                out.push(path.strip_prefix(base).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn put_once_twice_keeps_one_object_under_its_sha256() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(dir.path()).await.unwrap();
+    let bytes = Bytes::from_static(b"hello artifact");
+    let first = store.put_once(bytes.clone()).await.unwrap();
+    let second = store.put_once(bytes.clone()).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(first, sha256_hex(b"hello artifact"));
+    assert_eq!(
+        files_under(dir.path()),
+        vec![format!("objects/{}/{first}", &first[..2])],
+        "one object, no staging files left behind"
+    );
+}
+
+#[tokio::test]
+async fn local_creates_missing_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("a/b/store");
+    let store = ArtifactStore::local(&nested).await.unwrap();
+    let sha = store.put_once(Bytes::from_static(b"x")).await.unwrap();
+    assert!(nested.join("objects").join(&sha[..2]).join(&sha).is_file());
+}
+
+#[tokio::test]
+async fn another_store_instance_sees_the_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = ArtifactStore::local(dir.path()).await.unwrap();
+    let sha = writer
+        .put_once(Bytes::from_static(b"shared"))
+        .await
+        .unwrap();
+    let reader = ArtifactStore::local(dir.path()).await.unwrap();
+    assert_eq!(reader.head(&sha).await.unwrap(), Some(6));
+    assert_eq!(
+        reader.get(&sha).await.unwrap(),
+        Bytes::from_static(b"shared")
+    );
+    // And a put from the second instance is the same no-op.
+    assert_eq!(
+        reader
+            .put_once(Bytes::from_static(b"shared"))
+            .await
+            .unwrap(),
+        sha
+    );
+    assert_eq!(files_under(dir.path()).len(), 1);
+}
+
+#[tokio::test]
+async fn get_head_and_stream_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(dir.path()).await.unwrap();
+    // Larger than one read chunk, so the stream has several.
+    let content: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let sha = sha256_hex(&content);
+    assert_eq!(store.head(&sha).await.unwrap(), None);
+    assert_eq!(
+        store.put_once(Bytes::from(content.clone())).await.unwrap(),
+        sha
+    );
+    assert_eq!(store.head(&sha).await.unwrap(), Some(100_000));
+    assert_eq!(store.get(&sha).await.unwrap(), content);
+    let mut streamed = store.get_stream(&sha).await.unwrap();
+    assert_eq!(streamed.size, 100_000);
+    let mut read = Vec::new();
+    let mut chunks = 0;
+    while let Some(chunk) = streamed.stream.next().await {
+        read.extend_from_slice(&chunk.unwrap());
+        chunks += 1;
+    }
+    assert_eq!(read, content);
+    assert!(chunks > 1, "a stream, not one buffer");
+}
+
+#[tokio::test]
+async fn empty_content_is_an_object_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(dir.path()).await.unwrap();
+    let sha = store.put_once(Bytes::new()).await.unwrap();
+    assert_eq!(store.head(&sha).await.unwrap(), Some(0));
+    assert!(store.get(&sha).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn invalid_keys_are_rejected_before_the_store_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let store = ArtifactStore::local(&root).await.unwrap();
+    // Were the store touched, a missing directory would say not_found / None.
+    std::fs::remove_dir_all(&root).unwrap();
+    let good = sha256_hex(b"x");
+    let keys = [
+        String::new(),
+        "abc".to_string(),
+        good.to_uppercase(),
+        format!("{}g", &good[1..]),
+        format!("../../{}", &good[6..]),
+        format!("{good}0"),
+        format!("{}/{}", &good[..2], &good[3..]),
+    ];
+    for key in &keys {
+        let codes = [
+            store.get(key).await.map(drop),
+            store.head(key).await.map(drop),
+            store.get_stream(key).await.map(drop),
+        ];
+        for result in codes {
+            let err = result.expect_err(key);
+            assert!(matches!(err, StoreError::InvalidKey { .. }), "{key}: {err}");
+            assert_eq!(err.code(), ErrorCode::Invalid, "{key}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_missing_object_is_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(dir.path()).await.unwrap();
+    let sha = sha256_hex(b"never stored");
+    assert_eq!(store.head(&sha).await.unwrap(), None);
+    let err = store.get(&sha).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+    assert!(err.to_string().contains(&sha), "{err}");
+    let err = store.get_stream(&sha).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound, "{err}");
+}
+
+/// What a put that died mid-write leaves (LocalFileSystem's staging file `<key>#<n>`)
+/// is never served, and the next put of the same bytes completes the object.
+#[tokio::test]
+async fn a_write_cut_short_leaves_no_readable_object() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(dir.path()).await.unwrap();
+    let content = b"the whole artifact, not just its first half";
+    let sha = sha256_hex(content);
+    let object = dir.path().join("objects").join(&sha[..2]).join(&sha);
+    std::fs::create_dir_all(object.parent().unwrap()).unwrap();
+    let staging = PathBuf::from(format!("{}#1", object.display()));
+    std::fs::write(&staging, &content[..10]).unwrap();
+
+    assert_eq!(store.head(&sha).await.unwrap(), None);
+    assert_eq!(
+        store.get(&sha).await.unwrap_err().code(),
+        ErrorCode::NotFound
+    );
+
+    assert_eq!(
+        store.put_once(Bytes::from_static(content)).await.unwrap(),
+        sha
+    );
+    assert_eq!(store.get(&sha).await.unwrap(), &content[..]);
+    assert_eq!(std::fs::read(&object).unwrap(), content);
+}
+
+#[tokio::test]
+async fn a_damaged_object_is_reported_never_served_nor_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(dir.path()).await.unwrap();
+    let sha = store
+        .put_once(Bytes::from_static(b"original"))
+        .await
+        .unwrap();
+    let object = dir.path().join("objects").join(&sha[..2]).join(&sha);
+
+    // Same length, other bytes: only the hash can tell.
+    std::fs::write(&object, b"tampered").unwrap();
+    let err = store.get(&sha).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    let mut streamed = store.get_stream(&sha).await.unwrap();
+    let mut last = None;
+    while let Some(item) = streamed.stream.next().await {
+        last = Some(item);
+    }
+    assert!(
+        matches!(last, Some(Err(StoreError::Corrupt { .. }))),
+        "the stream must end in an error, got {last:?}"
+    );
+
+    // Truncated: a put of the real bytes says so instead of claiming success, and does
+    // not replace what is there.
+    std::fs::write(&object, b"orig").unwrap();
+    let err = store
+        .put_once(Bytes::from_static(b"original"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    assert_eq!(std::fs::read(&object).unwrap(), b"orig");
+}
+
+#[tokio::test]
+async fn from_url_opens_file_and_memory_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = ArtifactStore::local(dir.path()).await.unwrap();
+    let sha = local
+        .put_once(Bytes::from_static(b"via url"))
+        .await
+        .unwrap();
+
+    let url = format!("file://{}", dir.path().display());
+    let by_url = ArtifactStore::from_url(&url).await.unwrap();
+    assert_eq!(
+        by_url.get(&sha).await.unwrap(),
+        Bytes::from_static(b"via url")
+    );
+
+    let memory = ArtifactStore::from_url("memory:///artifacts")
+        .await
+        .unwrap();
+    let sha = memory
+        .put_once(Bytes::from_static(b"in memory"))
+        .await
+        .unwrap();
+    assert_eq!(
+        memory
+            .put_once(Bytes::from_static(b"in memory"))
+            .await
+            .unwrap(),
+        sha
+    );
+    assert_eq!(memory.head(&sha).await.unwrap(), Some(9));
+    assert_eq!(
+        memory.get(&sha).await.unwrap(),
+        Bytes::from_static(b"in memory")
+    );
+}
+
+#[tokio::test]
+async fn from_url_rejects_bad_and_unsupported_urls() {
+    for (url, code) in [
+        ("not a url", ErrorCode::Invalid),
+        ("ftp://example.invalid/x", ErrorCode::Invalid),
+        ("file://somehost/var/x", ErrorCode::Invalid),
+        // Cloud stores need object_store features this build leaves off.
+        ("s3://bucket/prefix", ErrorCode::NotSupported),
+        ("gs://bucket/prefix", ErrorCode::NotSupported),
+    ] {
+        let err = ArtifactStore::from_url(url).await.unwrap_err();
+        assert_eq!(err.code(), code, "{url}: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Collection
+
+/// A `HostEnv` whose reads of the listed paths fail loudly (and are recorded) instead of
+/// reaching the file: reading one would mean the collector followed a symlink, opened a
+/// FIFO, or read a file it should have refused by size.
+struct Tripwire {
+    inner: HostEnv,
+    forbidden: BTreeSet<PathBuf>,
+    tripped: Mutex<Vec<PathBuf>>,
+}
+
+impl Tripwire {
+    fn check(&self, path: &Path) -> EnvResult<()> {
+        let path = self.inner.absolute(path);
+        if self.forbidden.contains(&path) {
+            self.tripped.lock().unwrap().push(path.clone());
+            return Err(EnvError::new(
+                ErrorCode::PermissionDenied,
+                format!("tripwire: {} must never be read", path.display()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn tripped(&self) -> Vec<PathBuf> {
+        self.tripped.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl FileSystem for Tripwire {
+    fn cwd(&self) -> &Path {
+        self.inner.cwd()
+    }
+    async fn canonical(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+        self.inner.canonical(path, cancel).await
+    }
+    async fn exists(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<bool> {
+        self.inner.exists(path, cancel).await
+    }
+    async fn file_info(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<FileInfo> {
+        self.inner.file_info(path, cancel).await
+    }
+    async fn list_dir(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<DirEntry>> {
+        self.check(path)?;
+        self.inner.list_dir(path, cancel).await
+    }
+    async fn read_text(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<String> {
+        self.check(path)?;
+        self.inner.read_text(path, cancel).await
+    }
+    async fn read_text_lines(
+        &self,
+        path: &Path,
+        max: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<TextLines> {
+        self.check(path)?;
+        self.inner.read_text_lines(path, max, cancel).await
+    }
+    async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
+        self.check(path)?;
+        self.inner.read_bytes(path, cancel).await
+    }
+    async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        self.inner.write(path, data, cancel).await
+    }
+    async fn append(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        self.inner.append(path, data, cancel).await
+    }
+    async fn rename(&self, from: &Path, to: &Path, cancel: &CancellationToken) -> EnvResult<()> {
+        self.inner.rename(from, to, cancel).await
+    }
+    async fn remove(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
+        self.inner.remove(path, recursive, cancel).await
+    }
+    async fn create_dir(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
+        self.inner.create_dir(path, recursive, cancel).await
+    }
+    async fn create_temp_dir(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
+        self.inner.create_temp_dir(prefix, cancel).await
+    }
+    async fn create_temp_file(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
+        self.inner.create_temp_file(prefix, cancel).await
+    }
+    async fn cleanup(&self) -> EnvResult<()> {
+        self.inner.cleanup().await
+    }
+}
+
+#[async_trait]
+impl Shell for Tripwire {
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<ExecStream> {
+        self.inner.exec_stream(request, cancel).await
+    }
+}
+
+#[async_trait]
+impl ExecutionEnv for Tripwire {
+    fn backend(&self) -> &'static str {
+        "tripwire"
+    }
+    fn boundary(&self) -> Boundary {
+        Boundary::None
+    }
+}
+
+/// A workspace in a temp dir, seen through a `HostEnv` (wrapped in a [`Tripwire`]).
+struct Workspace {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    /// Outside the workspace: what a symlink may point at.
+    outside: PathBuf,
+    env: Tripwire,
+}
+
+impl Workspace {
+    fn new() -> Self {
+        Self::forbidding(&[])
+    }
+
+    /// `forbidden` are paths relative to the workspace that must never be read.
+    fn forbidding(forbidden: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("workspace");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        let env = Tripwire {
+            inner: HostEnv::new(&root, dir.path().join("tmp")),
+            forbidden: forbidden.iter().map(|p| root.join(p)).collect(),
+            tripped: Mutex::new(Vec::new()),
+        };
+        Workspace {
+            _dir: dir,
+            root,
+            outside,
+            env,
+        }
+    }
+
+    fn write(&self, rel: &str, content: &[u8]) {
+        let path = self.root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+
+    /// Collects the workspace; whatever the outcome, nothing forbidden was read.
+    async fn collect(
+        &self,
+        inputs: &BTreeMap<PathBuf, String>,
+        limits: CollectLimits,
+    ) -> Result<Vec<CollectedFile>, StoreError> {
+        let result = collect_artifacts(
+            &self.env,
+            &self.root,
+            inputs,
+            limits,
+            &CancellationToken::new(),
+        )
+        .await;
+        assert_eq!(self.env.tripped(), Vec::<PathBuf>::new(), "{result:?}");
+        result
+    }
+}
+
+fn paths(files: &[CollectedFile]) -> Vec<&str> {
+    files.iter().map(|f| f.path.as_str()).collect()
+}
+
+fn no_inputs() -> BTreeMap<PathBuf, String> {
+    BTreeMap::new()
+}
+
+fn roomy() -> CollectLimits {
+    CollectLimits {
+        max_files: 100,
+        max_total_bytes: 1 << 20,
+        max_file_bytes: 1 << 20,
+    }
+}
+
+fn input(rel: &str, content: &[u8]) -> (PathBuf, String) {
+    (PathBuf::from(rel), sha256_hex(content))
+}
+
+#[tokio::test]
+async fn new_files_are_collected_with_their_content_sorted_by_path() {
+    let ws = Workspace::new();
+    ws.write("report.md", b"# Report\n");
+    ws.write("a/b/c/deep.txt", b"deep");
+    ws.write("a.txt", b"sibling of dir a");
+    ws.write("a/z.bin", &[0, 1, 2, 255]);
+    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    // "a.txt" sorts before "a/…" ('.' < '/'), though the walk meets dir "a" first.
+    assert_eq!(
+        paths(&files),
+        ["a.txt", "a/b/c/deep.txt", "a/z.bin", "report.md"]
+    );
+    let deep = &files[1];
+    assert_eq!(deep.bytes, Bytes::from_static(b"deep"));
+    assert_eq!(deep.size, 4);
+    assert_eq!(deep.sha256, sha256_hex(b"deep"));
+    assert_eq!(deep.content_type, "text/plain");
+    assert_eq!(files[2].bytes.as_ref(), &[0, 1, 2, 255]);
+}
+
+#[tokio::test]
+async fn an_empty_workspace_collects_nothing() {
+    let ws = Workspace::new();
+    std::fs::create_dir_all(ws.root.join("empty/dirs")).unwrap();
+    assert!(ws.collect(&no_inputs(), roomy()).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unchanged_inputs_are_skipped_and_changed_inputs_collected() {
+    let ws = Workspace::new();
+    ws.write("data.csv", b"a,b\n1,2\n");
+    ws.write("template.pptx", b"edited by the script");
+    ws.write("sub/config.json", b"{}");
+    ws.write("out.txt", b"produced");
+    let inputs = BTreeMap::from([
+        input("data.csv", b"a,b\n1,2\n"),
+        input("template.pptx", b"the original template"),
+        // Spelled with a leading "./" and as an absolute path: the same files.
+        input("./sub/config.json", b"{}"),
+        (
+            ws.root.join("out-gone.txt"),
+            sha256_hex(b"deleted by the run"),
+        ),
+    ]);
+    let files = ws.collect(&inputs, roomy()).await.unwrap();
+    assert_eq!(paths(&files), ["out.txt", "template.pptx"]);
+    assert_eq!(files[1].bytes, Bytes::from_static(b"edited by the script"));
+}
+
+#[tokio::test]
+async fn absolute_input_paths_under_the_root_match() {
+    let ws = Workspace::new();
+    ws.write("in/x.txt", b"same");
+    let inputs = BTreeMap::from([(ws.root.join("in/x.txt"), sha256_hex(b"same"))]);
+    assert!(ws.collect(&inputs, roomy()).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn symlinks_are_skipped_and_their_targets_never_read() {
+    let ws = Workspace::forbidding(&["passwd", "secrets", "nested/escape.txt"]);
+    std::fs::write(ws.outside.join("secret.txt"), b"outside the workspace").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", ws.root.join("passwd")).unwrap();
+    std::os::unix::fs::symlink(&ws.outside, ws.root.join("secrets")).unwrap();
+    ws.write("nested/real.txt", b"real");
+    std::os::unix::fs::symlink(
+        ws.outside.join("secret.txt"),
+        ws.root.join("nested/escape.txt"),
+    )
+    .unwrap();
+    // A symlink to a file inside the workspace is skipped too: the file itself is there.
+    std::os::unix::fs::symlink("real.txt", ws.root.join("nested/alias.txt")).unwrap();
+    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    assert_eq!(paths(&files), ["nested/real.txt"]);
+    assert!(
+        files
+            .iter()
+            .all(|f| f.bytes.as_ref() != b"outside the workspace")
+    );
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c_path` is a NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) };
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+#[tokio::test]
+async fn fifos_are_skipped_never_opened() {
+    // Opening a FIFO for reading blocks until a writer comes: the tripwire turns a read
+    // into an error instead of a hung test.
+    let ws = Workspace::forbidding(&["pipe", "sub/pipe2"]);
+    mkfifo(&ws.root.join("pipe"));
+    ws.write("sub/file.txt", b"f");
+    mkfifo(&ws.root.join("sub/pipe2"));
+    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    assert_eq!(paths(&files), ["sub/file.txt"]);
+}
+
+#[tokio::test]
+async fn the_top_level_scratch_dir_is_skipped() {
+    let ws = Workspace::forbidding(&[".tmp", ".tmp/scratch.bin"]);
+    ws.write(".tmp/scratch.bin", b"scratch");
+    // Only the top-level one is the env's scratch area.
+    ws.write("sub/.tmp/kept.txt", b"kept");
+    ws.write(".tmpfile", b"not the dir");
+    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    assert_eq!(paths(&files), [".tmpfile", "sub/.tmp/kept.txt"]);
+}
+
+#[tokio::test]
+async fn content_types_come_from_the_extension() {
+    let ws = Workspace::new();
+    for name in [
+        "deck.pptx",
+        "doc.docx",
+        "page.html",
+        "chart.PNG",
+        "data.json",
+        "notes.md",
+        "noext",
+        "weird.zzqx",
+    ] {
+        ws.write(name, b"x");
+    }
+    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    let types: BTreeMap<&str, &str> = files
+        .iter()
+        .map(|f| (f.path.as_str(), f.content_type.as_str()))
+        .collect();
+    assert_eq!(types["deck.pptx"], PPTX);
+    assert_eq!(
+        types["doc.docx"],
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+    );
+    assert_eq!(types["page.html"], "text/html");
+    assert_eq!(types["chart.PNG"], "image/png");
+    assert_eq!(types["data.json"], "application/json");
+    assert_eq!(types["notes.md"], "text/markdown");
+    assert_eq!(types["noext"], "application/octet-stream");
+    assert_eq!(types["weird.zzqx"], "application/octet-stream");
+}
+
+fn assert_limit(err: &StoreError, limit: &str, path: &str) {
+    assert_eq!(err.code(), ErrorCode::ResourceExhausted, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(limit) && text.contains(path),
+        "{text:?} should name {limit} and {path}"
+    );
+}
+
+#[tokio::test]
+async fn too_many_files_fails_whole() {
+    let ws = Workspace::new();
+    for name in ["1.txt", "2.txt", "3.txt"] {
+        ws.write(name, name.as_bytes());
+    }
+    let limits = CollectLimits {
+        max_files: 2,
+        ..roomy()
+    };
+    let err = ws.collect(&no_inputs(), limits).await.unwrap_err();
+    assert!(matches!(err, StoreError::TooMany { max: 2, .. }), "{err}");
+    assert_limit(&err, "max_files", "3.txt");
+
+    // Exactly at the limit is fine; an unchanged input does not count.
+    std::fs::remove_file(ws.root.join("3.txt")).unwrap();
+    ws.write("input.txt", b"given");
+    let inputs = BTreeMap::from([input("input.txt", b"given")]);
+    assert_eq!(ws.collect(&inputs, limits).await.unwrap().len(), 2);
+    // A changed input does.
+    ws.write("input.txt", b"changed");
+    let err = ws.collect(&inputs, limits).await.unwrap_err();
+    assert_limit(&err, "max_files", "input.txt");
+}
+
+#[tokio::test]
+async fn a_file_over_max_file_bytes_fails_without_being_read() {
+    let ws = Workspace::forbidding(&["big/huge.bin"]);
+    ws.write("small.txt", b"0123456789");
+    ws.write("big/huge.bin", &[7u8; 11]);
+    let limits = CollectLimits {
+        max_file_bytes: 10,
+        ..roomy()
+    };
+    let err = ws.collect(&no_inputs(), limits).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::TooLarge {
+                limit: CollectLimit::MaxFileBytes,
+                size: 11,
+                max: 10,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_limit(&err, "max_file_bytes", "big/huge.bin");
+
+    // At the limit exactly is fine.
+    std::fs::remove_dir_all(ws.root.join("big")).unwrap();
+    assert_eq!(ws.collect(&no_inputs(), limits).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn files_over_max_total_bytes_together_fail_whole() {
+    let ws = Workspace::new();
+    ws.write("a.bin", &[1u8; 6]);
+    ws.write("b.bin", &[2u8; 6]);
+    let limits = CollectLimits {
+        max_total_bytes: 10,
+        ..roomy()
+    };
+    let err = ws.collect(&no_inputs(), limits).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::TooLarge {
+                limit: CollectLimit::MaxTotalBytes,
+                max: 10,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_limit(&err, "max_total_bytes", "b.bin");
+
+    // Unchanged inputs do not count toward the total.
+    let inputs = BTreeMap::from([input("a.bin", &[1u8; 6])]);
+    assert_eq!(
+        paths(&ws.collect(&inputs, limits).await.unwrap()),
+        ["b.bin"]
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_collection_is_aborted() {
+    let ws = Workspace::new();
+    ws.write("a.txt", b"a");
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let err = collect_artifacts(&ws.env, &ws.root, &no_inputs(), roomy(), &cancel)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Aborted, "{err}");
+}
+
+#[tokio::test]
+async fn the_root_must_be_a_real_directory() {
+    let ws = Workspace::new();
+    ws.write("file.txt", b"x");
+    let link = ws.root.join("link");
+    std::os::unix::fs::symlink(&ws.outside, &link).unwrap();
+    for (root, code) in [
+        (ws.root.join("file.txt"), ErrorCode::NotDirectory),
+        (link, ErrorCode::NotDirectory),
+        (ws.root.join("missing"), ErrorCode::NotFound),
+    ] {
+        let err = collect_artifacts(
+            &ws.env,
+            &root,
+            &no_inputs(),
+            roomy(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code(), code, "{}: {err}", root.display());
+    }
+}
+
+#[tokio::test]
+async fn store_all_puts_every_file_and_keeps_the_order() {
+    let ws = Workspace::new();
+    ws.write("deck.pptx", b"slides");
+    ws.write("img/chart.png", b"png bytes");
+    ws.write("img/copy.png", b"png bytes");
+    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(dir.path()).await.unwrap();
+    let stored = store_all(&store, files.clone()).await.unwrap();
+    assert_eq!(stored.len(), 3);
+    for (file, artifact) in files.iter().zip(&stored) {
+        assert_eq!(artifact.path, file.path);
+        assert_eq!(artifact.size, file.size);
+        assert_eq!(artifact.sha256, file.sha256);
+        assert_eq!(artifact.content_type, file.content_type);
+        assert_eq!(store.get(&artifact.sha256).await.unwrap(), file.bytes);
+    }
+    assert_eq!(stored[0].content_type, PPTX);
+    // Two files with the same bytes are one object.
+    assert_eq!(files_under(dir.path()).len(), 2);
+    let json = serde_json::to_value(&stored[0]).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({
+            "path": "deck.pptx",
+            "size": 6,
+            "sha256": sha256_hex(b"slides"),
+            "contentType": PPTX,
+        })
+    );
+}

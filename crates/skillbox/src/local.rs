@@ -1,0 +1,61 @@
+//! The local `SkillSandbox`: the runner in this process, on the data dir.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use skillbox_client::{ClientError, RunRequest, RunResult, SkillSandbox};
+use skillbox_env::CancellationToken;
+use skillbox_run::{Runner, RunnerConfig};
+use skillbox_store::ArtifactStore;
+
+#[derive(Debug)]
+pub struct LocalSandbox {
+    runner: Arc<Runner>,
+    cancel: CancellationToken,
+}
+
+/// The runner over `<data>/objects`, with the Node runtime installed (progress on stderr).
+pub async fn runner(data_dir: &Path) -> Result<Runner, ClientError> {
+    let store = ArtifactStore::local(&data_dir.join("objects"))
+        .await
+        .map_err(|e| ClientError::new(e.code().as_str(), e.to_string()))?;
+    let runner = Runner::new(RunnerConfig::new(data_dir), store);
+    runner
+        .prepare(&|line| eprintln!("skillbox: {line}"))
+        .await
+        .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
+    Ok(runner)
+}
+
+impl LocalSandbox {
+    pub async fn open(data_dir: &Path, cancel: CancellationToken) -> Result<Self, ClientError> {
+        let runner = Arc::new(runner(data_dir).await?);
+        let interrupt = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                interrupt.cancel();
+            }
+        });
+        Ok(LocalSandbox { runner, cancel })
+    }
+}
+
+#[async_trait]
+impl SkillSandbox for LocalSandbox {
+    async fn run(&self, request: RunRequest) -> Result<RunResult, ClientError> {
+        self.runner
+            .run(request, &self.cancel)
+            .await
+            .map_err(|e| ClientError::new(e.code(), e.to_string()))
+    }
+
+    async fn download(&self, sha256: &str) -> Result<Bytes, ClientError> {
+        self.runner
+            .store()
+            .get(sha256)
+            .await
+            .map_err(|e| ClientError::new(e.code().as_str(), e.to_string()))
+    }
+}

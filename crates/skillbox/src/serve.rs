@@ -1,0 +1,99 @@
+//! `skillbox serve` and `skillbox setup`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use skillbox_env::CancellationToken;
+use skillbox_server::ServerConfig;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Runs at once [default: the number of cores]
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Runs that may wait for a slot before new ones get 429 [default: 8 × max-concurrency]
+    #[arg(long)]
+    max_queue: Option<usize>,
+}
+
+pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
+    let runner = match crate::local::runner(data_dir).await {
+        Ok(runner) => Arc::new(runner),
+        Err(e) => {
+            eprintln!("skillbox serve: {e}");
+            return ExitCode::from(crate::EXIT_SETUP_FAILED);
+        }
+    };
+    let mut config = ServerConfig {
+        addr: args.addr,
+        ..ServerConfig::default()
+    };
+    if let Some(n) = args.max_concurrency {
+        if n == 0 {
+            eprintln!("skillbox serve: --max-concurrency must be at least 1");
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+        config.max_concurrency = n;
+        config.max_queue = n * 8;
+    }
+    if let Some(n) = args.max_queue {
+        config.max_queue = n;
+    }
+    let shutdown = CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        trigger.cancel();
+    });
+    eprintln!(
+        "skillbox serve: listening on http://{} (POST /v1/run, GET /openapi.json)",
+        config.addr
+    );
+    match skillbox_server::serve(config, runner, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skillbox serve: {}: {e}", args.addr);
+            ExitCode::from(crate::EXIT_SETUP_FAILED)
+        }
+    }
+}
+
+/// Installs what runs need, with progress; later runs start at once.
+pub async fn setup(data_dir: &Path) -> ExitCode {
+    match crate::local::runner(data_dir).await {
+        Ok(runner) => {
+            eprintln!(
+                "skillbox setup: node runtime at {}",
+                runner.node_runtime().node_modules().display()
+            );
+            let native = skillbox_native::probe();
+            if native.available {
+                eprintln!("skillbox setup: native sandbox available");
+            } else {
+                eprintln!(
+                    "skillbox setup: native sandbox unavailable: {}",
+                    native.reason.unwrap_or_default()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("skillbox setup: {e}");
+            ExitCode::from(crate::EXIT_SETUP_FAILED)
+        }
+    }
+}
