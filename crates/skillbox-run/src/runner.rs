@@ -337,14 +337,13 @@ impl Runner {
             .await
             .map_err(RunError::from_env)?;
 
-        let collected =
-            collect_artifacts(env, workspace, &inputs, self.config.collect, cancel)
-                .await
-                .map_err(|e| match e.code() {
-                    ErrorCode::ResourceExhausted => RunError::TooLarge(e.to_string()),
-                    ErrorCode::Aborted => RunError::Aborted,
-                    _ => RunError::Internal(e.to_string()),
-                })?;
+        let collected = collect_artifacts(env, workspace, &inputs, self.config.collect, cancel)
+            .await
+            .map_err(|e| match e.code() {
+                ErrorCode::ResourceExhausted => RunError::TooLarge(e.to_string()),
+                ErrorCode::Aborted => RunError::Aborted,
+                _ => RunError::Internal(e.to_string()),
+            })?;
         let stored = store_all(&self.store, collected)
             .await
             .map_err(|e| RunError::Internal(e.to_string()))?;
