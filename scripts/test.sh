@@ -16,6 +16,7 @@ install_missing() {
   command -v python3 >/dev/null || missing+=(python3)
   command -v setpriv >/dev/null || missing+=(util-linux)
   command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${missing[*]}"
