@@ -281,6 +281,31 @@ fetch("http://127.0.0.1:{port}/").then(() => console.log("fetch ALLOWED"), (e) =
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_out_skips_symlinks_and_special_files_and_never_leaves_the_workspace() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let script = "echo ok > real.txt; ln real.txt hard.txt; ln -s /etc/passwd leak; \
+                  ln -s ../../../../etc/hostname leak2; mkfifo pipe; mkdir -p sub; ln -s / sub/root; \
+                  ln /etc/passwd stolen 2>/dev/null || echo no-cross-mount-link";
+    let result = server
+        .run(json!({"script": script, "language": "sh"}))
+        .await;
+    assert_eq!(result["exitCode"], 0, "{result}");
+    assert_eq!(
+        result["stdout"], "no-cross-mount-link\n",
+        "a hard link to a file outside /workspace must fail"
+    );
+    let paths: Vec<&str> = result["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["hard.txt", "real.txt"], "{result}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_clear_4xx() {
     let Some(server) = default_server().await else {
         return;

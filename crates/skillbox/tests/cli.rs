@@ -485,15 +485,25 @@ fn shared_data_dir() -> std::path::PathBuf {
 }
 
 fn example(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
 }
 
 fn assert_workspacex_deck(path: &Path) {
     let deck = skillbox_pptx::verify_file(path).expect("a real pptx");
     assert_eq!(deck.slide_count(), 3);
     assert!(deck.contains(1, "WorkspaceX"), "{}", deck.text_of(1));
-    assert!(deck.contains(2, "Pay only for the days you use"), "{}", deck.text_of(2));
-    assert!(deck.contains(3, "hello@workspacex.example"), "{}", deck.text_of(3));
+    assert!(
+        deck.contains(2, "Pay only for the days you use"),
+        "{}",
+        deck.text_of(2)
+    );
+    assert!(
+        deck.contains(3, "hello@workspacex.example"),
+        "{}",
+        deck.text_of(3)
+    );
 }
 
 /// The README's main command: a real deck out of `skillbox run`.
@@ -505,28 +515,56 @@ fn run_makes_the_example_deck() {
     let out = tempfile::tempdir().unwrap();
     let result = skillbox(
         &shared_data_dir(),
-        &["run", example("workspacex-deck.js").to_str().unwrap(), "--out", out.path().to_str().unwrap()],
+        &[
+            "run",
+            example("workspacex-deck.js").to_str().unwrap(),
+            "--out",
+            out.path().to_str().unwrap(),
+        ],
     );
     assert!(result.status.success(), "{}", text(&result.stderr));
     assert_eq!(text(&result.stdout), "wrote workspacex.pptx\n");
-    assert!(text(&result.stderr).contains("made "), "{}", text(&result.stderr));
+    assert!(
+        text(&result.stderr).contains("made "),
+        "{}",
+        text(&result.stderr)
+    );
     assert_workspacex_deck(&out.path().join("workspacex.pptx"));
     // --json is the same object as POST /v1/run.
-    let result = skillbox(&shared_data_dir(), &["run", "--json", example("workspacex-deck.js").to_str().unwrap()]);
+    let result = skillbox(
+        &shared_data_dir(),
+        &[
+            "run",
+            "--json",
+            example("workspacex-deck.js").to_str().unwrap(),
+        ],
+    );
     let json: Value = serde_json::from_slice(&result.stdout).unwrap();
     assert_eq!(json["exitCode"], 0);
     assert_eq!(json["files"][0]["path"], "workspacex.pptx");
-    assert!(json["files"][0]["url"].as_str().unwrap().starts_with("/v1/objects/"));
+    assert!(
+        json["files"][0]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("/v1/objects/")
+    );
     // A script error is the script's exit status, with its stderr.
     let bad = tempfile::Builder::new().suffix(".js").tempfile().unwrap();
     std::fs::write(bad.path(), "throw new Error('boom from the script')").unwrap();
     let result = skillbox(&shared_data_dir(), &["run", bad.path().to_str().unwrap()]);
     assert_eq!(result.status.code(), Some(1));
-    assert!(text(&result.stderr).contains("boom from the script"), "{}", text(&result.stderr));
+    assert!(
+        text(&result.stderr).contains("boom from the script"),
+        "{}",
+        text(&result.stderr)
+    );
     // Bad usage: one line, exit 2.
     let result = skillbox(&shared_data_dir(), &["run", "/no/such/script.js"]);
     assert_eq!(result.status.code(), Some(2));
-    let result = skillbox(&shared_data_dir(), &["run", bad.path().to_str().unwrap(), "--lang", "cobol"]);
+    let result = skillbox(
+        &shared_data_dir(),
+        &["run", bad.path().to_str().unwrap(), "--lang", "cobol"],
+    );
     assert_eq!(result.status.code(), Some(2));
 }
 
@@ -536,7 +574,11 @@ fn run_remote_goes_through_serve() {
     if !native_or_skip("run_remote_goes_through_serve") {
         return;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("127.0.0.1:{port}");
     let mut server = Command::new(BIN)
         .arg("--data-dir")
@@ -547,8 +589,14 @@ fn run_remote_goes_through_serve() {
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(std::time::Instant::now() < deadline, "skillbox serve did not start");
-        assert!(server.try_wait().unwrap().is_none(), "skillbox serve exited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "skillbox serve did not start"
+        );
+        assert!(
+            server.try_wait().unwrap().is_none(),
+            "skillbox serve exited"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let out = tempfile::tempdir().unwrap();
@@ -569,5 +617,8 @@ fn run_remote_goes_through_serve() {
     let status = server.wait().unwrap();
     assert!(result.status.success(), "{}", text(&result.stderr));
     assert_workspacex_deck(&out.path().join("workspacex.pptx"));
-    assert!(status.success(), "serve should stop cleanly on SIGTERM: {status:?}");
+    assert!(
+        status.success(),
+        "serve should stop cleanly on SIGTERM: {status:?}"
+    );
 }
