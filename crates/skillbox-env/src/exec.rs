@@ -104,6 +104,9 @@ impl ExecRequest {
         if self.timeout == Some(Duration::ZERO) {
             return Err(EnvError::invalid("timeout: must be greater than 0"));
         }
+        if self.timeout.is_some_and(|t| t > crate::limits::MAX_TIMEOUT) {
+            return Err(EnvError::invalid("timeout: at most 24 hours"));
+        }
         Ok(())
     }
 }

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1024 * 1024;
 
+/// The longest wall-clock limit anything accepts.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// Resource limits of a sandbox. `None` means "not limited by this layer"; a backend
 /// that cannot enforce a `Some` limit refuses with `unavailable` rather than dropping it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,8 +59,8 @@ impl Limits {
 
     /// Checks the values once, so backends can take them as they are.
     pub fn validate(&self) -> Result<(), String> {
-        if self.timeout_ms == 0 {
-            return Err("timeoutMs must be greater than 0".into());
+        if self.timeout_ms == 0 || Duration::from_millis(self.timeout_ms) > MAX_TIMEOUT {
+            return Err("timeoutMs must be between 1 and 86400000 (24 hours)".into());
         }
         if self.memory_bytes == Some(0) {
             return Err("memoryBytes must be greater than 0".into());

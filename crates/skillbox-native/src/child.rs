@@ -80,6 +80,7 @@ pub const STEP_STDIO: u32 = 13;
 pub const STEP_CHDIR: u32 = 14;
 pub const STEP_EXEC: u32 = 15;
 pub const STEP_IDS: u32 = 16;
+pub const STEP_CLOSE_FDS: u32 = 17;
 pub const STEP_MOUNT: u32 = 1000;
 /// `STEP_OPEN_TREE + index`: capturing a bind source failed.
 pub const STEP_OPEN_TREE: u32 = 100_000;
@@ -267,18 +268,22 @@ unsafe fn loopback_up() -> libc::c_long {
 }
 
 /// Closes every fd except those in `keep` (sorted ascending).
-unsafe fn close_all_but(keep: &[i32]) {
+/// Closes every fd except those in `keep` (sorted ascending). Returns -1 if the kernel
+/// refused (then fds could leak into the sandbox: the caller fails the setup).
+unsafe fn close_all_but(keep: &[i32]) -> libc::c_long {
     let mut next: u32 = 0;
     for &fd in keep {
         let fd = fd as u32;
         if fd > next {
             // SAFETY: closing a range of our own fds.
-            unsafe { libc::syscall(libc::SYS_close_range, next, fd - 1, 0u32) };
+            if unsafe { libc::syscall(libc::SYS_close_range, next, fd - 1, 0u32) } < 0 {
+                return -1;
+            }
         }
         next = fd + 1;
     }
     // SAFETY: as above.
-    unsafe { libc::syscall(libc::SYS_close_range, next, u32::MAX, 0u32) };
+    unsafe { libc::syscall(libc::SYS_close_range, next, u32::MAX, 0u32) }
 }
 
 unsafe fn drop_capabilities() -> libc::c_long {
@@ -478,7 +483,7 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
             fds.sync, fds.error, fds.status, fds.stdin, fds.stdout, fds.stderr,
         ];
         keep.sort_unstable();
-        close_all_but(&keep);
+        check(fds, STEP_CLOSE_FDS, close_all_but(&keep));
 
         // Nothing in the sandbox may read or trace init's memory.
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
@@ -556,11 +561,15 @@ unsafe fn payload_main(plan: &ChildPlan) -> ! {
         check(fds, STEP_STDIO, libc::dup2(fds.stdin, 0) as _);
         check(fds, STEP_STDIO, libc::dup2(fds.stdout, 1) as _);
         check(fds, STEP_STDIO, libc::dup2(fds.stderr, 2) as _);
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
+        check(
+            fds,
+            STEP_CLOSE_FDS,
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            ),
         );
         check(fds, STEP_CHDIR, libc::chdir(plan.cwd.as_ptr()) as _);
 

@@ -580,6 +580,8 @@ impl FileSystem for NativeSandbox {
 
     async fn cleanup(&self) -> EnvResult<()> {
         // End every exec still running: each kills its namespace tree and reaps it.
+        self.cleaned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.shutdown.cancel();
         self.running.close();
         self.running.wait().await;

@@ -326,10 +326,12 @@ pub fn plan(
                 mount.sandbox.display()
             )));
         }
-        let reserved = ["/", "/proc", "/dev", "/tmp", WORKSPACE];
-        if reserved.iter().any(|r| sandbox == Path::new(r)) {
+        // Never at or under a directory the sandbox writes or the kernel fills: init
+        // would build the mount point through paths the payload controls.
+        let reserved = ["/proc", "/dev", "/tmp", WORKSPACE];
+        if sandbox == Path::new("/") || reserved.iter().any(|r| sandbox.starts_with(r)) {
             return Err(EnvError::invalid(format!(
-                "policy.readOnlyMounts: {} is reserved by the sandbox",
+                "policy.readOnlyMounts: {} is at or under a directory the sandbox owns (/, /proc, /dev, /tmp, /workspace)",
                 sandbox.display()
             )));
         }
@@ -391,6 +393,7 @@ pub fn describe_step(layout: &Layout, step: u32) -> String {
         STEP_FORK => "pid_ns: forking the payload".into(),
         STEP_STDIO => "stdio: dup2".into(),
         STEP_IDS => "user_ns: switching to the sandbox user".into(),
+        STEP_CLOSE_FDS => "fds: close_range (Linux 5.9+)".into(),
         n if n >= STEP_OPEN_TREE => match layout.mounts.get((n - STEP_OPEN_TREE) as usize) {
             Some(MountOp::Bind { source, .. }) => format!(
                 "mount_ns: open_tree {} (Linux 5.2+)",

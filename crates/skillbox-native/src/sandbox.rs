@@ -2,7 +2,7 @@
 //! one workspace, in which every exec gets a fresh namespace tree.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::cgroup::{self, ExecCgroup};
 use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC};
 use crate::layout::{self, Root, WORKSPACE};
-use crate::spawn::{self, HostIds, Started};
+use crate::spawn::{self, HostIds, InitProcess, Started};
 use crate::{landlock, seccomp};
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -78,6 +78,9 @@ pub struct NativeSandbox {
     pub(crate) shutdown: CancellationToken,
     /// The exec tasks, so `cleanup` can wait until their processes are gone.
     pub(crate) running: TaskTracker,
+    /// Set by `cleanup`; a sandbox dropped without it still ends its execs and
+    /// removes its directory.
+    pub(crate) cleaned: std::sync::atomic::AtomicBool,
     cgroup_host: &'static cgroup::Host,
 }
 
@@ -249,6 +252,7 @@ impl NativeSandbox {
             temps: Mutex::new(Vec::new()),
             shutdown: CancellationToken::new(),
             running: TaskTracker::new(),
+            cleaned: std::sync::atomic::AtomicBool::new(false),
             cgroup_host,
         })
     }
@@ -362,36 +366,13 @@ fn read_record(bytes: &[u8]) -> Option<(u32, i32)> {
     Some((step, errno))
 }
 
-/// Kills the sandbox's init (and so its whole pid namespace) through the pidfd.
-fn kill(pidfd: &OwnedFd) {
-    // SAFETY: signalling our own child through its pidfd; harmless if it already exited.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            0usize,
-            0u32,
-        )
-    };
-}
-
-/// Waits for init to exit and reaps it.
-async fn reap(pidfd: &AsyncFd<OwnedFd>, pid: i32) {
-    loop {
-        let mut status = 0;
-        // SAFETY: non-blocking wait on our own child.
-        let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if rc != 0 {
-            return;
-        }
-        match pidfd.readable().await {
+/// Waits for init to exit and reaps it. (Dropping the `InitProcess` instead kills it.)
+async fn reap(watch: &AsyncFd<OwnedFd>, init: &mut InitProcess) {
+    while !init.try_reap() {
+        match watch.readable().await {
             Ok(mut guard) => guard.clear_ready(),
-            Err(_) => {
-                // SAFETY: blocking wait on our own child as a last resort.
-                unsafe { libc::waitpid(pid, &mut status, 0) };
-                return;
-            }
+            // Without the watch, poll: a rare fallback, never the normal path.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
         }
     }
 }
@@ -437,8 +418,7 @@ impl Shell for NativeSandbox {
             None
         };
         let Started {
-            pid,
-            pidfd,
+            mut init,
             stdin,
             stdout,
             stderr,
@@ -450,9 +430,12 @@ impl Shell for NativeSandbox {
         let spawned_at = Instant::now();
         let spawn_ms = started_at.elapsed().as_millis();
         tracing::debug!(spawn_ms, "native: sandbox cloned");
+        let watch = init
+            .watch_fd()
+            .map_err(|e| EnvError::io(&e, "watch", "sandbox init"))?;
         // SAFETY: the OwnedFd stays open and unchanged inside the AsyncFd until it drops.
-        let pidfd =
-            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+        let watch =
+            unsafe { AsyncFd::register_with_interest(watch, tokio::io::Interest::READABLE) }
                 .map_err(|e| EnvError::io(&e.into(), "watch", "sandbox init"))?;
         let pipe_err = |e: std::io::Error| EnvError::io(&e, "pipe", "sandbox");
 
@@ -485,8 +468,8 @@ impl Shell for NativeSandbox {
         let exec_errno = match setup {
             Ok(exec_errno) => exec_errno,
             Err(e) => {
-                kill(pidfd.get_ref());
-                reap(&pidfd, pid).await;
+                init.kill();
+                reap(&watch, &mut init).await;
                 return Err(e);
             }
         };
@@ -523,10 +506,14 @@ impl Shell for NativeSandbox {
             let mut timed_out = false;
             let mut aborted = false;
             tokio::select! {
-                () = reap(&pidfd, pid) => {}
-                () = tokio::time::sleep_until(deadline) => { timed_out = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
-                () = cancel.cancelled() => { aborted = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
-                () = shutdown.cancelled() => { aborted = true; kill(pidfd.get_ref()); reap(&pidfd, pid).await; }
+                () = reap(&watch, &mut init) => {}
+                () = tokio::time::sleep_until(deadline) => { timed_out = true; }
+                () = cancel.cancelled() => { aborted = true; }
+                () = shutdown.cancelled() => { aborted = true; }
+            }
+            if !init.try_reap() {
+                init.kill();
+                reap(&watch, &mut init).await;
             }
             let truncated = Truncated {
                 stdout: stdout_task.await.unwrap_or(false),
@@ -542,7 +529,10 @@ impl Shell for NativeSandbox {
                 }
             };
             let limit_hit = cgroup.as_ref().and_then(|cg| cg.limit_hit());
-            drop(cgroup);
+            // Removing the cgroup may wait for the kernel to let go: not on this thread.
+            if let Some(cgroup) = cgroup {
+                tokio::task::spawn_blocking(move || drop(cgroup));
+            }
             if aborted {
                 let _ = tx.send(Err(EnvError::aborted("exec"))).await;
                 return;
@@ -577,6 +567,22 @@ impl Shell for NativeSandbox {
             let _ = tx.send(Ok(ExecEvent::Exit(output))).await;
         });
         Ok(stream)
+    }
+}
+
+impl Drop for NativeSandbox {
+    fn drop(&mut self) {
+        if self.cleaned.load(Ordering::SeqCst) {
+            return;
+        }
+        // Dropped without cleanup (a cancelled caller): every running exec kills its
+        // namespace tree when it sees this, and the sandbox's own directory goes now.
+        self.shutdown.cancel();
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "native: cannot remove a dropped sandbox");
+        }
     }
 }
 

@@ -24,6 +24,7 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
 const RET_KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
 const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | (libc::EPERM as u32);
+const RET_EAFNOSUPPORT: u32 = libc::SECCOMP_RET_ERRNO | (libc::EAFNOSUPPORT as u32);
 const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | (libc::ENOSYS as u32);
 
 /// Namespace flags that `clone(2)` may not carry (CLONE_NEWTIME is clone3-only).
@@ -122,6 +123,24 @@ pub fn filter() -> Vec<sock_filter> {
     for nr in denied_syscalls() {
         prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr as u32, 0, 1));
         prog.push(stmt(BPF_RET | BPF_K, RET_EPERM));
+    }
+    // Sockets only of the families a script may need: unix, IPv4/6 (which the empty
+    // network namespace confines) and netlink (interface lists). Not vsock, which is not
+    // namespaced and can reach a hypervisor, nor packet, bluetooth, can and the rest.
+    for nr in [libc::SYS_socket, libc::SYS_socketpair] {
+        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr as u32, 0, 7));
+        prog.push(stmt(BPF_LD | BPF_W | BPF_ABS, OFFSET_ARG0_LO));
+        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_UNIX as u32, 4, 0));
+        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET as u32, 3, 0));
+        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET6 as u32, 2, 0));
+        prog.push(jump(
+            BPF_JMP | BPF_JEQ | BPF_K,
+            libc::AF_NETLINK as u32,
+            1,
+            0,
+        ));
+        prog.push(stmt(BPF_RET | BPF_K, RET_EAFNOSUPPORT));
+        prog.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
     }
     // clone3 passes its flags behind a pointer BPF cannot read: make libc fall back to
     // clone(2), whose flags we can check.

@@ -28,11 +28,74 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// The uid and gid of the sandbox's user, inside.
 pub const SANDBOX_ID: u32 = 1000;
 
+/// The sandbox's init, owned: dropping it before it was reaped kills it (and with it
+/// the whole pid namespace) and reaps it, so no path can leave a sandbox running
+/// unsupervised.
+#[derive(Debug)]
+pub struct InitProcess {
+    pid: i32,
+    pidfd: OwnedFd,
+    reaped: bool,
+}
+
+impl InitProcess {
+    /// Kills the whole sandbox (harmless once it has exited).
+    pub fn kill(&self) {
+        // SAFETY: signalling our own child through its pidfd.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                0usize,
+                0u32,
+            )
+        };
+    }
+
+    /// Reaps init if it has exited; true once reaped.
+    pub fn try_reap(&mut self) -> bool {
+        if !self.reaped {
+            let mut status = 0;
+            // SAFETY: a non-blocking wait on our own child.
+            let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+            // -1 (ECHILD) means someone else reaped it: nothing left to wait for.
+            self.reaped = rc != 0;
+        }
+        self.reaped
+    }
+
+    /// A second fd for the same process, to wait on asynchronously.
+    pub fn watch_fd(&self) -> std::io::Result<OwnedFd> {
+        self.pidfd.try_clone()
+    }
+}
+
+impl Drop for InitProcess {
+    fn drop(&mut self) {
+        if self.try_reap() {
+            return;
+        }
+        self.kill();
+        let pid = self.pid;
+        // The namespace takes a moment to die; reap it off this thread.
+        let reaper = std::thread::Builder::new()
+            .name("skillbox-reaper".into())
+            .spawn(move || {
+                let mut status = 0;
+                // SAFETY: a blocking wait on our own, already killed, child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+            });
+        if let Err(e) = reaper {
+            tracing::warn!(pid, error = %e, "cannot start a reaper thread; a zombie remains until exit");
+        }
+    }
+}
+
 /// What the parent keeps of a started sandbox.
 #[derive(Debug)]
 pub struct Started {
-    pub pid: i32,
-    pub pidfd: OwnedFd,
+    pub init: InitProcess,
     pub stdin: OwnedFd,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
@@ -257,8 +320,11 @@ fn clone_sandbox(
     }
     let [stdin, stdout, stderr, error, status] = pipes.parent;
     Ok(Started {
-        pid,
-        pidfd,
+        init: InitProcess {
+            pid,
+            pidfd,
+            reaped: false,
+        },
         stdin,
         stdout,
         stderr,

@@ -311,15 +311,27 @@ impl Runner {
     ) -> Result<RunResult, RunError> {
         let workspace = Path::new(WORKSPACE);
         let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
-        for (path, bytes) in &checked.files {
+        for (index, (path, bytes)) in checked.files.iter().enumerate() {
+            // A clash between inputs (`a` and `a/b`, a file over a dir) is the request's fault.
+            let input_error = |e: EnvError| match e.code {
+                ErrorCode::NotDirectory
+                | ErrorCode::IsDirectory
+                | ErrorCode::AlreadyExists
+                | ErrorCode::Invalid => RunError::Invalid(format!(
+                    "files[{index}].path: {}: {}",
+                    path.display(),
+                    e.message
+                )),
+                _ => RunError::from_env(e),
+            };
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 env.create_dir(&workspace.join(parent), true, cancel)
                     .await
-                    .map_err(RunError::from_env)?;
+                    .map_err(input_error)?;
             }
             env.write(&workspace.join(path), bytes, cancel)
                 .await
-                .map_err(RunError::from_env)?;
+                .map_err(input_error)?;
             inputs.insert(path.clone(), sha256_hex(bytes));
         }
         let script = script_name(checked.language);

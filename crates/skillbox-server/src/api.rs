@@ -95,6 +95,26 @@ impl AppState {
 #[derive(Debug)]
 pub struct ApiDoc;
 
+/// Counts one up while alive.
+struct Gauge<'a> {
+    counter: &'a std::sync::atomic::AtomicU64,
+    /// The value before this one was counted.
+    before: u64,
+}
+
+impl<'a> Gauge<'a> {
+    fn up(counter: &'a std::sync::atomic::AtomicU64) -> Self {
+        let before = counter.fetch_add(1, Ordering::SeqCst);
+        Gauge { counter, before }
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// An error answer: `{"error":{"code","message"}}`.
 #[derive(Debug)]
 struct Failure {
@@ -210,12 +230,13 @@ async fn run(
 ) -> Result<Json<RunResult>, Failure> {
     let Json(request) = body.map_err(json_rejection)?;
     let metrics = &state.metrics;
-    // Admission: a slot, or a place in the queue, or 429.
-    let waiting = metrics.queued.fetch_add(1, Ordering::SeqCst);
+    // Admission: a slot, or a place in the queue, or 429. The gauges are guards, so a
+    // client that goes away while queued or running does not leave them counted.
+    let queued = Gauge::up(&metrics.queued);
     let permit = match state.slots.clone().try_acquire_owned() {
         Ok(permit) => permit,
-        Err(_) if waiting as usize >= state.config.max_queue => {
-            metrics.queued.fetch_sub(1, Ordering::SeqCst);
+        Err(_) if queued.before as usize >= state.config.max_queue => {
+            drop(queued);
             metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
             let mut failure = Failure::new(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -231,7 +252,6 @@ async fn run(
         Err(_) => match state.slots.clone().acquire_owned().await {
             Ok(permit) => permit,
             Err(_) => {
-                metrics.queued.fetch_sub(1, Ordering::SeqCst);
                 return Err(Failure::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
@@ -240,19 +260,30 @@ async fn run(
             }
         },
     };
-    metrics.queued.fetch_sub(1, Ordering::SeqCst);
-    metrics.in_flight.fetch_add(1, Ordering::SeqCst);
-    let started = Instant::now();
-    // A client that goes away cancels its run (the handler future is dropped; the
-    // sandbox still gets removed by the runner's drop-safe cleanup path).
+    drop(queued);
+    // The run lives in its own task: if the client goes away, this handler is dropped,
+    // the token is cancelled, and the run still ends properly and removes its sandbox.
     let cancel = state.runs.child_token();
-    let _guard = cancel.clone().drop_guard();
-    let result = state.runner.run(request, &cancel).await;
-    drop(permit);
-    metrics.in_flight.fetch_sub(1, Ordering::SeqCst);
-    metrics
-        .run_millis_total
-        .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    let runner = state.runner.clone();
+    let task_metrics = state.metrics.clone();
+    let task = tokio::spawn(async move {
+        let _running = Gauge::up(&task_metrics.in_flight);
+        let started = Instant::now();
+        let result = runner.run(request, &cancel).await;
+        drop(permit);
+        task_metrics
+            .run_millis_total
+            .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        result
+    });
+    let result = task.await.map_err(|e| {
+        Failure::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "unknown",
+            format!("the run failed: {e}"),
+        )
+    })?;
     match result {
         Ok(result) => {
             let counter = if result.limit_hit.is_some() || result.timed_out {

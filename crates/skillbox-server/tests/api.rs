@@ -482,3 +482,22 @@ async fn a_full_queue_answers_429_with_retry_after() {
     assert!(is_error(&response.json().await.unwrap(), "overloaded"));
     assert_eq!(slow.await.unwrap(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clashing_inputs_are_the_requests_fault() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let (status, json) = server
+        .post("/v1/run", &json!({"script": "true", "language": "sh", "files": [{"path": "a", "content": "x"}, {"path": "a/b", "content": "y"}]}))
+        .await;
+    assert_eq!(status, 400, "{json}");
+    assert!(is_error(&json, "invalid"), "{json}");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("files[1].path"),
+        "{json}"
+    );
+}

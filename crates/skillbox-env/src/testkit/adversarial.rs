@@ -894,6 +894,11 @@ attempt('packet_dgram', sock(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(3
 attempt('inet_raw', sock(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
 attempt('inet_raw_tcp', sock(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP))
 attempt('inet6_raw', sock(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6))
+# vsock is not namespaced: it could reach the hypervisor (CID 2) past an empty netns.
+attempt('vsock_stream', sock(40, socket.SOCK_STREAM, 0))
+attempt('vsock_dgram', sock(40, socket.SOCK_DGRAM, 0))
+attempt('bluetooth', sock(31, socket.SOCK_RAW, 1))
+attempt('can_raw', sock(29, socket.SOCK_RAW, 1))
 "#;
     let out = harness(env, body, "", test).await;
     if harness_supported(&out, test) {
@@ -905,6 +910,10 @@ attempt('inet6_raw', sock(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV
                 "inet_raw",
                 "inet_raw_tcp",
                 "inet6_raw",
+                "vsock_stream",
+                "vsock_dgram",
+                "bluetooth",
+                "can_raw",
             ],
             test,
         );
