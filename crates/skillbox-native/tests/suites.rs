@@ -30,7 +30,7 @@ skillbox_env::adversarial_suite!(make_env);
 /// runs in it and removes its directory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_sandbox_ends_its_execs_and_removes_its_dir() {
-    use skillbox_env::{CancellationToken, ExecEvent, ExecRequest, Shell};
+    use skillbox_env::{CancellationToken, ExecEvent, ExecRequest};
     let made = make_env(skillbox_env::testkit::spec()).await;
     let Some(env) = skillbox_env::testkit::require(made, "a_dropped_sandbox") else {
         return;
