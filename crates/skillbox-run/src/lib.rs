@@ -6,5 +6,7 @@
 mod runner;
 mod runtime;
 
-pub use runner::{RunError, Runner, RunnerConfig};
+pub use runner::{
+    NODE_MODULES, RunError, Runner, RunnerConfig, object_url, script_command, script_name,
+};
 pub use runtime::{NodeRuntime, RuntimeError};

@@ -19,7 +19,7 @@ use crate::runtime::NodeRuntime;
 
 const WORKSPACE: &str = "/workspace";
 /// Where the preinstalled Node packages appear (Node walks up to it from /workspace).
-const NODE_MODULES: &str = "/node_modules";
+pub const NODE_MODULES: &str = "/node_modules";
 /// Inputs and the script together.
 const MAX_INPUT_BYTES: usize = 32 * 1024 * 1024;
 const MAX_FILES: usize = 1000;
@@ -198,7 +198,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The script's file in the workspace (a dot-file: it is an input, not an artifact).
-fn script_name(language: Language) -> &'static str {
+pub fn script_name(language: Language) -> &'static str {
     match language {
         Language::Node => ".skillbox-main.js",
         Language::Python => ".skillbox-main.py",
@@ -209,7 +209,7 @@ fn script_name(language: Language) -> &'static str {
 /// The command that runs the script. Node runs under its permission model too (a
 /// second layer inside the sandbox, never instead of it): reads only the runtime and
 /// `/workspace`, writes only `/workspace` and `/tmp`, no child processes, no workers.
-fn command(language: Language, script: &str) -> Vec<String> {
+pub fn script_command(language: Language, script: &str) -> Vec<String> {
     match language {
         Language::Node => vec![
             "node".into(),
@@ -340,10 +340,12 @@ impl Runner {
             .map_err(RunError::from_env)?;
         inputs.insert(PathBuf::from(script), sha256_hex(checked.script.as_bytes()));
 
-        let request =
-            ExecRequest::argv(command(checked.language, &format!("{WORKSPACE}/{script}")))
-                .cwd(WORKSPACE)
-                .timeout(std::time::Duration::from_millis(checked.timeout_ms));
+        let request = ExecRequest::argv(script_command(
+            checked.language,
+            &format!("{WORKSPACE}/{script}"),
+        ))
+        .cwd(WORKSPACE)
+        .timeout(std::time::Duration::from_millis(checked.timeout_ms));
         let output = env
             .exec(request, cancel)
             .await
@@ -361,15 +363,12 @@ impl Runner {
             .map_err(|e| RunError::Internal(e.to_string()))?;
         let files = stored
             .into_iter()
-            .map(|a| {
-                let name = a.path.rsplit('/').next().unwrap_or(&a.path).to_string();
-                ArtifactInfo {
-                    url: format!("/v1/objects/{}?name={}", a.sha256, percent_encode(&name)),
-                    path: a.path,
-                    size: a.size,
-                    sha256: a.sha256,
-                    content_type: a.content_type,
-                }
+            .map(|a| ArtifactInfo {
+                url: object_url(&a.sha256, &a.path),
+                path: a.path,
+                size: a.size,
+                sha256: a.sha256,
+                content_type: a.content_type,
             })
             .collect();
         Ok(RunResult {
@@ -384,6 +383,12 @@ impl Runner {
             files,
         })
     }
+}
+
+/// The download URL of an artifact: `/v1/objects/{sha256}?name={file name}`.
+pub fn object_url(sha256: &str, path: &str) -> String {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    format!("/v1/objects/{sha256}?name={}", percent_encode(name))
 }
 
 /// Percent-encodes everything but unreserved characters (for the `name` query value).

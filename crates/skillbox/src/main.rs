@@ -1,5 +1,6 @@
 //! The `skillbox` binary: `doctor` and `exec` (DESIGN.md §4).
 
+mod agent;
 mod doctor;
 mod exec;
 mod local;
@@ -37,6 +38,9 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Install what runs need (the Node runtime) ahead of the first run.
     Setup,
+    /// A model writes a script, skillbox runs it and feeds errors back until the files
+    /// it makes pass verification.
+    Agent(agent::AgentArgs),
 }
 
 /// Exit status for skillbox's own failures (the sandbox could not be set up), as
@@ -112,6 +116,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args, &data_dir).await,
             Command::Serve(args) => serve::serve(args, &data_dir).await,
             Command::Setup => serve::setup(&data_dir).await,
+            Command::Agent(args) => agent::run(args, &data_dir).await,
         }
     })
 }

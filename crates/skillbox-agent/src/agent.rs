@@ -1,0 +1,582 @@
+//! The loop, its tools (implemented only over `ExecutionEnv`) and what it records.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::json;
+use skillbox_client::{ArtifactInfo, Language};
+use skillbox_env::{
+    CancellationToken, EnvError, ExecRequest, ExecutionEnv, FileSystem, Limits, Mount,
+    SandboxPolicy, SandboxSpec,
+};
+use skillbox_native::NativeBackend;
+use skillbox_run::{NODE_MODULES, NodeRuntime, script_command, script_name};
+use skillbox_store::{ArtifactStore, CollectLimits, CollectedFile, collect_artifacts, store_all};
+
+use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec, Usage};
+use crate::skills::Skill;
+
+const WORKSPACE: &str = "/workspace";
+
+/// Bounds of one agent run.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Failed script runs (non-zero exit, timeout, or an artifact that fails
+    /// verification) before the loop gives up.
+    pub max_attempts: u32,
+    /// Model turns before the loop gives up (a model that never stops).
+    pub max_turns: u32,
+    /// The whole run's deadline.
+    pub deadline: Duration,
+    /// Each script run's limits.
+    pub limits: Limits,
+    /// Characters of stdout/stderr fed back per run (the tail is kept).
+    pub output_budget: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            max_attempts: 3,
+            max_turns: 12,
+            deadline: Duration::from_secs(600),
+            limits: Limits {
+                timeout_ms: 60_000,
+                ..Limits::default()
+            },
+            output_budget: 4000,
+        }
+    }
+}
+
+/// How a `.pptx` artifact fared in verification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    pub path: String,
+    pub ok: bool,
+    pub slides: Option<usize>,
+    pub error: Option<String>,
+}
+
+/// One script run, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    pub number: u32,
+    pub language: Language,
+    pub script: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: u64,
+    /// Tokens of the model turn that asked for this run, when reported.
+    pub usage: Option<Usage>,
+    pub files: Vec<String>,
+    pub verification: Vec<Verification>,
+    /// True when the run exited 0 and every artifact passed verification.
+    pub succeeded: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentStatus {
+    Succeeded,
+    Failed,
+}
+
+/// How the run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentOutcome {
+    pub status: AgentStatus,
+    /// Why it ended, in words.
+    pub reason: String,
+    pub model: String,
+    /// True when a scripted (loopback) model was used.
+    pub scripted: bool,
+    /// The model's last words.
+    pub answer: String,
+    pub attempts: Vec<Attempt>,
+    /// The files of the last successful run, stored.
+    pub artifacts: Vec<ArtifactInfo>,
+}
+
+/// What the loop reports as it goes (for live output).
+#[derive(Debug, Clone)]
+pub enum AgentEvent<'a> {
+    ModelTurn { turn: u32, text: &'a str },
+    Attempt(&'a Attempt),
+    ToolError { tool: &'a str, message: &'a str },
+}
+
+/// Why an agent run could not happen or had to stop early.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("prompt: empty; say what to make")]
+    EmptyPrompt,
+    #[error("{0}")]
+    Provider(#[from] ProviderError),
+    #[error("sandbox: {0}")]
+    Sandbox(EnvError),
+    #[error("node runtime: {0}")]
+    Runtime(String),
+    #[error("artifacts: {0}")]
+    Store(String),
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl AgentError {
+    /// The stable error code on the wire.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AgentError::EmptyPrompt => "invalid",
+            AgentError::Provider(ProviderError::Cancelled) | AgentError::Cancelled => "aborted",
+            AgentError::Provider(ProviderError::Timeout(_)) => "timeout",
+            AgentError::Provider(ProviderError::Config(_)) => "invalid",
+            AgentError::Provider(ProviderError::Transcript(_)) => "invalid",
+            AgentError::Provider(_) => "unavailable",
+            AgentError::Sandbox(e) => e.code.as_str(),
+            AgentError::Runtime(_) => "unavailable",
+            AgentError::Store(_) => "unknown",
+        }
+    }
+}
+
+/// Runs agent sessions: a model, a sandbox per session, an artifact store.
+#[derive(Debug)]
+pub struct Agent {
+    provider: Arc<dyn ModelProvider>,
+    store: ArtifactStore,
+    native: NativeBackend,
+    node: NodeRuntime,
+}
+
+fn tools() -> Vec<ToolSpec> {
+    vec![
+        ToolSpec {
+            name: "run_script".into(),
+            description: "Run a script in the sandbox (cwd /workspace). Returns exitCode, stdout, stderr, the files in /workspace and, for .pptx files, a verification.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "language": {"type": "string", "enum": ["node", "python", "sh"]},
+                "script": {"type": "string"}
+            }, "required": ["language", "script"], "additionalProperties": false}),
+        },
+        ToolSpec {
+            name: "read_file".into(),
+            description: "Read a text file from /workspace.".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false}),
+        },
+        ToolSpec {
+            name: "write_file".into(),
+            description: "Write a text file in /workspace.".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"], "additionalProperties": false}),
+        },
+        ToolSpec {
+            name: "list_dir".into(),
+            description: "List a directory of /workspace.".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false}),
+        },
+    ]
+}
+
+/// The last `budget` characters of `text`, marked when cut.
+fn tail(text: &str, budget: usize) -> String {
+    let count = text.chars().count();
+    if count <= budget {
+        return text.to_string();
+    }
+    let kept: String = text.chars().skip(count - budget).collect();
+    format!("[…{} characters cut…]\n{kept}", count - budget)
+}
+
+/// A workspace path from a tool argument: relative (or under /workspace), no `..`.
+fn workspace_path(raw: &str) -> Result<PathBuf, String> {
+    let path = Path::new(raw);
+    let relative = path.strip_prefix(WORKSPACE).unwrap_or(path);
+    if relative.is_absolute()
+        || relative
+            .components()
+            .any(|c| matches!(c, Component::ParentDir))
+    {
+        return Err(format!(
+            "path {raw:?}: give a path inside /workspace, without `..`"
+        ));
+    }
+    Ok(Path::new(WORKSPACE).join(relative))
+}
+
+fn string_arg(call: &ToolCall, name: &str) -> Result<String, String> {
+    call.arguments[name]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| {
+            format!(
+                "{}: argument {name:?} is missing or not a string",
+                call.name
+            )
+        })
+}
+
+fn verify(files: &[CollectedFile]) -> Vec<Verification> {
+    files
+        .iter()
+        .filter(|f| f.path.ends_with(".pptx"))
+        .map(|f| match skillbox_pptx::verify(&f.bytes) {
+            Ok(deck) => Verification {
+                path: f.path.clone(),
+                ok: true,
+                slides: Some(deck.slide_count()),
+                error: None,
+            },
+            Err(e) => Verification {
+                path: f.path.clone(),
+                ok: false,
+                slides: None,
+                error: Some(e.to_string()),
+            },
+        })
+        .collect()
+}
+
+struct Session<'a> {
+    env: &'a dyn ExecutionEnv,
+    config: &'a AgentConfig,
+    cancel: &'a CancellationToken,
+    attempts: Vec<Attempt>,
+    failed_runs: u32,
+    last_good: Option<Vec<CollectedFile>>,
+}
+
+impl Session<'_> {
+    /// Runs one tool call; the string goes back to the model.
+    async fn tool(
+        &mut self,
+        call: &ToolCall,
+        usage: Option<Usage>,
+        report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
+    ) -> Result<String, AgentError> {
+        let outcome = match call.name.as_str() {
+            "run_script" => return self.run_script(call, usage, report).await,
+            "read_file" => self.read_file(call).await,
+            "write_file" => self.write_file(call).await,
+            "list_dir" => self.list_dir(call).await,
+            other => Err(format!(
+                "unknown tool {other:?}; the tools are run_script, read_file, write_file, list_dir"
+            )),
+        };
+        Ok(match outcome {
+            Ok(text) => text,
+            Err(message) => {
+                report(AgentEvent::ToolError {
+                    tool: &call.name,
+                    message: &message,
+                });
+                json!({"error": message}).to_string()
+            }
+        })
+    }
+
+    async fn read_file(&self, call: &ToolCall) -> Result<String, String> {
+        let path = workspace_path(&string_arg(call, "path")?)?;
+        let text = self
+            .env
+            .read_text(&path, self.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(json!({"content": tail(&text, self.config.output_budget * 4)}).to_string())
+    }
+
+    async fn write_file(&self, call: &ToolCall) -> Result<String, String> {
+        let path = workspace_path(&string_arg(call, "path")?)?;
+        let content = string_arg(call, "content")?;
+        self.env
+            .write(&path, content.as_bytes(), self.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(json!({"written": path.display().to_string(), "bytes": content.len()}).to_string())
+    }
+
+    async fn list_dir(&self, call: &ToolCall) -> Result<String, String> {
+        let path = workspace_path(&string_arg(call, "path")?)?;
+        let entries = self
+            .env
+            .list_dir(&path, self.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(serde_json::to_string(&entries).unwrap_or_default())
+    }
+
+    async fn run_script(
+        &mut self,
+        call: &ToolCall,
+        usage: Option<Usage>,
+        report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
+    ) -> Result<String, AgentError> {
+        let parsed = string_arg(call, "script").and_then(|script| {
+            let language = match call.arguments["language"].as_str().unwrap_or("node") {
+                "node" => Language::Node,
+                "python" => Language::Python,
+                "sh" => Language::Sh,
+                other => {
+                    return Err(format!(
+                        "run_script: language {other:?} is not one of node, python, sh"
+                    ));
+                }
+            };
+            Ok((language, script))
+        });
+        let (language, script) = match parsed {
+            Ok(ok) => ok,
+            Err(message) => {
+                report(AgentEvent::ToolError {
+                    tool: &call.name,
+                    message: &message,
+                });
+                return Ok(json!({"error": message}).to_string());
+            }
+        };
+        let name = script_name(language);
+        let script_path = Path::new(WORKSPACE).join(name);
+        self.env
+            .write(&script_path, script.as_bytes(), self.cancel)
+            .await
+            .map_err(AgentError::Sandbox)?;
+        let request =
+            ExecRequest::argv(script_command(language, &script_path.display().to_string()))
+                .cwd(WORKSPACE)
+                .timeout(self.config.limits.timeout());
+        let output = self
+            .env
+            .exec(request, self.cancel)
+            .await
+            .map_err(|e| match e.code {
+                skillbox_env::ErrorCode::Aborted => AgentError::Cancelled,
+                _ => AgentError::Sandbox(e),
+            })?;
+        let inputs = BTreeMap::from([(
+            PathBuf::from(name),
+            skillbox_store::sha256_hex(script.as_bytes()),
+        )]);
+        let files = collect_artifacts(
+            self.env,
+            Path::new(WORKSPACE),
+            &inputs,
+            CollectLimits::default(),
+            self.cancel,
+        )
+        .await
+        .map_err(|e| AgentError::Store(e.to_string()))?;
+        let verification = verify(&files);
+        let succeeded = output.success() && verification.iter().all(|v| v.ok);
+        let attempt = Attempt {
+            number: self.attempts.len() as u32 + 1,
+            language,
+            script,
+            exit_code: output.exit_code,
+            signal: output.signal,
+            timed_out: output.timed_out,
+            stdout: tail(&output.stdout_text(), self.config.output_budget),
+            stderr: tail(&output.stderr_text(), self.config.output_budget),
+            duration_ms: output.duration_ms,
+            usage,
+            files: files.iter().map(|f| f.path.clone()).collect(),
+            verification: verification.clone(),
+            succeeded,
+        };
+        report(AgentEvent::Attempt(&attempt));
+        let result = json!({
+            "exitCode": attempt.exit_code,
+            "signal": attempt.signal,
+            "timedOut": attempt.timed_out,
+            "stdout": attempt.stdout,
+            "stderr": attempt.stderr,
+            "files": files.iter().map(|f| json!({"path": f.path, "size": f.size})).collect::<Vec<_>>(),
+            "verification": verification,
+        })
+        .to_string();
+        if succeeded {
+            if !files.is_empty() {
+                self.last_good = Some(files);
+            }
+        } else {
+            self.failed_runs += 1;
+        }
+        self.attempts.push(attempt);
+        Ok(result)
+    }
+}
+
+impl Agent {
+    pub fn new(provider: Arc<dyn ModelProvider>, store: ArtifactStore, data_dir: &Path) -> Self {
+        Agent {
+            provider,
+            store,
+            native: NativeBackend::new(data_dir),
+            node: NodeRuntime::new(data_dir),
+        }
+    }
+
+    /// One session: a fresh sandbox, the skill as the system prompt, the loop.
+    pub async fn run(
+        &self,
+        prompt: &str,
+        skill: &Skill,
+        config: &AgentConfig,
+        cancel: &CancellationToken,
+        report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
+    ) -> Result<AgentOutcome, AgentError> {
+        if prompt.trim().is_empty() {
+            return Err(AgentError::EmptyPrompt);
+        }
+        self.node
+            .ensure(&|line| tracing::info!("{line}"))
+            .await
+            .map_err(|e| AgentError::Runtime(e.to_string()))?;
+        let policy = SandboxPolicy {
+            read_only_mounts: vec![Mount {
+                host: self.node.node_modules(),
+                sandbox: NODE_MODULES.into(),
+            }],
+        };
+        let spec = SandboxSpec {
+            workspace: None,
+            limits: config.limits.clone(),
+            policy,
+        };
+        let env = self
+            .native
+            .create(spec)
+            .await
+            .map_err(AgentError::Sandbox)?;
+        let result = self
+            .session(&env, prompt, skill, config, cancel, report)
+            .await;
+        if let Err(e) = env.cleanup().await {
+            tracing::warn!(error = %e, "agent: sandbox cleanup failed");
+        }
+        result
+    }
+
+    async fn session(
+        &self,
+        env: &dyn ExecutionEnv,
+        prompt: &str,
+        skill: &Skill,
+        config: &AgentConfig,
+        cancel: &CancellationToken,
+        report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
+    ) -> Result<AgentOutcome, AgentError> {
+        let started = Instant::now();
+        let tools = tools();
+        let mut messages = vec![Message::system(skill.instructions), Message::user(prompt)];
+        let mut session = Session {
+            env,
+            config,
+            cancel,
+            attempts: Vec::new(),
+            failed_runs: 0,
+            last_good: None,
+        };
+        let mut answer = String::new();
+        let mut turn = 0;
+        let (status, reason) = loop {
+            if cancel.is_cancelled() {
+                return Err(AgentError::Cancelled);
+            }
+            if turn >= config.max_turns {
+                break (
+                    AgentStatus::Failed,
+                    format!("the model took {turn} turns without finishing (maxTurns)"),
+                );
+            }
+            let Some(left) = config.deadline.checked_sub(started.elapsed()) else {
+                break (
+                    AgentStatus::Failed,
+                    format!(
+                        "the run passed its deadline of {} s",
+                        config.deadline.as_secs()
+                    ),
+                );
+            };
+            turn += 1;
+            let reply = tokio::select! {
+                reply = self.provider.complete(&messages, &tools, cancel) => reply?,
+                () = tokio::time::sleep(left) => {
+                    break (AgentStatus::Failed, format!("the run passed its deadline of {} s", config.deadline.as_secs()));
+                }
+            };
+            report(AgentEvent::ModelTurn {
+                turn,
+                text: &reply.message.content,
+            });
+            answer = reply.message.content.clone();
+            let calls = reply.message.tool_calls.clone();
+            messages.push(reply.message);
+            if calls.is_empty() {
+                break match &session.last_good {
+                    Some(_) => (
+                        AgentStatus::Succeeded,
+                        "the model stopped after a run that made verified files".to_string(),
+                    ),
+                    None if session.attempts.is_empty() => (
+                        AgentStatus::Failed,
+                        "the model answered without running anything".to_string(),
+                    ),
+                    None => (
+                        AgentStatus::Failed,
+                        "the model stopped without a successful run".to_string(),
+                    ),
+                };
+            }
+            for (i, call) in calls.iter().enumerate() {
+                let usage = if i == 0 { reply.usage } else { None };
+                let content = session.tool(call, usage, report).await?;
+                messages.push(Message::tool(call.id.clone(), content));
+            }
+            if session.failed_runs >= config.max_attempts {
+                break (
+                    AgentStatus::Failed,
+                    format!(
+                        "{} runs failed (maxAttempts {})",
+                        session.failed_runs, config.max_attempts
+                    ),
+                );
+            }
+        };
+        let artifacts = match session
+            .last_good
+            .take()
+            .filter(|_| status == AgentStatus::Succeeded)
+        {
+            Some(files) => store_all(&self.store, files)
+                .await
+                .map_err(|e| AgentError::Store(e.to_string()))?
+                .into_iter()
+                .map(|a| ArtifactInfo {
+                    url: skillbox_run::object_url(&a.sha256, &a.path),
+                    path: a.path,
+                    size: a.size,
+                    sha256: a.sha256,
+                    content_type: a.content_type,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(AgentOutcome {
+            status,
+            reason,
+            model: self.provider.name(),
+            scripted: self.provider.is_scripted(),
+            answer,
+            attempts: session.attempts,
+            artifacts,
+        })
+    }
+}

@@ -1,0 +1,317 @@
+//! The agent loop against the real native sandbox, driven by loopback transcripts:
+//! the shipped pptx session, the retry limit, cancellation mid-run, malformed tool
+//! calls, a provider that never answers, and a verification failure fed back.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use skillbox_agent::{
+    Agent, AgentConfig, AgentError, AgentEvent, AgentStatus, LoopbackProvider, Message,
+    ModelProvider, ProviderError, Reply, ToolSpec, builtin_skill,
+};
+use skillbox_env::CancellationToken;
+use skillbox_store::ArtifactStore;
+
+/// The Node runtime is installed once for these tests, not per test.
+fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-agent-tests")
+}
+
+async fn agent(provider: Arc<dyn ModelProvider>) -> Option<(Agent, tempfile::TempDir)> {
+    let native = skillbox_native::probe();
+    if !native.available {
+        skillbox_env::testkit::skip("agent", &native.reason.unwrap_or_default());
+        return None;
+    }
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    Some((Agent::new(provider, store, &data_dir()), objects))
+}
+
+fn loopback(turns: serde_json::Value) -> Arc<dyn ModelProvider> {
+    Arc::new(LoopbackProvider::from_json(&json!({"turns": turns}).to_string()).expect("transcript"))
+}
+
+fn run_script(language: &str, script: &str) -> serde_json::Value {
+    json!({"name": "run_script", "arguments": {"language": language, "script": script}})
+}
+
+fn quiet(_: AgentEvent<'_>) {}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_pptx_session_fails_once_then_ships_a_verified_deck() {
+    let skill = builtin_skill("pptx").unwrap();
+    let provider = Arc::new(LoopbackProvider::from_json(skill.transcript.unwrap()).unwrap());
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let outcome = agent
+        .run(
+            "Make a 3-slide pitch deck for WorkspaceX.",
+            &skill,
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .expect("agent run");
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:?}");
+    assert!(outcome.scripted);
+    assert_eq!(outcome.attempts.len(), 2);
+    let first = &outcome.attempts[0];
+    assert_eq!(first.exit_code, Some(1));
+    assert!(
+        first.stderr.contains("Missing/Invalid shape parameter"),
+        "{}",
+        first.stderr
+    );
+    assert!(!first.succeeded);
+    let second = &outcome.attempts[1];
+    assert!(second.succeeded, "{second:?}");
+    assert_eq!(second.verification[0].slides, Some(3));
+    assert_eq!(outcome.artifacts.len(), 1);
+    assert_eq!(outcome.artifacts[0].path, "workspacex.pptx");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_runs_stop_at_max_attempts() {
+    let failing = run_script("sh", "echo nope >&2; exit 3");
+    let provider = loopback(json!([
+        {"toolCalls": [failing]},
+        {"expect": {"exitCode": 3}, "toolCalls": [failing]},
+        {"expect": {"exitCode": 3}, "toolCalls": [failing]},
+        {"text": "never reached"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let config = AgentConfig {
+        max_attempts: 2,
+        ..AgentConfig::default()
+    };
+    let outcome = agent
+        .run(
+            "go",
+            &builtin_skill("pptx").unwrap(),
+            &config,
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Failed);
+    assert_eq!(
+        outcome.attempts.len(),
+        2,
+        "stopped after maxAttempts failed runs"
+    );
+    assert!(outcome.reason.contains("maxAttempts"), "{}", outcome.reason);
+    assert!(outcome.artifacts.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_mid_run_stops_the_script_and_the_loop() {
+    let marker = 950_000_000 + std::process::id();
+    let provider = loopback(
+        json!([{"toolCalls": [run_script("sh", &format!("sleep {marker}"))]}, {"text": "unreachable"}]),
+    );
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let cancel = CancellationToken::new();
+    let running = move || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(&format!("sleep\0{marker}")))
+                .unwrap_or(false)
+        })
+    };
+    let trigger = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            for _ in 0..1000 {
+                if running() {
+                    cancel.cancel();
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            false
+        })
+    };
+    let result = agent
+        .run(
+            "go",
+            &builtin_skill("pptx").unwrap(),
+            &AgentConfig::default(),
+            &cancel,
+            &quiet,
+        )
+        .await;
+    assert!(trigger.await.unwrap(), "the script never started");
+    assert!(matches!(result, Err(AgentError::Cancelled)), "{result:?}");
+    assert!(!running(), "the script outlived the cancelled run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_tool_calls_are_fed_back_not_fatal() {
+    let provider = loopback(json!([
+        {"toolCalls": [{"name": "launch_missiles", "arguments": {}}]},
+        {"expect": {"resultContains": "unknown tool"}, "toolCalls": [{"name": "run_script", "arguments": {"language": "node"}}]},
+        {"expect": {"resultContains": "\\\"script\\\" is missing"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "../../etc/passwd"}}]},
+        {"expect": {"resultContains": "without `..`"}, "toolCalls": [run_script("sh", "echo ok > made.txt")]},
+        {"expect": {"exitCode": 0, "filesInclude": "made.txt"}, "text": "done"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let outcome = agent
+        .run(
+            "go",
+            &builtin_skill("pptx").unwrap(),
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:?}");
+    assert_eq!(
+        outcome.attempts.len(),
+        1,
+        "only run_script with a script is an attempt"
+    );
+    assert_eq!(outcome.artifacts[0].path, "made.txt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verification_failure_counts_as_a_failed_attempt_and_is_fed_back() {
+    let provider = loopback(json!([
+        {"toolCalls": [run_script("sh", "echo 'not a zip' > broken.pptx")]},
+        {"expect": {"exitCode": 0, "resultContains": "\"ok\":false"}, "toolCalls": [run_script("sh", "rm broken.pptx; echo fixed > notes.txt")]},
+        {"expect": {"exitCode": 0, "filesInclude": "notes.txt"}, "text": "fixed"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let outcome = agent
+        .run(
+            "go",
+            &builtin_skill("pptx").unwrap(),
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap();
+    let first = &outcome.attempts[0];
+    assert!(
+        !first.succeeded,
+        "a broken .pptx fails the attempt even with exit 0"
+    );
+    assert!(
+        first.verification[0]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("zip"),
+        "{first:?}"
+    );
+    assert_eq!(outcome.status, AgentStatus::Succeeded);
+    assert_eq!(
+        outcome
+            .artifacts
+            .iter()
+            .map(|a| a.path.as_str())
+            .collect::<Vec<_>>(),
+        ["notes.txt"]
+    );
+}
+
+/// A provider that never answers.
+#[derive(Debug)]
+struct Silent;
+
+#[async_trait]
+impl ModelProvider for Silent {
+    fn name(&self) -> String {
+        "silent".into()
+    }
+
+    async fn complete(
+        &self,
+        _: &[Message],
+        _: &[ToolSpec],
+        cancel: &CancellationToken,
+    ) -> Result<Reply, ProviderError> {
+        cancel.cancelled().await;
+        Err(ProviderError::Cancelled)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_never_answers_is_bounded_by_the_deadline() {
+    let Some((agent, _objects)) = agent(Arc::new(Silent)).await else {
+        return;
+    };
+    let config = AgentConfig {
+        deadline: Duration::from_millis(300),
+        ..AgentConfig::default()
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(30),
+        agent.run(
+            "go",
+            &builtin_skill("pptx").unwrap(),
+            &config,
+            &CancellationToken::new(),
+            &quiet,
+        ),
+    )
+    .await
+    .expect("the deadline must end the run")
+    .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Failed);
+    assert!(outcome.reason.contains("deadline"), "{}", outcome.reason);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_prompt_and_a_model_that_never_runs_anything() {
+    let provider = loopback(json!([{"text": "I would rather not."}]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let skill = builtin_skill("pptx").unwrap();
+    let err = agent
+        .run(
+            "   ",
+            &skill,
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::EmptyPrompt), "{err:?}");
+    let outcome = agent
+        .run(
+            "go",
+            &skill,
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Failed);
+    assert!(
+        outcome.reason.contains("without running anything"),
+        "{}",
+        outcome.reason
+    );
+}

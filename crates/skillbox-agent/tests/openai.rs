@@ -1,0 +1,665 @@
+//! `OpenAiProvider` against a loopback `/chat/completions` server started in each test:
+//! the request it sends, the answers it accepts and rejects, retries, timeouts,
+//! cancellation. No network.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use bytes::Bytes;
+use serde_json::{Value, json};
+use skillbox_agent::openai::{OpenAiConfig, OpenAiProvider};
+use skillbox_agent::{Message, ModelProvider, ProviderError, Role, ToolCall, ToolSpec, Usage};
+use skillbox_env::CancellationToken;
+use tokio::sync::Notify;
+
+/// Bounds every wait in these tests; nothing should come near it.
+const GUARD: Duration = Duration::from_secs(20);
+
+/// What the loopback server does with the next request.
+enum Answer {
+    Reply {
+        status: u16,
+        retry_after: Option<&'static str>,
+        body: String,
+    },
+    /// Holds the request open until the client goes away.
+    Hang,
+}
+
+fn ok(body: Value) -> Answer {
+    Answer::Reply {
+        status: 200,
+        retry_after: None,
+        body: body.to_string(),
+    }
+}
+
+fn status(status: u16, retry_after: Option<&'static str>, body: &str) -> Answer {
+    Answer::Reply {
+        status,
+        retry_after,
+        body: body.to_string(),
+    }
+}
+
+/// A request as the server saw it.
+#[derive(Debug)]
+struct Seen {
+    authorization: Option<String>,
+    content_type: Option<String>,
+    body: Value,
+}
+
+#[derive(Default)]
+struct Script {
+    answers: Mutex<VecDeque<Answer>>,
+    seen: Mutex<Vec<Seen>>,
+    hit: Notify,
+}
+
+struct Server {
+    base_url: String,
+    script: Arc<Script>,
+}
+
+impl Server {
+    async fn start(answers: Vec<Answer>) -> Server {
+        let script = Arc::new(Script {
+            answers: Mutex::new(answers.into()),
+            ..Script::default()
+        });
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Server {
+            base_url: format!("http://{addr}/v1"),
+            script,
+        }
+    }
+
+    fn config(&self, max_retries: u32) -> OpenAiConfig {
+        OpenAiConfig {
+            base_url: self.base_url.clone(),
+            model: "test-model".to_string(),
+            api_key: None,
+            timeout: Duration::from_secs(10),
+            max_retries,
+        }
+    }
+
+    fn provider(&self, max_retries: u32) -> OpenAiProvider {
+        OpenAiProvider::new(self.config(max_retries)).unwrap()
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
+        self.script.seen.lock().unwrap()
+    }
+}
+
+async fn chat(State(script): State<Arc<Script>>, headers: HeaderMap, body: Bytes) -> Response {
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
+    script.seen.lock().unwrap().push(Seen {
+        authorization: header("authorization"),
+        content_type: header("content-type"),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    });
+    let answer = script.answers.lock().unwrap().pop_front();
+    script.hit.notify_one();
+    match answer {
+        Some(Answer::Reply {
+            status,
+            retry_after,
+            body,
+        }) => {
+            let status = StatusCode::from_u16(status).unwrap();
+            let mut response =
+                (status, [("content-type", "application/json")], body).into_response();
+            if let Some(seconds) = retry_after {
+                response
+                    .headers_mut()
+                    .insert("retry-after", seconds.parse().unwrap());
+            }
+            response
+        }
+        Some(Answer::Hang) => std::future::pending().await,
+        // 418 is not retried, so a test that sends too many requests fails loudly.
+        None => (StatusCode::IM_A_TEAPOT, "unscripted request").into_response(),
+    }
+}
+
+fn completion(message: Value) -> Value {
+    json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+    })
+}
+
+fn write_file_tool() -> ToolSpec {
+    ToolSpec {
+        name: "write_file".to_string(),
+        description: "Write a file in the workspace".to_string(),
+        parameters: json!({
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        }),
+    }
+}
+
+fn tool_call_answer(id: Value, arguments: Value) -> Value {
+    completion(json!({
+        "role": "assistant",
+        "content": null,
+        "tool_calls": [{
+            "id": id,
+            "type": "function",
+            "function": {"name": "write_file", "arguments": arguments},
+        }],
+    }))
+}
+
+async fn complete(
+    provider: &OpenAiProvider,
+    messages: &[Message],
+    tools: &[ToolSpec],
+) -> Result<skillbox_agent::Reply, ProviderError> {
+    tokio::time::timeout(
+        GUARD,
+        provider.complete(messages, tools, &CancellationToken::new()),
+    )
+    .await
+    .expect("the provider answered within the guard")
+}
+
+#[tokio::test]
+async fn tool_call_is_parsed_and_request_has_the_wire_shape() {
+    let server = Server::start(vec![ok(tool_call_answer(
+        json!("call_2"),
+        json!(r#"{"path": "deck.js", "content": "console.log(1)"}"#),
+    ))])
+    .await;
+    let provider = OpenAiProvider::new(OpenAiConfig {
+        api_key: Some("sk-test".to_string()),
+        ..server.config(0)
+    })
+    .unwrap();
+    let history = vec![
+        Message::system("You write scripts."),
+        Message::user("Make a deck."),
+        Message {
+            role: Role::Assistant,
+            content: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "call_1".to_string(),
+                name: "write_file".to_string(),
+                arguments: json!({"path": "a.js", "content": "x"}),
+            }],
+            tool_call_id: None,
+        },
+        Message::tool("call_1", "written"),
+    ];
+
+    let reply = complete(&provider, &history, &[write_file_tool()])
+        .await
+        .unwrap();
+
+    assert_eq!(reply.message.role, Role::Assistant);
+    assert_eq!(reply.message.content, "");
+    assert_eq!(
+        reply.message.tool_calls,
+        vec![ToolCall {
+            id: "call_2".to_string(),
+            name: "write_file".to_string(),
+            arguments: json!({"path": "deck.js", "content": "console.log(1)"}),
+        }]
+    );
+    assert_eq!(reply.usage, None);
+
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1);
+    let request = &seen[0];
+    assert_eq!(request.authorization.as_deref(), Some("Bearer sk-test"));
+    assert_eq!(request.content_type.as_deref(), Some("application/json"));
+    let body = &request.body;
+    assert_eq!(body["model"], "test-model");
+    let roles: Vec<&str> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+    assert_eq!(body["messages"][0]["content"], "You write scripts.");
+    assert_eq!(body["messages"][1]["content"], "Make a deck.");
+    let assistant = &body["messages"][2];
+    assert_eq!(assistant["content"], Value::Null);
+    assert!(assistant.as_object().unwrap().contains_key("content"));
+    let call = &assistant["tool_calls"][0];
+    assert_eq!(call["id"], "call_1");
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "write_file");
+    let arguments = call["function"]["arguments"]
+        .as_str()
+        .expect("arguments travel as a JSON string");
+    assert_eq!(
+        serde_json::from_str::<Value>(arguments).unwrap(),
+        json!({"path": "a.js", "content": "x"})
+    );
+    assert_eq!(body["messages"][3]["tool_call_id"], "call_1");
+    assert_eq!(body["messages"][3]["content"], "written");
+    assert!(body["messages"][1].get("tool_call_id").is_none());
+    assert!(body["messages"][1].get("tool_calls").is_none());
+    assert_eq!(
+        body["tools"],
+        json!([{
+            "type": "function",
+            "function": {
+                "name": "write_file",
+                "description": "Write a file in the workspace",
+                "parameters": write_file_tool().parameters,
+            },
+        }])
+    );
+    assert_eq!(body["tool_choice"], "auto");
+}
+
+#[tokio::test]
+async fn plain_text_answer_maps_content_and_usage_and_sends_no_key_or_tools() {
+    let mut answer = completion(json!({"role": "assistant", "content": "All done."}));
+    answer["usage"] = json!({"prompt_tokens": 120, "completion_tokens": 7, "total_tokens": 127});
+    let server = Server::start(vec![ok(answer)]).await;
+    let provider = server.provider(0);
+
+    let reply = complete(&provider, &[Message::user("hi")], &[])
+        .await
+        .unwrap();
+
+    assert_eq!(reply.message.role, Role::Assistant);
+    assert_eq!(reply.message.content, "All done.");
+    assert!(reply.message.tool_calls.is_empty());
+    assert_eq!(
+        reply.usage,
+        Some(Usage {
+            prompt_tokens: 120,
+            completion_tokens: 7
+        })
+    );
+    let seen = server.seen();
+    assert_eq!(seen[0].authorization, None);
+    let body = seen[0].body.as_object().unwrap();
+    assert!(
+        !body.contains_key("tools"),
+        "an empty tools array is rejected by the API: {body:?}"
+    );
+    assert!(!body.contains_key("tool_choice"), "{body:?}");
+}
+
+#[tokio::test]
+async fn name_says_openai_and_the_model() {
+    let server = Server::start(vec![]).await;
+    assert_eq!(server.provider(0).name(), "openai:test-model");
+    assert!(!server.provider(0).is_scripted());
+}
+
+#[tokio::test]
+async fn a_429_is_retried_honouring_retry_after() {
+    let server = Server::start(vec![
+        status(429, Some("0"), r#"{"error":{"message":"slow down"}}"#),
+        ok(completion(
+            json!({"role": "assistant", "content": "second try"}),
+        )),
+    ])
+    .await;
+
+    let reply = complete(&server.provider(3), &[Message::user("hi")], &[])
+        .await
+        .unwrap();
+
+    assert_eq!(reply.message.content, "second try");
+    assert_eq!(server.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn a_503_without_retry_after_is_retried_after_backoff() {
+    let server = Server::start(vec![
+        status(503, None, "overloaded"),
+        ok(completion(json!({"role": "assistant", "content": "back"}))),
+    ])
+    .await;
+
+    let reply = complete(&server.provider(1), &[Message::user("hi")], &[])
+        .await
+        .unwrap();
+
+    assert_eq!(reply.message.content, "back");
+    assert_eq!(server.seen().len(), 2);
+}
+
+#[tokio::test]
+async fn persistent_500_gives_up_after_max_retries_with_the_http_error() {
+    let max_retries = 2;
+    let answers = (0..=max_retries)
+        .map(|_| status(500, Some("0"), "upstream broke"))
+        .collect();
+    let server = Server::start(answers).await;
+
+    let error = complete(&server.provider(max_retries), &[Message::user("hi")], &[])
+        .await
+        .unwrap_err();
+
+    assert_eq!(
+        error,
+        ProviderError::Http {
+            status: 500,
+            body: "upstream broke".to_string()
+        }
+    );
+    assert_eq!(server.seen().len(), max_retries as usize + 1);
+}
+
+#[tokio::test]
+async fn a_400_is_not_retried_and_its_body_is_cut_to_500_chars() {
+    let long = format!(
+        r#"{{"error":{{"message":"bad request {}"}}}}"#,
+        "é".repeat(2000)
+    );
+    let server = Server::start(vec![status(400, Some("0"), &long)]).await;
+
+    let error = complete(&server.provider(3), &[Message::user("hi")], &[])
+        .await
+        .unwrap_err();
+
+    let ProviderError::Http { status, body } = error else {
+        panic!("expected Http, got {error:?}")
+    };
+    assert_eq!(status, 400);
+    assert_eq!(body.chars().count(), 500);
+    assert!(long.starts_with(&body));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn unparsable_arguments_are_malformed_naming_the_call() {
+    let server = Server::start(vec![ok(tool_call_answer(
+        json!("call_9"),
+        json!(r#"{"path": "#),
+    ))])
+    .await;
+
+    let error = complete(
+        &server.provider(0),
+        &[Message::user("hi")],
+        &[write_file_tool()],
+    )
+    .await
+    .unwrap_err();
+
+    let ProviderError::Malformed(message) = error else {
+        panic!("expected Malformed, got {error:?}")
+    };
+    assert!(message.contains("write_file"), "{message}");
+    assert!(message.contains("call_9"), "{message}");
+    assert!(message.contains("not valid JSON"), "{message}");
+}
+
+#[tokio::test]
+async fn arguments_that_are_not_an_object_are_malformed() {
+    let server = Server::start(vec![ok(tool_call_answer(json!("call_3"), json!("[1, 2]")))]).await;
+
+    let error = complete(
+        &server.provider(0),
+        &[Message::user("hi")],
+        &[write_file_tool()],
+    )
+    .await
+    .unwrap_err();
+
+    let ProviderError::Malformed(message) = error else {
+        panic!("expected Malformed, got {error:?}")
+    };
+    assert!(
+        message.contains("call_3") && message.contains("JSON object"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_tool_call_without_id_is_malformed() {
+    let server = Server::start(vec![ok(tool_call_answer(Value::Null, json!("{}")))]).await;
+
+    let error = complete(
+        &server.provider(0),
+        &[Message::user("hi")],
+        &[write_file_tool()],
+    )
+    .await
+    .unwrap_err();
+
+    let ProviderError::Malformed(message) = error else {
+        panic!("expected Malformed, got {error:?}")
+    };
+    assert!(
+        message.contains("write_file") && message.contains("no id"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_without_choices_is_malformed() {
+    let server = Server::start(vec![ok(json!({"choices": []}))]).await;
+
+    let error = complete(&server.provider(0), &[Message::user("hi")], &[])
+        .await
+        .unwrap_err();
+
+    assert!(
+        matches!(&error, ProviderError::Malformed(m) if m.contains("no choices")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_times_out_without_retry() {
+    let server = Server::start(vec![Answer::Hang, Answer::Hang]).await;
+    let provider = OpenAiProvider::new(OpenAiConfig {
+        timeout: Duration::from_millis(300),
+        ..server.config(3)
+    })
+    .unwrap();
+
+    let error = complete(&provider, &[Message::user("hi")], &[])
+        .await
+        .unwrap_err();
+
+    assert_eq!(error, ProviderError::Timeout(300));
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn cancel_aborts_an_in_flight_request() {
+    let server = Server::start(vec![Answer::Hang]).await;
+    let provider = OpenAiProvider::new(OpenAiConfig {
+        timeout: Duration::from_secs(600),
+        ..server.config(3)
+    })
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let request = tokio::spawn({
+        let cancel = cancel.clone();
+        async move {
+            provider
+                .complete(&[Message::user("hi")], &[], &cancel)
+                .await
+        }
+    });
+
+    tokio::time::timeout(GUARD, server.script.hit.notified())
+        .await
+        .expect("the request arrived");
+    cancel.cancel();
+    let result = tokio::time::timeout(GUARD, request)
+        .await
+        .expect("cancel ended the request")
+        .unwrap();
+
+    assert_eq!(result.unwrap_err(), ProviderError::Cancelled);
+    assert_eq!(server.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn a_cancelled_token_sends_nothing() {
+    let server = Server::start(vec![]).await;
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+
+    let error = server
+        .provider(0)
+        .complete(&[Message::user("hi")], &[], &cancel)
+        .await
+        .unwrap_err();
+
+    assert_eq!(error, ProviderError::Cancelled);
+    assert_eq!(server.seen().len(), 0);
+}
+
+#[tokio::test]
+async fn a_closed_port_is_unreachable_naming_the_url() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let base_url = format!("http://127.0.0.1:{port}/v1");
+    let provider = OpenAiProvider::new(OpenAiConfig {
+        max_retries: 1,
+        ..OpenAiConfig::new(base_url.clone(), "test-model")
+    })
+    .unwrap();
+
+    let error = complete(&provider, &[Message::user("hi")], &[])
+        .await
+        .unwrap_err();
+
+    let ProviderError::Unreachable(message) = error else {
+        panic!("expected Unreachable, got {error:?}")
+    };
+    assert!(message.starts_with(&base_url), "{message}");
+    assert!(
+        message.len() > base_url.len() + 2,
+        "the cause is missing: {message}"
+    );
+}
+
+fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| vars.get(name).cloned()
+}
+
+#[test]
+fn from_lookup_reads_url_model_and_key() {
+    let config = OpenAiConfig::from_lookup(lookup(&[
+        ("SKILLBOX_MODEL_URL", "https://api.openai.com/v1/"),
+        ("SKILLBOX_MODEL", "gpt-4o"),
+        ("SKILLBOX_API_KEY", "sk-abc"),
+    ]))
+    .unwrap();
+
+    assert_eq!(config.base_url, "https://api.openai.com/v1/");
+    assert_eq!(config.model, "gpt-4o");
+    assert_eq!(config.api_key.as_deref(), Some("sk-abc"));
+    assert_eq!(config.timeout, Duration::from_secs(120));
+    assert_eq!(config.max_retries, 3);
+    assert!(
+        !format!("{config:?}").contains("sk-abc"),
+        "the key leaks through Debug"
+    );
+    let provider = OpenAiProvider::new(config).unwrap();
+    assert_eq!(provider.name(), "openai:gpt-4o");
+}
+
+#[test]
+fn from_lookup_treats_an_empty_key_as_none() {
+    let config = OpenAiConfig::from_lookup(lookup(&[
+        ("SKILLBOX_MODEL_URL", "http://127.0.0.1:8000/v1"),
+        ("SKILLBOX_MODEL", "local"),
+        ("SKILLBOX_API_KEY", ""),
+    ]))
+    .unwrap();
+    assert_eq!(config.api_key, None);
+}
+
+#[test]
+fn from_lookup_names_each_missing_variable() {
+    let missing_url =
+        OpenAiConfig::from_lookup(lookup(&[("SKILLBOX_MODEL", "gpt-4o")])).unwrap_err();
+    assert!(
+        matches!(&missing_url, ProviderError::Config(m) if m.contains("SKILLBOX_MODEL_URL")),
+        "{missing_url:?}"
+    );
+
+    let missing_model = OpenAiConfig::from_lookup(lookup(&[(
+        "SKILLBOX_MODEL_URL",
+        "https://api.openai.com/v1",
+    )]))
+    .unwrap_err();
+    assert!(
+        matches!(&missing_model, ProviderError::Config(m) if m.contains("SKILLBOX_MODEL ")),
+        "{missing_model:?}"
+    );
+
+    let empty_model = OpenAiConfig::from_lookup(lookup(&[
+        ("SKILLBOX_MODEL_URL", "https://api.openai.com/v1"),
+        ("SKILLBOX_MODEL", "  "),
+    ]))
+    .unwrap_err();
+    assert!(
+        matches!(&empty_model, ProviderError::Config(m) if m.contains("SKILLBOX_MODEL ")),
+        "{empty_model:?}"
+    );
+}
+
+#[test]
+fn from_lookup_rejects_a_url_that_is_not_http() {
+    for url in [
+        "ftp://example.com/v1",
+        "file:///etc/passwd",
+        "api.openai.com/v1",
+        "https://example.com/v1?x=1",
+    ] {
+        let error = OpenAiConfig::from_lookup(lookup(&[
+            ("SKILLBOX_MODEL_URL", url),
+            ("SKILLBOX_MODEL", "m"),
+        ]))
+        .unwrap_err();
+        assert!(
+            matches!(&error, ProviderError::Config(m) if m.contains(url)),
+            "{url}: {error:?}"
+        );
+    }
+}
+
+#[test]
+fn new_rejects_a_zero_timeout() {
+    let error = OpenAiProvider::new(OpenAiConfig {
+        timeout: Duration::ZERO,
+        ..OpenAiConfig::new("https://api.openai.com/v1", "gpt-4o")
+    })
+    .unwrap_err();
+    assert!(
+        matches!(&error, ProviderError::Config(m) if m.contains("timeout")),
+        "{error:?}"
+    );
+}

@@ -1,0 +1,233 @@
+//! `skillbox agent PROMPT`: a model writes the script, skillbox runs it, errors go back,
+//! the fixed run ships a verified file.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use skillbox_agent::{
+    Agent, AgentConfig, AgentEvent, AgentStatus, LoopbackProvider, ModelProvider, SKILL_NAMES,
+    builtin_skill,
+};
+use skillbox_env::CancellationToken;
+use skillbox_store::ArtifactStore;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Model {
+    /// A scripted model that replays the skill's transcript (offline, deterministic).
+    Loopback,
+    /// An OpenAI-compatible endpoint: SKILLBOX_MODEL_URL, SKILLBOX_MODEL, SKILLBOX_API_KEY.
+    Openai,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// What to make.
+    prompt: String,
+    /// The skill (its SKILL.md is the system prompt).
+    #[arg(long, default_value = "pptx")]
+    skill: String,
+    /// The model.
+    #[arg(long, value_enum, default_value = "loopback")]
+    model: Model,
+    /// A loopback transcript to replay instead of the skill's own.
+    #[arg(long, value_name = "FILE")]
+    transcript: Option<PathBuf>,
+    /// Failed runs before giving up.
+    #[arg(long, default_value_t = 3)]
+    max_attempts: u32,
+    /// Copy the verified files into DIR.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn usage(message: &str) -> ExitCode {
+    eprintln!("skillbox agent: {message}");
+    ExitCode::from(crate::EXIT_USAGE)
+}
+
+fn failed(message: &str) -> ExitCode {
+    eprintln!("skillbox agent: {message}");
+    ExitCode::from(crate::EXIT_SETUP_FAILED)
+}
+
+/// The line of stderr that says what went wrong: an `…Error: …` line if there is one.
+fn first_line(text: &str) -> &str {
+    let lines = || text.lines().map(str::trim).filter(|l| !l.is_empty());
+    lines()
+        .find(|l| {
+            l.split(':')
+                .next()
+                .is_some_and(|head| head.ends_with("Error") && !head.contains(' '))
+        })
+        .or_else(|| lines().next())
+        .unwrap_or("")
+}
+
+pub fn provider(
+    args_model: Model,
+    skill: &skillbox_agent::Skill,
+    transcript: Option<&Path>,
+) -> Result<Arc<dyn ModelProvider>, String> {
+    match args_model {
+        Model::Loopback => {
+            let text = match transcript {
+                Some(path) => std::fs::read_to_string(path)
+                    .map_err(|e| format!("--transcript {}: {e}", path.display()))?,
+                None => skill
+                    .transcript
+                    .ok_or_else(|| {
+                        format!(
+                            "skill {} ships no loopback transcript; pass --transcript FILE",
+                            skill.name
+                        )
+                    })?
+                    .to_string(),
+            };
+            let provider = LoopbackProvider::from_json(&text).map_err(|e| match transcript {
+                Some(path) => format!("--transcript {}: {e}", path.display()),
+                None => e.to_string(),
+            })?;
+            Ok(Arc::new(provider))
+        }
+        Model::Openai => {
+            let config =
+                skillbox_agent::openai::OpenAiConfig::from_env().map_err(|e| e.to_string())?;
+            let provider =
+                skillbox_agent::openai::OpenAiProvider::new(config).map_err(|e| e.to_string())?;
+            Ok(Arc::new(provider))
+        }
+    }
+}
+
+pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
+    if args.prompt.trim().is_empty() {
+        return usage("PROMPT: empty; say what to make");
+    }
+    let Some(skill) = builtin_skill(&args.skill) else {
+        return usage(&format!(
+            "--skill {}: no such skill (have: {})",
+            args.skill,
+            SKILL_NAMES.join(", ")
+        ));
+    };
+    if args.max_attempts == 0 {
+        return usage("--max-attempts: must be at least 1");
+    }
+    if let Some(out) = &args.out
+        && !out.is_dir()
+    {
+        return usage(&format!("--out {}: no such directory", out.display()));
+    }
+    let provider = match provider(args.model, &skill, args.transcript.as_deref()) {
+        Ok(provider) => provider,
+        Err(e) => return usage(&e),
+    };
+    if provider.is_scripted() {
+        eprintln!(
+            "skillbox agent: model: loopback — a scripted model replaying a recorded session, not a live model"
+        );
+    } else {
+        eprintln!("skillbox agent: model: {}", provider.name());
+    }
+    let store = match ArtifactStore::local(&data_dir.join("objects")).await {
+        Ok(store) => store,
+        Err(e) => return failed(&e.to_string()),
+    };
+    let agent = Agent::new(provider, store.clone(), data_dir);
+    let config = AgentConfig {
+        max_attempts: args.max_attempts,
+        ..AgentConfig::default()
+    };
+    let cancel = CancellationToken::new();
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupt.cancel();
+        }
+    });
+    let report = |event: AgentEvent<'_>| match event {
+        AgentEvent::Attempt(attempt) => {
+            let verdict = if attempt.succeeded {
+                "ok".to_string()
+            } else if attempt.timed_out {
+                "timed out".into()
+            } else {
+                match attempt.exit_code {
+                    Some(code) => format!("exit {code}"),
+                    None => format!("signal {}", attempt.signal.unwrap_or(0)),
+                }
+            };
+            let detail = if attempt.succeeded {
+                attempt
+                    .verification
+                    .iter()
+                    .map(|v| format!("{}: {} slides, verified", v.path, v.slides.unwrap_or(0)))
+                    .chain(
+                        attempt
+                            .files
+                            .iter()
+                            .filter(|f| !f.ends_with(".pptx"))
+                            .cloned(),
+                    )
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            } else if let Some(bad) = attempt.verification.iter().find(|v| !v.ok) {
+                format!("{}: {}", bad.path, bad.error.clone().unwrap_or_default())
+            } else {
+                first_line(&attempt.stderr).to_string()
+            };
+            eprintln!(
+                "attempt {}: {verdict} ({} ms) {detail}",
+                attempt.number, attempt.duration_ms
+            );
+        }
+        AgentEvent::ToolError { tool, message } => eprintln!("  tool {tool}: {message}"),
+        AgentEvent::ModelTurn { .. } => {}
+    };
+    let outcome = match agent
+        .run(&args.prompt, &skill, &config, &cancel, &report)
+        .await
+    {
+        Ok(outcome) => outcome,
+        Err(e) => return failed(&format!("{} ({})", e, e.code())),
+    };
+    if let Some(out) = &args.out {
+        for artifact in &outcome.artifacts {
+            let target = out.join(&artifact.path);
+            let bytes = match store.get(&artifact.sha256).await {
+                Ok(bytes) => bytes,
+                Err(e) => return failed(&e.to_string()),
+            };
+            if let Some(parent) = target.parent()
+                && let Err(e) = std::fs::create_dir_all(parent)
+            {
+                return failed(&format!("{}: {e}", parent.display()));
+            }
+            if let Err(e) = std::fs::write(&target, &bytes) {
+                return failed(&format!("{}: {e}", target.display()));
+            }
+            eprintln!("skillbox agent: wrote {}", target.display());
+        }
+    }
+    if args.json {
+        match serde_json::to_string(&outcome) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return failed(&e.to_string()),
+        }
+    } else {
+        if !outcome.answer.is_empty() {
+            println!("{}", outcome.answer);
+        }
+        eprintln!("skillbox agent: {:?}: {}", outcome.status, outcome.reason);
+    }
+    if outcome.status == AgentStatus::Succeeded {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
