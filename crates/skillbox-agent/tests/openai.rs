@@ -314,20 +314,27 @@ async fn name_says_openai_and_the_model() {
 
 #[tokio::test]
 async fn a_429_is_retried_honouring_retry_after() {
-    let server = Server::start(vec![
-        status(429, Some("0"), r#"{"error":{"message":"slow down"}}"#),
-        ok(completion(
-            json!({"role": "assistant", "content": "second try"}),
-        )),
-    ])
-    .await;
+    // Five exponential backoffs take 7.75 s; `Retry-After: 0` makes them immediate, so
+    // the 5 s bound below fails if the header is ignored.
+    let mut answers: Vec<Answer> = (0..5)
+        .map(|_| status(429, Some("0"), r#"{"error":{"message":"slow down"}}"#))
+        .collect();
+    answers.push(ok(completion(
+        json!({"role": "assistant", "content": "sixth try"}),
+    )));
+    let server = Server::start(answers).await;
+    let provider = server.provider(5);
 
-    let reply = complete(&server.provider(3), &[Message::user("hi")], &[])
-        .await
-        .unwrap();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(5),
+        provider.complete(&[Message::user("hi")], &[], &CancellationToken::new()),
+    )
+    .await
+    .expect("Retry-After: 0 was honoured")
+    .unwrap();
 
-    assert_eq!(reply.message.content, "second try");
-    assert_eq!(server.seen().len(), 2);
+    assert_eq!(reply.message.content, "sixth try");
+    assert_eq!(server.seen().len(), 6);
 }
 
 #[tokio::test]

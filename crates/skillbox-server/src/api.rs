@@ -31,6 +31,8 @@ pub struct ServerConfig {
     pub max_queue: usize,
     /// Largest request body (413 above).
     pub body_limit: usize,
+    /// Agent runs (`/v1/agent/runs`); `None` answers 503 there.
+    pub agents: Option<crate::agents::AgentRuns>,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +45,7 @@ impl Default for ServerConfig {
             max_concurrency: cores,
             max_queue: cores * 8,
             body_limit: 48 * 1024 * 1024,
+            agents: None,
         }
     }
 }
@@ -72,6 +75,10 @@ impl AppState {
     pub fn runs_cancel(&self) -> &CancellationToken {
         &self.runs
     }
+
+    pub(crate) fn agents(&self) -> Option<&crate::agents::AgentRuns> {
+        self.config.agents.as_ref()
+    }
 }
 
 #[derive(OpenApi)]
@@ -80,8 +87,17 @@ impl AppState {
         title = "skillbox",
         description = "Run code that AI agents write behind a real boundary."
     ),
-    paths(run, get_object, healthz, metrics),
+    paths(
+        run,
+        get_object,
+        healthz,
+        metrics,
+        crate::agents::create,
+        crate::agents::get
+    ),
     components(schemas(
+        crate::agents::AgentRunRequest,
+        crate::agents::AgentRunCreated,
         RunRequest,
         RunResult,
         ApiError,
@@ -117,7 +133,7 @@ impl Drop for Gauge<'_> {
 
 /// An error answer: `{"error":{"code","message"}}`.
 #[derive(Debug)]
-struct Failure {
+pub(crate) struct Failure {
     status: StatusCode,
     code: String,
     message: String,
@@ -125,7 +141,7 @@ struct Failure {
 }
 
 impl Failure {
-    fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
         Failure {
             status,
             code: code.into(),
@@ -166,7 +182,7 @@ impl From<RunError> for Failure {
     }
 }
 
-fn json_rejection(rejection: JsonRejection) -> Failure {
+pub(crate) fn json_rejection(rejection: JsonRejection) -> Failure {
     let status = rejection.status();
     let (status, code) = match status {
         StatusCode::PAYLOAD_TOO_LARGE => (status, "payload_too_large"),
@@ -186,6 +202,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/run", post(run))
         .route("/run", post(run))
         .route("/v1/objects/{sha256}", get(get_object).head(get_object))
+        .route("/v1/agent/runs", post(crate::agents::create))
+        .route("/v1/agent/runs/{id}", get(crate::agents::get))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))

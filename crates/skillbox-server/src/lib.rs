@@ -4,9 +4,11 @@
 //! a limit is a normal 200 answer. Runs are bounded: `max_concurrency` at once, up to
 //! `max_queue` more waiting, then 429 with `Retry-After`.
 
+mod agents;
 mod api;
 mod metrics;
 
+pub use agents::{AgentModel, AgentRuns};
 pub use api::{ApiDoc, AppState, ServerConfig, router};
 
 use std::net::SocketAddr;

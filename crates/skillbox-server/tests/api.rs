@@ -34,13 +34,21 @@ impl Drop for Server {
 }
 
 async fn start(config: ServerConfig) -> Option<Server> {
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    start_with(config, store, objects).await
+}
+
+async fn start_with(
+    config: ServerConfig,
+    store: ArtifactStore,
+    objects: tempfile::TempDir,
+) -> Option<Server> {
     let native = skillbox_native::probe();
     if !native.available {
         skillbox_env::testkit::skip("server api", &native.reason.unwrap_or_default());
         return None;
     }
-    let objects = tempfile::tempdir().unwrap();
-    let store = ArtifactStore::local(objects.path()).await.unwrap();
     let runner = Runner::new(RunnerConfig::new(shared_data_dir()), store);
     runner
         .prepare(&|line| eprintln!("{line}"))
@@ -500,4 +508,145 @@ async fn clashing_inputs_are_the_requests_fault() {
             .contains("files[1].path"),
         "{json}"
     );
+}
+
+async fn agent_server(data: &std::path::Path) -> Option<Server> {
+    // One store for runs and agent runs, under the data dir, as `skillbox serve` has it.
+    let store = ArtifactStore::local(&data.join("objects")).await.unwrap();
+    let agents = skillbox_server::AgentRuns::open(
+        data.to_path_buf(),
+        store.clone(),
+        skillbox_server::AgentModel::Loopback,
+        2,
+    )
+    .unwrap();
+    let config = ServerConfig {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        agents: Some(agents),
+        ..ServerConfig::default()
+    };
+    start_with(config, store, tempfile::tempdir().unwrap()).await
+}
+
+async fn wait_done(server: &Server, id: &str) -> Value {
+    for _ in 0..600 {
+        let record: Value = server
+            .http
+            .get(format!("{}/v1/agent/runs/{id}", server.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if record["status"] != "running" {
+            return record;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("agent run {id} did not finish");
+}
+
+/// The agent loop over HTTP: two attempts (the first with the ShapeType error), a
+/// verified deck downloadable from its url, and the record still there after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_runs_over_http_ship_a_deck_and_survive_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let Some(server) = agent_server(data.path()).await else {
+        return;
+    };
+    let (status, created) = server
+        .post(
+            "/v1/agent/runs",
+            &json!({"prompt": "Make a 3-slide pitch deck for WorkspaceX.", "skill": "pptx"}),
+        )
+        .await;
+    assert_eq!(status, 202, "{created}");
+    assert_eq!(created["status"], "running");
+    let id = created["id"].as_str().unwrap().to_string();
+    let record = wait_done(&server, &id).await;
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["scripted"], true);
+    let attempts = record["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{record}");
+    assert_eq!(attempts[0]["exitCode"], 1);
+    assert!(
+        attempts[0]["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Missing/Invalid shape parameter")
+    );
+    assert!(
+        attempts[0]["script"]
+            .as_str()
+            .unwrap()
+            .contains("pres.ShapeType")
+    );
+    assert!(attempts[1]["durationMs"].is_u64());
+    let url = record["artifacts"][0]["url"].as_str().unwrap().to_string();
+    let deck = skillbox_pptx::verify(&server.download(&url).await).expect("the deck from its url");
+    assert_eq!(deck.slide_count(), 3);
+    assert!(deck.contains(1, "WorkspaceX"));
+    assert!(
+        deck.contains(3, "hello@workspacex.example"),
+        "{}",
+        deck.text_of(3)
+    );
+    drop(server);
+    let Some(server) = agent_server(data.path()).await else {
+        return;
+    };
+    let again: Value = server
+        .http
+        .get(format!("{}/v1/agent/runs/{id}", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again, record, "the record survives a restart");
+    let sha = record["artifacts"][0]["sha256"].as_str().unwrap();
+    let store = ArtifactStore::local(&data.path().join("objects"))
+        .await
+        .unwrap();
+    let bytes = store.get(sha).await.unwrap();
+    let deck = skillbox_pptx::verify(&bytes).unwrap();
+    assert_eq!(deck.slide_count(), 3);
+    assert!(deck.contains(1, "WorkspaceX"));
+    assert!(url.starts_with(&format!("/v1/objects/{sha}")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_run_bad_input() {
+    let data = tempfile::tempdir().unwrap();
+    let Some(server) = agent_server(data.path()).await else {
+        return;
+    };
+    for (body, needle) in [
+        (json!({"prompt": "  "}), "prompt"),
+        (json!({"prompt": "x", "skill": "excel"}), "skill"),
+        (json!({"prompt": "x", "maxAttempts": 0}), "maxAttempts"),
+        (json!({"prompt": "x", "temperature": 2}), "temperature"),
+    ] {
+        let (status, json) = server.post("/v1/agent/runs", &body).await;
+        assert_eq!(status, 400, "{body} -> {json}");
+        assert!(
+            json["error"]["message"].as_str().unwrap().contains(needle),
+            "{body} -> {json}"
+        );
+    }
+    let response = server
+        .http
+        .get(format!("{}/v1/agent/runs/nope", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    // A server without agent runs says so.
+    let Some(plain) = default_server().await else {
+        return;
+    };
+    let (status, json) = plain.post("/v1/agent/runs", &json!({"prompt": "x"})).await;
+    assert_eq!(status, 503, "{json}");
 }

@@ -99,6 +99,10 @@ pub enum StoreError {
     /// The env failed while collecting (cancellation included: code `aborted`).
     #[error(transparent)]
     Env(#[from] EnvError),
+
+    /// The run records database failed.
+    #[error("run records: {op}: {detail}")]
+    Records { op: String, detail: String },
 }
 
 impl StoreError {
@@ -115,6 +119,7 @@ impl StoreError {
             StoreError::Backend { source, .. } => backend_code(source),
             StoreError::Io { source, .. } => io_code(source),
             StoreError::Env(e) => e.code,
+            StoreError::Records { .. } => ErrorCode::Unknown,
         }
     }
 

@@ -5,10 +5,12 @@
 
 mod collect;
 mod error;
+mod records;
 mod store;
 
 pub use collect::{
     CollectLimits, CollectedFile, StoredArtifact, collect_artifacts, content_type, store_all,
 };
 pub use error::{CollectLimit, StoreError};
+pub use records::{RunRecord, RunRecords};
 pub use store::{ArtifactStore, ArtifactStream, is_sha256_hex, sha256_hex};

@@ -20,6 +20,9 @@ pub struct ServeArgs {
     /// Runs that may wait for a slot before new ones get 429 [default: 8 × max-concurrency]
     #[arg(long)]
     max_queue: Option<usize>,
+    /// The model of agent runs (POST /v1/agent/runs).
+    #[arg(long, value_enum, default_value = "loopback")]
+    model: crate::agent::Model,
 }
 
 pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
@@ -44,6 +47,28 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     }
     if let Some(n) = args.max_queue {
         config.max_queue = n;
+    }
+    let model = match args.model {
+        crate::agent::Model::Loopback => skillbox_server::AgentModel::Loopback,
+        crate::agent::Model::Openai => match skillbox_agent::openai::OpenAiConfig::from_env() {
+            Ok(config) => skillbox_server::AgentModel::OpenAi(config),
+            Err(e) => {
+                eprintln!("skillbox serve: --model openai: {e}");
+                return ExitCode::from(crate::EXIT_USAGE);
+            }
+        },
+    };
+    match skillbox_server::AgentRuns::open(
+        data_dir.to_path_buf(),
+        runner.store().clone(),
+        model,
+        config.max_concurrency,
+    ) {
+        Ok(agents) => config.agents = Some(agents),
+        Err(e) => {
+            eprintln!("skillbox serve: agent runs: {e}");
+            return ExitCode::from(crate::EXIT_SETUP_FAILED);
+        }
     }
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();

@@ -622,3 +622,89 @@ fn run_remote_goes_through_serve() {
         "serve should stop cleanly on SIGTERM: {status:?}"
     );
 }
+
+const DEMO_PROMPT: &str = "Make a 3-slide pitch deck for WorkspaceX: a title slide, three selling points, and contact details.";
+
+/// The README's main command: `skillbox agent` on the demo prompt with the default
+/// (loopback) model prints two attempts, the first failing with the ShapeType error,
+/// and writes a deck the verifier accepts.
+#[test]
+fn agent_on_the_demo_prompt_ships_a_verified_deck() {
+    if !native_or_skip("agent_on_the_demo_prompt") {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let result = skillbox(
+        &shared_data_dir(),
+        &["agent", DEMO_PROMPT, "--out", out.path().to_str().unwrap()],
+    );
+    let stderr = text(&result.stderr);
+    assert!(result.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("scripted model"),
+        "the output must say a scripted model is in use: {stderr}"
+    );
+    let attempts: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("attempt "))
+        .collect();
+    assert_eq!(attempts.len(), 2, "{stderr}");
+    assert!(attempts[0].starts_with("attempt 1: exit 1"), "{stderr}");
+    assert!(
+        attempts[0].contains("Missing/Invalid shape parameter"),
+        "{stderr}"
+    );
+    assert!(attempts[1].starts_with("attempt 2: ok"), "{stderr}");
+    let deck =
+        skillbox_pptx::verify_file(out.path().join("workspacex.pptx")).expect("a verified deck");
+    assert_eq!(deck.slide_count(), 3);
+    assert!(deck.contains(1, "WorkspaceX"));
+    assert!(
+        deck.contains(2, "Book a desk in ten seconds"),
+        "{}",
+        deck.text_of(2)
+    );
+    assert!(
+        deck.contains(3, "hello@workspacex.example"),
+        "{}",
+        deck.text_of(3)
+    );
+    // --json: the outcome with every attempt recorded.
+    let result = skillbox(&shared_data_dir(), &["agent", DEMO_PROMPT, "--json"]);
+    let json: Value = serde_json::from_slice(&result.stdout).unwrap();
+    assert_eq!(json["status"], "succeeded");
+    assert_eq!(json["attempts"].as_array().unwrap().len(), 2);
+    assert_eq!(json["artifacts"][0]["path"], "workspacex.pptx");
+}
+
+#[test]
+fn agent_bad_input_is_one_line_and_exit_2() {
+    let data = tempfile::tempdir().unwrap();
+    let bad_transcript = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad_transcript.path(), "{ not json").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["agent", "  "], "PROMPT"),
+        (vec!["agent", "x", "--skill", "excel"], "excel"),
+        (vec!["agent", "x", "--max-attempts", "0"], "max-attempts"),
+        (
+            vec![
+                "agent",
+                "x",
+                "--transcript",
+                bad_transcript.path().to_str().unwrap(),
+            ],
+            "does not parse",
+        ),
+        (
+            vec!["agent", "x", "--transcript", "/no/such/file.json"],
+            "/no/such/file.json",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = skillbox(data.path(), &args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}

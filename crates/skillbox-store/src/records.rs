@@ -1,0 +1,179 @@
+//! Run records: agent runs persisted in SQLite in the data dir, so they survive a
+//! restart of `skillbox serve`. A record is its status plus a JSON document.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::StoreError;
+
+/// The agent run records of one data dir.
+#[derive(Debug, Clone)]
+pub struct RunRecords {
+    db: Arc<Mutex<Connection>>,
+}
+
+/// One stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    pub id: String,
+    pub status: String,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// The record's JSON document.
+    pub body: String,
+}
+
+fn db_error(op: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
+    move |e| StoreError::Records {
+        op: op.to_string(),
+        detail: e.to_string(),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl RunRecords {
+    /// Opens (creating) `path`. Runs left `running` by a process that died are marked
+    /// `failed`, with the reason in their body, so a client polling them gets an end.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| StoreError::Io {
+                op: "create the records dir",
+                path: parent.display().to_string(),
+                source,
+            })?;
+        }
+        let db = Connection::open(path).map_err(db_error("open the run records"))?;
+        db.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             PRAGMA busy_timeout = 5000;
+             CREATE TABLE IF NOT EXISTS agent_runs (
+                 id TEXT PRIMARY KEY,
+                 status TEXT NOT NULL,
+                 created_ms INTEGER NOT NULL,
+                 updated_ms INTEGER NOT NULL,
+                 body TEXT NOT NULL
+             );",
+        )
+        .map_err(db_error("create the run records table"))?;
+        let interrupted = serde_json::json!({"reason": "interrupted: skillbox stopped while this run was running"}).to_string();
+        db.execute(
+            "UPDATE agent_runs SET status = 'failed', updated_ms = ?1, body = json_patch(body, ?2) WHERE status = 'running'",
+            params![now_ms(), interrupted],
+        )
+        .map_err(db_error("close interrupted runs"))?;
+        Ok(RunRecords {
+            db: Arc::new(Mutex::new(db)),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        op: &str,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let db = self.db.lock().map_err(|_| StoreError::Records {
+            op: op.to_string(),
+            detail: "lock poisoned".into(),
+        })?;
+        f(&db).map_err(db_error(op))
+    }
+
+    /// Inserts a new record.
+    pub fn insert(&self, id: &str, status: &str, body: &str) -> Result<(), StoreError> {
+        let now = now_ms();
+        self.with("insert a run record", |db| {
+            db.execute(
+                "INSERT INTO agent_runs (id, status, created_ms, updated_ms, body) VALUES (?1, ?2, ?3, ?3, ?4)",
+                params![id, status, now, body],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// Replaces a record's status and body.
+    pub fn update(&self, id: &str, status: &str, body: &str) -> Result<(), StoreError> {
+        let now = now_ms();
+        let changed = self.with("update a run record", |db| {
+            db.execute(
+                "UPDATE agent_runs SET status = ?2, updated_ms = ?3, body = ?4 WHERE id = ?1",
+                params![id, status, now, body],
+            )
+        })?;
+        if changed == 0 {
+            return Err(StoreError::Records {
+                op: "update a run record".into(),
+                detail: format!("no run {id}"),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.with("read a run record", |db| {
+            db.query_row(
+                "SELECT id, status, created_ms, updated_ms, body FROM agent_runs WHERE id = ?1",
+                params![id],
+                |row| {
+                    Ok(RunRecord {
+                        id: row.get(0)?,
+                        status: row.get(1)?,
+                        created_ms: row.get(2)?,
+                        updated_ms: row.get(3)?,
+                        body: row.get(4)?,
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_survive_reopening() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("runs.sqlite");
+        let records = RunRecords::open(&path).expect("open");
+        records
+            .insert("a", "running", r#"{"prompt":"x"}"#)
+            .expect("insert");
+        records
+            .insert("b", "running", r#"{"prompt":"y"}"#)
+            .expect("insert");
+        records
+            .update("b", "succeeded", r#"{"prompt":"y","attempts":[]}"#)
+            .expect("update");
+        assert!(
+            records.insert("a", "running", "{}").is_err(),
+            "ids are unique"
+        );
+        assert!(records.update("zzz", "failed", "{}").is_err());
+        assert_eq!(
+            records.get("b").expect("get").expect("b").status,
+            "succeeded"
+        );
+        assert_eq!(records.get("nope").expect("get"), None);
+        drop(records);
+        // A restart: the run that was running is closed as failed, the finished one kept.
+        let records = RunRecords::open(&path).expect("reopen");
+        let a = records.get("a").expect("get").expect("a");
+        assert_eq!(a.status, "failed");
+        assert!(a.body.contains("interrupted"), "{}", a.body);
+        assert!(a.body.contains("\"prompt\":\"x\""), "{}", a.body);
+        assert_eq!(
+            records.get("b").expect("get").expect("b").body,
+            r#"{"prompt":"y","attempts":[]}"#
+        );
+    }
+}
