@@ -262,7 +262,7 @@ impl ModelProvider for OpenAiProvider {
             if retries >= self.config.max_retries {
                 return Err(error);
             }
-            let delay = after.unwrap_or_else(|| backoff(retries)).min(MAX_BACKOFF);
+            let delay = retry_delay(after, retries);
             tracing::warn!(
                 provider = %self.name(),
                 retry = retries + 1,
@@ -291,6 +291,12 @@ impl From<Failure> for ProviderError {
             Failure::Retry { error, .. } | Failure::Stop(error) => error,
         }
     }
+}
+
+/// The wait before retry number `retries + 1`: the server's `Retry-After` when it
+/// sent one, else exponential backoff; never more than `MAX_BACKOFF`.
+fn retry_delay(after: Option<Duration>, retries: u32) -> Duration {
+    after.unwrap_or_else(|| backoff(retries)).min(MAX_BACKOFF)
 }
 
 fn backoff(retries: u32) -> Duration {
@@ -602,6 +608,37 @@ fn excerpt(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_wins_over_backoff_and_is_capped() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        assert_eq!(retry_after(&headers), None);
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            reqwest::header::HeaderValue::from_static("0"),
+        );
+        assert_eq!(retry_after(&headers), Some(Duration::ZERO));
+        assert_eq!(retry_delay(retry_after(&headers), 4), Duration::ZERO);
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            reqwest::header::HeaderValue::from_static("3"),
+        );
+        assert_eq!(
+            retry_delay(retry_after(&headers), 0),
+            Duration::from_secs(3)
+        );
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            reqwest::header::HeaderValue::from_static("3600"),
+        );
+        assert_eq!(retry_delay(retry_after(&headers), 0), MAX_BACKOFF);
+        headers.insert(
+            reqwest::header::RETRY_AFTER,
+            reqwest::header::HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_delay(retry_after(&headers), 1), backoff(1));
+        assert_eq!(retry_delay(None, 2), backoff(2));
+    }
 
     #[test]
     fn backoff_doubles_from_250ms_and_stops_at_10s() {
