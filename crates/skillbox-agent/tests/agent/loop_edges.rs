@@ -2,8 +2,6 @@
 //! the shipped pptx session, the retry limit, cancellation mid-run, malformed tool
 //! calls, a provider that never answers, and a verification failure fed back.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

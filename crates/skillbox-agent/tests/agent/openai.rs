@@ -2,8 +2,6 @@
 //! the request it sends, the answers it accepts and rejects, retries, timeouts,
 //! cancellation. No network.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
-
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,6 @@
+//! skillbox-agent's integration tests: one binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod loop_edges;
+mod openai;
