@@ -20,6 +20,10 @@ use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec,
 use crate::skills::Skill;
 
 const WORKSPACE: &str = "/workspace";
+/// Tool calls executed per model turn; the rest are answered "skipped".
+const MAX_CALLS_PER_TURN: usize = 8;
+/// The largest file `read_file` hands to the model.
+const MAX_READ_BYTES: u64 = 256 * 1024;
 
 /// Bounds of one agent run.
 #[derive(Debug, Clone)]
@@ -105,6 +109,17 @@ pub struct AgentOutcome {
     pub attempts: Vec<Attempt>,
     /// The files of the last successful run, stored.
     pub artifacts: Vec<ArtifactInfo>,
+    /// Set when the run ended on an error (the model, the sandbox, the store) rather
+    /// than by its own bounds; the attempts made until then are kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+}
+
+/// An error, as a stable code and a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ErrorInfo {
+    pub code: String,
+    pub message: String,
 }
 
 /// What the loop reports as it goes (for live output).
@@ -249,6 +264,10 @@ struct Session<'a> {
     env: &'a dyn ExecutionEnv,
     config: &'a AgentConfig,
     cancel: &'a CancellationToken,
+    /// When the whole run must end.
+    deadline: Instant,
+    /// A successful run must leave at least one file with this extension.
+    requires: Option<&'static str>,
     attempts: Vec<Attempt>,
     failed_runs: u32,
     last_good: Option<Vec<CollectedFile>>,
@@ -285,6 +304,24 @@ impl Session<'_> {
 
     async fn read_file(&self, call: &ToolCall) -> Result<String, String> {
         let path = workspace_path(&string_arg(call, "path")?)?;
+        // The size of what a read would return (through a symlink inside /workspace too).
+        let target = self
+            .env
+            .canonical(&path, self.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        let info = self
+            .env
+            .file_info(&target, self.cancel)
+            .await
+            .map_err(|e| e.to_string())?;
+        if info.size > MAX_READ_BYTES {
+            return Err(format!(
+                "read_file {}: {} bytes, more than the {MAX_READ_BYTES} bytes a read may return",
+                path.display(),
+                info.size
+            ));
+        }
         let text = self
             .env
             .read_text(&path, self.cancel)
@@ -343,7 +380,14 @@ impl Session<'_> {
             }
         };
         let name = script_name(language);
-        let script_path = Path::new(WORKSPACE).join(name);
+        // Scripts live in the env's scratch dir, which is never collected: a script of
+        // an earlier attempt is not an artifact.
+        let scratch = Path::new(WORKSPACE).join(".tmp");
+        self.env
+            .create_dir(&scratch, true, self.cancel)
+            .await
+            .map_err(AgentError::Sandbox)?;
+        let script_path = scratch.join(name);
         self.env
             .write(&script_path, script.as_bytes(), self.cancel)
             .await
@@ -351,7 +395,14 @@ impl Session<'_> {
         let request =
             ExecRequest::argv(script_command(language, &script_path.display().to_string()))
                 .cwd(WORKSPACE)
-                .timeout(self.config.limits.timeout());
+                // Never past the run's deadline.
+                .timeout(
+                    self.config
+                        .limits
+                        .timeout()
+                        .min(self.deadline.saturating_duration_since(Instant::now()))
+                        .max(Duration::from_millis(1)),
+                );
         let output = self
             .env
             .exec(request, self.cancel)
@@ -360,21 +411,40 @@ impl Session<'_> {
                 skillbox_env::ErrorCode::Aborted => AgentError::Cancelled,
                 _ => AgentError::Sandbox(e),
             })?;
-        let inputs = BTreeMap::from([(
-            PathBuf::from(name),
-            skillbox_store::sha256_hex(script.as_bytes()),
-        )]);
-        let files = collect_artifacts(
+        // Files over the collection limits fail the attempt, with the reason fed back.
+        let (files, collect_error) = match collect_artifacts(
             self.env,
             Path::new(WORKSPACE),
-            &inputs,
+            &BTreeMap::new(),
             CollectLimits::default(),
             self.cancel,
         )
         .await
-        .map_err(|e| AgentError::Store(e.to_string()))?;
-        let verification = verify(&files);
-        let succeeded = output.success() && verification.iter().all(|v| v.ok);
+        {
+            Ok(files) => (files, None),
+            Err(e) if e.code() == skillbox_env::ErrorCode::Aborted => {
+                return Err(AgentError::Cancelled);
+            }
+            Err(e) if e.code() == skillbox_env::ErrorCode::ResourceExhausted => {
+                (Vec::new(), Some(e.to_string()))
+            }
+            Err(e) => return Err(AgentError::Store(e.to_string())),
+        };
+        let mut verification = verify(&files);
+        if let Some(extension) = self.requires
+            && output.success()
+            && collect_error.is_none()
+            && !files.iter().any(|f| f.path.ends_with(extension))
+        {
+            verification.push(Verification {
+                path: format!("*{extension}"),
+                ok: false,
+                slides: None,
+                error: Some(format!("the run made no {extension} file in /workspace")),
+            });
+        }
+        let succeeded =
+            output.success() && collect_error.is_none() && verification.iter().all(|v| v.ok);
         let attempt = Attempt {
             number: self.attempts.len() as u32 + 1,
             language,
@@ -399,6 +469,7 @@ impl Session<'_> {
             "stderr": attempt.stderr,
             "files": files.iter().map(|f| json!({"path": f.path, "size": f.size})).collect::<Vec<_>>(),
             "verification": verification,
+            "collectError": collect_error,
         })
         .to_string();
         if succeeded {
@@ -480,74 +551,29 @@ impl Agent {
             env,
             config,
             cancel,
+            deadline: started + config.deadline,
+            requires: skill.requires,
             attempts: Vec::new(),
             failed_runs: 0,
             last_good: None,
         };
         let mut answer = String::new();
-        let mut turn = 0;
-        let (status, reason) = loop {
-            if cancel.is_cancelled() {
+        let ended = self
+            .turns(&mut session, &mut messages, &tools, &mut answer, report)
+            .await;
+        let (status, reason, error) = match ended {
+            Ok((status, reason)) => (status, reason, None),
+            // Cancelled is the caller's own doing: no outcome.
+            Err(AgentError::Cancelled | AgentError::Provider(ProviderError::Cancelled)) => {
                 return Err(AgentError::Cancelled);
             }
-            if turn >= config.max_turns {
-                break (
-                    AgentStatus::Failed,
-                    format!("the model took {turn} turns without finishing (maxTurns)"),
-                );
-            }
-            let Some(left) = config.deadline.checked_sub(started.elapsed()) else {
-                break (
-                    AgentStatus::Failed,
-                    format!(
-                        "the run passed its deadline of {} s",
-                        config.deadline.as_secs()
-                    ),
-                );
-            };
-            turn += 1;
-            let reply = tokio::select! {
-                reply = self.provider.complete(&messages, &tools, cancel) => reply?,
-                () = tokio::time::sleep(left) => {
-                    break (AgentStatus::Failed, format!("the run passed its deadline of {} s", config.deadline.as_secs()));
-                }
-            };
-            report(AgentEvent::ModelTurn {
-                turn,
-                text: &reply.message.content,
-            });
-            answer = reply.message.content.clone();
-            let calls = reply.message.tool_calls.clone();
-            messages.push(reply.message);
-            if calls.is_empty() {
-                break match &session.last_good {
-                    Some(_) => (
-                        AgentStatus::Succeeded,
-                        "the model stopped after a run that made verified files".to_string(),
-                    ),
-                    None if session.attempts.is_empty() => (
-                        AgentStatus::Failed,
-                        "the model answered without running anything".to_string(),
-                    ),
-                    None => (
-                        AgentStatus::Failed,
-                        "the model stopped without a successful run".to_string(),
-                    ),
+            // Any other error ends the run, but keeps what was tried until then.
+            Err(e) => {
+                let info = ErrorInfo {
+                    code: e.code().into(),
+                    message: e.to_string(),
                 };
-            }
-            for (i, call) in calls.iter().enumerate() {
-                let usage = if i == 0 { reply.usage } else { None };
-                let content = session.tool(call, usage, report).await?;
-                messages.push(Message::tool(call.id.clone(), content));
-            }
-            if session.failed_runs >= config.max_attempts {
-                break (
-                    AgentStatus::Failed,
-                    format!(
-                        "{} runs failed (maxAttempts {})",
-                        session.failed_runs, config.max_attempts
-                    ),
-                );
+                (AgentStatus::Failed, e.to_string(), Some(info))
             }
         };
         let artifacts = match session
@@ -577,6 +603,102 @@ impl Agent {
             answer,
             attempts: session.attempts,
             artifacts,
+            error,
         })
+    }
+
+    /// Model turns until the run ends by its own bounds (`Ok`) or on an error.
+    async fn turns(
+        &self,
+        session: &mut Session<'_>,
+        messages: &mut Vec<Message>,
+        tools: &[ToolSpec],
+        answer: &mut String,
+        report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
+    ) -> Result<(AgentStatus, String), AgentError> {
+        let config = session.config;
+        let cancel = session.cancel;
+        let past_deadline = || {
+            format!(
+                "the run passed its deadline of {} s",
+                config.deadline.as_secs()
+            )
+        };
+        let mut turn = 0;
+        loop {
+            if cancel.is_cancelled() {
+                return Err(AgentError::Cancelled);
+            }
+            if turn >= config.max_turns {
+                return Ok((
+                    AgentStatus::Failed,
+                    format!("the model took {turn} turns without finishing (maxTurns)"),
+                ));
+            }
+            let left = session.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok((AgentStatus::Failed, past_deadline()));
+            }
+            turn += 1;
+            let reply = tokio::select! {
+                reply = self.provider.complete(messages, tools, cancel) => reply?,
+                () = tokio::time::sleep(left) => return Ok((AgentStatus::Failed, past_deadline())),
+            };
+            report(AgentEvent::ModelTurn {
+                turn,
+                text: &reply.message.content,
+            });
+            answer.clone_from(&reply.message.content);
+            let calls = reply.message.tool_calls.clone();
+            messages.push(reply.message);
+            if calls.is_empty() {
+                return Ok(match &session.last_good {
+                    Some(_) => (
+                        AgentStatus::Succeeded,
+                        "the model stopped after a run that made verified files".to_string(),
+                    ),
+                    None if session.attempts.is_empty() => (
+                        AgentStatus::Failed,
+                        "the model answered without running anything".to_string(),
+                    ),
+                    None => (
+                        AgentStatus::Failed,
+                        "the model stopped without a successful run".to_string(),
+                    ),
+                });
+            }
+            // Every call gets an answer (the API wants one per id), but the bounds hold
+            // inside a turn too: once one is reached, the rest are skipped.
+            for (i, call) in calls.iter().enumerate() {
+                let skip = if cancel.is_cancelled() {
+                    return Err(AgentError::Cancelled);
+                } else if session.failed_runs >= config.max_attempts {
+                    Some("maxAttempts reached")
+                } else if Instant::now() >= session.deadline {
+                    Some("the run's deadline passed")
+                } else if i >= MAX_CALLS_PER_TURN {
+                    Some("too many tool calls in one turn")
+                } else {
+                    None
+                };
+                let content = match skip {
+                    Some(why) => json!({"error": format!("skipped: {why}")}).to_string(),
+                    None => {
+                        let usage = if i == 0 { reply.usage } else { None };
+                        session.tool(call, usage, report).await?
+                    }
+                };
+                messages.push(Message::tool(call.id.clone(), content));
+            }
+            if session.failed_runs >= config.max_attempts {
+                return Ok((
+                    AgentStatus::Failed,
+                    format!(
+                        "{} runs failed (maxAttempts {})",
+                        session.failed_runs, config.max_attempts
+                    ),
+                ));
+            }
+        }
     }
 }

@@ -110,6 +110,14 @@ impl OpenAiConfig {
                 "model URL {base:?} has no host"
             )));
         }
+        // Credentials in the URL would end up in errors and records: the key goes in
+        // SKILLBOX_API_KEY. (The message names the host only.)
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(ProviderError::Config(format!(
+                "the model URL for host {:?} carries credentials: remove them and set SKILLBOX_API_KEY",
+                url.host_str().unwrap_or("")
+            )));
+        }
         if url.query().is_some() || url.fragment().is_some() {
             return Err(ProviderError::Config(format!(
                 "model URL {base:?} has a query or fragment: give only the base, e.g. https://api.openai.com/v1"
@@ -638,6 +646,14 @@ mod tests {
         );
         assert_eq!(retry_delay(retry_after(&headers), 1), backoff(1));
         assert_eq!(retry_delay(None, 2), backoff(2));
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_refused_without_echoing_them() {
+        let config = OpenAiConfig::new("https://user:hunter2@api.example.com/v1", "m");
+        let err = config.validate().expect_err("credentials in the URL");
+        assert!(err.to_string().contains("credentials"), "{err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
     }
 
     #[test]

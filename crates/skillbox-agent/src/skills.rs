@@ -9,6 +9,8 @@ pub struct Skill {
     pub instructions: &'static str,
     /// The loopback transcript (JSON), if the skill ships one.
     pub transcript: Option<&'static str>,
+    /// A successful run must leave at least one file with this extension (verified).
+    pub requires: Option<&'static str>,
 }
 
 /// The names of the built-in skills.
@@ -21,6 +23,7 @@ pub fn builtin_skill(name: &str) -> Option<Skill> {
             name: "pptx",
             instructions: include_str!("../../../skills/pptx/SKILL.md"),
             transcript: Some(include_str!("../../../skills/pptx/loopback.json")),
+            requires: Some(".pptx"),
         }),
         _ => None,
     }

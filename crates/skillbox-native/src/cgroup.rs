@@ -73,9 +73,9 @@ impl Host {
     }
 }
 
-/// The cgroup path of this process in hierarchy `id` (v1 controller name, or "" for v2).
-fn own_path(controller: &str) -> Option<String> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+/// The cgroup path of this process in hierarchy `id` (v1 controller name, or "" for v2),
+/// from the text of `/proc/self/cgroup`.
+fn own_path(text: &str, controller: &str) -> Option<String> {
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, names, path) = (parts.next()?, parts.next()?, parts.next()?);
@@ -95,33 +95,34 @@ fn writable_dir(dir: &Path) -> bool {
 }
 
 fn detect() -> Host {
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let v1 = |controller: &str| -> Option<PathBuf> {
         let mount = Path::new(ROOT).join(controller);
         if !mount.join("cgroup.procs").exists() || mount.join("cgroup.subtree_control").exists() {
             return None;
         }
-        let own = own_path(controller)?;
-        let dir = mount.join(own.trim_start_matches('/'));
+        let path = own_path(&own, controller)?;
+        let dir = mount.join(path.trim_start_matches('/'));
         writable_dir(&dir).then_some(dir)
     };
     let (memory, pids, cpu) = (v1("memory"), v1("pids"), v1("cpu"));
     if memory.is_some() || pids.is_some() || cpu.is_some() {
         return Host::V1 { memory, pids, cpu };
     }
-    match detect_v2() {
+    match detect_v2(&own) {
         Ok(host) => host,
         Err(reason) => Host::None(reason),
     }
 }
 
-fn detect_v2() -> Result<Host, String> {
+fn detect_v2(own: &str) -> Result<Host, String> {
     let root = Path::new(ROOT);
     if !root.join("cgroup.controllers").exists() {
         return Err(
             "no cgroup v2 hierarchy at /sys/fs/cgroup and no writable v1 controllers".into(),
         );
     }
-    let own = own_path("").ok_or("cannot read this process's cgroup")?;
+    let own = own_path(own, "").ok_or("cannot read this process's cgroup")?;
     let mut dir = root.join(own.trim_start_matches('/'));
     if !writable_dir(&dir) {
         return Err(format!(

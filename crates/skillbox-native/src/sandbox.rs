@@ -45,6 +45,13 @@ impl NativeBackend {
         }
     }
 
+    /// As [`NativeBackend::create`], on the calling thread: for a one-shot CLI, where a
+    /// blocking millisecond costs less than starting a worker thread.
+    pub fn create_blocking(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
+        crate::spawn::warm_up();
+        NativeSandbox::prepare(&self.data_dir, spec)
+    }
+
     /// Prepares a sandbox: its root, `/etc`, workspace and limits. Refuses with
     /// `unavailable` naming the layer this host cannot give.
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {

@@ -36,6 +36,12 @@ pub struct AgentRuns {
     data_dir: PathBuf,
     model: AgentModel,
     slots: Arc<Semaphore>,
+    /// Runs started and not yet recorded as ended (running or waiting for a slot).
+    in_system: Arc<std::sync::atomic::AtomicUsize>,
+    /// Most runs in the system before new ones get 429.
+    max_in_system: usize,
+    /// The background runs, so shutdown can wait for their records.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl AgentRuns {
@@ -48,13 +54,28 @@ impl AgentRuns {
     ) -> Result<Self, String> {
         let records =
             RunRecords::open(&data_dir.join("agent-runs.sqlite")).map_err(|e| e.to_string())?;
+        let max_concurrency = max_concurrency.max(1);
         Ok(AgentRuns {
             records,
             store,
             data_dir,
             model,
-            slots: Arc::new(Semaphore::new(max_concurrency.max(1))),
+            slots: Arc::new(Semaphore::new(max_concurrency)),
+            in_system: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            max_in_system: max_concurrency * 8,
+            tasks: tokio_util::task::TaskTracker::new(),
         })
+    }
+
+    /// Waits (at most `limit`) for the background runs to record how they ended.
+    pub async fn wait(&self, limit: std::time::Duration) {
+        self.tasks.close();
+        if tokio::time::timeout(limit, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown: some agent runs did not finish recording in time");
+        }
     }
 
     fn provider(&self, skill: &skillbox_agent::Skill) -> Result<Arc<dyn ModelProvider>, String> {
@@ -157,6 +178,26 @@ pub async fn create(
             format!("model: {e}"),
         )
     })?;
+    // Bounded like /v1/run: past the limit, 429 instead of an ever-growing backlog.
+    if agents
+        .in_system
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        >= agents.max_in_system
+    {
+        agents
+            .in_system
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        let mut failure = Failure::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "overloaded",
+            format!(
+                "{} agent runs are running or waiting; retry later",
+                agents.max_in_system
+            ),
+        );
+        failure.retry_after = Some(5);
+        return Err(failure);
+    }
     let id = new_id();
     let record = json!({"id": id, "status": "running", "prompt": request.prompt, "skill": skill_name,
         "maxAttempts": max_attempts, "model": provider.name(), "scripted": provider.is_scripted(),
@@ -164,44 +205,92 @@ pub async fn create(
     agents
         .records
         .insert(&id, "running", &record.to_string())
-        .map_err(|e| Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown", e.to_string()))?;
+        .map_err(|e| {
+            agents
+                .in_system
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            Failure::new(StatusCode::INTERNAL_SERVER_ERROR, "unknown", e.to_string())
+        })?;
     let cancel = state.runs_cancel().child_token();
     let agents = agents.clone();
     let run_id = id.clone();
-    tokio::spawn(async move {
-        let _slot = agents.slots.clone().acquire_owned().await;
-        let agent = Agent::new(provider, agents.store.clone(), &agents.data_dir);
-        let config = AgentConfig {
-            max_attempts,
-            ..AgentConfig::default()
-        };
-        let result = agent
-            .run(&request.prompt, &skill, &config, &cancel, &|_| {})
-            .await;
-        let mut record = record;
-        let status = match result {
-            Ok(outcome) => {
-                let status = match outcome.status {
-                    skillbox_agent::AgentStatus::Succeeded => "succeeded",
-                    skillbox_agent::AgentStatus::Failed => "failed",
+    let tracker = agents.tasks.clone();
+    tracker.spawn(async move {
+        // The work runs in its own task, so a panic there still ends the record.
+        let work = {
+            let agents = agents.clone();
+            let run_id = run_id.clone();
+            let mut record = record.clone();
+            tokio::spawn(async move {
+                let slot = tokio::select! {
+                    slot = agents.slots.clone().acquire_owned() => slot.ok(),
+                    () = cancel.cancelled() => None,
                 };
-                if let (Some(object), Ok(serde_json::Value::Object(fields))) =
-                    (record.as_object_mut(), serde_json::to_value(&outcome))
-                {
-                    object.extend(fields);
-                }
-                status
-            }
-            Err(error) => {
-                record["reason"] = json!(error.to_string());
-                record["error"] = json!({"code": error.code(), "message": error.to_string()});
-                "failed"
+                let Some(_slot) = slot else {
+                    record["reason"] = json!("cancelled before it started");
+                    return ("failed", record);
+                };
+                let agent = Agent::new(provider, agents.store.clone(), &agents.data_dir);
+                let config = AgentConfig {
+                    max_attempts,
+                    ..AgentConfig::default()
+                };
+                // Each attempt is saved as it happens, so GET shows progress.
+                let progress = std::sync::Mutex::new(Vec::new());
+                let report = |event: skillbox_agent::AgentEvent<'_>| {
+                    if let skillbox_agent::AgentEvent::Attempt(attempt) = event
+                        && let Ok(mut attempts) = progress.lock()
+                    {
+                        attempts.push(serde_json::to_value(attempt).unwrap_or_default());
+                        let mut live = record.clone();
+                        live["attempts"] = json!(*attempts);
+                        let _ = agents.records.update(&run_id, "running", &live.to_string());
+                    }
+                };
+                let result = agent
+                    .run(&request.prompt, &skill, &config, &cancel, &report)
+                    .await;
+                let status = match result {
+                    Ok(outcome) => {
+                        let status = match outcome.status {
+                            skillbox_agent::AgentStatus::Succeeded => "succeeded",
+                            skillbox_agent::AgentStatus::Failed => "failed",
+                        };
+                        if let (Some(object), Ok(serde_json::Value::Object(fields))) =
+                            (record.as_object_mut(), serde_json::to_value(&outcome))
+                        {
+                            object.extend(fields);
+                        }
+                        status
+                    }
+                    Err(error) => {
+                        if let Ok(attempts) = progress.lock() {
+                            record["attempts"] = json!(*attempts);
+                        }
+                        record["reason"] = json!(error.to_string());
+                        record["error"] =
+                            json!({"code": error.code(), "message": error.to_string()});
+                        "failed"
+                    }
+                };
+                (status, record)
+            })
+        };
+        let (status, mut record) = match work.await {
+            Ok(done) => done,
+            Err(e) => {
+                let mut record = record;
+                record["reason"] = json!(format!("the run crashed: {e}"));
+                ("failed", record)
             }
         };
         record["status"] = json!(status);
         if let Err(e) = agents.records.update(&run_id, status, &record.to_string()) {
             tracing::error!(id = %run_id, error = %e, "agent run: cannot record the outcome");
         }
+        agents
+            .in_system
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     });
     Ok((
         StatusCode::ACCEPTED,

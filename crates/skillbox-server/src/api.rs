@@ -137,7 +137,7 @@ pub(crate) struct Failure {
     status: StatusCode,
     code: String,
     message: String,
-    retry_after: Option<u32>,
+    pub(crate) retry_after: Option<u32>,
 }
 
 impl Failure {

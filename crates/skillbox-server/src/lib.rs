@@ -36,6 +36,7 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
+    let config_agents = config.agents.clone();
     let state = AppState::new(config, runner, shutdown.child_token());
     let app = router(state.clone());
     tracing::info!(%addr, "skillbox serve: listening");
@@ -44,5 +45,9 @@ pub async fn serve_on(
         .with_graceful_shutdown(async move { graceful.cancelled().await })
         .await?;
     state.runs_cancel().cancel();
+    // Agent runs end on the cancel; give them a moment to record how they ended.
+    if let Some(agents) = &config_agents {
+        agents.wait(std::time::Duration::from_secs(30)).await;
+    }
     Ok(())
 }

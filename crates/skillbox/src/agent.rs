@@ -194,6 +194,10 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         .await
     {
         Ok(outcome) => outcome,
+        Err(skillbox_agent::AgentError::Cancelled) => {
+            eprintln!("skillbox agent: cancelled");
+            return ExitCode::from(130);
+        }
         Err(e) => return failed(&format!("{} ({})", e, e.code())),
     };
     if let Some(out) = &args.out {

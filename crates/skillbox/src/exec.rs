@@ -74,7 +74,10 @@ async fn make_env(
                 limits,
                 ..SandboxSpec::default()
             };
-            Ok(Box::new(NativeBackend::new(data_dir).create(spec).await?))
+            // One-shot: prepare on this thread instead of starting a worker for it.
+            Ok(Box::new(
+                NativeBackend::new(data_dir).create_blocking(spec)?,
+            ))
         }
         BackendName::Host => {
             let cwd = match &args.workdir {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use serde_json::json;
 use skillbox_agent::{
     Agent, AgentConfig, AgentError, AgentEvent, AgentStatus, LoopbackProvider, Message,
-    ModelProvider, ProviderError, Reply, ToolSpec, builtin_skill,
+    ModelProvider, ProviderError, Reply, Skill, ToolSpec, builtin_skill,
 };
 use skillbox_env::CancellationToken;
 use skillbox_store::ArtifactStore;
@@ -40,6 +40,14 @@ fn run_script(language: &str, script: &str) -> serde_json::Value {
 }
 
 fn quiet(_: AgentEvent<'_>) {}
+
+/// A skill that asks for no particular file, for the loop's generic edges.
+const GENERIC: Skill = Skill {
+    name: "test",
+    instructions: "Run scripts in /workspace.",
+    transcript: None,
+    requires: None,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_pptx_session_fails_once_then_ships_a_verified_deck() {
@@ -93,13 +101,7 @@ async fn failed_runs_stop_at_max_attempts() {
         ..AgentConfig::default()
     };
     let outcome = agent
-        .run(
-            "go",
-            &builtin_skill("pptx").unwrap(),
-            &config,
-            &CancellationToken::new(),
-            &quiet,
-        )
+        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
         .await
         .unwrap();
     assert_eq!(outcome.status, AgentStatus::Failed);
@@ -143,13 +145,7 @@ async fn cancelling_mid_run_stops_the_script_and_the_loop() {
         })
     };
     let result = agent
-        .run(
-            "go",
-            &builtin_skill("pptx").unwrap(),
-            &AgentConfig::default(),
-            &cancel,
-            &quiet,
-        )
+        .run("go", &GENERIC, &AgentConfig::default(), &cancel, &quiet)
         .await;
     assert!(trigger.await.unwrap(), "the script never started");
     assert!(matches!(result, Err(AgentError::Cancelled)), "{result:?}");
@@ -171,7 +167,7 @@ async fn malformed_tool_calls_are_fed_back_not_fatal() {
     let outcome = agent
         .run(
             "go",
-            &builtin_skill("pptx").unwrap(),
+            &GENERIC,
             &AgentConfig::default(),
             &CancellationToken::new(),
             &quiet,
@@ -200,7 +196,7 @@ async fn a_verification_failure_counts_as_a_failed_attempt_and_is_fed_back() {
     let outcome = agent
         .run(
             "go",
-            &builtin_skill("pptx").unwrap(),
+            &GENERIC,
             &AgentConfig::default(),
             &CancellationToken::new(),
             &quiet,
@@ -263,13 +259,7 @@ async fn a_provider_that_never_answers_is_bounded_by_the_deadline() {
     };
     let outcome = tokio::time::timeout(
         Duration::from_secs(30),
-        agent.run(
-            "go",
-            &builtin_skill("pptx").unwrap(),
-            &config,
-            &CancellationToken::new(),
-            &quiet,
-        ),
+        agent.run("go", &GENERIC, &config, &CancellationToken::new(), &quiet),
     )
     .await
     .expect("the deadline must end the run")
@@ -312,4 +302,141 @@ async fn an_empty_prompt_and_a_model_that_never_runs_anything() {
         "{}",
         outcome.reason
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pptx_skill_needs_a_verified_pptx_to_succeed() {
+    let provider = loopback(json!([
+        {"toolCalls": [run_script("sh", "echo hi > notes.txt")]},
+        {"expect": {"exitCode": 0, "resultContains": "made no .pptx"}, "text": "done"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let outcome = agent
+        .run(
+            "go",
+            &builtin_skill("pptx").unwrap(),
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Failed, "{outcome:?}");
+    assert!(!outcome.attempts[0].succeeded);
+    assert!(outcome.artifacts.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_calls_in_one_turn_still_stop_at_max_attempts() {
+    let failing = run_script("sh", "exit 9");
+    let provider = loopback(json!([
+        {"toolCalls": [failing, failing, failing, failing, failing]},
+        {"text": "never reached"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let config = AgentConfig {
+        max_attempts: 2,
+        ..AgentConfig::default()
+    };
+    let outcome = agent
+        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Failed);
+    assert_eq!(
+        outcome.attempts.len(),
+        2,
+        "the calls after maxAttempts are skipped, not run"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_script_is_cut_at_the_runs_deadline() {
+    let provider = loopback(
+        json!([{"toolCalls": [run_script("sh", "sleep 300")]}, {"text": "never reached"}]),
+    );
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let config = AgentConfig {
+        deadline: Duration::from_secs(1),
+        ..AgentConfig::default()
+    };
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        agent.run("go", &GENERIC, &config, &CancellationToken::new(), &quiet),
+    )
+    .await
+    .expect("a guard against a hang")
+    .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Failed);
+    assert!(
+        outcome.attempts[0].timed_out,
+        "the script must be stopped by the run's deadline"
+    );
+    assert!(outcome.reason.contains("deadline"), "{}", outcome.reason);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_error_ends_the_run_but_keeps_the_attempts() {
+    let provider = loopback(json!([
+        {"toolCalls": [run_script("sh", "echo made > a.txt")]},
+        {"expect": {"exitCode": 7}, "text": "the transcript expected another result"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let outcome = agent
+        .run(
+            "go",
+            &GENERIC,
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Failed);
+    assert_eq!(
+        outcome.attempts.len(),
+        1,
+        "the attempt before the error is kept"
+    );
+    let error = outcome.error.expect("the error is recorded");
+    assert!(
+        error.message.contains("turn 2 expected exit code 7"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_file_cannot_follow_a_symlink_out_of_the_workspace() {
+    let provider = loopback(json!([
+        {"toolCalls": [run_script("sh", "ln -s /etc/passwd leak; ln -s ../../../../etc/hostname leak2; echo ok")]},
+        {"expect": {"exitCode": 0}, "toolCalls": [{"name": "read_file", "arguments": {"path": "leak"}}]},
+        {"expect": {"resultContains": "permission_denied"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "/workspace/leak2"}}]},
+        {"expect": {"resultContains": "permission_denied"}, "text": "done"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let outcome = agent
+        .run(
+            "go",
+            &GENERIC,
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap();
+    // The transcript's expectations (both reads answered permission_denied) held:
+    // a mismatch would have ended the run with an error.
+    assert_eq!(outcome.error, None, "{outcome:?}");
+    assert_eq!(outcome.answer, "done");
 }
