@@ -1,6 +1,7 @@
 //! The file half of an env. Paths are the env's own paths (inside a sandbox:
 //! `/workspace/...`); relative paths are taken from [`FileSystem::cwd`].
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -8,7 +9,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use crate::CancellationToken;
-use crate::error::EnvResult;
+use crate::error::{EnvError, EnvResult};
 use crate::path::normalize;
 
 /// The kind of a directory entry. Symlinks are reported, never followed.
@@ -124,4 +125,23 @@ pub trait FileSystem: Send + Sync {
     /// Removes everything this env created for itself (temp dirs, a temp workspace) and
     /// ends anything still running. The env is unusable afterwards.
     async fn cleanup(&self) -> EnvResult<()>;
+}
+
+/// Reads at most `max` lines from `reader`.
+pub fn first_lines(reader: impl BufRead, max: usize, path: &Path) -> EnvResult<TextLines> {
+    let mut lines = Vec::new();
+    for line in reader.lines() {
+        let line = line.map_err(|e| EnvError::io(&e, "read", path))?;
+        if lines.len() == max {
+            return Ok(TextLines {
+                lines,
+                truncated: true,
+            });
+        }
+        lines.push(line);
+    }
+    Ok(TextLines {
+        lines,
+        truncated: false,
+    })
 }

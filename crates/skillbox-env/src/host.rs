@@ -2,7 +2,7 @@
 //! the caller's view of the machine. Use it only for code you would run in your own shell.
 
 use std::collections::HashSet;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{EnvError, EnvResult};
 use crate::exec::{ExecEvent, ExecOutput, ExecRequest, ExecStream, StreamKind, pump_output};
-use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines};
+use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines, first_lines};
 use crate::limits::Limits;
 use crate::path::temp_name;
 use crate::{Boundary, CancellationToken, ExecutionEnv, Shell, Truncated, blocking};
@@ -75,25 +75,6 @@ fn kind_of(file_type: std::fs::FileType) -> FileKind {
     } else {
         FileKind::Other
     }
-}
-
-/// Reads at most `max` lines from `reader`.
-pub(crate) fn first_lines(reader: impl BufRead, max: usize, path: &Path) -> EnvResult<TextLines> {
-    let mut lines = Vec::new();
-    for line in reader.lines() {
-        let line = line.map_err(|e| EnvError::io(&e, "read", path))?;
-        if lines.len() == max {
-            return Ok(TextLines {
-                lines,
-                truncated: true,
-            });
-        }
-        lines.push(line);
-    }
-    Ok(TextLines {
-        lines,
-        truncated: false,
-    })
 }
 
 #[async_trait]

@@ -17,7 +17,7 @@ pub mod testkit;
 
 pub use error::{EnvError, EnvResult, ErrorCode};
 pub use exec::{Command, ExecEvent, ExecOutput, ExecRequest, ExecStream, LimitKind, Truncated};
-pub use fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines};
+pub use fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines, first_lines};
 pub use host::HostEnv;
 pub use limits::{Limits, Mount, SandboxPolicy, SandboxSpec};
 pub use tokio_util::sync::CancellationToken;

@@ -381,21 +381,7 @@ impl FileSystem for NativeSandbox {
         blocking(cancel, "read", move || {
             let fd = loc.open(&loc.relative, OFlags::RDONLY, Mode::empty(), "read")?;
             let reader = std::io::BufReader::new(std::fs::File::from(fd));
-            let mut lines = Vec::new();
-            for line in std::io::BufRead::lines(reader) {
-                let line = line.map_err(|e| EnvError::io(&e, "read", &loc.shown))?;
-                if lines.len() == max {
-                    return Ok(TextLines {
-                        lines,
-                        truncated: true,
-                    });
-                }
-                lines.push(line);
-            }
-            Ok(TextLines {
-                lines,
-                truncated: false,
-            })
+            skillbox_env::first_lines(reader, max, &loc.shown)
         })
         .await
     }

@@ -57,18 +57,8 @@ async fn a_dropped_sandbox_ends_its_execs_and_removes_its_dir() {
         .expect("canonical");
     assert_eq!(dir, std::path::Path::new("/workspace"));
     drop(env);
-    let running = || {
-        std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&format!("sleep\0{marker}")))
-                .unwrap_or(false)
-        })
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while running() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(!running(), "the exec outlived its dropped sandbox");
+    skillbox_env::testkit::assert_processes_gone(&format!("sleep {marker}"), "a dropped sandbox")
+        .await;
     // The stream ends (aborted) instead of hanging.
     let end = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         while let Some(event) = stream.next().await {

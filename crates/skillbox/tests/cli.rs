@@ -413,21 +413,15 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
     child.kill().unwrap();
     child.wait().unwrap();
     // The sleeper must go (bounded poll: the kernel delivers the parent-death signal).
-    let running = |needle: &str| {
-        std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
-            std::fs::read(entry.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(needle))
-                .unwrap_or(false)
-        })
-    };
+    let needle = format!("sleep {marker}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while running(&format!("sleep\0{marker}")) && std::time::Instant::now() < deadline {
+    while !skillbox_env::testkit::host_processes_with(&needle).is_empty()
+        && std::time::Instant::now() < deadline
+    {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(
-        !running(&format!("sleep\0{marker}")),
-        "the sandbox outlived skillbox"
-    );
+    let left = skillbox_env::testkit::host_processes_with(&needle);
+    assert!(left.is_empty(), "the sandbox outlived skillbox: {left:?}");
     // The dead process left its sandbox dir; the next run removes it.
     let leftovers = |prefix: &str| -> Vec<String> {
         std::fs::read_dir(data.path().join("native"))

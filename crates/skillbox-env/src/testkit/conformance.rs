@@ -115,8 +115,9 @@ fn marker() -> String {
     format!("98{:08}", u32::from_le_bytes(bytes) % 100_000_000)
 }
 
-/// Host processes whose command line mentions `marker`, as `pid: cmdline`.
-fn host_processes_with(marker: &str) -> Vec<String> {
+/// Host processes whose command line mentions `marker` (NULs read as spaces), as
+/// `pid: cmdline`.
+pub fn host_processes_with(marker: &str) -> Vec<String> {
     let entries = std::fs::read_dir("/proc").expect("read the host's /proc");
     let mut found = Vec::new();
     for entry in entries.flatten() {
@@ -136,8 +137,9 @@ fn host_processes_with(marker: &str) -> Vec<String> {
     found
 }
 
-/// Polls the host's `/proc` (bounded) until no process mentions `marker`.
-async fn assert_processes_gone(marker: &str, what: &str) {
+/// Polls the host's `/proc` (bounded) until no process mentions `marker`; kills and
+/// fails on survivors.
+pub async fn assert_processes_gone(marker: &str, what: &str) {
     let deadline = tokio::time::Instant::now() + KILL_BOUND;
     loop {
         let left = host_processes_with(marker);

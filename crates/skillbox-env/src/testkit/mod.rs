@@ -12,6 +12,8 @@
 pub mod adversarial;
 pub mod conformance;
 
+pub use conformance::{assert_processes_gone, host_processes_with};
+
 use crate::{ExecutionEnv, Limits, SandboxSpec};
 
 /// What a factory returns: an env, or why this host cannot make one.
