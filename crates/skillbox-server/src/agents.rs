@@ -24,6 +24,8 @@ use crate::api::{AppState, Failure};
 pub enum AgentModel {
     /// The skill's recorded session (offline, deterministic).
     Loopback,
+    /// A given loopback transcript (JSON) for every run, whatever the skill.
+    Transcript(String),
     /// An OpenAI-compatible endpoint.
     OpenAi(skillbox_agent::openai::OpenAiConfig),
 }
@@ -88,6 +90,9 @@ impl AgentRuns {
                     LoopbackProvider::from_json(transcript).map_err(|e| e.to_string())?,
                 ))
             }
+            AgentModel::Transcript(text) => Ok(Arc::new(
+                LoopbackProvider::from_json(text).map_err(|e| e.to_string())?,
+            )),
             AgentModel::OpenAi(config) => Ok(Arc::new(
                 skillbox_agent::openai::OpenAiProvider::new(config.clone())
                     .map_err(|e| e.to_string())?,

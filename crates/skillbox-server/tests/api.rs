@@ -514,15 +514,17 @@ async fn clashing_inputs_are_the_requests_fault() {
 }
 
 async fn agent_server(data: &std::path::Path) -> Option<Server> {
+    agent_server_with(data, skillbox_server::AgentModel::Loopback).await
+}
+
+async fn agent_server_with(
+    data: &std::path::Path,
+    model: skillbox_server::AgentModel,
+) -> Option<Server> {
     // One store for runs and agent runs, under the data dir, as `skillbox serve` has it.
     let store = ArtifactStore::local(&data.join("objects")).await.unwrap();
-    let agents = skillbox_server::AgentRuns::open(
-        data.to_path_buf(),
-        store.clone(),
-        skillbox_server::AgentModel::Loopback,
-        2,
-    )
-    .unwrap();
+    let agents =
+        skillbox_server::AgentRuns::open(data.to_path_buf(), store.clone(), model, 2).unwrap();
     let config = ServerConfig {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         agents: Some(agents),
@@ -652,4 +654,54 @@ async fn agent_run_bad_input() {
     };
     let (status, json) = plain.post("/v1/agent/runs", &json!({"prompt": "x"})).await;
     assert_eq!(status, 503, "{json}");
+}
+
+/// Shutting the server down mid-run ends the run and records it as failed, with the
+/// attempt that was running; nothing is left "running".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_mid_run_records_the_run_as_failed() {
+    // The shared data dir: its Node runtime is already installed.
+    let data = shared_data_dir();
+    let marker = 940_000_000 + std::process::id();
+    let transcript = json!({"turns": [
+        {"toolCalls": [{"name": "run_script", "arguments": {"language": "sh", "script": format!("echo started; sleep {marker}")}}]},
+        {"text": "never reached"}
+    ]})
+    .to_string();
+    let Some(server) =
+        agent_server_with(&data, skillbox_server::AgentModel::Transcript(transcript)).await
+    else {
+        return;
+    };
+    let (status, created) = server
+        .post("/v1/agent/runs", &json!({"prompt": "go"}))
+        .await;
+    assert_eq!(status, 202, "{created}");
+    let id = created["id"].as_str().unwrap().to_string();
+    let needle = format!("sleep {marker}");
+    let mut started = false;
+    for _ in 0..3000 {
+        if !skillbox_env::testkit::host_processes_with(&needle).is_empty() {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(started, "the run's script never started");
+    // Stop the server and wait until its agent runs are recorded (serve_on returns then).
+    server.shutdown.cancel();
+    skillbox_env::testkit::assert_processes_gone(&needle, "after shutdown").await;
+    drop(server);
+    let records = skillbox_store::RunRecords::open(&data.join("agent-runs.sqlite")).unwrap();
+    let mut record = None;
+    for _ in 0..500 {
+        let r = records.get(&id).unwrap().expect("the record");
+        if r.status != "running" {
+            record = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let record = record.expect("the run must not stay running after a shutdown");
+    assert_eq!(record.status, "failed", "{}", record.body);
 }

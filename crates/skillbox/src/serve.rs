@@ -23,6 +23,9 @@ pub struct ServeArgs {
     /// The model of agent runs (POST /v1/agent/runs).
     #[arg(long, value_enum, default_value = "loopback")]
     model: crate::agent::Model,
+    /// With the loopback model: replay this transcript instead of each skill's own.
+    #[arg(long, value_name = "FILE")]
+    transcript: Option<std::path::PathBuf>,
 }
 
 pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
@@ -48,15 +51,35 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     if let Some(n) = args.max_queue {
         config.max_queue = n;
     }
-    let model = match args.model {
-        crate::agent::Model::Loopback => skillbox_server::AgentModel::Loopback,
-        crate::agent::Model::Openai => match skillbox_agent::openai::OpenAiConfig::from_env() {
-            Ok(config) => skillbox_server::AgentModel::OpenAi(config),
-            Err(e) => {
-                eprintln!("skillbox serve: --model openai: {e}");
+    let model = match (args.model, &args.transcript) {
+        (crate::agent::Model::Loopback, Some(path)) => {
+            let text = match std::fs::read_to_string(path) {
+                Ok(text) => text,
+                Err(e) => {
+                    eprintln!("skillbox serve: --transcript {}: {e}", path.display());
+                    return ExitCode::from(crate::EXIT_USAGE);
+                }
+            };
+            if let Err(e) = skillbox_agent::LoopbackProvider::from_json(&text) {
+                eprintln!("skillbox serve: --transcript {}: {e}", path.display());
                 return ExitCode::from(crate::EXIT_USAGE);
             }
-        },
+            skillbox_server::AgentModel::Transcript(text)
+        }
+        (crate::agent::Model::Openai, Some(_)) => {
+            eprintln!("skillbox serve: --transcript goes with --model loopback");
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+        (crate::agent::Model::Loopback, None) => skillbox_server::AgentModel::Loopback,
+        (crate::agent::Model::Openai, None) => {
+            match skillbox_agent::openai::OpenAiConfig::from_env() {
+                Ok(config) => skillbox_server::AgentModel::OpenAi(config),
+                Err(e) => {
+                    eprintln!("skillbox serve: --model openai: {e}");
+                    return ExitCode::from(crate::EXIT_USAGE);
+                }
+            }
+        }
     };
     match skillbox_server::AgentRuns::open(
         data_dir.to_path_buf(),
