@@ -12,6 +12,12 @@ const OFFSET_ARCH: u32 = 4;
 /// Low 32 bits of args[0] / args[1] (little-endian).
 const OFFSET_ARG0_LO: u32 = 16;
 const OFFSET_ARG1_LO: u32 = 24;
+const OFFSET_ARG2_LO: u32 = 32;
+const OFFSET_ARG3_LO: u32 = 40;
+/// S_ISUID | S_ISGID.
+const SETID_BITS: u32 = 0o6000;
+/// fchmodat2 (Linux 6.6), the same number on x86_64 and aarch64.
+const SYS_FCHMODAT2: i64 = 452;
 
 #[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH_NATIVE: u32 = 0xc000_003e;
@@ -142,6 +148,37 @@ pub fn filter() -> Vec<sock_filter> {
         prog.push(stmt(BPF_RET | BPF_K, RET_EAFNOSUPPORT));
         prog.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
     }
+    // No setuid/setgid bits on files: whatever the sandbox writes may be run later on
+    // the host by someone else. Refused in every call that sets a mode; openat2 hides
+    // its mode behind a pointer, so it answers ENOSYS and libc uses openat.
+    let mut mode_calls: Vec<(i64, u32)> = vec![
+        (libc::SYS_fchmod, OFFSET_ARG1_LO),
+        (libc::SYS_fchmodat, OFFSET_ARG2_LO),
+        (SYS_FCHMODAT2, OFFSET_ARG2_LO),
+        (libc::SYS_openat, OFFSET_ARG3_LO),
+        (libc::SYS_mknodat, OFFSET_ARG2_LO),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    mode_calls.extend([
+        (libc::SYS_chmod, OFFSET_ARG1_LO),
+        (libc::SYS_open, OFFSET_ARG2_LO),
+        (libc::SYS_creat, OFFSET_ARG1_LO),
+        (libc::SYS_mknod, OFFSET_ARG1_LO),
+    ]);
+    for (nr, offset) in mode_calls {
+        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr as u32, 0, 4));
+        prog.push(stmt(BPF_LD | BPF_W | BPF_ABS, offset));
+        prog.push(jump(BPF_JMP | BPF_JSET | BPF_K, SETID_BITS, 0, 1));
+        prog.push(stmt(BPF_RET | BPF_K, RET_EPERM));
+        prog.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
+    }
+    prog.push(jump(
+        BPF_JMP | BPF_JEQ | BPF_K,
+        libc::SYS_openat2 as u32,
+        0,
+        1,
+    ));
+    prog.push(stmt(BPF_RET | BPF_K, RET_ENOSYS));
     // clone3 passes its flags behind a pointer BPF cannot read: make libc fall back to
     // clone(2), whose flags we can check.
     prog.push(jump(

@@ -920,6 +920,55 @@ attempt('can_raw', sock(29, socket.SOCK_RAW, 1))
     }
 }
 
+/// A setuid or setgid file left in the workspace could be run later on the host by
+/// someone else: no call that sets a mode may set those bits, and none end up set.
+pub async fn setuid_files_cannot_be_made(env: &dyn ExecutionEnv) {
+    let test = "setuid_files_cannot_be_made";
+    let body = r#"
+import os
+open('plain', 'w').write('x')
+def call(f):
+    def fn():
+        try:
+            f()
+        except OSError as e:
+            return (-1, e.errno or 0)
+        return (0, 0)
+    return fn
+attempt('chmod_setuid', call(lambda: os.chmod('plain', 0o4755)))
+attempt('chmod_setgid', call(lambda: os.chmod('plain', 0o2755)))
+attempt('fchmod_setuid', call(lambda: os.fchmod(os.open('plain', os.O_RDONLY), 0o4755)))
+attempt('open_setuid', call(lambda: os.close(os.open('made-suid', os.O_CREAT | os.O_WRONLY, 0o4755))))
+attempt('mknod_setuid', call(lambda: os.mknod('made-node', 0o100000 | 0o4755)))
+"#;
+    let out = harness(env, body, "", test).await;
+    if harness_supported(&out, test) {
+        assert_denied(
+            &out,
+            &[
+                "chmod_setuid",
+                "chmod_setgid",
+                "fchmod_setuid",
+                "open_setuid",
+                "mknod_setuid",
+            ],
+            test,
+        );
+    }
+    // And nothing in the workspace carries the bits, whatever the calls answered.
+    let never = CancellationToken::new();
+    for name in ["plain", "made-suid", "made-node"] {
+        if let Ok(info) = env.file_info(Path::new(name), &never).await {
+            assert_eq!(
+                info.mode & 0o6000,
+                0,
+                "{test}: {name} has mode {:o}",
+                info.mode
+            );
+        }
+    }
+}
+
 /// Python body that connects to every unix socket path in argv (`@name` = abstract).
 const PY_UNIX_CONNECT: &str = r#"
 import socket

@@ -169,6 +169,7 @@ macro_rules! adversarial_suite {
                     loopback_node_fetch,
                     interfaces_only_lo,
                     raw_and_packet_sockets,
+                    setuid_files_cannot_be_made,
                     abstract_unix_socket,
                     host_unix_sockets,
                     ptrace_denied,
