@@ -103,6 +103,9 @@ pub struct ChildPlan {
     pub fds: ChildFds,
     /// The payload's stack until it execs (allocated here: init cannot allocate).
     pub payload_stack: Vec<u8>,
+    /// A detached, idmapped mount of the workspace the parent prepared, or -1: then the
+    /// child clones the workspace itself like every other bind source.
+    pub workspace_tree: i32,
 }
 
 /// The part of a plan that is the same for every exec of one sandbox.
@@ -116,6 +119,8 @@ pub struct Layout {
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64, u64)>,
     pub landlock: landlock::Plan,
     pub seccomp: Vec<libc::sock_filter>,
+    /// The index in `mounts` of the workspace's bind.
+    pub workspace_op: usize,
 }
 
 /// The child's ends of the pipes.
@@ -370,6 +375,13 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
         let mut slot = 0;
         for (i, op) in plan.layout.mounts.iter().enumerate() {
             if let MountOp::Bind { source, .. } = op {
+                if i == plan.layout.workspace_op && plan.workspace_tree >= 0 {
+                    if slot < MAX_BINDS {
+                        trees[slot] = plan.workspace_tree;
+                    }
+                    slot += 1;
+                    continue;
+                }
                 let fd = libc::syscall(
                     libc::SYS_open_tree,
                     libc::AT_FDCWD,

@@ -316,6 +316,7 @@ pub fn plan(
         MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
         true,
     )?;
+    let workspace_op = ops.len() - 1;
 
     for mount in &policy.read_only_mounts {
         let sandbox = skillbox_env::path::normalize(&mount.sandbox);
@@ -363,6 +364,7 @@ pub fn plan(
         rlimits,
         landlock: landlock::Plan::sandbox(landlock_abi, WRITABLE, DEVICES, TTYS),
         seccomp,
+        workspace_op,
     };
     mounts.sort_by_key(|m| std::cmp::Reverse(m.sandbox.as_os_str().len()));
     Ok(Root {

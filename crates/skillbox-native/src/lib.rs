@@ -8,6 +8,7 @@
 mod cgroup;
 mod child;
 mod fs;
+mod idmap;
 mod landlock;
 mod layout;
 mod probe;

@@ -88,6 +88,8 @@ pub struct NativeSandbox {
     /// Set by `cleanup`; a sandbox dropped without it still ends its execs and
     /// removes its directory.
     pub(crate) cleaned: std::sync::atomic::AtomicBool,
+    /// The workspace is mounted idmapped (root with a root-owned workspace).
+    pub(crate) idmapped: bool,
     cgroup_host: &'static cgroup::Host,
 }
 
@@ -141,6 +143,7 @@ impl NativeSandbox {
         let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
         // As root, the sandbox user is never host root: it is the owner of the
         // workspace the caller gave (when that is an ordinary user), else nobody.
+        let mut idmapped = false;
         let ids = if euid == 0 {
             match &spec.workspace {
                 Some(path) => {
@@ -148,19 +151,20 @@ impl NativeSandbox {
                     let meta =
                         std::fs::metadata(path).map_err(|e| EnvError::io(&e, "workspace", path))?;
                     if meta.uid() == 0 {
-                        return Err(EnvError::new(
-                            ErrorCode::PermissionDenied,
-                            format!(
-                                "workspace {}: owned by root, and sandboxed code never runs as host root; \
-                                 give the directory to an unprivileged user (e.g. chown -R 65534:65534) or leave the workspace out for a temporary one",
-                                path.display()
-                            ),
-                        )
-                        .with_path(path));
-                    }
-                    HostIds {
-                        uid: meta.uid(),
-                        gid: meta.gid(),
+                        // Never host root: the sandbox is nobody, and an idmapped mount
+                        // shows it the root-owned directory as its own.
+                        crate::idmap::check(path)
+                            .map_err(|e| unavailable("idmapped workspace", e))?;
+                        idmapped = true;
+                        HostIds {
+                            uid: 65534,
+                            gid: 65534,
+                        }
+                    } else {
+                        HostIds {
+                            uid: meta.uid(),
+                            gid: meta.gid(),
+                        }
                     }
                 }
                 None => HostIds {
@@ -174,7 +178,9 @@ impl NativeSandbox {
                 gid: egid,
             }
         };
-        let chown_to = (euid == 0).then_some(ids);
+        // Host-side writes are handed to the sandbox user, except in an idmapped
+        // workspace, where root-owned is what the sandbox sees as its own.
+        let chown_to = (euid == 0 && !idmapped).then_some(ids);
 
         let native_dir = data_dir.join("native");
         std::fs::create_dir_all(&native_dir)
@@ -196,7 +202,11 @@ impl NativeSandbox {
             random[3]
         ));
         std::fs::create_dir(&dir).map_err(|e| EnvError::io(&e, "create sandbox dir", &dir))?;
-        let result = Self::prepare_in(&dir, spec, abi, ids, chown_to, cgroup_host);
+        let result =
+            Self::prepare_in(&dir, spec, abi, ids, chown_to, cgroup_host).map(|mut sandbox| {
+                sandbox.idmapped = idmapped;
+                sandbox
+            });
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -260,6 +270,7 @@ impl NativeSandbox {
             shutdown: CancellationToken::new(),
             running: TaskTracker::new(),
             cleaned: std::sync::atomic::AtomicBool::new(false),
+            idmapped: false,
             cgroup_host,
         })
     }
@@ -330,6 +341,7 @@ impl NativeSandbox {
                 .map(|(k, v)| c(&format!("{k}={v}")))
                 .collect::<EnvResult<_>>()?,
             payload_stack: vec![0; PAYLOAD_STACK],
+            workspace_tree: -1,
             fds: ChildFds {
                 sync: -1,
                 error: -1,
@@ -404,7 +416,16 @@ impl Shell for NativeSandbox {
                 "native: this sandbox was cleaned up; create a new one",
             ));
         }
-        let plan = self.child_plan(&request)?;
+        let mut plan = self.child_plan(&request)?;
+        // A detached mount attaches once: an idmapped workspace is cloned per exec.
+        let workspace_tree = if self.idmapped {
+            let tree = crate::idmap::idmapped_tree(&self.workspace)
+                .map_err(|e| unavailable("idmapped workspace", e))?;
+            plan.workspace_tree = std::os::fd::AsRawFd::as_raw_fd(&tree);
+            Some(tree)
+        } else {
+            None
+        };
         let timeout = request.timeout.unwrap_or(self.limits.timeout());
         let started_at = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -434,6 +455,8 @@ impl Shell for NativeSandbox {
         } = spawn::start(plan, self.ids, cgroup.clone())
             .await
             .map_err(|e| unavailable("setup", e))?;
+        // The child has its copy (and moved it into place): ours can go.
+        drop(workspace_tree);
         let spawned_at = Instant::now();
         let spawn_ms = started_at.elapsed().as_millis();
         tracing::debug!(spawn_ms, "native: sandbox cloned");

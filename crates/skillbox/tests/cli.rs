@@ -284,17 +284,27 @@ fn bad_usage_is_one_line_and_exit_2() {
     }
 }
 
+/// As root, a root-owned `--workdir` is shown to the sandbox through an idmapped mount:
+/// the sandbox is never root, yet reads and writes the directory as its owner; what it
+/// makes is root-owned on the host, and it cannot make a setuid file there.
 #[test]
-fn a_root_owned_workdir_is_refused_not_run_as_root() {
+fn a_root_owned_workdir_is_idmapped_never_root() {
     if !is_root() {
-        skillbox_env::testkit::skip("a_root_owned_workdir_is_refused", "needs root");
+        skillbox_env::testkit::skip("a_root_owned_workdir_is_idmapped", "needs root");
         return;
     }
-    if !native_or_skip("a_root_owned_workdir_is_refused") {
+    if !native_or_skip("a_root_owned_workdir_is_idmapped") {
         return;
     }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("mine.txt"), "root's own\n").unwrap();
+    std::fs::set_permissions(
+        work.path().join("mine.txt"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
     let out = skillbox(
         data.path(),
         &[
@@ -302,17 +312,25 @@ fn a_root_owned_workdir_is_refused_not_run_as_root() {
             "--workdir",
             work.path().to_str().unwrap(),
             "--",
-            "touch",
-            "/workspace/x",
+            "sh",
+            "-c",
+            "id -u; cat mine.txt; echo made > new.txt; chmod u+s new.txt || echo no-setuid",
         ],
     );
-    assert_eq!(out.status.code(), Some(125));
-    assert!(
-        text(&out.stderr).contains("owned by root"),
-        "{}",
-        text(&out.stderr)
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "1000\nroot's own\nno-setuid\n");
+    let made = std::fs::metadata(work.path().join("new.txt")).unwrap();
+    assert_eq!(
+        (made.uid(), made.gid()),
+        (0, 0),
+        "written as the directory's owner"
     );
-    assert!(!work.path().join("x").exists());
+    assert_eq!(made.mode() & 0o6000, 0);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(work.path().to_str().unwrap()),
+        "no mount left on the host"
+    );
 }
 
 /// The sandbox as an ordinary user: no root, no cgroup delegation.
