@@ -60,8 +60,6 @@ pub struct Root {
     pub mounts: Vec<MountEntry>,
     /// `/bin` → `/usr/bin` style top-level symlinks.
     pub aliases: Vec<(PathBuf, PathBuf)>,
-    /// Keeps the O_PATH fds of file binds (devices) open.
-    _files: Vec<OwnedFd>,
 }
 
 fn open_path(path: &Path) -> Result<OwnedFd, EnvError> {
@@ -187,7 +185,6 @@ pub fn plan(
     let mut ops = Vec::new();
     let mut mounts = Vec::new();
     let mut aliases = Vec::new();
-    let mut files = Vec::new();
     let mut bind_dir = |ops: &mut Vec<MountOp>,
                         host: &Path,
                         sandbox: &Path,
@@ -263,14 +260,12 @@ pub fn plan(
     });
     for device in DEVICES {
         let host = Path::new(device);
-        let fd = open_path(host)?;
         ops.push(MountOp::File { path: staged(host) });
         ops.push(MountOp::Bind {
             source: cstring(host),
             target: staged(host),
             attrs: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
         });
-        files.push(fd);
     }
     for (name, target) in [
         ("fd", "/proc/self/fd"),
@@ -371,7 +366,6 @@ pub fn plan(
         layout: Arc::new(layout),
         mounts,
         aliases,
-        _files: files,
     })
 }
 

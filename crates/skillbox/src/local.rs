@@ -16,22 +16,29 @@ pub struct LocalSandbox {
     cancel: CancellationToken,
 }
 
-/// The runner over `<data>/objects`, with the Node runtime installed (progress on stderr).
-pub async fn runner(data_dir: &Path) -> Result<Runner, ClientError> {
+/// The runner over `<data>/objects`; with `install_node`, the Node runtime is installed
+/// first, with progress on stderr (a python or sh run does not need it).
+pub async fn runner(data_dir: &Path, install_node: bool) -> Result<Runner, ClientError> {
     let store = ArtifactStore::local(&data_dir.join("objects"))
         .await
         .map_err(|e| ClientError::new(e.code().as_str(), e.to_string()))?;
     let runner = Runner::new(RunnerConfig::new(data_dir), store);
-    runner
-        .prepare(&|line| eprintln!("skillbox: {line}"))
-        .await
-        .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
+    if install_node {
+        runner
+            .prepare(&|line| eprintln!("skillbox: {line}"))
+            .await
+            .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
+    }
     Ok(runner)
 }
 
 impl LocalSandbox {
-    pub async fn open(data_dir: &Path, cancel: CancellationToken) -> Result<Self, ClientError> {
-        let runner = Arc::new(runner(data_dir).await?);
+    pub async fn open(
+        data_dir: &Path,
+        install_node: bool,
+        cancel: CancellationToken,
+    ) -> Result<Self, ClientError> {
+        let runner = Arc::new(runner(data_dir, install_node).await?);
         let interrupt = cancel.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {

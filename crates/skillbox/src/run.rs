@@ -91,7 +91,13 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             Ok(client) => Box::new(client),
             Err(e) => return usage(&e.message),
         },
-        None => match crate::local::LocalSandbox::open(data_dir, CancellationToken::new()).await {
+        None => match crate::local::LocalSandbox::open(
+            data_dir,
+            language == Language::Node,
+            CancellationToken::new(),
+        )
+        .await
+        {
             Ok(local) => Box::new(local),
             Err(e) => return failed(&e),
         },

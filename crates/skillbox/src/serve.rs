@@ -29,7 +29,7 @@ pub struct ServeArgs {
 }
 
 pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
-    let runner = match crate::local::runner(data_dir).await {
+    let runner = match crate::local::runner(data_dir, true).await {
         Ok(runner) => Arc::new(runner),
         Err(e) => {
             eprintln!("skillbox serve: {e}");
@@ -122,7 +122,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
 
 /// Installs what runs need, with progress; later runs start at once.
 pub async fn setup(data_dir: &Path) -> ExitCode {
-    match crate::local::runner(data_dir).await {
+    match crate::local::runner(data_dir, true).await {
         Ok(runner) => {
             eprintln!(
                 "skillbox setup: node runtime at {}",
