@@ -267,21 +267,11 @@ fn clone_sandbox(
     // SAFETY: the kernel gave us this pidfd.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop(pipes.child);
-    let kill = |why: String| {
-        // SAFETY: signalling our own child through its pidfd.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                0usize,
-                0u32,
-            )
-        };
-        let mut status = 0;
-        // SAFETY: reaping our own child.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        why
+    // From here on, any early return drops `init`, which kills and reaps the child.
+    let init = InitProcess {
+        pid,
+        pidfd,
+        reaped: false,
     };
     let maps = (|| -> std::io::Result<()> {
         // Unprivileged, the kernel wants setgroups denied before a gid map; as root we
@@ -299,32 +289,26 @@ fn clone_sandbox(
         )
     })();
     if let Err(e) = maps {
-        return Err(kill(format!("user_ns: cannot write the uid/gid map: {e}")));
+        return Err(format!("user_ns: cannot write the uid/gid map: {e}"));
     }
     let go = || {
         // SAFETY: one byte from a stack variable to our own pipe.
         unsafe { libc::write(pipes.sync.as_raw_fd(), [1u8].as_ptr().cast(), 1) == 1 }
     };
     if !go() {
-        return Err(kill("cannot signal the sandbox to start".into()));
+        return Err("cannot signal the sandbox to start".into());
     }
     if let Some(cgroup) = cgroup.filter(|_| into.is_none())
         && let Err(e) = cgroup.add(pid)
     {
-        return Err(kill(format!("cgroup: {e}")));
+        return Err(format!("cgroup: {e}"));
     }
     if !go() {
-        return Err(kill(
-            "cannot signal the sandbox that its cgroup is ready".into(),
-        ));
+        return Err("cannot signal the sandbox that its cgroup is ready".into());
     }
     let [stdin, stdout, stderr, error, status] = pipes.parent;
     Ok(Started {
-        init: InitProcess {
-            pid,
-            pidfd,
-            reaped: false,
-        },
+        init,
         stdin,
         stdout,
         stderr,
