@@ -18,3 +18,4 @@ mod spawn;
 
 pub use probe::{Layer, NativeReport, probe};
 pub use sandbox::{NativeBackend, NativeSandbox};
+pub use seccomp::filter_bytes as seccomp_filter_bytes;

@@ -113,6 +113,19 @@ fn jump(code: u32, k: u32, jt: u8, jf: u8) -> sock_filter {
 }
 
 /// The compiled filter. Built once per process; installing it is one prctl.
+/// The filter as the bytes of a `struct sock_filter` array (native byte order), for a
+/// loader outside this process (the docker backend's exec wrapper).
+pub fn filter_bytes() -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for insn in filter() {
+        bytes.extend_from_slice(&insn.code.to_ne_bytes());
+        bytes.push(insn.jt);
+        bytes.push(insn.jf);
+        bytes.extend_from_slice(&insn.k.to_ne_bytes());
+    }
+    bytes
+}
+
 pub fn filter() -> Vec<sock_filter> {
     let mut prog = vec![
         // Only the native ABI: i386 (int 0x80) and others kill the process.

@@ -8,12 +8,14 @@ use base64::Engine;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use skillbox_client::{ArtifactInfo, Encoding, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};
+use skillbox_docker::{DockerBackend, Runtime, image_tag};
 use skillbox_env::{
-    CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, FileSystem, Limits, Mount,
+    CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits, Mount,
     SandboxPolicy, SandboxSpec,
 };
 use skillbox_native::NativeBackend;
 use skillbox_store::{ArtifactStore, CollectLimits, collect_artifacts, store_all};
+use tokio::sync::OnceCell;
 
 use crate::runtime::NodeRuntime;
 
@@ -98,6 +100,9 @@ pub struct Runner {
     store: ArtifactStore,
     native: NativeBackend,
     node: NodeRuntime,
+    /// Connected on first use, so a server without Docker still serves native runs.
+    docker: OnceCell<DockerBackend>,
+    gvisor: OnceCell<DockerBackend>,
 }
 
 /// A request that passed validation.
@@ -237,6 +242,28 @@ impl Runner {
             store,
             native,
             node,
+            docker: OnceCell::new(),
+            gvisor: OnceCell::new(),
+        }
+    }
+
+    /// The docker or gvisor backend, connected (and checked) on first use.
+    async fn container_backend(&self, runtime: Runtime) -> Result<&DockerBackend, RunError> {
+        let cell = match runtime {
+            Runtime::Runc => &self.docker,
+            Runtime::Runsc => &self.gvisor,
+        };
+        cell.get_or_try_init(|| DockerBackend::connect(runtime, image_tag(&self.node.id())))
+            .await
+            .map_err(RunError::from_env)
+    }
+
+    /// Removes the containers of runs still in flight (a server shutting down).
+    pub async fn shutdown(&self) {
+        for cell in [&self.docker, &self.gvisor] {
+            if let Some(backend) = cell.get() {
+                backend.shutdown().await;
+            }
         }
     }
 
@@ -262,22 +289,25 @@ impl Runner {
         request: RunRequest,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
-        match request.backend.as_deref() {
-            None | Some("native") => {}
-            Some(name @ ("docker" | "gvisor" | "wasm")) => {
-                return Err(RunError::Unavailable(format!(
-                    "backend {name}: not part of this build yet; use native"
-                )));
+        let container = match request.backend.as_deref() {
+            None | Some("native") => None,
+            Some("docker") => Some(Runtime::Runc),
+            Some("gvisor") => Some(Runtime::Runsc),
+            Some("wasm") => {
+                return Err(RunError::Unavailable(
+                    "backend wasm: not part of this build yet; use native, docker or gvisor".into(),
+                ));
             }
             Some(other) => {
                 return Err(RunError::Invalid(format!(
                     "backend: unknown backend {other:?} (native, docker, gvisor, wasm)"
                 )));
             }
-        }
+        };
         let checked = check(request)?;
         let mut policy = SandboxPolicy::default();
-        if checked.language == Language::Node {
+        // A container image carries its own copy of the runtime at /node_modules.
+        if checked.language == Language::Node && container.is_none() {
             if !self.node.is_installed() {
                 self.prepare(&|line| tracing::info!("{line}")).await?;
             }
@@ -295,8 +325,17 @@ impl Runner {
             limits,
             policy,
         };
-        let env = self.native.create(spec).await.map_err(RunError::from_env)?;
-        let result = self.run_in(&env, checked, cancel).await;
+        let env: Box<dyn ExecutionEnv> = match container {
+            None => Box::new(self.native.create(spec).await.map_err(RunError::from_env)?),
+            Some(runtime) => Box::new(
+                self.container_backend(runtime)
+                    .await?
+                    .create(spec)
+                    .await
+                    .map_err(RunError::from_env)?,
+            ),
+        };
+        let result = self.run_in(env.as_ref(), checked, cancel).await;
         if let Err(e) = env.cleanup().await {
             tracing::warn!(error = %e, "run: sandbox cleanup failed");
         }

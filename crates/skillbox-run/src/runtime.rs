@@ -51,6 +51,15 @@ impl NodeRuntime {
         }
     }
 
+    /// The runtime's name, `node-<hash of the lock file>`: what an image built from it
+    /// records.
+    pub fn id(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// The installed `node_modules`, mounted read-only at `/node_modules`.
     pub fn node_modules(&self) -> PathBuf {
         self.dir.join("node_modules")

@@ -357,7 +357,7 @@ async fn bad_input_gets_a_clear_4xx() {
     assert_eq!(status, 413, "{json}");
     assert!(is_error(&json, "payload_too_large"), "{json}");
     let (status, json) = server
-        .post("/v1/run", &json!({"script": "1", "backend": "docker"}))
+        .post("/v1/run", &json!({"script": "1", "backend": "wasm"}))
         .await;
     assert_eq!(status, 503, "{json}");
     assert!(is_error(&json, "unavailable"), "{json}");

@@ -1,10 +1,12 @@
 //! `skillbox doctor`: what each backend gives on this host, layer by layer.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
 use serde::Serialize;
+use skillbox_docker::Runtime;
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
@@ -37,8 +39,27 @@ fn not_built(name: &'static str, boundary: &'static str) -> Backend {
     }
 }
 
-fn report() -> Report {
+fn container(
+    name: &'static str,
+    boundary: &'static str,
+    report: skillbox_docker::DockerReport,
+) -> Backend {
+    Backend {
+        name,
+        available: report.available,
+        reason: report.reason,
+        boundary,
+        layers: report.layers,
+    }
+}
+
+async fn report(data_dir: &Path) -> Report {
     let native = skillbox_native::probe();
+    let image = skillbox_docker::image_tag(&skillbox_run::NodeRuntime::new(data_dir).id());
+    let (docker, gvisor) = tokio::join!(
+        skillbox_docker::probe(Runtime::Runc, &image),
+        skillbox_docker::probe(Runtime::Runsc, &image)
+    );
     Report {
         backends: vec![
             Backend {
@@ -55,15 +76,23 @@ fn report() -> Report {
                 boundary: "none: runs as you, on your machine",
                 layers: BTreeMap::new(),
             },
-            not_built("docker", "container"),
-            not_built("gvisor", "container with a user-space kernel"),
+            container(
+                "docker",
+                "container: no network, read-only root, non-root, caps dropped, seccomp, cgroup limits",
+                docker,
+            ),
+            container(
+                "gvisor",
+                "container under gVisor (runsc): a user-space kernel between the code and the host",
+                gvisor,
+            ),
             not_built("wasm", "WASI instance"),
         ],
     }
 }
 
-pub fn run(args: DoctorArgs) -> ExitCode {
-    let report = report();
+pub async fn run(args: DoctorArgs, data_dir: &Path) -> ExitCode {
+    let report = report(data_dir).await;
     if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(text) => println!("{text}"),

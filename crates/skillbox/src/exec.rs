@@ -6,10 +6,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use skillbox_docker::{DockerBackend, Runtime, image_tag};
 use skillbox_env::{
     CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, HostEnv, Limits, SandboxSpec,
 };
 use skillbox_native::NativeBackend;
+use skillbox_run::NodeRuntime;
 
 use crate::units::{Bound, parse_count_bound, parse_duration, parse_size_bound};
 
@@ -19,9 +21,9 @@ pub enum BackendName {
     Native,
     /// No boundary: runs on the host as you.
     Host,
-    /// Docker container (not in this build yet).
+    /// A hardened Docker container (needs dockerd and `skillbox image build`).
     Docker,
-    /// Docker with gVisor's runsc (not in this build yet).
+    /// The same container under gVisor's runsc: a user-space kernel in between.
     Gvisor,
     /// wasmtime WASI (not in this build yet).
     Wasm,
@@ -87,6 +89,21 @@ async fn make_env(
             Ok(Box::new(
                 HostEnv::new(cwd, data_dir.join("host-tmp")).with_limits(limits),
             ))
+        }
+        BackendName::Docker | BackendName::Gvisor => {
+            let runtime = if args.backend == BackendName::Docker {
+                Runtime::Runc
+            } else {
+                Runtime::Runsc
+            };
+            let image = image_tag(&NodeRuntime::new(data_dir).id());
+            let backend = DockerBackend::connect(runtime, image).await?;
+            let spec = SandboxSpec {
+                workspace: args.workdir.clone(),
+                limits,
+                ..SandboxSpec::default()
+            };
+            Ok(Box::new(backend.create(spec).await?))
         }
         other => Err(EnvError::unavailable(format!(
             "backend {}: not part of this build yet; use --backend native",

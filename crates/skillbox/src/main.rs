@@ -1,8 +1,9 @@
-//! The `skillbox` binary: `doctor` and `exec` (DESIGN.md §4).
+//! The `skillbox` binary (DESIGN.md §4).
 
 mod agent;
 mod doctor;
 mod exec;
+mod image;
 mod local;
 mod run;
 mod serve;
@@ -38,6 +39,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Install what runs need (the Node runtime) ahead of the first run.
     Setup,
+    /// Build the runtime image the docker and gvisor backends run (no registry needed).
+    Image(image::ImageArgs),
     /// A model writes a script, skillbox runs it and feeds errors back until the files
     /// it makes pass verification.
     Agent(agent::AgentArgs),
@@ -111,7 +114,8 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Doctor(args) => doctor::run(args),
+            Command::Doctor(args) => doctor::run(args, &data_dir).await,
+            Command::Image(args) => image::run(args, &data_dir).await,
             Command::Exec(args) => exec::run(args, &data_dir).await,
             Command::Run(args) => run::run(args, &data_dir).await,
             Command::Serve(args) => serve::serve(args, &data_dir).await,

@@ -93,7 +93,8 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         },
         None => match crate::local::LocalSandbox::open(
             data_dir,
-            language == Language::Node,
+            // Container backends carry the runtime in their image.
+            language == Language::Node && args.backend == "native",
             CancellationToken::new(),
         )
         .await

@@ -111,7 +111,10 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         "skillbox serve: listening on http://{} (POST /v1/run, GET /openapi.json)",
         config.addr
     );
-    match skillbox_server::serve(config, runner, shutdown).await {
+    let served = skillbox_server::serve(config, runner.clone(), shutdown).await;
+    // Containers of runs that were still in flight go with the server.
+    runner.shutdown().await;
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("skillbox serve: {}: {e}", args.addr);

@@ -256,8 +256,13 @@ fn doctor_json_lists_each_native_layer() {
         );
     }
     // An unavailable backend says why.
-    assert_eq!(backends[2]["available"], false);
-    assert!(backends[2]["reason"].as_str().unwrap().contains("docker"));
+    assert_eq!(backends[4]["available"], false);
+    assert!(backends[4]["reason"].as_str().unwrap().contains("wasm"));
+    // The container backends list what they checked.
+    for backend in &backends[2..4] {
+        let layers = backend["layers"].as_object().unwrap();
+        assert!(layers.contains_key("daemon"), "{backend}");
+    }
 }
 
 /// One clear line on stderr and exit 2 for each kind of bad usage.

@@ -1300,8 +1300,9 @@ sys.exit(1 if err is not None else 0)
         .and_then(|n| n.parse::<u64>().ok());
     let contained = out.limit_hit == Some(LimitKind::Pids)
         || (forked.is_some_and(|n| n <= pids) && !stdout.contains("ERRNO None"));
+    let kernel_ended = ended_by_memory(env, &out);
     assert!(
-        contained,
+        contained || kernel_ended,
         "{test}: forking was not stopped by a pids limit of {pids}\n{}",
         describe(&out)
     );
@@ -1309,6 +1310,10 @@ sys.exit(1 if err is not None else 0)
         host_can_spawn(),
         "{test}: the HOST cannot spawn a process after the counted bomb"
     );
+    if kernel_ended {
+        assert_sandbox_gone(env, test).await;
+        return;
+    }
 
     let classic = ExecRequest::argv(["bash", "-c", ":(){ :|:& };:; sleep 3"])
         .timeout(Duration::from_secs(10));
@@ -1340,7 +1345,32 @@ print('ALLOCATED_ALL', len(chunks) * 16, 'MiB', flush=True)
         "{test}: 2 GiB were allocated under a 256 MiB limit\n{}",
         describe(&out)
     );
+    if ended_by_memory(env, &out) {
+        assert_sandbox_gone(env, test).await;
+        return;
+    }
     assert_sandbox_alive(env, test).await;
+}
+
+/// A user-space kernel without an OOM killer of its own (gVisor's runsc as Debian ships
+/// it) is itself what the container's memory cgroup kills: the bomb ends, and the
+/// sandbox with it. Only that case, reported as a memory limit, may end the sandbox.
+fn ended_by_memory(env: &dyn ExecutionEnv, out: &ExecOutput) -> bool {
+    env.boundary() == crate::Boundary::UserSpaceKernel && out.limit_hit == Some(LimitKind::Memory)
+}
+
+/// A sandbox whose kernel the memory limit ended refuses further work with
+/// `unavailable` (it does not hang or pretend to run).
+async fn assert_sandbox_gone(env: &dyn ExecutionEnv, test: &str) {
+    let result = tokio::time::timeout(
+        HOST_POLL_BOUND,
+        env.exec(ExecRequest::argv(["true"]), &CancellationToken::new()),
+    )
+    .await;
+    match result {
+        Ok(Err(e)) if e.code == ErrorCode::Unavailable => {}
+        other => panic!("{test}: after its kernel was ended, the sandbox answered {other:?}"),
+    }
 }
 
 /// Writing 100 MiB into the workspace stops at the 16 MiB file size limit.
@@ -1549,12 +1579,33 @@ print('FDS_DONE')
 }
 
 /// The code runs with no_new_privs, a seccomp filter, no effective capabilities and a
-/// non-root uid.
+/// non-root uid. A kernel whose /proc/self/status has no NoNewPrivs line (gVisor's) is
+/// asked with prctl(PR_GET_NO_NEW_PRIVS) instead.
 pub async fn privileges_dropped(env: &dyn ExecutionEnv) {
     let test = "privileges_dropped";
-    let out = sh(env, "cat /proc/self/status; echo \"UID $(id -u)\"", test).await;
+    let out = sh(
+        env,
+        "cat /proc/self/status; echo \"UID $(id -u)\"; \
+         python3 -c 'import ctypes; print(\"PRCTL_NNP\", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'",
+        test,
+    )
+    .await;
     let stdout = out.stdout_text();
-    for want in ["NoNewPrivs:\t1", "Seccomp:\t2", "CapEff:\t0000000000000000"] {
+    if stdout.lines().any(|l| l.starts_with("NoNewPrivs:")) {
+        assert!(
+            stdout.lines().any(|l| l == "NoNewPrivs:\t1"),
+            "{test}: /proc/self/status shows no_new_privs unset\n{}",
+            describe(&out)
+        );
+    } else {
+        assert_eq!(
+            field(&stdout, "PRCTL_NNP").map(str::trim),
+            Some("1"),
+            "{test}: prctl(PR_GET_NO_NEW_PRIVS) is not 1\n{}",
+            describe(&out)
+        );
+    }
+    for want in ["Seccomp:\t2", "CapEff:\t0000000000000000"] {
         assert!(
             stdout.lines().any(|l| l == want),
             "{test}: /proc/self/status lacks {want:?}\n{}",

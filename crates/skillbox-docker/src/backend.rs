@@ -1,0 +1,348 @@
+//! Reaching the daemon, checking what a backend needs, and making sandboxes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
+use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
+use skillbox_native::Layer;
+
+use crate::sandbox::DockerSandbox;
+use crate::{LABEL_OWNER, LABEL_SANDBOX};
+
+/// How long the daemon may take to answer a ping before it counts as down.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which OCI runtime runs the container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// Docker's default (`runc`): the host kernel behind namespaces, cgroups, seccomp.
+    Runc,
+    /// gVisor (`runsc`): a user-space kernel between the code and the host kernel.
+    Runsc,
+}
+
+impl Runtime {
+    /// The skillbox backend name.
+    pub fn backend(self) -> &'static str {
+        match self {
+            Runtime::Runc => "docker",
+            Runtime::Runsc => "gvisor",
+        }
+    }
+
+    /// The runtime name the daemon knows.
+    pub fn docker_name(self) -> &'static str {
+        match self {
+            Runtime::Runc => "runc",
+            Runtime::Runsc => "runsc",
+        }
+    }
+}
+
+/// The containers a backend made and has not removed yet.
+pub(crate) type Live = Arc<Mutex<BTreeSet<String>>>;
+
+/// Makes docker (or gvisor) sandboxes from one image.
+#[derive(Debug, Clone)]
+pub struct DockerBackend {
+    docker: Docker,
+    runtime: Runtime,
+    image: String,
+    owner: String,
+    live: Live,
+}
+
+/// What `doctor` shows for a docker backend.
+#[derive(Debug, Clone)]
+pub struct DockerReport {
+    pub available: bool,
+    pub reason: Option<String>,
+    pub layers: BTreeMap<&'static str, Layer>,
+}
+
+fn unavailable(message: impl Into<String>) -> EnvError {
+    EnvError::new(ErrorCode::Unavailable, message)
+}
+
+/// Where the client looks for the daemon, for messages.
+pub(crate) fn daemon_address() -> String {
+    std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into())
+}
+
+/// Says why the daemon did not answer, and what to do about it.
+pub(crate) fn daemon_error(backend: &str, error: &bollard::errors::Error) -> EnvError {
+    let address = daemon_address();
+    let text = error.to_string();
+    let lower = text.to_lowercase();
+    let fix = if lower.contains("permission denied") {
+        "the socket is not accessible to this user: run as root or join the `docker` group"
+    } else if lower.contains("no such file") || lower.contains("connection refused") {
+        "no daemon is listening: start it (`systemctl start docker`, or `dockerd &`)"
+    } else {
+        "check that dockerd is running and reachable"
+    };
+    unavailable(format!(
+        "backend {backend}: the Docker daemon at {address} did not answer ({text}); {fix}"
+    ))
+}
+
+/// Connects to the daemon named by `DOCKER_HOST` (default: the local socket) and agrees
+/// on an API version both sides speak.
+pub(crate) async fn connect(backend: &str) -> EnvResult<Docker> {
+    let docker = Docker::connect_with_defaults().map_err(|e| daemon_error(backend, &e))?;
+    let negotiated = tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version())
+        .await
+        .map_err(|_| {
+            unavailable(format!(
+                "backend {backend}: the Docker daemon at {} did not answer within {}s",
+                daemon_address(),
+                PING_TIMEOUT.as_secs()
+            ))
+        })?;
+    negotiated.map_err(|e| daemon_error(backend, &e))
+}
+
+/// The registered runtimes of the daemon.
+async fn runtimes(docker: &Docker, backend: &str) -> EnvResult<Vec<String>> {
+    let info = docker.info().await.map_err(|e| daemon_error(backend, &e))?;
+    Ok(info
+        .runtimes
+        .map(|r| r.into_keys().collect())
+        .unwrap_or_default())
+}
+
+fn runsc_missing() -> EnvError {
+    unavailable(
+        "backend gvisor: the Docker daemon has no `runsc` runtime registered; install runsc \
+         (Debian: apt-get install runsc) and add to /etc/docker/daemon.json \
+         {\"runtimes\":{\"runsc\":{\"path\":\"/usr/bin/runsc\",\"runtimeArgs\":[\"--network=none\"]}}}, \
+         then reload dockerd (kill -HUP)",
+    )
+}
+
+fn image_missing(backend: &str, image: &str) -> EnvError {
+    unavailable(format!(
+        "backend {backend}: image {image} is not in the daemon; build it with `skillbox image build`"
+    ))
+}
+
+impl DockerBackend {
+    /// Connects and checks everything a sandbox will need: the daemon answers, the
+    /// runtime is registered, the image is there. Also removes containers that a
+    /// skillbox process which is gone left behind.
+    pub async fn connect(runtime: Runtime, image: impl Into<String>) -> EnvResult<Self> {
+        let backend = runtime.backend();
+        let image = image.into();
+        let docker = connect(backend).await?;
+        if runtime == Runtime::Runsc
+            && !runtimes(&docker, backend)
+                .await?
+                .iter()
+                .any(|r| r == "runsc")
+        {
+            return Err(runsc_missing());
+        }
+        match docker.inspect_image(&image).await {
+            Ok(_) => {}
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => return Err(image_missing(backend, &image)),
+            Err(e) => return Err(daemon_error(backend, &e)),
+        }
+        let this = DockerBackend {
+            docker,
+            runtime,
+            image,
+            owner: owner_label(),
+            live: Arc::default(),
+        };
+        this.sweep().await;
+        Ok(this)
+    }
+
+    pub fn runtime(&self) -> Runtime {
+        self.runtime
+    }
+
+    pub fn image(&self) -> &str {
+        &self.image
+    }
+
+    /// Starts a sandbox container for `spec`.
+    pub async fn create(&self, spec: SandboxSpec) -> EnvResult<DockerSandbox> {
+        spec.limits.validate().map_err(EnvError::invalid)?;
+        DockerSandbox::start(
+            self.docker.clone(),
+            self.runtime,
+            &self.image,
+            &self.owner,
+            spec,
+            self.live.clone(),
+        )
+        .await
+    }
+
+    /// Removes every container this backend made that is still there (for a server
+    /// that shuts down while runs are in flight).
+    pub async fn shutdown(&self) {
+        let ids: Vec<String> = match self.live.lock() {
+            Ok(live) => live.iter().cloned().collect(),
+            Err(_) => return,
+        };
+        for id in ids {
+            remove_container(&self.docker, &id).await;
+        }
+    }
+
+    /// Removes the sandbox containers of skillbox processes that no longer exist (a
+    /// crash, a kill -9). Only for a daemon on this machine: owners are named by this
+    /// machine's boot id and pids.
+    async fn sweep(&self) {
+        if !daemon_address().starts_with("unix://") {
+            return;
+        }
+        let filters = HashMap::from([("label".to_string(), vec![LABEL_SANDBOX.to_string()])]);
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(filters),
+            ..Default::default()
+        };
+        let Ok(containers) = self.docker.list_containers(Some(options)).await else {
+            return;
+        };
+        for container in containers {
+            let (Some(id), Some(labels)) = (container.id, container.labels) else {
+                continue;
+            };
+            let owner = labels.get(LABEL_OWNER).map(String::as_str).unwrap_or("");
+            if !owner_alive(owner) {
+                tracing::info!(container = %id, owner, "docker: removing a sandbox left by a skillbox that is gone");
+                remove_container(&self.docker, &id).await;
+            }
+        }
+    }
+}
+
+/// Force-removes a container (killing what runs in it) and its anonymous volumes.
+pub(crate) async fn remove_container(docker: &Docker, id: &str) {
+    let options = RemoveContainerOptions {
+        force: true,
+        v: true,
+        ..Default::default()
+    };
+    match docker.remove_container(id, Some(options)).await {
+        Ok(()) => {}
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => {}
+        // 409: removal already in progress (a concurrent cleanup).
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 409, ..
+        }) => {}
+        Err(e) => {
+            tracing::warn!(container = %id, error = %e, "docker: cannot remove a sandbox container")
+        }
+    }
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot.
+fn start_time(pid: &str) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; fields after it follow its ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19).map(str::to_string)
+}
+
+/// `<boot id>/<pid>/<start time>` of this process.
+fn owner_label() -> String {
+    let pid = std::process::id().to_string();
+    let started = start_time(&pid).unwrap_or_default();
+    format!("{}/{pid}/{started}", boot_id())
+}
+
+/// True while the process named by an owner label still runs.
+fn owner_alive(owner: &str) -> bool {
+    let mut parts = owner.split('/');
+    let (Some(boot), Some(pid), Some(started)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    boot == boot_id() && start_time(pid).as_deref() == Some(started)
+}
+
+/// What the docker (or gvisor) backend gives on this host, layer by layer.
+pub async fn probe(runtime: Runtime, image: &str) -> DockerReport {
+    let backend = runtime.backend();
+    let mut layers = BTreeMap::new();
+    let layer = |available: bool, detail: String| Layer { available, detail };
+    let docker = match connect(backend).await {
+        Ok(docker) => docker,
+        Err(e) => {
+            layers.insert("daemon", layer(false, e.message.clone()));
+            return DockerReport {
+                available: false,
+                reason: Some(e.message),
+                layers,
+            };
+        }
+    };
+    let version = docker
+        .version()
+        .await
+        .ok()
+        .and_then(|v| v.version)
+        .unwrap_or_else(|| "unknown version".into());
+    layers.insert(
+        "daemon",
+        layer(true, format!("Docker {version} at {}", daemon_address())),
+    );
+    let mut reason = None;
+    let registered = runtimes(&docker, backend).await.unwrap_or_default();
+    let has_runtime = registered.iter().any(|r| r == runtime.docker_name());
+    layers.insert(
+        "runtime",
+        layer(
+            has_runtime,
+            if has_runtime {
+                format!("{} registered", runtime.docker_name())
+            } else {
+                format!(
+                    "{} not registered (registered: {})",
+                    runtime.docker_name(),
+                    registered.join(", ")
+                )
+            },
+        ),
+    );
+    if !has_runtime {
+        reason = Some(runsc_missing().message);
+    }
+    let has_image = docker.inspect_image(image).await.is_ok();
+    layers.insert(
+        "image",
+        layer(
+            has_image,
+            if has_image {
+                format!("{image} present")
+            } else {
+                format!("{image} missing: run `skillbox image build`")
+            },
+        ),
+    );
+    if !has_image && reason.is_none() {
+        reason = Some(image_missing(backend, image).message);
+    }
+    DockerReport {
+        available: reason.is_none(),
+        reason,
+        layers,
+    }
+}

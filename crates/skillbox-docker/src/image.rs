@@ -1,0 +1,491 @@
+//! The runtime image, built here without any registry: a `debootstrap` root of the host's
+//! Debian release (with python3 and curl), the host's own `node` binary, and the pinned
+//! Node packages at `/node_modules`. It is imported through the Engine API and tagged by
+//! the hash of what went into it, so an unchanged build is skipped.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use bollard::Docker;
+use bollard::query_parameters::CreateImageOptions;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use skillbox_env::{EnvError, EnvResult, ErrorCode, Limits, SandboxSpec};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::SANDBOX_UID;
+use crate::backend::{DockerBackend, Runtime, connect, daemon_error};
+
+/// Bump when the recipe below changes what ends up in the image.
+const RECIPE: &str = "skillbox-runtime-2";
+const REPOSITORY: &str = "skillbox-runtime";
+/// Debian packages on top of `minbase` (which has bash, coreutils, perl-base).
+const PACKAGES: &str = "python3,curl,ca-certificates";
+const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+/// Parts of the debootstrap root nothing in a sandbox reads.
+const SKIPPED: &[&str] = &[
+    "dev",
+    "proc",
+    "sys",
+    "run",
+    "tmp",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "var/cache/apt",
+    "var/lib/apt/lists",
+    "var/log",
+    "etc/passwd",
+    "etc/group",
+];
+
+/// The image tag for a Node runtime (`node-<hash>` from the runtime): the same inputs
+/// always give the same tag, so the backend can name the image without building it.
+pub fn image_tag(runtime_id: &str) -> String {
+    let mut hash = Sha256::new();
+    hash.update(RECIPE.as_bytes());
+    hash.update(b"\0");
+    hash.update(PACKAGES.as_bytes());
+    hash.update(b"\0");
+    hash.update(runtime_id.as_bytes());
+    let digest = hash.finalize();
+    let short: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{REPOSITORY}:{short}")
+}
+
+/// What goes into the image besides the Debian root.
+#[derive(Debug, Clone)]
+pub struct BuildInputs {
+    /// The `node` executable to copy in (the host's).
+    pub node_binary: PathBuf,
+    /// The installed `node_modules` of the runtime.
+    pub node_modules: PathBuf,
+    /// `node-<hash>` of the runtime.
+    pub runtime_id: String,
+}
+
+/// Builds the runtime image into the daemon.
+#[derive(Debug)]
+pub struct ImageBuilder {
+    /// Where the debootstrap root is kept between builds (`<data>/images`).
+    cache: PathBuf,
+    mirror: String,
+}
+
+fn failed(message: impl Into<String>) -> EnvError {
+    EnvError::new(ErrorCode::Unavailable, message)
+}
+
+fn io_failed(what: &str, path: &Path, e: &std::io::Error) -> EnvError {
+    EnvError::io(e, what, path).with_path(path)
+}
+
+/// The host's Debian release name, so the image's libraries match the host's `node`.
+fn host_suite() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+                .map(|v| v.trim_matches('"').to_string())
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "bookworm".into())
+}
+
+impl ImageBuilder {
+    pub fn new(data_dir: &Path) -> Self {
+        ImageBuilder {
+            cache: data_dir.join("images"),
+            mirror: std::env::var("SKILLBOX_DEBIAN_MIRROR")
+                .unwrap_or_else(|_| DEFAULT_MIRROR.into()),
+        }
+    }
+
+    /// Builds the image unless the daemon has it (or `force`), reporting progress, and
+    /// checks that it runs. Returns the tag.
+    pub async fn build(
+        &self,
+        inputs: &BuildInputs,
+        force: bool,
+        progress: &(dyn Fn(&str) + Send + Sync),
+    ) -> EnvResult<String> {
+        let tag = image_tag(&inputs.runtime_id);
+        let docker = connect("docker").await?;
+        if !force && docker.inspect_image(&tag).await.is_ok() {
+            progress(&format!("image {tag} is up to date"));
+            return Ok(tag);
+        }
+        for (what, path) in [
+            ("node binary", &inputs.node_binary),
+            ("node_modules", &inputs.node_modules),
+        ] {
+            if !path.exists() {
+                return Err(failed(format!(
+                    "image build: the {what} {} does not exist",
+                    path.display()
+                )));
+            }
+        }
+        let rootfs = self.rootfs(progress).await?;
+        progress(&format!("importing {tag} into the Docker daemon"));
+        self.import(&docker, &rootfs, inputs, &tag, progress)
+            .await?;
+        progress(&format!(
+            "checking {tag}: node, pptxgenjs and python3 start in a sandbox"
+        ));
+        verify(&tag).await?;
+        progress(&format!("image {tag} is ready"));
+        Ok(tag)
+    }
+
+    /// The debootstrap root for this recipe, made once and kept.
+    async fn rootfs(&self, progress: &(dyn Fn(&str) + Send + Sync)) -> EnvResult<PathBuf> {
+        let suite = host_suite();
+        let mut hash = Sha256::new();
+        hash.update(format!("{RECIPE}\0{suite}\0{PACKAGES}\0{}", self.mirror).as_bytes());
+        let short: String = hash
+            .finalize()
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let done = self.cache.join(format!("rootfs-{suite}-{short}"));
+        if done.join("usr/bin/python3").exists() {
+            progress(&format!(
+                "using the Debian {suite} root in {}",
+                done.display()
+            ));
+            return Ok(done);
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(failed(
+                "image build: debootstrap needs root; run `sudo skillbox image build`",
+            ));
+        }
+        std::fs::create_dir_all(&self.cache).map_err(|e| io_failed("create", &self.cache, &e))?;
+        let work = self
+            .cache
+            .join(skillbox_env::path::temp_name(&format!(".rootfs-{short}-")));
+        progress(&format!(
+            "debootstrap {suite} (minbase + {PACKAGES}) from {} — about a minute",
+            self.mirror
+        ));
+        let mut child = tokio::process::Command::new("debootstrap")
+            .args([
+                "--variant=minbase",
+                &format!("--include={PACKAGES}"),
+                &suite,
+            ])
+            .arg(&work)
+            .arg(&self.mirror)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    failed("image build: debootstrap is not installed; apt-get install debootstrap")
+                } else {
+                    failed(format!("image build: cannot run debootstrap: {e}"))
+                }
+            })?;
+        let mut tail: Vec<String> = Vec::new();
+        if let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) {
+            let mut out = BufReader::new(out).lines();
+            let mut err = BufReader::new(err).lines();
+            let (mut out_open, mut err_open) = (true, true);
+            while out_open || err_open {
+                let line = tokio::select! {
+                    line = out.next_line(), if out_open => match line {
+                        Ok(Some(line)) => line,
+                        _ => { out_open = false; continue; }
+                    },
+                    line = err.next_line(), if err_open => match line {
+                        Ok(Some(line)) => line,
+                        _ => { err_open = false; continue; }
+                    },
+                };
+                if line.starts_with("I: Retrieving")
+                    || line.starts_with("I: Validating")
+                    || line.starts_with("I: Extracting")
+                {
+                    tracing::debug!("{line}");
+                } else {
+                    progress(&format!("debootstrap: {line}"));
+                }
+                tail.push(line);
+                if tail.len() > 20 {
+                    tail.remove(0);
+                }
+            }
+        }
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| failed(format!("image build: debootstrap: {e}")))?;
+        if !status.success() {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(failed(format!(
+                "image build: debootstrap failed ({status}); last output:\n{}",
+                tail.join("\n")
+            )));
+        }
+        match std::fs::rename(&work, &done) {
+            Ok(()) => {}
+            // Another build finished first; use its root.
+            Err(_) if done.join("usr/bin/python3").exists() => {
+                let _ = std::fs::remove_dir_all(&work);
+            }
+            Err(e) => return Err(io_failed("rename", &done, &e)),
+        }
+        Ok(done)
+    }
+
+    /// Streams the root plus skillbox's files as one tar into `POST /images/create`.
+    async fn import(
+        &self,
+        docker: &Docker,
+        rootfs: &Path,
+        inputs: &BuildInputs,
+        tag: &str,
+        progress: &(dyn Fn(&str) + Send + Sync),
+    ) -> EnvResult<()> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+        let rootfs = rootfs.to_path_buf();
+        let inputs_for_tar = inputs.clone();
+        let writer = tokio::task::spawn_blocking(move || {
+            let sink = ChannelWriter { tx: tx.clone() };
+            let result = write_image_tar(sink, &rootfs, &inputs_for_tar);
+            if let Err(e) = &result {
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+            result
+        });
+        let (repo, version) = tag.split_once(':').unwrap_or((tag, "latest"));
+        let options = CreateImageOptions {
+            from_src: Some("-".into()),
+            repo: Some(repo.into()),
+            tag: Some(version.into()),
+            changes: vec![
+                format!("USER {SANDBOX_UID}:{SANDBOX_UID}"),
+                "WORKDIR /workspace".into(),
+                "ENV PATH=/usr/local/bin:/usr/bin:/bin".into(),
+                "ENV LANG=C.UTF-8".into(),
+                format!("LABEL dev.skillbox.runtime={}", inputs.runtime_id),
+            ],
+            ..Default::default()
+        };
+        let body = bollard::body_try_stream(tokio_stream_from(rx));
+        let mut answers = docker.create_image(Some(options), Some(body), None);
+        while let Some(answer) = answers.next().await {
+            match answer {
+                Ok(info) => {
+                    if let Some(status) = info.status.filter(|s| !s.is_empty()) {
+                        progress(&format!("import: {status}"));
+                    }
+                }
+                Err(e) => {
+                    writer.abort();
+                    return Err(daemon_error("docker", &e));
+                }
+            }
+        }
+        match writer.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(failed(format!("image build: the tar writer failed: {e}"))),
+        }
+    }
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// A `Write` that hands 256 KiB chunks to the upload.
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tx
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload ended"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn tar_error(what: &str, e: &std::io::Error) -> EnvError {
+    failed(format!("image build: {what}: {e}"))
+}
+
+fn append_file(
+    tar: &mut tar::Builder<impl Write>,
+    path: &str,
+    data: &[u8],
+    mode: u32,
+) -> EnvResult<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(mode);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    tar.append_data(&mut header, path, data)
+        .map_err(|e| tar_error(path, &e))
+}
+
+fn append_dir(
+    tar: &mut tar::Builder<impl Write>,
+    path: &str,
+    mode: u32,
+    uid: u64,
+) -> EnvResult<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(0);
+    header.set_mode(mode);
+    header.set_uid(uid);
+    header.set_gid(uid);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Directory);
+    tar.append_data(&mut header, path, std::io::empty())
+        .map_err(|e| tar_error(path, &e))
+}
+
+/// Adds `dir` (recursively, symlinks as symlinks) under `prefix`, skipping `skip`.
+fn append_tree(
+    tar: &mut tar::Builder<impl Write>,
+    dir: &Path,
+    prefix: &Path,
+    skip: &[&str],
+    owner_root: bool,
+) -> EnvResult<()> {
+    let mut stack = vec![PathBuf::new()];
+    while let Some(relative) = stack.pop() {
+        let here = dir.join(&relative);
+        let mut entries: Vec<_> = std::fs::read_dir(&here)
+            .map_err(|e| tar_error(&here.display().to_string(), &e))?
+            .filter_map(Result::ok)
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let rel = relative.join(entry.file_name());
+            let rel_text = rel.to_string_lossy();
+            if skip.iter().any(|s| rel_text == *s) {
+                continue;
+            }
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path)
+                .map_err(|e| tar_error(&path.display().to_string(), &e))?;
+            let mut header = tar::Header::new_gnu();
+            header.set_metadata_in_mode(&meta, tar::HeaderMode::Complete);
+            if owner_root {
+                header.set_uid(0);
+                header.set_gid(0);
+            }
+            let name = prefix.join(&rel);
+            let ft = meta.file_type();
+            if ft.is_symlink() {
+                let target = std::fs::read_link(&path)
+                    .map_err(|e| tar_error(&path.display().to_string(), &e))?;
+                header.set_size(0);
+                tar.append_link(&mut header, &name, &target)
+                    .map_err(|e| tar_error(&name.display().to_string(), &e))?;
+            } else if ft.is_dir() {
+                header.set_size(0);
+                tar.append_data(&mut header, &name, std::io::empty())
+                    .map_err(|e| tar_error(&name.display().to_string(), &e))?;
+                stack.push(rel);
+            } else if ft.is_file() {
+                let file = std::fs::File::open(&path)
+                    .map_err(|e| tar_error(&path.display().to_string(), &e))?;
+                tar.append_data(&mut header, &name, file)
+                    .map_err(|e| tar_error(&name.display().to_string(), &e))?;
+            }
+            // Devices, fifos and sockets of the build root are not part of the image.
+        }
+    }
+    Ok(())
+}
+
+fn with_sandbox_user(rootfs: &Path, file: &str, line: &str) -> EnvResult<Vec<u8>> {
+    let path = rootfs.join(file);
+    let mut text = std::fs::read_to_string(&path).map_err(|e| io_failed("read", &path, &e))?;
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(line);
+    Ok(text.into_bytes())
+}
+
+fn write_image_tar(sink: impl Write, rootfs: &Path, inputs: &BuildInputs) -> EnvResult<()> {
+    let mut tar = tar::Builder::new(sink);
+    tar.follow_symlinks(false);
+    append_tree(&mut tar, rootfs, Path::new(""), SKIPPED, false)?;
+    for dir in ["dev", "proc", "sys", "run", "tmp"] {
+        append_dir(&mut tar, dir, if dir == "tmp" { 0o1777 } else { 0o755 }, 0)?;
+    }
+    append_dir(&mut tar, "workspace", 0o755, u64::from(SANDBOX_UID))?;
+    let passwd = with_sandbox_user(
+        rootfs,
+        "etc/passwd",
+        &format!("sandbox:x:{SANDBOX_UID}:{SANDBOX_UID}:skillbox sandbox:/tmp:/bin/sh\n"),
+    )?;
+    append_file(&mut tar, "etc/passwd", &passwd, 0o644)?;
+    let group = with_sandbox_user(rootfs, "etc/group", &format!("sandbox:x:{SANDBOX_UID}:\n"))?;
+    append_file(&mut tar, "etc/group", &group, 0o644)?;
+    let node = std::fs::read(&inputs.node_binary)
+        .map_err(|e| io_failed("read", &inputs.node_binary, &e))?;
+    append_file(&mut tar, "usr/local/bin/node", &node, 0o755)?;
+    append_dir(&mut tar, "node_modules", 0o755, 0)?;
+    append_tree(
+        &mut tar,
+        &inputs.node_modules,
+        Path::new("node_modules"),
+        &[],
+        true,
+    )?;
+    tar.finish().map_err(|e| tar_error("finish", &e))?;
+    Ok(())
+}
+
+/// Starts a sandbox from the new image and checks that what runs need is there.
+async fn verify(tag: &str) -> EnvResult<()> {
+    use skillbox_env::{CancellationToken, ExecRequest, FileSystem, Shell};
+    let backend = DockerBackend::connect(Runtime::Runc, tag).await?;
+    let spec = SandboxSpec {
+        limits: Limits::default(),
+        ..SandboxSpec::default()
+    };
+    let sandbox = backend.create(spec).await?;
+    let check = ExecRequest::shell(
+        "node -e \"require('pptxgenjs'); console.log('node ' + process.version)\" && \
+         python3 -c 'import sys; print(\"python\", sys.version.split()[0])'",
+    )
+    .cwd("/workspace");
+    let result = sandbox.exec(check, &CancellationToken::new()).await;
+    let _ = sandbox.cleanup().await;
+    let output = result?;
+    if !output.success() {
+        return Err(failed(format!(
+            "image build: the new image {tag} does not run node/pptxgenjs/python3: {}{}",
+            output.stdout_text(),
+            output.stderr_text()
+        )));
+    }
+    Ok(())
+}
