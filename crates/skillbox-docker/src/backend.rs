@@ -79,7 +79,10 @@ pub(crate) fn daemon_error(backend: &str, error: &bollard::errors::Error) -> Env
     let lower = text.to_lowercase();
     let fix = if lower.contains("permission denied") {
         "the socket is not accessible to this user: run as root or join the `docker` group"
-    } else if lower.contains("no such file") || lower.contains("connection refused") {
+    } else if lower.contains("no such file")
+        || lower.contains("not found")
+        || lower.contains("connection refused")
+    {
         "no daemon is listening: start it (`systemctl start docker`, or `dockerd &`)"
     } else {
         "check that dockerd is running and reachable"

@@ -1,0 +1,419 @@
+//! What the docker and gvisor backends promise beyond the shared suites: the container's
+//! hardened configuration (read back from the daemon), nothing left behind, and a clear
+//! `unavailable` (never a fallback) when something they need is missing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::Docker;
+use skillbox_docker::{
+    DockerBackend, DockerSandbox, LABEL_OWNER, LABEL_SANDBOX, Runtime, image_tag,
+};
+use skillbox_env::testkit::{limits, skip};
+use skillbox_env::{
+    CancellationToken, ErrorCode, ExecEvent, ExecRequest, FileSystem, SandboxSpec, Shell,
+};
+
+fn image() -> String {
+    image_tag(&skillbox_run::NodeRuntime::new(std::path::Path::new("/")).id())
+}
+
+fn spec() -> SandboxSpec {
+    SandboxSpec {
+        limits: limits(),
+        ..SandboxSpec::default()
+    }
+}
+
+async fn backend(runtime: Runtime, test: &str) -> Option<DockerBackend> {
+    match DockerBackend::connect(runtime, image()).await {
+        Ok(backend) => Some(backend),
+        Err(e) => {
+            skip(test, &e.to_string());
+            None
+        }
+    }
+}
+
+async fn docker() -> Docker {
+    Docker::connect_with_defaults()
+        .unwrap()
+        .negotiate_version()
+        .await
+        .unwrap()
+}
+
+/// True while the daemon still has the container (in any state).
+async fn exists(docker: &Docker, id: &str) -> bool {
+    docker
+        .inspect_container(
+            id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .is_ok()
+}
+
+async fn assert_removed(docker: &Docker, id: &str, what: &str) {
+    for _ in 0..100 {
+        if !exists(docker, id).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: container {id} is still there");
+}
+
+async fn check_hardened(runtime: Runtime) {
+    let test = "the_container_is_hardened";
+    let Some(backend) = backend(runtime, test).await else {
+        return;
+    };
+    let sandbox = backend.create(spec()).await.unwrap();
+    let docker = docker().await;
+    let info = docker
+        .inspect_container(
+            sandbox.container_id(),
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let host = info.host_config.clone().unwrap();
+    let config = info.config.clone().unwrap();
+    let limits = limits();
+    assert_eq!(host.network_mode.as_deref(), Some("none"));
+    assert_eq!(host.readonly_rootfs, Some(true));
+    assert_eq!(host.privileged, Some(false));
+    assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+    assert!(host.cap_add.unwrap_or_default().is_empty());
+    let security = host.security_opt.unwrap_or_default();
+    assert!(
+        security.iter().any(|o| o.starts_with("no-new-privileges")),
+        "{security:?}"
+    );
+    // Docker's default seccomp profile stays on (no seccomp=unconfined, no custom one).
+    assert!(
+        !security.iter().any(|o| o.starts_with("seccomp")),
+        "{security:?}"
+    );
+    let memory = limits.memory_bytes.unwrap() as i64;
+    assert_eq!(host.memory, Some(memory));
+    assert_eq!(
+        host.memory_swap,
+        Some(memory),
+        "no swap beyond the memory limit"
+    );
+    assert!(host.nano_cpus.unwrap_or(0) > 0, "NanoCpus must be set");
+    let pids = host.pids_limit.unwrap_or(0);
+    assert!(pids > 0, "PidsLimit must be set");
+    let ulimits: HashMap<String, i64> = host
+        .ulimits
+        .unwrap_or_default()
+        .into_iter()
+        .map(|u| (u.name.unwrap(), u.hard.unwrap()))
+        .collect();
+    assert_eq!(ulimits["fsize"], limits.file_size_bytes.unwrap() as i64);
+    assert_eq!(ulimits["nofile"], limits.open_files.unwrap() as i64);
+    match runtime {
+        Runtime::Runc => assert_eq!(pids, i64::from(limits.pids.unwrap())),
+        // Under runsc the cgroup counts gVisor's own host tasks; the sandbox's
+        // processes are bounded by RLIMIT_NPROC inside gVisor's kernel.
+        Runtime::Runsc => {
+            assert!(pids > i64::from(limits.pids.unwrap()));
+            assert_eq!(ulimits["nproc"], i64::from(limits.pids.unwrap()));
+        }
+    }
+    assert_eq!(host.runtime.as_deref(), Some(runtime.docker_name()));
+    // Size-limited tmpfs for /tmp and /workspace, and no host mounts at all.
+    let tmpfs = host.tmpfs.unwrap_or_default();
+    assert!(
+        tmpfs["/tmp"].contains(&format!("size={}", limits.tmp_bytes)),
+        "{tmpfs:?}"
+    );
+    assert!(tmpfs["/workspace"].contains("size="), "{tmpfs:?}");
+    assert!(host.binds.unwrap_or_default().is_empty());
+    assert!(host.mounts.unwrap_or_default().is_empty());
+    let mounts = info.mounts.unwrap_or_default();
+    assert!(mounts.is_empty(), "host mounts: {mounts:?}");
+    // Not root, and skillbox's own init as pid 1 (it reaps orphans and is what kills).
+    let user = config.user.unwrap_or_default();
+    assert!(
+        !user.is_empty() && !user.starts_with("0") && !user.starts_with("root"),
+        "{user}"
+    );
+    let entrypoint = config.entrypoint.unwrap_or_default();
+    assert!(
+        entrypoint.iter().any(|a| a.contains("skillbox-init")),
+        "{entrypoint:?}"
+    );
+    let labels = config.labels.unwrap_or_default();
+    assert_eq!(labels[LABEL_SANDBOX], runtime.backend());
+    assert!(labels[LABEL_OWNER].contains(&format!("/{}/", std::process::id())));
+    // Orphans are reaped: a double-forked child that exits does not stay a zombie.
+    let out = sandbox
+        .exec(
+            ExecRequest::shell(
+                "(sh -c 'exit 0' &) ; sleep 0.5; \
+                 for s in /proc/[0-9]*/stat; do cut -d' ' -f3 \"$s\"; done | grep -c Z || true",
+            ),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_text().trim(), "0", "zombies left: {out:?}");
+    sandbox.cleanup().await.unwrap();
+    assert_removed(&docker, sandbox.container_id(), "after cleanup").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docker_container_is_hardened() {
+    check_hardened(Runtime::Runc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gvisor_container_is_hardened() {
+    check_hardened(Runtime::Runsc).await;
+}
+
+/// A sandbox dropped without cleanup (its caller was cancelled) still goes, with what
+/// ran in it; so does one whose exec timed out or was cancelled, after cleanup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_left_behind() {
+    let test = "nothing_is_left_behind";
+    let Some(backend) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let docker = docker().await;
+
+    let sandbox = backend.create(spec()).await.unwrap();
+    let id = sandbox.container_id().to_string();
+    let mut stream = sandbox
+        .exec_stream(
+            ExecRequest::shell("echo ready; sleep 1000").timeout(Duration::from_secs(3600)),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    match stream.next().await {
+        Some(Ok(ExecEvent::Stdout(chunk))) => assert_eq!(&chunk[..], b"ready\n"),
+        other => panic!("expected the ready line, got {other:?}"),
+    }
+    drop(sandbox);
+    assert_removed(&docker, &id, "after drop").await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(event) = stream.next().await {
+            if event.is_err() {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("the stream of a dropped sandbox must end");
+    assert!(ended, "the stream must end with an error");
+
+    for cancel_it in [false, true] {
+        let sandbox: DockerSandbox = backend.create(spec()).await.unwrap();
+        let id = sandbox.container_id().to_string();
+        let cancel = CancellationToken::new();
+        let request = ExecRequest::shell("sleep 1000 & sleep 1000");
+        let result = if cancel_it {
+            let trigger = cancel.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                trigger.cancel();
+            });
+            sandbox.exec(request, &cancel).await
+        } else {
+            sandbox
+                .exec(request.timeout(Duration::from_millis(500)), &cancel)
+                .await
+        };
+        match result {
+            Ok(out) => assert!(out.timed_out && !cancel_it, "{out:?}"),
+            Err(e) => assert!(cancel_it && e.code == ErrorCode::Aborted, "{e}"),
+        }
+        // The sandbox is reset, not broken: the next exec runs, and nothing of the
+        // last one is still running.
+        let out = sandbox
+            .exec(
+                ExecRequest::shell(
+                    "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done \
+                     | grep -c '^sleep 1000' || true",
+                ),
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            out.stdout_text().trim(),
+            "0",
+            "left after the kill: {out:?}"
+        );
+        sandbox.cleanup().await.unwrap();
+        assert_removed(&docker, &id, "after cleanup").await;
+    }
+}
+
+/// A container whose owner (a skillbox process) is gone is removed by the next backend
+/// that connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_of_a_dead_skillbox_are_swept() {
+    let test = "containers_of_a_dead_skillbox_are_swept";
+    let Some(_) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let docker = docker().await;
+    // A real dead process: its pid and start time name the owner.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let started = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .to_string();
+    child.wait().unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let owner = format!("{}/{pid}/{started}", boot.trim());
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image()),
+        entrypoint: Some(vec!["sleep".into(), "1000".into()]),
+        labels: Some(HashMap::from([
+            (LABEL_SANDBOX.to_string(), "docker".to_string()),
+            (LABEL_OWNER.to_string(), owner),
+        ])),
+        host_config: Some(bollard::models::HostConfig {
+            network_mode: Some("none".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let created = docker
+        .create_container(
+            None::<bollard::query_parameters::CreateContainerOptions>,
+            body,
+        )
+        .await
+        .unwrap();
+    docker
+        .start_container(
+            &created.id,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
+        .await
+        .unwrap();
+    DockerBackend::connect(Runtime::Runc, image())
+        .await
+        .unwrap();
+    assert_removed(&docker, &created.id, "after the sweep").await;
+}
+
+/// Missing parts fail with `unavailable`, saying which and how to fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_is_unavailable_not_a_fallback() {
+    let test = "a_missing_image_is_unavailable";
+    let Some(_) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    for runtime in [Runtime::Runc, Runtime::Runsc] {
+        let e = DockerBackend::connect(runtime, "skillbox-runtime:no-such-build")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+        assert!(e.message.contains("skillbox-runtime:no-such-build"), "{e}");
+        assert!(e.message.contains("skillbox image build"), "{e}");
+    }
+}
+
+/// A run in a child process with DOCKER_HOST pointed elsewhere (the variable is process
+/// wide, so each case is its own process: this test binary, re-run with a filter).
+fn child_case(case: &str, docker_host: &str) -> String {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "unreachable_daemon_child", "--nocapture"])
+        .env("DOCKER_HOST", docker_host)
+        .env("SKILLBOX_CHILD_CASE", case)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_daemon_child() {
+    let Ok(case) = std::env::var("SKILLBOX_CHILD_CASE") else {
+        return;
+    };
+    let runtime = if case == "gvisor" {
+        Runtime::Runsc
+    } else {
+        Runtime::Runc
+    };
+    match DockerBackend::connect(runtime, image()).await {
+        Ok(_) => println!("CASE_RESULT connected"),
+        Err(e) => println!("CASE_RESULT {} {}", e.code, e.message),
+    }
+}
+
+#[test]
+fn no_daemon_is_unavailable_and_says_how_to_fix_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("no-docker.sock");
+    let output = child_case("docker", &format!("unix://{}", socket.display()));
+    assert!(output.contains("CASE_RESULT unavailable"), "{output}");
+    assert!(output.contains("no-docker.sock"), "{output}");
+    assert!(output.contains("start it"), "{output}");
+}
+
+/// A daemon without `runsc` registered: gvisor is unavailable and says how to register
+/// it; docker still works. The daemon here is a stand-in that answers like one without
+/// runsc (this host's real one has it).
+#[test]
+fn gvisor_without_runsc_is_unavailable_and_says_how_to_register_it() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("fake-docker.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                loop {
+                    let mut request = String::new();
+                    if reader.read_line(&mut request).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                        line.clear();
+                    }
+                    let path = request.split_whitespace().nth(1).unwrap_or("");
+                    let body = if path.contains("/version") {
+                        r#"{"Version":"20.10.24","ApiVersion":"1.41","MinAPIVersion":"1.12"}"#
+                    } else if path.contains("/info") {
+                        r#"{"Runtimes":{"runc":{"path":"runc"}},"DefaultRuntime":"runc"}"#
+                    } else if path.contains("/_ping") {
+                        "OK"
+                    } else {
+                        "{}"
+                    };
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nApi-Version: 1.41\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let output = child_case("gvisor", &format!("unix://{}", socket.display()));
+    assert!(output.contains("CASE_RESULT unavailable"), "{output}");
+    assert!(output.contains("runsc"), "{output}");
+    assert!(output.contains("runtimeArgs"), "{output}");
+    assert!(output.contains("--network=none"), "{output}");
+}
