@@ -1,0 +1,324 @@
+//! The docker and gvisor backends through the real binary: the network boundary, gVisor's
+//! own kernel, the same verified deck as native, and no container left behind by a
+//! one-shot run, a killed skillbox or a server that shuts down.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_skillbox");
+
+fn skillbox(data: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .output()
+        .expect("run skillbox")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The Node runtime and image are shared by these tests.
+fn data_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-container-tests")
+}
+
+/// True when `doctor` says the backend works here; otherwise skips (or fails under
+/// SKILLBOX_REQUIRE_ALL=1) with doctor's reason.
+fn available(backend: &str, test: &str) -> bool {
+    let out = skillbox(&data_dir(), &["doctor", "--json"]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entry = json["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == backend)
+        .unwrap()
+        .clone();
+    if entry["available"] == true {
+        return true;
+    }
+    skillbox_env::testkit::skip(test, entry["reason"].as_str().unwrap_or("unavailable"));
+    false
+}
+
+/// Sandbox containers (any state) whose owner is the process `pid`.
+fn containers_of(pid: u32) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=dev.skillbox.sandbox",
+            "--format",
+            "{{.ID}} {{.Label \"dev.skillbox.owner\"}}",
+        ])
+        .output()
+        .expect("docker ps");
+    assert!(out.status.success(), "docker ps: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("/{pid}/")))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect()
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A one-shot `skillbox exec` that leaves no container behind.
+fn exec_in(backend: &str, script: &str) -> Output {
+    let child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .args(["exec", "--backend", backend, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        containers_of(pid).is_empty(),
+        "skillbox exec --backend {backend} left its container behind"
+    );
+    out
+}
+
+#[test]
+fn containers_cannot_reach_a_host_listener_and_see_only_lo() {
+    for backend in ["docker", "gvisor"] {
+        if !available(backend, "containers_cannot_reach_a_host_listener") {
+            continue;
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let script = format!(
+            "curl -sS --max-time 3 http://127.0.0.1:{port}/ && echo CONNECTED; \
+             (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo CONNECTED_BASH; \
+             python3 -c 'import socket; print(\"IFACES\", sorted(n for _, n in socket.if_nameindex()))'"
+        );
+        let out = exec_in(
+            backend,
+            &format!("exec bash -c '{}'", script.replace('\'', "'\\''")),
+        );
+        let stdout = text(&out.stdout);
+        assert!(
+            !stdout.contains("CONNECTED"),
+            "{backend}: reached the host: {stdout}"
+        );
+        assert!(
+            stdout.contains("IFACES ['lo']"),
+            "{backend}: interfaces other than lo: {stdout}{}",
+            text(&out.stderr)
+        );
+        match listener.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("{backend}: the host listener saw a connection: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn gvisor_reports_its_own_kernel() {
+    if !available("gvisor", "gvisor_reports_its_own_kernel") {
+        return;
+    }
+    let mut host = String::new();
+    std::fs::File::open("/proc/sys/kernel/osrelease")
+        .unwrap()
+        .read_to_string(&mut host)
+        .unwrap();
+    let out = exec_in("gvisor", "uname -r");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let inside = text(&out.stdout);
+    assert!(!inside.trim().is_empty());
+    assert_ne!(inside.trim(), host.trim(), "gvisor shows the host's kernel");
+    // And docker (runc) shares the host kernel, which is the difference.
+    if available("docker", "gvisor_reports_its_own_kernel") {
+        let out = exec_in("docker", "uname -r");
+        assert_eq!(text(&out.stdout).trim(), host.trim());
+    }
+}
+
+fn example(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+#[test]
+fn run_makes_the_same_verified_deck_in_containers() {
+    for backend in ["gvisor", "docker"] {
+        if !available(backend, "run_makes_the_same_verified_deck_in_containers") {
+            continue;
+        }
+        let out = tempfile::tempdir().unwrap();
+        let result = skillbox(
+            &data_dir(),
+            &[
+                "run",
+                example("workspacex-deck.js").to_str().unwrap(),
+                "--backend",
+                backend,
+                "--out",
+                out.path().to_str().unwrap(),
+            ],
+        );
+        assert!(
+            result.status.success(),
+            "{backend}: {}",
+            text(&result.stderr)
+        );
+        let deck =
+            skillbox_pptx::verify_file(&out.path().join("workspacex.pptx")).expect("a real pptx");
+        assert_eq!(deck.slide_count(), 3);
+        assert!(deck.contains(1, "WorkspaceX"), "{}", deck.text_of(1));
+        assert!(deck.contains(2, "Pay only for the days you use"));
+        assert!(deck.contains(3, "hello@workspacex.example"));
+    }
+}
+
+/// A docker workdir runs as its owner, never root: a root-owned one is refused.
+#[test]
+fn docker_workdir_runs_as_its_owner_never_root() {
+    if !available("docker", "docker_workdir_runs_as_its_owner") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip("docker_workdir_runs_as_its_owner", "needs root to chown");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().to_str().unwrap();
+    let out = skillbox(
+        &data_dir(),
+        &[
+            "exec",
+            "--backend",
+            "docker",
+            "--workdir",
+            dir,
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("owned by root"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::os::unix::fs::chown(work.path(), Some(65534), Some(65534)).unwrap();
+    let out = skillbox(
+        &data_dir(),
+        &[
+            "exec",
+            "--backend",
+            "docker",
+            "--workdir",
+            dir,
+            "--",
+            "sh",
+            "-c",
+            "id -u; echo hi > /workspace/made",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "65534");
+    use std::os::unix::fs::MetadataExt;
+    let made = std::fs::metadata(work.path().join("made")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (65534, 65534));
+}
+
+/// skillbox killed with SIGKILL cannot remove its container; the next skillbox that
+/// uses docker does.
+#[test]
+fn a_killed_skillbox_leaves_a_container_the_next_run_sweeps() {
+    if !available("docker", "a_killed_skillbox_leaves_a_container") {
+        return;
+    }
+    let mut child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .args([
+            "exec",
+            "--backend",
+            "docker",
+            "--timeout",
+            "10m",
+            "--",
+            "sleep",
+            "600",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_for("the sandbox container", || !containers_of(pid).is_empty());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!containers_of(pid).is_empty(), "nothing was left to sweep");
+    let out = exec_in("docker", "true");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    wait_for("the sweep", || containers_of(pid).is_empty());
+}
+
+/// `skillbox serve` removes the containers of runs in flight when it shuts down.
+#[test]
+fn serve_shutdown_removes_containers_of_runs_in_flight() {
+    if !available("docker", "serve_shutdown_removes_containers") {
+        return;
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .args(["serve", "--addr", &addr])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = server.id();
+    wait_for("skillbox serve", || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+    let body = r#"{"script":"sleep 600","language":"sh","backend":"docker","timeoutMs":600000}"#;
+    let request = format!(
+        "POST /v1/run HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut client = std::net::TcpStream::connect(&addr).unwrap();
+    std::io::Write::write_all(&mut client, request.as_bytes()).unwrap();
+    wait_for("the run's container", || !containers_of(pid).is_empty());
+    // SAFETY: signalling the server we started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = server.wait().unwrap();
+    assert!(status.success(), "serve should stop cleanly: {status:?}");
+    assert!(
+        containers_of(pid).is_empty(),
+        "serve left the container of an in-flight run"
+    );
+    drop(client);
+}
