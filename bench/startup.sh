@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # A clean environment for every contender: e.g. NODE_EXTRA_CA_CERTS alone makes a bare
 # `node -e 0` parse a CA bundle and look 70 ms slower than a sandboxed one.
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
-  exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" ROUNDS="${ROUNDS:-}" "$0" "$@"
+  exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" ROUNDS="${ROUNDS:-}" \
+    CONTAINER_RUNS="${CONTAINER_RUNS:-}" "$0" "$@"
 fi
 
 runs=${RUNS:-200}
@@ -85,6 +86,33 @@ run "node -e 0" \
   -n "bwrap" "$bwrap_cmd /usr/bin/node -e 0" \
   -n "skillbox native (no cgroup limits)" "$sb --memory none --pids none -- node -e 0" \
   -n "skillbox native (default limits)" "$sb -- node -e 0"
+
+# Container backends: sandbox create -> `node -e 0` -> remove, against the same through
+# `docker run --rm` (the usual Docker script) on the same image. Needs dockerd and the
+# image (`skillbox image build`); skipped with a note otherwise.
+container_runs=${CONTAINER_RUNS:-40}
+image=$("$skillbox" --data-dir "$data" doctor --json | python3 -c '
+import json, sys
+for b in json.load(sys.stdin)["backends"]:
+    if b["name"] == "docker" and b["available"]:
+        print(b["layers"]["image"]["detail"].split()[0])')
+if [ -n "$image" ]; then
+  dr="docker run --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65532:65532"
+  gvisor_rows=()
+  if "$skillbox" --data-dir "$data" doctor --json | python3 -c '
+import json, sys
+sys.exit(0 if any(b["name"] == "gvisor" and b["available"] for b in json.load(sys.stdin)["backends"]) else 1)'; then
+    gvisor_rows=(-n "docker run --runtime=runsc" "$dr --runtime=runsc $image node -e 0"
+                 -n "skillbox gvisor" "$sb --backend gvisor -- node -e 0")
+  fi
+  runs=$container_runs run "node -e 0 in a container (create, run, remove)" \
+    -n "skillbox native" "$sb -- node -e 0" \
+    -n "docker run (runc)" "$dr $image node -e 0" \
+    -n "skillbox docker" "$sb --backend docker -- node -e 0" \
+    "${gvisor_rows[@]}"
+else
+  echo "(container rows skipped: no Docker daemon or no runtime image; see \`skillbox doctor\`)" >> "$out"
+fi
 
 # hyperfine's -n names replace the command in the export; put the commands below.
 {

@@ -105,6 +105,14 @@ impl ImageBuilder {
         }
     }
 
+    /// True when the daemon already has the image for this Node runtime.
+    pub async fn is_current(&self, runtime_id: &str) -> bool {
+        match connect("docker").await {
+            Ok(docker) => docker.inspect_image(&image_tag(runtime_id)).await.is_ok(),
+            Err(_) => false,
+        }
+    }
+
     /// Builds the image unless the daemon has it (or `force`), reporting progress, and
     /// checks that it runs. Returns the tag.
     pub async fn build(

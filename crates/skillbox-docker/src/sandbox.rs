@@ -39,7 +39,8 @@ const FS_PY: &str = include_str!("helpers/fs.py");
 /// first, so a fork bomb cannot outrun it), until only zombies are left; prints how many
 /// live ones remain. Used under runsc, where a kill through init's signal can hit an exec
 /// while it starts, which runsc does not survive.
-const KILL_PL: &str = r#"my $left = 0;
+const KILL_PL: &str = r#"syscall($ARGV[0], 4, 0, 0, 0, 0) == 0 or exit 3;
+my $left = 0;
 for my $pass (1 .. 200) {
     opendir(my $d, '/proc') or exit 1;
     my @p;
@@ -55,10 +56,12 @@ for my $pass (1 .. 200) {
     kill('KILL', @p);
     select(undef, undef, undef, 0.005);
 }
-print "left $left\n";"#;
+print "left $left\n";
+exit($left ? 1 : 0);"#;
 /// Lists the container's processes from inside (`pid TAB cmdline` per line, itself left
 /// out): `docker top` is not reliable under runsc.
-const PS_PL: &str = r#"opendir(my $d, '/proc') or exit 1;
+const PS_PL: &str = r#"syscall($ARGV[0], 4, 0, 0, 0, 0) == 0 or exit 3;
+opendir(my $d, '/proc') or exit 1;
 for my $pid (grep { /^\d+$/ } readdir($d)) {
     next if $pid == $$;
     open(my $f, '<', "/proc/$pid/cmdline") or next;
@@ -67,6 +70,9 @@ for my $pid (grep { /^\d+$/ } readdir($d)) {
 }"#;
 
 const WORKSPACE: &str = "/workspace";
+/// Interpreters by absolute path: no PATH lookup for skillbox's own helpers.
+const PERL: &str = "/usr/bin/perl";
+const PYTHON: &str = "/usr/bin/python3";
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// The workspace tmpfs; its pages count against the container's memory limit too.
 const WORKSPACE_BYTES: u64 = 1024 * 1024 * 1024;
@@ -184,6 +190,13 @@ fn container_config(
                 mount.sandbox.display()
             )));
         }
+        if !mount.host.is_dir() {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {}: must be an existing directory (a socket or \
+                 device would give the code what read-only does not stop)",
+                mount.host.display()
+            )));
+        }
         if target == Path::new("/")
             || target.starts_with(WORKSPACE)
             || target.starts_with("/tmp")
@@ -272,7 +285,7 @@ fn container_config(
         image: Some(image.into()),
         user: Some(user),
         entrypoint: Some(vec![
-            "perl".into(),
+            PERL.into(),
             "-e".into(),
             INIT_PL.into(),
             NR_PRCTL.to_string(),
@@ -452,6 +465,12 @@ impl DockerSandbox {
         if let Ok(mut set) = live.lock() {
             set.insert(id.clone());
         }
+        // Until the sandbox exists, a cancelled caller (this future dropped) must not
+        // leave the container behind.
+        let mut pending = PendingContainer {
+            docker: Some(docker.clone()),
+            id: id.clone(),
+        };
         let forget = |live: &Live, id: &str| {
             if let Ok(mut set) = live.lock() {
                 set.remove(id);
@@ -501,6 +520,7 @@ impl DockerSandbox {
             live,
             filter_hex: hex(&skillbox_native::seccomp_filter_bytes()),
         });
+        pending.docker = None;
         tokio::spawn(watch(Arc::downgrade(&inner), created_at));
         Ok(DockerSandbox {
             inner,
@@ -573,7 +593,7 @@ impl DockerSandbox {
         path: &Path,
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<u8>> {
-        let mut argv: Vec<String> = ["python3", "-I", "-S", "-c", FS_PY, op]
+        let mut argv: Vec<String> = [PYTHON, "-I", "-S", "-c", FS_PY, op]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -708,7 +728,12 @@ async fn processes(inner: &Inner) -> EnvResult<Vec<(String, String)>> {
     match inner.runtime {
         Runtime::Runc => Ok(top(&inner.docker, &inner.id).await?.1),
         Runtime::Runsc => {
-            let argv = vec!["perl".to_string(), "-e".into(), PS_PL.into()];
+            let argv = vec![
+                PERL.to_string(),
+                "-e".into(),
+                PS_PL.into(),
+                NR_PRCTL.to_string(),
+            ];
             let out = bounded(collect_exec(
                 &inner.docker,
                 &inner.id,
@@ -828,6 +853,10 @@ async fn kill_all(inner: &Inner) -> EnvResult<()> {
     }
     .await;
     if let Err(e) = &outcome {
+        // A container that stopped by itself died (gVisor after a memory bomb).
+        if !container_running(inner).await {
+            inner.died.cancel();
+        }
         // Fail closed: a container whose processes cannot be confirmed dead goes.
         tracing::warn!(container = %inner.id, error = %e, "docker: removing a sandbox that could not be reset");
         remove(inner).await;
@@ -837,7 +866,12 @@ async fn kill_all(inner: &Inner) -> EnvResult<()> {
 
 /// The runsc way of [`kill_all`]: a killer process inside the container.
 async fn kill_from_inside(inner: &Inner) -> EnvResult<()> {
-    let argv = vec!["perl".to_string(), "-e".into(), KILL_PL.into()];
+    let argv = vec![
+        PERL.to_string(),
+        "-e".into(),
+        KILL_PL.into(),
+        NR_PRCTL.to_string(),
+    ];
     let out = bounded(collect_exec(
         &inner.docker,
         &inner.id,
@@ -846,10 +880,12 @@ async fn kill_from_inside(inner: &Inner) -> EnvResult<()> {
         None,
     ))
     .await?;
-    match String::from_utf8_lossy(&out.stdout).trim() {
-        "left 0" => Ok(()),
-        other => Err(unavailable(format!(
-            "the sandbox's processes did not die ({other:?})"
+    // The exit status is the authority: the sandbox's code cannot forge it (it could
+    // write into the killer's output pipe).
+    match (out.exit_code, String::from_utf8_lossy(&out.stdout).trim()) {
+        (Some(0), "left 0") => Ok(()),
+        (code, said) => Err(unavailable(format!(
+            "the sandbox's processes did not die (killer exit {code:?}, {said:?})"
         ))),
     }
 }
@@ -867,6 +903,12 @@ async fn settle(inner: &Inner) -> EnvResult<()> {
     if inner.removed.load(Ordering::SeqCst) {
         return Ok(());
     }
+    // Under runsc the only view of the processes is from inside, where what is left of
+    // the code could fake it: the killer runs every time (it is quick when there is
+    // nothing to kill, and its exit status cannot be faked).
+    if inner.runtime == Runtime::Runsc {
+        return kill_all(inner).await;
+    }
     match kill_state(inner).await {
         Ok((_, false)) => Ok(()),
         _ => kill_all(inner).await,
@@ -881,6 +923,24 @@ async fn remove(inner: &Inner) {
     remove_container(&inner.docker, &inner.id).await;
     if let Ok(mut set) = inner.live.lock() {
         set.remove(&inner.id);
+    }
+}
+
+/// Removes a container whose sandbox was never handed out (see `DockerSandbox::start`).
+struct PendingContainer {
+    docker: Option<Docker>,
+    id: String,
+}
+
+impl Drop for PendingContainer {
+    fn drop(&mut self) {
+        let Some(docker) = self.docker.take() else {
+            return;
+        };
+        let id = std::mem::take(&mut self.id);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { remove_container(&docker, &id).await });
+        }
     }
 }
 
@@ -991,7 +1051,7 @@ impl Shell for DockerSandbox {
         let nonce = nonce();
         let cwd = self.arg(request.cwd.as_deref().unwrap_or(&self.cwd));
         let mut argv = vec![
-            "perl".to_string(),
+            PERL.to_string(),
             "-e".into(),
             EXEC_PL.into(),
             NR_PRCTL.to_string(),
@@ -999,22 +1059,20 @@ impl Shell for DockerSandbox {
             inner.filter_hex.clone(),
             nonce.clone(),
             cwd.clone(),
+            // The caller's variables reach only the command, never the wrapper (see
+            // helpers/exec.pl).
+            request.env.len().to_string(),
         ];
+        argv.extend(request.env.iter().map(|(k, v)| format!("{k}={v}")));
         let command = request.command.to_argv();
         let program = command.first().cloned().unwrap_or_default();
         argv.extend(command);
-        let env: Vec<String> = request
-            .env
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
         let exec = inner
             .docker
             .create_exec(
                 &inner.id,
                 ExecConfig {
                     cmd: Some(argv),
-                    env: Some(env),
                     attach_stdin: Some(request.stdin.is_some()),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
@@ -1154,6 +1212,17 @@ impl Shell for DockerSandbox {
             stderr.feed(&tail[..end], &tx).await;
             // The output also ends when the whole container dies (under gVisor, the memory
             // limit takes the sandbox's kernel with the code that hit it).
+            if !died
+                && !killed
+                && !settled
+                && !inner.died.is_cancelled()
+                && let Err(e) = settle(&inner).await
+            {
+                failure.get_or_insert(e);
+            }
+            // The output also ends when the whole container dies (under gVisor, the memory
+            // limit takes the sandbox's kernel with the code that hit it); a reset that
+            // failed may be the first sign of it.
             let died = died
                 || inner.died.is_cancelled()
                 || (status.is_none() && !killed && !container_running(&inner).await);
@@ -1173,12 +1242,6 @@ impl Shell for DockerSandbox {
                 };
                 let _ = tx.send(Ok(ExecEvent::Exit(out))).await;
                 return;
-            }
-            if !killed
-                && !settled
-                && let Err(e) = settle(&inner).await
-            {
-                failure.get_or_insert(e);
             }
             if aborted
                 || (inner.removed.load(Ordering::SeqCst) && failure.is_none() && status.is_none())

@@ -417,3 +417,43 @@ fn gvisor_without_runsc_is_unavailable_and_says_how_to_register_it() {
     assert!(output.contains("runtimeArgs"), "{output}");
     assert!(output.contains("--network=none"), "{output}");
 }
+
+/// The caller's environment reaches the command only, never skillbox's exec wrapper:
+/// PERL5OPT or LD_PRELOAD cannot run code before the wrapper's seccomp filter is in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_env_cannot_subvert_the_exec_wrapper() {
+    let test = "request_env_cannot_subvert_the_exec_wrapper";
+    let Some(backend) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let sandbox = backend.create(spec()).await.unwrap();
+    let request = ExecRequest::shell(
+        "echo \"OPT=$PERL5OPT\"; \
+         python3 -c 'import ctypes; l = ctypes.CDLL(None, use_errno=True); \
+         r = l.syscall(425, 1, None); print(\"IOURING\", r, ctypes.get_errno())'",
+    )
+    .env(
+        "PERL5OPT",
+        "-MPOSIX;print(\"INJECTED\\n\");exec(\"/bin/true\");",
+    )
+    .env("PERL5LIB", "/tmp")
+    .env("LD_PRELOAD", "/tmp/nothing-here.so");
+    let out = sandbox
+        .exec(request, &CancellationToken::new())
+        .await
+        .unwrap();
+    let stdout = out.stdout_text();
+    assert!(
+        !stdout.lines().any(|l| l == "INJECTED"),
+        "{}",
+        out.stdout_text()
+    );
+    assert!(
+        stdout.contains("OPT=-MPOSIX"),
+        "the command sees its variables: {out:?}"
+    );
+    // io_uring_setup: allowed by Docker's default profile on this daemon, refused by
+    // skillbox's filter (EPERM), so the filter is in place.
+    assert!(stdout.contains("IOURING -1 1"), "{out:?}");
+    sandbox.cleanup().await.unwrap();
+}

@@ -50,6 +50,13 @@ pub async fn run(args: ImageArgs, data_dir: &Path) -> ExitCode {
     };
     let progress = |line: &str| eprintln!("skillbox image: {line}");
     let runtime = NodeRuntime::new(data_dir);
+    let builder = ImageBuilder::new(data_dir);
+    if !args.force && builder.is_current(&runtime.id()).await {
+        let tag = skillbox_docker::image_tag(&runtime.id());
+        progress(&format!("image {tag} is up to date"));
+        println!("{tag}");
+        return ExitCode::SUCCESS;
+    }
     if let Err(e) = runtime.ensure(&progress).await {
         eprintln!("skillbox image build: {e}");
         return ExitCode::from(crate::EXIT_SETUP_FAILED);
@@ -59,10 +66,7 @@ pub async fn run(args: ImageArgs, data_dir: &Path) -> ExitCode {
         node_modules: runtime.node_modules(),
         runtime_id: runtime.id(),
     };
-    match ImageBuilder::new(data_dir)
-        .build(&inputs, args.force, &progress)
-        .await
-    {
+    match builder.build(&inputs, args.force, &progress).await {
         Ok(tag) => {
             println!("{tag}");
             ExitCode::SUCCESS

@@ -186,7 +186,7 @@ fn run_makes_the_same_verified_deck_in_containers() {
             text(&result.stderr)
         );
         let deck =
-            skillbox_pptx::verify_file(&out.path().join("workspacex.pptx")).expect("a real pptx");
+            skillbox_pptx::verify_file(out.path().join("workspacex.pptx")).expect("a real pptx");
         assert_eq!(deck.slide_count(), 3);
         assert!(deck.contains(1, "WorkspaceX"), "{}", deck.text_of(1));
         assert!(deck.contains(2, "Pay only for the days you use"));

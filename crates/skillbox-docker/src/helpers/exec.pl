@@ -3,8 +3,13 @@
 # everything it starts), changes to the working directory, runs the command and reports
 # how it ended as the last line of stderr:  NUL "skillbox-status:<nonce>:<kind> <n>" LF
 # where kind is exit, signal, exec (errno of execve), cwd (errno of chdir) or setup.
+# The caller's environment variables come as arguments (a count, then KEY=VALUE each)
+# and are set only in the child, after the filter: none of them can reach perl itself
+# (PERL5OPT, PERL5LIB, LD_PRELOAD would run code before the filter is in place).
 use POSIX ();
-my ($prctl, $seccomp, $filter_hex, $nonce, $cwd, @cmd) = @ARGV;
+my ($prctl, $seccomp, $filter_hex, $nonce, $cwd, $nenv, @rest) = @ARGV;
+my @env = splice(@rest, 0, $nenv);
+my @cmd = @rest;
 sub status { syswrite(STDERR, "\0skillbox-status:$nonce:$_[0]\n"); POSIX::_exit(0); }
 syscall($prctl, 4, 0, 0, 0, 0) == 0 or status("setup " . ($! + 0));
 syscall($prctl, 38, 1, 0, 0, 0) == 0 or status("setup " . ($! + 0));
@@ -17,6 +22,10 @@ my $pid = fork();
 defined($pid) or status("setup " . ($! + 0));
 if ($pid == 0) {
     close($r);
+    for my $pair (@env) {
+        my ($k, $v) = split(/=/, $pair, 2);
+        $ENV{$k} = $v;
+    }
     exec { $cmd[0] } @cmd;
     syswrite($w, ($! + 0) . "");
     POSIX::_exit(127);

@@ -2,7 +2,12 @@
 # user, so it sees exactly what the sandbox's processes see. Reads write the content to
 # stdout; other operations print one JSON value. Failures print {"errno", "msg"} to
 # stderr and exit 1.
-import json, os, stat, sys, tempfile
+import ctypes, json, os, stat, sys, tempfile
+
+# Not dumpable: the sandbox's code runs as the same uid and may be running right now;
+# it must not be able to read or write this process's memory through /proc.
+if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+    sys.exit(3)
 
 TMP = '/workspace/.tmp'
 
@@ -37,8 +42,13 @@ def remove_tree(path):
 
 def write(path, data, append):
     if append:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Non-blocking, and only a regular file: a FIFO planted by the sandbox cannot
+        # stall the helper.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK,
+                     0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(22, 'not a regular file')
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
