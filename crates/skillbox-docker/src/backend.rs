@@ -117,6 +117,21 @@ async fn runtimes(docker: &Docker, backend: &str) -> EnvResult<Vec<String>> {
         .unwrap_or_default())
 }
 
+/// Refuses a daemon whose containers get no seccomp profile (`seccomp-profile:
+/// unconfined` in its config): Docker's profile is one of the layers this backend names.
+async fn check_seccomp(docker: &Docker, backend: &str) -> EnvResult<()> {
+    let info = docker.info().await.map_err(|e| daemon_error(backend, &e))?;
+    let options = info.security_options.unwrap_or_default();
+    let seccomp = options.iter().find(|o| o.starts_with("name=seccomp"));
+    match seccomp {
+        Some(option) if !option.contains("profile=unconfined") => Ok(()),
+        _ => Err(unavailable(format!(
+            "backend {backend}: the Docker daemon applies no seccomp profile \
+             (security options: {options:?}); remove `seccomp-profile: unconfined` from its config"
+        ))),
+    }
+}
+
 fn runsc_missing() -> EnvError {
     unavailable(
         "backend gvisor: the Docker daemon has no `runsc` runtime registered; install runsc \
@@ -148,6 +163,7 @@ impl DockerBackend {
         {
             return Err(runsc_missing());
         }
+        check_seccomp(&docker, backend).await?;
         match docker.inspect_image(&image).await {
             Ok(_) => {}
             Err(bollard::errors::Error::DockerResponseServerError {

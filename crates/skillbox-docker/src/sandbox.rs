@@ -457,6 +457,15 @@ impl DockerSandbox {
                 _ => op_error(backend, "create the container", &e),
             })?;
         let id = created.id;
+        if !created.warnings.is_empty() {
+            // Docker warns instead of failing when it drops a limit (no swap accounting,
+            // no pids controller): that would be less isolation than asked.
+            remove_container(&docker, &id).await;
+            return Err(unavailable(format!(
+                "backend {backend}: the daemon would not apply every limit: {}",
+                created.warnings.join("; ")
+            )));
+        }
         // Events are read from here on (a second early, for clock granularity).
         let created_at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
