@@ -116,6 +116,6 @@ fi
 
 # hyperfine's -n names replace the command in the export; put the commands below.
 {
-  echo "Commands: bwrap = \`${bwrap_cmd//$ws/WS} CMD\`; skillbox = \`skillbox exec [--memory none --pids none] -- CMD\`."
+  echo "Commands: bwrap = \`${bwrap_cmd//$ws/WS} CMD\`; skillbox = \`skillbox exec [--memory none --pids none] [--backend docker|gvisor] -- CMD\`; docker run = \`docker run --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65532:65532 [--runtime=runsc] IMAGE node -e 0\`."
 } >> "$out"
 cat "$out"
