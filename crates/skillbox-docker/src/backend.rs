@@ -212,7 +212,11 @@ impl DockerBackend {
             Err(_) => return,
         };
         for id in ids {
-            remove_container(&self.docker, &id).await;
+            if remove_container(&self.docker, &id).await
+                && let Ok(mut live) = self.live.lock()
+            {
+                live.remove(&id);
+            }
         }
     }
 
@@ -246,23 +250,25 @@ impl DockerBackend {
 }
 
 /// Force-removes a container (killing what runs in it) and its anonymous volumes.
-pub(crate) async fn remove_container(docker: &Docker, id: &str) {
+/// True when it is gone (or going).
+pub(crate) async fn remove_container(docker: &Docker, id: &str) -> bool {
     let options = RemoveContainerOptions {
         force: true,
         v: true,
         ..Default::default()
     };
     match docker.remove_container(id, Some(options)).await {
-        Ok(()) => {}
+        Ok(()) => true,
         Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 404, ..
-        }) => {}
+        }) => true,
         // 409: removal already in progress (a concurrent cleanup).
         Err(bollard::errors::Error::DockerResponseServerError {
             status_code: 409, ..
-        }) => {}
+        }) => true,
         Err(e) => {
-            tracing::warn!(container = %id, error = %e, "docker: cannot remove a sandbox container")
+            tracing::warn!(container = %id, error = %e, "docker: cannot remove a sandbox container");
+            false
         }
     }
 }

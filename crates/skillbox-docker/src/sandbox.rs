@@ -848,6 +848,7 @@ async fn kill_all(inner: &Inner) -> EnvResult<()> {
             .map_err(|e| op_error(inner.runtime.backend(), "kill the sandbox's processes", &e))?;
         let deadline = Instant::now() + KILL_BOUND;
         let mut pause = Duration::from_millis(2);
+        let mut resend = Instant::now() + Duration::from_secs(1);
         loop {
             let (kills, others) = kill_state(inner).await?;
             if kills.is_some_and(|k| k > before) && !others {
@@ -855,6 +856,20 @@ async fn kill_all(inner: &Inner) -> EnvResult<()> {
             }
             if Instant::now() > deadline {
                 return Err(unavailable("the sandbox's processes did not die"));
+            }
+            // Init has killed (its count moved) but something is still there, say a
+            // child forked just then: ask again.
+            if Instant::now() > resend && kills.is_some_and(|k| k > before) {
+                resend = Instant::now() + Duration::from_secs(1);
+                let _ = inner
+                    .docker
+                    .kill_container(
+                        &inner.id,
+                        Some(KillContainerOptions {
+                            signal: "SIGUSR1".into(),
+                        }),
+                    )
+                    .await;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(50));
@@ -864,6 +879,9 @@ async fn kill_all(inner: &Inner) -> EnvResult<()> {
     if let Err(e) = &outcome {
         // A container that stopped by itself died (gVisor after a memory bomb).
         if !container_running(inner).await {
+            if container_oom_killed(inner).await {
+                inner.ooms.fetch_add(1, Ordering::SeqCst);
+            }
             inner.died.cancel();
         }
         // Fail closed: a container whose processes cannot be confirmed dead goes.
@@ -929,8 +947,11 @@ async fn remove(inner: &Inner) {
         return;
     }
     inner.shutdown.cancel();
-    remove_container(&inner.docker, &inner.id).await;
-    if let Ok(mut set) = inner.live.lock() {
+    // A container that could not be removed stays on the backend's list, for its
+    // shutdown (and the next start's sweep) to try again.
+    if remove_container(&inner.docker, &inner.id).await
+        && let Ok(mut set) = inner.live.lock()
+    {
         set.remove(&inner.id);
     }
 }
@@ -967,6 +988,21 @@ fn gone(inner: &Inner) -> EnvError {
         ))
     } else {
         EnvError::aborted("the sandbox was cleaned up")
+    }
+}
+
+/// True when the daemon recorded that the container was killed for memory.
+async fn container_oom_killed(inner: &Inner) -> bool {
+    match inner
+        .docker
+        .inspect_container(
+            &inner.id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+    {
+        Ok(info) => info.state.and_then(|s| s.oom_killed).unwrap_or(false),
+        Err(_) => false,
     }
 }
 
@@ -1237,7 +1273,11 @@ impl Shell for DockerSandbox {
                 || (status.is_none() && !killed && !container_running(&inner).await);
             if died {
                 inner.died.cancel();
-                let memory = oom_after(&inner, ooms_before).await;
+                // The daemon's OOM event can trail the death under load; the container's
+                // own record says it too.
+                let memory = container_oom_killed(&inner).await
+                    || oom_after(&inner, ooms_before).await
+                    || container_oom_killed(&inner).await;
                 remove(&inner).await;
                 let out = ExecOutput {
                     signal: Some(libc::SIGKILL),
