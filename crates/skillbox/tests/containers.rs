@@ -322,3 +322,41 @@ fn serve_shutdown_removes_containers_of_runs_in_flight() {
     );
     drop(client);
 }
+
+/// A user who may not use the daemon's socket gets `unavailable` naming the socket and
+/// the fix, and nothing runs (no fallback to another backend).
+#[test]
+fn an_inaccessible_socket_is_unavailable_not_a_fallback() {
+    let test = "an_inaccessible_socket_is_unavailable";
+    if !available("docker", test) {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip(test, "needs root to run as another user");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(data.path(), Some(65534), Some(65534)).unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            BIN,
+        ])
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["exec", "--backend", "docker", "--", "sh", "-c", "echo RAN"])
+        .env_remove("DOCKER_HOST")
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(!text(&out.stdout).contains("RAN"));
+    assert!(stderr.contains("unavailable"), "{stderr}");
+    assert!(stderr.contains("docker.sock"), "{stderr}");
+    assert!(stderr.contains("not accessible"), "{stderr}");
+}
