@@ -76,7 +76,14 @@ pub(crate) fn daemon_address() -> String {
 pub(crate) fn daemon_error(backend: &str, error: &bollard::errors::Error) -> EnvError {
     let address = daemon_address();
     let text = error.to_string();
-    let lower = text.to_lowercase();
+    // The client's error does not always carry the OS error; for a local socket, ask
+    // the OS directly why a connect fails.
+    let probe = address
+        .strip_prefix("unix://")
+        .and_then(|path| std::os::unix::net::UnixStream::connect(path).err())
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    let lower = format!("{text} {probe}").to_lowercase();
     let fix = if lower.contains("permission denied") {
         "the socket is not accessible to this user: run as root or join the `docker` group"
     } else if lower.contains("no such file")
@@ -87,8 +94,13 @@ pub(crate) fn daemon_error(backend: &str, error: &bollard::errors::Error) -> Env
     } else {
         "check that dockerd is running and reachable"
     };
+    let detail = if probe.is_empty() {
+        text
+    } else {
+        format!("{text}: {probe}")
+    };
     unavailable(format!(
-        "backend {backend}: the Docker daemon at {address} did not answer ({text}); {fix}"
+        "backend {backend}: the Docker daemon at {address} did not answer ({detail}); {fix}"
     ))
 }
 
