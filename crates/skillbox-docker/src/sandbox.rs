@@ -58,17 +58,6 @@ for my $pass (1 .. 200) {
 }
 print "left $left\n";
 exit($left ? 1 : 0);"#;
-/// Lists the container's processes from inside (`pid TAB cmdline` per line, itself left
-/// out): `docker top` is not reliable under runsc.
-const PS_PL: &str = r#"syscall($ARGV[0], 4, 0, 0, 0, 0) == 0 or exit 3;
-opendir(my $d, '/proc') or exit 1;
-for my $pid (grep { /^\d+$/ } readdir($d)) {
-    next if $pid == $$;
-    open(my $f, '<', "/proc/$pid/cmdline") or next;
-    local $/; my $c = <$f> // ''; $c =~ tr/\0/ /; $c =~ s/\s+$//;
-    print "$pid\t$c\n";
-}"#;
-
 const WORKSPACE: &str = "/workspace";
 /// Interpreters by absolute path: no PATH lookup for skillbox's own helpers.
 const PERL: &str = "/usr/bin/perl";
@@ -113,7 +102,8 @@ struct Inner {
     id: String,
     runtime: Runtime,
     limits: Limits,
-    /// The container's pid 1 as `top` shows it.
+    /// The container's pid 1 as `top` shows it (runc; under runsc the reset does not
+    /// use it).
     init_pid: String,
     /// Execs run one at a time; see the crate docs.
     turn: Arc<Mutex<()>>,
@@ -584,7 +574,7 @@ impl DockerSandbox {
         // next reset if it got stuck) keeps the gate until it is really over.
         let run = tokio::spawn(async move {
             let _gate = gate;
-            collect_exec(&docker, &id, backend, argv, stdin).await
+            collect_exec(&docker, &id, backend, "file operation", argv, stdin).await
         });
         tokio::select! {
             joined = run => joined.map_err(|e| EnvError::new(ErrorCode::Unknown, format!("file operation: {e}")))?,
@@ -665,10 +655,10 @@ async fn collect_exec(
     docker: &Docker,
     id: &str,
     backend: &'static str,
+    what: &'static str,
     argv: Vec<String>,
     stdin: Option<Vec<u8>>,
 ) -> EnvResult<Collected> {
-    let what = "file operation";
     let exec = docker
         .create_exec(
             id,
@@ -732,44 +722,9 @@ async fn collect_exec(
     Ok(collected)
 }
 
-/// The container's processes as (pid, command line).
-async fn processes(inner: &Inner) -> EnvResult<Vec<(String, String)>> {
-    match inner.runtime {
-        Runtime::Runc => Ok(top(&inner.docker, &inner.id).await?.1),
-        Runtime::Runsc => {
-            let argv = vec![
-                PERL.to_string(),
-                "-e".into(),
-                PS_PL.into(),
-                NR_PRCTL.to_string(),
-            ];
-            let out = bounded(collect_exec(
-                &inner.docker,
-                &inner.id,
-                inner.runtime.backend(),
-                argv,
-                None,
-            ))
-            .await?;
-            if out.exit_code != Some(0) {
-                return Err(unavailable(format!(
-                    "cannot list the sandbox's processes: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )));
-            }
-            Ok(String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter_map(|l| l.split_once('\t'))
-                .map(|(pid, cmd)| (pid.to_string(), cmd.to_string()))
-                .collect())
-        }
-    }
-}
-
-/// The pid of the container's init, from `top` (host pids under runc, the sandbox's own
-/// under runsc).
+/// The pid of the container's init, from `top` (a host pid: runc only).
 async fn init_pid(docker: &Docker, id: &str) -> EnvResult<String> {
-    let (_, rows) = top(docker, id).await?;
+    let rows = top(docker, id).await?;
     match rows.as_slice() {
         [(pid, _)] => Ok(pid.clone()),
         other => Err(unavailable(format!(
@@ -779,8 +734,9 @@ async fn init_pid(docker: &Docker, id: &str) -> EnvResult<String> {
     }
 }
 
-/// The container's processes as (pid, command line).
-async fn top(docker: &Docker, id: &str) -> EnvResult<((), Vec<(String, String)>)> {
+/// The container's processes as (pid, command line), seen from the host (runc only:
+/// under runsc `docker top` does not list the sandbox's processes).
+async fn top(docker: &Docker, id: &str) -> EnvResult<Vec<(String, String)>> {
     let top = docker
         .top_processes(id, None::<bollard::query_parameters::TopOptions>)
         .await
@@ -800,13 +756,13 @@ async fn top(docker: &Docker, id: &str) -> EnvResult<((), Vec<(String, String)>)
         .into_iter()
         .filter_map(|row| Some((row.get(pid_at)?.clone(), row.get(cmd_at)?.clone())))
         .collect();
-    Ok(((), rows))
+    Ok(rows)
 }
 
 /// How many kills init has done (from its command line, `skillbox-init N`), and whether
-/// anything but init runs.
+/// anything but init runs (runc only).
 async fn kill_state(inner: &Inner) -> EnvResult<(Option<u64>, bool)> {
-    let rows = processes(inner).await?;
+    let rows = top(&inner.docker, &inner.id).await?;
     let mut kills = None;
     let mut others = false;
     for (pid, cmd) in rows {
@@ -903,6 +859,7 @@ async fn kill_from_inside(inner: &Inner) -> EnvResult<()> {
         &inner.docker,
         &inner.id,
         inner.runtime.backend(),
+        "reset the sandbox",
         argv,
         None,
     ))
