@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::Docker;
+use bollard::models::SystemInfo;
 use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
 use skillbox_native::Layer;
@@ -120,20 +121,18 @@ pub(crate) async fn connect(backend: &str) -> EnvResult<Docker> {
     negotiated.map_err(|e| daemon_error(backend, &e))
 }
 
-/// The registered runtimes of the daemon.
-async fn runtimes(docker: &Docker, backend: &str) -> EnvResult<Vec<String>> {
-    let info = docker.info().await.map_err(|e| daemon_error(backend, &e))?;
-    Ok(info
-        .runtimes
-        .map(|r| r.into_keys().collect())
-        .unwrap_or_default())
+/// The registered runtimes in the daemon's info.
+fn runtimes(info: &SystemInfo) -> Vec<String> {
+    info.runtimes
+        .as_ref()
+        .map(|r| r.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// Refuses a daemon whose containers get no seccomp profile (`seccomp-profile:
 /// unconfined` in its config): Docker's profile is one of the layers this backend names.
-async fn check_seccomp(docker: &Docker, backend: &str) -> EnvResult<()> {
-    let info = docker.info().await.map_err(|e| daemon_error(backend, &e))?;
-    let options = info.security_options.unwrap_or_default();
+fn check_seccomp(info: &SystemInfo, backend: &str) -> EnvResult<()> {
+    let options = info.security_options.clone().unwrap_or_default();
     let seccomp = options.iter().find(|o| o.starts_with("name=seccomp"));
     match seccomp {
         Some(option) if !option.contains("profile=unconfined") => Ok(()),
@@ -167,15 +166,11 @@ impl DockerBackend {
         let backend = runtime.backend();
         let image = image.into();
         let docker = connect(backend).await?;
-        if runtime == Runtime::Runsc
-            && !runtimes(&docker, backend)
-                .await?
-                .iter()
-                .any(|r| r == "runsc")
-        {
+        let info = docker.info().await.map_err(|e| daemon_error(backend, &e))?;
+        if runtime == Runtime::Runsc && !runtimes(&info).iter().any(|r| r == "runsc") {
             return Err(runsc_missing());
         }
-        check_seccomp(&docker, backend).await?;
+        check_seccomp(&info, backend)?;
         match docker.inspect_image(&image).await {
             Ok(_) => {}
             Err(bollard::errors::Error::DockerResponseServerError {
@@ -342,7 +337,10 @@ pub async fn probe(runtime: Runtime, image: &str) -> DockerReport {
         layer(true, format!("Docker {version} at {}", daemon_address())),
     );
     let mut reason = None;
-    let registered = runtimes(&docker, backend).await.unwrap_or_default();
+    let registered = match docker.info().await {
+        Ok(info) => runtimes(&info),
+        Err(_) => Vec::new(),
+    };
     let has_runtime = registered.iter().any(|r| r == runtime.docker_name());
     layers.insert(
         "runtime",
