@@ -3,20 +3,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_skillbox");
+mod common;
 
-fn skillbox(data: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("--data-dir")
-        .arg(data)
-        .args(args)
-        .output()
-        .expect("run skillbox")
-}
+use common::{BIN, assert_workspacex_deck, example, skillbox, text};
 
 fn native_or_skip(test: &str) -> bool {
     let report = skillbox_native::probe();
@@ -29,10 +22,6 @@ fn native_or_skip(test: &str) -> bool {
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]
@@ -499,28 +488,6 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
 /// The Node runtime is installed once for these tests (npm ci), not per test.
 fn shared_data_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-cli-tests")
-}
-
-fn example(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name)
-}
-
-fn assert_workspacex_deck(path: &Path) {
-    let deck = skillbox_pptx::verify_file(path).expect("a real pptx");
-    assert_eq!(deck.slide_count(), 3);
-    assert!(deck.contains(1, "WorkspaceX"), "{}", deck.text_of(1));
-    assert!(
-        deck.contains(2, "Pay only for the days you use"),
-        "{}",
-        deck.text_of(2)
-    );
-    assert!(
-        deck.contains(3, "hello@workspacex.example"),
-        "{}",
-        deck.text_of(3)
-    );
 }
 
 /// The README's main command: a real deck out of `skillbox run`.

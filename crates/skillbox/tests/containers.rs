@@ -6,26 +6,14 @@
 
 use std::io::Read;
 use std::net::TcpListener;
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_skillbox");
+mod common;
 
-fn skillbox(data: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("--data-dir")
-        .arg(data)
-        .args(args)
-        .output()
-        .expect("run skillbox")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
+use common::{BIN, assert_workspacex_deck, example, skillbox, text};
 
 /// The Node runtime and image are shared by these tests.
 fn data_dir() -> std::path::PathBuf {
@@ -156,12 +144,6 @@ fn gvisor_reports_its_own_kernel() {
     }
 }
 
-fn example(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples")
-        .join(name)
-}
-
 #[test]
 fn run_makes_the_same_verified_deck_in_containers() {
     for backend in ["gvisor", "docker"] {
@@ -185,12 +167,7 @@ fn run_makes_the_same_verified_deck_in_containers() {
             "{backend}: {}",
             text(&result.stderr)
         );
-        let deck =
-            skillbox_pptx::verify_file(out.path().join("workspacex.pptx")).expect("a real pptx");
-        assert_eq!(deck.slide_count(), 3);
-        assert!(deck.contains(1, "WorkspaceX"), "{}", deck.text_of(1));
-        assert!(deck.contains(2, "Pay only for the days you use"));
-        assert!(deck.contains(3, "hello@workspacex.example"));
+        assert_workspacex_deck(&out.path().join("workspacex.pptx"));
     }
 }
 

@@ -1,0 +1,46 @@
+//! Helpers shared by the binary's test files.
+
+#![allow(dead_code, reason = "each test file uses its own subset")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_skillbox");
+
+/// Runs the real binary on `data` with `args`.
+pub fn skillbox(data: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .output()
+        .expect("run skillbox")
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A script from `examples/`.
+pub fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(name)
+}
+
+/// The deck `examples/workspacex-deck.js` makes, checked by parsing it.
+pub fn assert_workspacex_deck(path: &Path) {
+    let deck = skillbox_pptx::verify_file(path).expect("a real pptx");
+    assert_eq!(deck.slide_count(), 3);
+    assert!(deck.contains(1, "WorkspaceX"), "{}", deck.text_of(1));
+    assert!(
+        deck.contains(2, "Pay only for the days you use"),
+        "{}",
+        deck.text_of(2)
+    );
+    assert!(
+        deck.contains(3, "hello@workspacex.example"),
+        "{}",
+        deck.text_of(3)
+    );
+}
