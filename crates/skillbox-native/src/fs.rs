@@ -586,13 +586,17 @@ impl FileSystem for NativeSandbox {
             let _ = self.remove(Path::new(TEMP_DIR), false, &never).await;
         }
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+        let remove = move || match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(EnvError::io(&e, "cleanup", &dir))
             }
             _ => Ok(()),
-        })
-        .await
-        .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("cleanup worker failed: {e}")))?
+        };
+        if self.one_shot {
+            return remove();
+        }
+        tokio::task::spawn_blocking(remove)
+            .await
+            .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("cleanup worker failed: {e}")))?
     }
 }

@@ -47,9 +47,12 @@ impl NativeBackend {
 
     /// As [`NativeBackend::create`], on the calling thread: for a one-shot CLI, where a
     /// blocking millisecond costs less than starting a worker thread.
+    ///
+    /// The sandbox it makes is for such a caller: it clones its sandboxes on the thread
+    /// that polls its exec (no spawner thread; a sandbox dies when that thread exits),
+    /// and does its housekeeping (removing its cgroup and directory) in place.
     pub fn create_blocking(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
-        crate::spawn::warm_up();
-        NativeSandbox::prepare(&self.data_dir, spec)
+        NativeSandbox::prepare(&self.data_dir, spec, true)
     }
 
     /// Prepares a sandbox: its root, `/etc`, workspace and limits. Refuses with
@@ -57,7 +60,7 @@ impl NativeBackend {
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
         let data_dir = self.data_dir.clone();
         crate::spawn::warm_up();
-        tokio::task::spawn_blocking(move || NativeSandbox::prepare(&data_dir, spec))
+        tokio::task::spawn_blocking(move || NativeSandbox::prepare(&data_dir, spec, false))
             .await
             .map_err(|e| {
                 EnvError::new(
@@ -90,6 +93,9 @@ pub struct NativeSandbox {
     pub(crate) cleaned: std::sync::atomic::AtomicBool,
     /// The workspace is mounted idmapped (root with a root-owned workspace).
     pub(crate) idmapped: bool,
+    /// Made by [`NativeBackend::create_blocking`]: clones and housekeeping block the
+    /// calling thread instead of handing them to other threads.
+    pub(crate) one_shot: bool,
     cgroup_host: &'static cgroup::Host,
 }
 
@@ -124,12 +130,19 @@ fn unavailable(layer: &str, detail: impl std::fmt::Display) -> EnvError {
 }
 
 impl NativeSandbox {
-    fn prepare(data_dir: &Path, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
+    fn prepare(data_dir: &Path, spec: SandboxSpec, one_shot: bool) -> EnvResult<NativeSandbox> {
         spec.limits
             .validate()
             .map_err(|e| EnvError::invalid(format!("limits: {e}")))?;
         let abi = landlock::abi_version().map_err(|e| unavailable("landlock", e))?;
-        let cgroup_host = cgroup::Host::get();
+        // Probing the cgroup hierarchy is only worth it when a limit will use it.
+        let limits = &spec.limits;
+        let cgroup_host =
+            if limits.memory_bytes.is_some() || limits.pids.is_some() || limits.cpus.is_some() {
+                cgroup::Host::get()
+            } else {
+                cgroup::Host::unused()
+            };
         if spec.limits.cpus.is_some() && !cgroup_host.has("cpu") {
             return Err(unavailable(
                 "cgroup",
@@ -188,8 +201,16 @@ impl NativeSandbox {
         static SWEPT: OnceLock<()> = OnceLock::new();
         SWEPT.get_or_init(|| {
             sweep_dirs(&native_dir);
-            cgroup::sweep(cgroup_host);
+            // Leftover cgroups are empty directories: the spawner removes them while
+            // this thread goes on. A one-shot caller sweeps them only if it uses
+            // cgroups itself (it has probed them anyway).
+            if !one_shot {
+                crate::spawn::run_on_spawner(|| cgroup::sweep(cgroup::Host::get()));
+            } else if !std::ptr::eq(cgroup_host, cgroup::Host::unused()) {
+                cgroup::sweep(cgroup_host);
+            }
         });
+        let spec_has_no_workspace = spec.workspace.is_none();
         let mut random = [0u8; 4];
         skillbox_env::path::fill_random(&mut random);
         let dir = native_dir.join(format!(
@@ -201,13 +222,13 @@ impl NativeSandbox {
             random[2],
             random[3]
         ));
-        std::fs::create_dir(&dir).map_err(|e| EnvError::io(&e, "create sandbox dir", &dir))?;
         let result =
             Self::prepare_in(&dir, spec, abi, ids, chown_to, cgroup_host).map(|mut sandbox| {
                 sandbox.idmapped = idmapped;
+                sandbox.one_shot = one_shot;
                 sandbox
             });
-        if result.is_err() {
+        if result.as_ref().is_err_and(|_| spec_has_no_workspace) {
             let _ = std::fs::remove_dir_all(&dir);
         }
         result
@@ -234,8 +255,9 @@ impl NativeSandbox {
                 }
                 (path.clone(), false)
             }
+            // A temp workspace is the sandbox's own directory (which exists only then).
             None => {
-                let ws = dir.join("workspace");
+                let ws = dir.to_path_buf();
                 std::fs::create_dir(&ws).map_err(|e| EnvError::io(&e, "create workspace", &ws))?;
                 if let Some(ids) = chown_to {
                     std::os::unix::fs::chown(&ws, Some(ids.uid), Some(ids.gid))
@@ -271,6 +293,7 @@ impl NativeSandbox {
             running: TaskTracker::new(),
             cleaned: std::sync::atomic::AtomicBool::new(false),
             idmapped: false,
+            one_shot: false,
             cgroup_host,
         })
     }
@@ -452,9 +475,12 @@ impl Shell for NativeSandbox {
             stderr,
             error,
             status,
-        } = spawn::start(plan, self.ids, cgroup.clone())
-            .await
-            .map_err(|e| unavailable("setup", e))?;
+        } = if self.one_shot {
+            spawn::start_here(plan, self.ids, cgroup.as_deref())
+        } else {
+            spawn::start(plan, self.ids, cgroup.clone()).await
+        }
+        .map_err(|e| unavailable("setup", e))?;
         // The child has its copy (and moved it into place): ours can go.
         drop(workspace_tree);
         let spawned_at = Instant::now();
@@ -532,6 +558,7 @@ impl Shell for NativeSandbox {
         }
         let cancel = cancel.clone();
         let shutdown = self.shutdown.clone();
+        let one_shot = self.one_shot;
         self.running.spawn(async move {
             let mut timed_out = false;
             let mut aborted = false;
@@ -561,7 +588,11 @@ impl Shell for NativeSandbox {
             let limit_hit = cgroup.as_ref().and_then(|cg| cg.limit_hit());
             // Removing the cgroup may wait for the kernel to let go: not on this thread.
             if let Some(cgroup) = cgroup {
-                tokio::task::spawn_blocking(move || drop(cgroup));
+                if one_shot {
+                    drop(cgroup);
+                } else {
+                    tokio::task::spawn_blocking(move || drop(cgroup));
+                }
             }
             if aborted {
                 let _ = tx.send(Err(EnvError::aborted("exec"))).await;

@@ -156,11 +156,15 @@ pub struct HostIds {
     pub gid: u32,
 }
 
-struct Job {
-    plan: Box<ChildPlan>,
-    ids: HostIds,
-    cgroup: Option<std::sync::Arc<ExecCgroup>>,
-    reply: tokio::sync::oneshot::Sender<Result<Started, String>>,
+enum Job {
+    Start {
+        plan: Box<ChildPlan>,
+        ids: HostIds,
+        cgroup: Option<std::sync::Arc<ExecCgroup>>,
+        reply: tokio::sync::oneshot::Sender<Result<Started, String>>,
+    },
+    /// Housekeeping that need not hold up the caller.
+    Run(Box<dyn FnOnce() + Send>),
 }
 
 /// The spawner thread's queue, starting the thread on first use.
@@ -172,8 +176,17 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Job>> {
             .name("skillbox-spawner".into())
             .spawn(move || {
                 for job in rx {
-                    let result = clone_sandbox(job.plan, job.ids, job.cgroup.as_deref());
-                    let _ = job.reply.send(result);
+                    match job {
+                        Job::Start {
+                            plan,
+                            ids,
+                            cgroup,
+                            reply,
+                        } => {
+                            let _ = reply.send(clone_sandbox(plan, ids, cgroup.as_deref()));
+                        }
+                        Job::Run(work) => work(),
+                    }
                 }
             });
         if let Err(e) = spawned {
@@ -188,6 +201,18 @@ pub fn warm_up() {
     spawner();
 }
 
+/// Runs `work` on the spawner thread, between starts (or here, if it is gone).
+pub fn run_on_spawner(work: impl FnOnce() + Send + 'static) {
+    let job = Job::Run(Box::new(work));
+    let unsent = match spawner().lock() {
+        Ok(sender) => sender.send(job).err().map(|e| e.0),
+        Err(_) => Some(job),
+    };
+    if let Some(Job::Run(work)) = unsent {
+        work();
+    }
+}
+
 /// Starts a sandbox from `plan` (whose `fds` are filled in here).
 pub async fn start(
     plan: ChildPlan,
@@ -196,7 +221,7 @@ pub async fn start(
 ) -> Result<Started, String> {
     let sender = spawner();
     let (reply, answer) = tokio::sync::oneshot::channel();
-    let job = Job {
+    let job = Job::Start {
         plan: Box::new(plan),
         ids,
         cgroup,
@@ -210,6 +235,16 @@ pub async fn start(
     answer
         .await
         .map_err(|_| "the sandbox spawner dropped the request".to_string())?
+}
+
+/// Starts a sandbox from `plan` on the calling thread, for a one-shot caller whose
+/// thread outlives the sandbox (its death signal fires when this thread exits).
+pub fn start_here(
+    plan: ChildPlan,
+    ids: HostIds,
+    cgroup: Option<&ExecCgroup>,
+) -> Result<Started, String> {
+    clone_sandbox(Box::new(plan), ids, cgroup)
 }
 
 fn clone_sandbox(
