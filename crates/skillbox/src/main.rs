@@ -79,13 +79,15 @@ fn one_line(rendered: &str) -> String {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Without SKILLBOX_LOG, a plain level filter: parsing filter directives costs
+    // more than a one-shot exec wants to spend on logging it will not do.
+    let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    match tracing_subscriber::EnvFilter::try_from_env("SKILLBOX_LOG") {
+        Ok(filter) => logs.with_env_filter(filter).init(),
+        Err(_) => logs
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .init(),
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
