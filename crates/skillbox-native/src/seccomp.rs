@@ -3,7 +3,8 @@
 //! kernel's attack surface or would undo the other layers (namespaces, mounts, tracing).
 
 use libc::{
-    BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W, sock_filter,
+    BPF_ABS, BPF_JA, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W,
+    sock_filter,
 };
 
 /// `struct seccomp_data` offsets.
@@ -139,98 +140,204 @@ pub fn filter() -> Vec<sock_filter> {
         prog.push(jump(BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, 0, 1));
         prog.push(stmt(BPF_RET | BPF_K, RET_KILL));
     }
-    for nr in denied_syscalls() {
-        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr as u32, 0, 1));
-        prog.push(stmt(BPF_RET | BPF_K, RET_EPERM));
+    // The syscall number is dispatched through a binary search over the numbers that
+    // have a rule, not a chain of comparisons: a few steps for any syscall, and the
+    // kernel's per-syscall verdict cache, which runs the filter for every number when
+    // it is installed, gets there quickly.
+    let mut asm = Asm::default();
+    let entries: Vec<(u32, Block)> = rules().into_iter().collect();
+    asm.tree(&entries);
+    for block in [
+        Block::Allow,
+        Block::Eperm,
+        Block::Enosys,
+        Block::Socket,
+        Block::Clone,
+        Block::Ioctl,
+    ]
+    .into_iter()
+    .chain(
+        entries
+            .iter()
+            .filter_map(|(_, b)| matches!(b, Block::Mode(_)).then_some(*b)),
+    ) {
+        asm.block(block);
     }
-    // Sockets only of the families a script may need: unix, IPv4/6 (which the empty
-    // network namespace confines) and netlink (interface lists). Not vsock, which is not
-    // namespaced and can reach a hypervisor, nor packet, bluetooth, can and the rest.
-    for nr in [libc::SYS_socket, libc::SYS_socketpair] {
-        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr as u32, 0, 7));
-        prog.push(stmt(BPF_LD | BPF_W | BPF_ABS, OFFSET_ARG0_LO));
-        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_UNIX as u32, 4, 0));
-        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET as u32, 3, 0));
-        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET6 as u32, 2, 0));
-        prog.push(jump(
-            BPF_JMP | BPF_JEQ | BPF_K,
-            libc::AF_NETLINK as u32,
-            1,
-            0,
-        ));
-        prog.push(stmt(BPF_RET | BPF_K, RET_EAFNOSUPPORT));
-        prog.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
-    }
-    // No setuid/setgid bits on files: whatever the sandbox writes may be run later on
-    // the host by someone else. Refused in every call that sets a mode; openat2 hides
-    // its mode behind a pointer, so it answers ENOSYS and libc uses openat.
-    let mut mode_calls: Vec<(i64, u32)> = vec![
-        (libc::SYS_fchmod, OFFSET_ARG1_LO),
-        (libc::SYS_fchmodat, OFFSET_ARG2_LO),
-        (SYS_FCHMODAT2, OFFSET_ARG2_LO),
-        (libc::SYS_openat, OFFSET_ARG3_LO),
-        (libc::SYS_mknodat, OFFSET_ARG2_LO),
-    ];
-    #[cfg(target_arch = "x86_64")]
-    mode_calls.extend([
-        (libc::SYS_chmod, OFFSET_ARG1_LO),
-        (libc::SYS_open, OFFSET_ARG2_LO),
-        (libc::SYS_creat, OFFSET_ARG1_LO),
-        (libc::SYS_mknod, OFFSET_ARG1_LO),
-    ]);
-    for (nr, offset) in mode_calls {
-        prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr as u32, 0, 4));
-        prog.push(stmt(BPF_LD | BPF_W | BPF_ABS, offset));
-        prog.push(jump(BPF_JMP | BPF_JSET | BPF_K, SETID_BITS, 0, 1));
-        prog.push(stmt(BPF_RET | BPF_K, RET_EPERM));
-        prog.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
-    }
-    prog.push(jump(
-        BPF_JMP | BPF_JEQ | BPF_K,
-        libc::SYS_openat2 as u32,
-        0,
-        1,
-    ));
-    prog.push(stmt(BPF_RET | BPF_K, RET_ENOSYS));
-    // clone3 passes its flags behind a pointer BPF cannot read: make libc fall back to
-    // clone(2), whose flags we can check.
-    prog.push(jump(
-        BPF_JMP | BPF_JEQ | BPF_K,
-        libc::SYS_clone3 as u32,
-        0,
-        1,
-    ));
-    prog.push(stmt(BPF_RET | BPF_K, RET_ENOSYS));
-    // clone(2) with any namespace flag.
-    prog.push(jump(
-        BPF_JMP | BPF_JEQ | BPF_K,
-        libc::SYS_clone as u32,
-        0,
-        4,
-    ));
-    prog.push(stmt(BPF_LD | BPF_W | BPF_ABS, OFFSET_ARG0_LO));
-    prog.push(jump(
-        BPF_JMP | BPF_JSET | BPF_K,
-        CLONE_NAMESPACE_FLAGS,
-        0,
-        1,
-    ));
-    prog.push(stmt(BPF_RET | BPF_K, RET_EPERM));
-    prog.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
-    // ioctl(TIOCSTI / TIOCLINUX): the kernel takes the request as 32 bits, so compare
-    // only the low word — setting high bits must not slip past.
-    prog.push(jump(
-        BPF_JMP | BPF_JEQ | BPF_K,
-        libc::SYS_ioctl as u32,
-        0,
-        4,
-    ));
-    prog.push(stmt(BPF_LD | BPF_W | BPF_ABS, OFFSET_ARG1_LO));
-    prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, TIOCSTI, 1, 0));
-    prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, TIOCLINUX, 0, 1));
-    prog.push(stmt(BPF_RET | BPF_K, RET_EPERM));
-    prog.push(stmt(BPF_RET | BPF_K, RET_ALLOW));
+    prog.extend(asm.finish());
     prog
+}
+
+/// What a syscall number is sent to; every other number is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Block {
+    Allow,
+    /// Refused outright.
+    Eperm,
+    /// "Not implemented": libc falls back to a call whose arguments BPF can read.
+    Enosys,
+    /// Sockets only of the families a script may need: unix, IPv4/6 (which the empty
+    /// network namespace confines) and netlink (interface lists). Not vsock, which is
+    /// not namespaced and can reach a hypervisor, nor packet, bluetooth, can and the rest.
+    Socket,
+    /// A call that sets a file mode, whose mode (the low word at this offset) may not
+    /// carry setuid/setgid bits: whatever the sandbox writes may be run later on the
+    /// host by someone else.
+    Mode(u32),
+    /// clone(2) with any namespace flag.
+    Clone,
+    /// ioctl(TIOCSTI / TIOCLINUX). The kernel takes the request as 32 bits, so only
+    /// the low word is compared: setting high bits must not slip past.
+    Ioctl,
+}
+
+/// Each syscall number with a rule, and its rule (the first one given wins).
+fn rules() -> std::collections::BTreeMap<u32, Block> {
+    let mut rules = std::collections::BTreeMap::new();
+    let mut add = |nr: i64, block: Block| {
+        rules.entry(nr as u32).or_insert(block);
+    };
+    for nr in denied_syscalls() {
+        add(nr, Block::Eperm);
+    }
+    add(libc::SYS_socket, Block::Socket);
+    add(libc::SYS_socketpair, Block::Socket);
+    add(libc::SYS_fchmod, Block::Mode(OFFSET_ARG1_LO));
+    add(libc::SYS_fchmodat, Block::Mode(OFFSET_ARG2_LO));
+    add(SYS_FCHMODAT2, Block::Mode(OFFSET_ARG2_LO));
+    add(libc::SYS_openat, Block::Mode(OFFSET_ARG3_LO));
+    add(libc::SYS_mknodat, Block::Mode(OFFSET_ARG2_LO));
+    #[cfg(target_arch = "x86_64")]
+    {
+        add(libc::SYS_chmod, Block::Mode(OFFSET_ARG1_LO));
+        add(libc::SYS_open, Block::Mode(OFFSET_ARG2_LO));
+        add(libc::SYS_creat, Block::Mode(OFFSET_ARG1_LO));
+        add(libc::SYS_mknod, Block::Mode(OFFSET_ARG1_LO));
+    }
+    // openat2 hides its mode behind a pointer, and clone3 its flags: make libc fall
+    // back to openat and clone(2), whose arguments BPF can check.
+    add(libc::SYS_openat2, Block::Enosys);
+    add(libc::SYS_clone3, Block::Enosys);
+    add(libc::SYS_clone, Block::Clone);
+    add(libc::SYS_ioctl, Block::Ioctl);
+    rules
+}
+
+/// Where a jump goes, resolved when the program is finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Block(Block),
+    /// An instruction index in the dispatch tree.
+    At(usize),
+}
+
+/// A small assembler for the dispatch: instructions plus the jumps still to resolve.
+#[derive(Default)]
+struct Asm {
+    prog: Vec<sock_filter>,
+    /// (instruction, target): a `JA` (32-bit offset) or a conditional's `jt` (8-bit).
+    fixups: Vec<(usize, Target)>,
+    blocks: Vec<(Block, usize)>,
+    /// Tree positions not yet known: (label id, instruction index once placed).
+    places: Vec<Option<usize>>,
+}
+
+impl Asm {
+    fn push(&mut self, insn: sock_filter) -> usize {
+        self.prog.push(insn);
+        self.prog.len() - 1
+    }
+
+    /// A binary search over `entries` (sorted by number); the accumulator holds the
+    /// syscall number.
+    fn tree(&mut self, entries: &[(u32, Block)]) {
+        if entries.len() <= 3 {
+            for &(nr, block) in entries {
+                self.push(jump(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1));
+                let at = self.push(stmt(BPF_JMP | BPF_JA, 0));
+                self.fixups.push((at, Target::Block(block)));
+            }
+            let at = self.push(stmt(BPF_JMP | BPF_JA, 0));
+            self.fixups.push((at, Target::Block(Block::Allow)));
+            return;
+        }
+        let (low, high) = entries.split_at(entries.len() / 2);
+        let label = self.places.len();
+        self.places.push(None);
+        let at = self.push(jump(BPF_JMP | BPF_JGE | BPF_K, high[0].0, 0, 0));
+        self.fixups.push((at, Target::At(label)));
+        self.tree(low);
+        self.places[label] = Some(self.prog.len());
+        self.tree(high);
+    }
+
+    fn block(&mut self, block: Block) {
+        if self.blocks.iter().any(|(b, _)| *b == block) {
+            return;
+        }
+        self.blocks.push((block, self.prog.len()));
+        let ld = |offset| stmt(BPF_LD | BPF_W | BPF_ABS, offset);
+        let ret = |value| stmt(BPF_RET | BPF_K, value);
+        let code: Vec<sock_filter> = match block {
+            Block::Allow => vec![ret(RET_ALLOW)],
+            Block::Eperm => vec![ret(RET_EPERM)],
+            Block::Enosys => vec![ret(RET_ENOSYS)],
+            Block::Socket => vec![
+                ld(OFFSET_ARG0_LO),
+                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_UNIX as u32, 4, 0),
+                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET as u32, 3, 0),
+                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET6 as u32, 2, 0),
+                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_NETLINK as u32, 1, 0),
+                ret(RET_EAFNOSUPPORT),
+                ret(RET_ALLOW),
+            ],
+            Block::Mode(offset) => vec![
+                ld(offset),
+                jump(BPF_JMP | BPF_JSET | BPF_K, SETID_BITS, 0, 1),
+                ret(RET_EPERM),
+                ret(RET_ALLOW),
+            ],
+            Block::Clone => vec![
+                ld(OFFSET_ARG0_LO),
+                jump(BPF_JMP | BPF_JSET | BPF_K, CLONE_NAMESPACE_FLAGS, 0, 1),
+                ret(RET_EPERM),
+                ret(RET_ALLOW),
+            ],
+            Block::Ioctl => vec![
+                ld(OFFSET_ARG1_LO),
+                jump(BPF_JMP | BPF_JEQ | BPF_K, TIOCSTI, 1, 0),
+                jump(BPF_JMP | BPF_JEQ | BPF_K, TIOCLINUX, 0, 1),
+                ret(RET_EPERM),
+                ret(RET_ALLOW),
+            ],
+        };
+        self.prog.extend(code);
+    }
+
+    /// Resolves every jump (all forward: BPF has no other kind).
+    fn finish(mut self) -> Vec<sock_filter> {
+        for (at, target) in std::mem::take(&mut self.fixups) {
+            let to = match target {
+                Target::Block(block) => self
+                    .blocks
+                    .iter()
+                    .find(|(b, _)| *b == block)
+                    .map(|(_, start)| *start),
+                Target::At(label) => self.places[label],
+            };
+            // Every target is emitted after its jump by construction; the tests check
+            // the result.
+            let offset = to.unwrap_or(at + 1).saturating_sub(at + 1);
+            let insn = &mut self.prog[at];
+            debug_assert!(to.is_some_and(|to| to > at), "a jump that is not forward");
+            if u32::from(insn.code) == BPF_JMP | BPF_JA {
+                insn.k = offset as u32;
+            } else {
+                debug_assert!(offset <= usize::from(u8::MAX), "a conditional jump too far");
+                insn.jt = u8::try_from(offset).unwrap_or(u8::MAX);
+            }
+        }
+        self.prog
+    }
 }
 
 #[cfg(test)]
@@ -241,7 +348,16 @@ mod tests {
     fn every_jump_lands_inside_the_program() {
         let prog = filter();
         for (i, ins) in prog.iter().enumerate() {
-            if u32::from(ins.code) & 0x07 == BPF_JMP {
+            let code = u32::from(ins.code);
+            if code & 0x07 != BPF_JMP {
+                continue;
+            }
+            if code == BPF_JMP | BPF_JA {
+                assert!(
+                    i + 1 + (ins.k as usize) < prog.len(),
+                    "ja out of range at {i}"
+                );
+            } else {
                 assert!(
                     i + 1 + usize::from(ins.jt) < prog.len(),
                     "jt out of range at {i}"
@@ -256,5 +372,170 @@ mod tests {
             prog.len() < 4096,
             "BPF programs are limited to 4096 instructions"
         );
+    }
+
+    /// Runs `prog` on one `struct seccomp_data` as the kernel would (the subset of
+    /// classic BPF the filter uses; anything else fails the test).
+    fn run(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        run_counting(prog, arch, nr, args).0
+    }
+
+    /// The verdict, and how many instructions it took.
+    fn run_counting(prog: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> (u32, usize) {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_ne_bytes());
+        data[4..8].copy_from_slice(&arch.to_ne_bytes());
+        for (i, arg) in args.iter().enumerate() {
+            data[16 + 8 * i..24 + 8 * i].copy_from_slice(&arg.to_ne_bytes());
+        }
+        let (mut pc, mut a, mut steps) = (0usize, 0u32, 0);
+        loop {
+            steps += 1;
+            assert!(steps < 4096, "the filter loops");
+            let ins = prog[pc];
+            let code = u32::from(ins.code);
+            pc += 1;
+            match code {
+                c if c == BPF_LD | BPF_W | BPF_ABS => {
+                    let at = ins.k as usize;
+                    a = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
+                }
+                c if c == BPF_RET | BPF_K => return (ins.k, steps),
+                c if c == BPF_JMP | BPF_JA => pc += ins.k as usize,
+                c => {
+                    let taken = match c {
+                        c if c == BPF_JMP | BPF_JEQ | BPF_K => a == ins.k,
+                        c if c == BPF_JMP | BPF_JGE | BPF_K => a >= ins.k,
+                        c if c == BPF_JMP | BPF_JSET | BPF_K => a & ins.k != 0,
+                        other => panic!("unexpected BPF opcode {other:#x} at {}", pc - 1),
+                    };
+                    pc += usize::from(if taken { ins.jt } else { ins.jf });
+                }
+            }
+        }
+    }
+
+    /// What the filter must answer, written out plainly from the rules.
+    fn expected(nr: u32, args: [u64; 6]) -> u32 {
+        let lo = |i: usize| args[i] as u32;
+        #[cfg(target_arch = "x86_64")]
+        if nr & X32_SYSCALL_BIT != 0 {
+            return RET_KILL;
+        }
+        let nr = i64::from(nr);
+        if denied_syscalls().contains(&nr) {
+            return RET_EPERM;
+        }
+        if nr == libc::SYS_socket || nr == libc::SYS_socketpair {
+            let allowed = [
+                libc::AF_UNIX,
+                libc::AF_INET,
+                libc::AF_INET6,
+                libc::AF_NETLINK,
+            ];
+            return if allowed.contains(&(lo(0) as i32)) {
+                RET_ALLOW
+            } else {
+                RET_EAFNOSUPPORT
+            };
+        }
+        let mut mode_arg: Vec<(i64, usize)> = vec![
+            (libc::SYS_fchmod, 1),
+            (libc::SYS_fchmodat, 2),
+            (SYS_FCHMODAT2, 2),
+            (libc::SYS_openat, 3),
+            (libc::SYS_mknodat, 2),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        mode_arg.extend([
+            (libc::SYS_chmod, 1),
+            (libc::SYS_open, 2),
+            (libc::SYS_creat, 1),
+            (libc::SYS_mknod, 1),
+        ]);
+        if let Some(&(_, arg)) = mode_arg.iter().find(|(n, _)| *n == nr) {
+            return if lo(arg) & SETID_BITS != 0 {
+                RET_EPERM
+            } else {
+                RET_ALLOW
+            };
+        }
+        if nr == libc::SYS_openat2 || nr == libc::SYS_clone3 {
+            return RET_ENOSYS;
+        }
+        if nr == libc::SYS_clone {
+            return if lo(0) & CLONE_NAMESPACE_FLAGS != 0 {
+                RET_EPERM
+            } else {
+                RET_ALLOW
+            };
+        }
+        if nr == libc::SYS_ioctl && (lo(1) == TIOCSTI || lo(1) == TIOCLINUX) {
+            return RET_EPERM;
+        }
+        RET_ALLOW
+    }
+
+    #[test]
+    fn every_syscall_gets_its_rule() {
+        let prog = filter();
+        let high = 0xffff_ffff_0000_0000u64;
+        let arg_sets: Vec<[u64; 6]> = vec![
+            [0; 6],
+            [libc::AF_VSOCK as u64, 0o4755, 0o6755, 0o2755, 0, 0],
+            [libc::AF_UNIX as u64, TIOCSTI.into(), 0o644, 0o644, 0, 0],
+            [
+                libc::AF_INET6 as u64 | high,
+                u64::from(TIOCLINUX) | high,
+                0,
+                0o4000,
+                0,
+                0,
+            ],
+            [libc::AF_NETLINK as u64, 0x5413, 0o755, 0o755, 0, 0],
+            [libc::AF_PACKET as u64, 0, 0, 0, 0, 0],
+            [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0],
+            [
+                (libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD) as u64,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ],
+            [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0],
+        ];
+        let mut numbers: Vec<u32> = (0..1024).collect();
+        #[cfg(target_arch = "x86_64")]
+        numbers.extend([
+            X32_SYSCALL_BIT,
+            X32_SYSCALL_BIT | 1,
+            X32_SYSCALL_BIT | 101,
+            u32::MAX,
+        ]);
+        for nr in numbers {
+            for args in &arg_sets {
+                assert_eq!(
+                    run(&prog, AUDIT_ARCH_NATIVE, nr, *args),
+                    expected(nr, *args),
+                    "syscall {nr} with {args:x?}"
+                );
+            }
+        }
+        // Another ABI is killed whatever it asks.
+        assert_eq!(run(&prog, 0x4000_0003, 1, [0; 6]), RET_KILL);
+    }
+
+    #[test]
+    fn the_dispatch_takes_a_few_steps_not_a_chain() {
+        // The kernel's verdict cache runs the filter for every syscall number when it
+        // is installed, and a checked call (openat) runs it every time: a binary search
+        // keeps both to a handful of instructions.
+        let prog = filter();
+        let longest = (0..512)
+            .map(|nr| run_counting(&prog, AUDIT_ARCH_NATIVE, nr, [0; 6]).1)
+            .max()
+            .unwrap();
+        assert!(longest <= 24, "{longest} instructions for some syscall");
     }
 }
