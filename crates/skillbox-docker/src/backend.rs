@@ -41,6 +41,29 @@ impl Runtime {
             Runtime::Runsc => "runsc",
         }
     }
+
+    /// The perl that runs skillbox's init, exec wrapper and killer.
+    ///
+    /// Under runc, the image's execute-only copy: the sandbox user cannot read it, so
+    /// the kernel makes every process started from it non-dumpable from its first
+    /// instruction. The sandbox's code (the same uid) never gets a moment in which it
+    /// could write a helper's memory through `/proc/<pid>/mem`, before the helper's
+    /// own `prctl` or its filter. gVisor cannot load a binary it cannot read: there,
+    /// the plain interpreter, which makes itself undumpable as its first act.
+    pub(crate) fn perl(self) -> &'static str {
+        match self {
+            Runtime::Runc => crate::image::PRIVATE_PERL,
+            Runtime::Runsc => "/usr/bin/perl",
+        }
+    }
+
+    /// The python that runs skillbox's file helper, as [`Runtime::perl`].
+    pub(crate) fn python(self) -> &'static str {
+        match self {
+            Runtime::Runc => crate::image::PRIVATE_PYTHON,
+            Runtime::Runsc => "/usr/bin/python3",
+        }
+    }
 }
 
 /// The containers a backend made and has not removed yet.

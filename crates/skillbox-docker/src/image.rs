@@ -19,7 +19,11 @@ use crate::SANDBOX_UID;
 use crate::backend::{DockerBackend, Runtime, connect, daemon_error};
 
 /// Bump when the recipe below changes what ends up in the image.
-const RECIPE: &str = "skillbox-runtime-2";
+const RECIPE: &str = "skillbox-runtime-3";
+/// Execute-only (0711, root) copies of the interpreters skillbox's own helpers run
+/// under runc: see `Runtime::perl`.
+pub(crate) const PRIVATE_PERL: &str = "/usr/lib/skillbox/perl";
+pub(crate) const PRIVATE_PYTHON: &str = "/usr/lib/skillbox/python3";
 const REPOSITORY: &str = "skillbox-runtime";
 /// Debian packages on top of `minbase` (which has bash, coreutils, perl-base).
 const PACKAGES: &str = "python3,curl,ca-certificates";
@@ -440,6 +444,34 @@ fn with_sandbox_user(rootfs: &Path, file: &str, line: &str) -> EnvResult<Vec<u8>
     Ok(text.into_bytes())
 }
 
+/// `path` (relative) inside `rootfs`, its symlinks resolved inside `rootfs` too: an
+/// absolute link in the root names a file of the root, never one of the host.
+fn inside(rootfs: &Path, path: &Path) -> EnvResult<PathBuf> {
+    let mut current = path.to_path_buf();
+    for _ in 0..16 {
+        let full = rootfs.join(&current);
+        let meta = std::fs::symlink_metadata(&full).map_err(|e| io_failed("stat", &full, &e))?;
+        if !meta.file_type().is_symlink() {
+            return Ok(full);
+        }
+        let target = std::fs::read_link(&full).map_err(|e| io_failed("readlink", &full, &e))?;
+        let next = if target.is_absolute() {
+            target.strip_prefix("/").unwrap_or(&target).to_path_buf()
+        } else {
+            current.parent().unwrap_or(Path::new("")).join(target)
+        };
+        // Normalized, so `..` cannot climb out of the root.
+        current = skillbox_env::path::normalize(&Path::new("/").join(next))
+            .strip_prefix("/")
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+    }
+    Err(failed(format!(
+        "image build: {}: too many levels of symlinks in the root",
+        path.display()
+    )))
+}
+
 fn write_image_tar(sink: impl Write, rootfs: &Path, inputs: &BuildInputs) -> EnvResult<()> {
     let mut tar = tar::Builder::new(sink);
     tar.follow_symlinks(false);
@@ -456,6 +488,15 @@ fn write_image_tar(sink: impl Write, rootfs: &Path, inputs: &BuildInputs) -> Env
     append_file(&mut tar, "etc/passwd", &passwd, 0o644)?;
     let group = with_sandbox_user(rootfs, "etc/group", &format!("sandbox:x:{SANDBOX_UID}:\n"))?;
     append_file(&mut tar, "etc/group", &group, 0o644)?;
+    append_dir(&mut tar, "usr/lib/skillbox", 0o755, 0)?;
+    for (private, public) in [
+        (PRIVATE_PERL, "usr/bin/perl"),
+        (PRIVATE_PYTHON, "usr/bin/python3"),
+    ] {
+        let source = inside(rootfs, Path::new(public))?;
+        let data = std::fs::read(&source).map_err(|e| io_failed("read", &source, &e))?;
+        append_file(&mut tar, private.trim_start_matches('/'), &data, 0o711)?;
+    }
     let node = std::fs::read(&inputs.node_binary)
         .map_err(|e| io_failed("read", &inputs.node_binary, &e))?;
     append_file(&mut tar, "usr/local/bin/node", &node, 0o755)?;

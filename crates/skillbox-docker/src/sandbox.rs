@@ -59,9 +59,6 @@ for my $pass (1 .. 200) {
 print "left $left\n";
 exit($left ? 1 : 0);"#;
 const WORKSPACE: &str = "/workspace";
-/// Interpreters by absolute path: no PATH lookup for skillbox's own helpers.
-const PERL: &str = "/usr/bin/perl";
-const PYTHON: &str = "/usr/bin/python3";
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// The workspace tmpfs; its pages count against the container's memory limit too.
 const WORKSPACE_BYTES: u64 = 1024 * 1024 * 1024;
@@ -274,8 +271,9 @@ fn container_config(
     Ok(ContainerCreateBody {
         image: Some(image.into()),
         user: Some(user),
+        // Interpreters by absolute path: no PATH lookup for skillbox's own helpers.
         entrypoint: Some(vec![
-            PERL.into(),
+            runtime.perl().into(),
             "-e".into(),
             INIT_PL.into(),
             NR_PRCTL.to_string(),
@@ -592,7 +590,8 @@ impl DockerSandbox {
         path: &Path,
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<u8>> {
-        let mut argv: Vec<String> = [PYTHON, "-I", "-S", "-c", FS_PY, op]
+        let python = self.inner.runtime.python();
+        let mut argv: Vec<String> = [python, "-I", "-S", "-c", FS_PY, op]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -850,7 +849,7 @@ async fn kill_all(inner: &Inner) -> EnvResult<()> {
 /// The runsc way of [`kill_all`]: a killer process inside the container.
 async fn kill_from_inside(inner: &Inner) -> EnvResult<()> {
     let argv = vec![
-        PERL.to_string(),
+        inner.runtime.perl().to_string(),
         "-e".into(),
         KILL_PL.into(),
         NR_PRCTL.to_string(),
@@ -1053,7 +1052,7 @@ impl Shell for DockerSandbox {
         let nonce = nonce();
         let cwd = self.arg(request.cwd.as_deref().unwrap_or(&self.cwd));
         let mut argv = vec![
-            PERL.to_string(),
+            inner.runtime.perl().to_string(),
             "-e".into(),
             EXEC_PL.into(),
             NR_PRCTL.to_string(),

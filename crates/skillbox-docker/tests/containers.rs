@@ -461,3 +461,62 @@ async fn request_env_cannot_subvert_the_exec_wrapper() {
     assert!(stdout.contains("IOURING -1 1"), "{out:?}");
     sandbox.cleanup().await.unwrap();
 }
+
+/// Under runc, skillbox's own helpers (init, the exec wrapper, the file helper) run from
+/// execute-only interpreters: the sandbox user cannot read them, so the kernel makes
+/// every process started from them non-dumpable from its first instruction. The
+/// sandbox's code (the same uid) never has a moment in which it could write a helper's
+/// memory. The plain interpreter, for contrast, starts dumpable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helpers_are_never_dumpable_under_runc() {
+    let test = "helpers_are_never_dumpable_under_runc";
+    let Some(backend) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let sandbox = backend.create(spec()).await.unwrap();
+    let out = sandbox
+        .exec(
+            ExecRequest::shell(
+                "/usr/lib/skillbox/perl -e 'print \"perl \", syscall(157, 3, 0, 0, 0, 0), \"\\n\"'; \
+                 /usr/lib/skillbox/python3 -I -S -c 'import ctypes; print(\"python\", ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))'; \
+                 /usr/bin/perl -e 'print \"plain \", syscall(157, 3, 0, 0, 0, 0), \"\\n\"'; \
+                 cat /usr/lib/skillbox/perl > /dev/null 2>&1 || echo unreadable-perl; \
+                 cat /usr/lib/skillbox/python3 > /dev/null 2>&1 || echo unreadable-python",
+            ),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let lines: Vec<String> = out.stdout_text().lines().map(str::to_string).collect();
+    assert_eq!(
+        lines,
+        [
+            "perl 0",
+            "python 0",
+            "plain 1",
+            "unreadable-perl",
+            "unreadable-python"
+        ],
+        "{out:?}"
+    );
+    // The file helper runs from the private python, and works.
+    sandbox
+        .write(
+            std::path::Path::new("/workspace/f"),
+            b"x",
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        sandbox
+            .read_text(
+                std::path::Path::new("/workspace/f"),
+                &CancellationToken::new()
+            )
+            .await
+            .unwrap(),
+        "x"
+    );
+    sandbox.cleanup().await.unwrap();
+}
