@@ -21,8 +21,11 @@ rounds=${rounds:-4}
 for tool in hyperfine bwrap node; do
   command -v "$tool" >/dev/null || { echo "bench/startup.sh: $tool is missing (scripts/test.sh installs it)" >&2; exit 1; }
 done
+# The release binary (static-pie, scripts/dist.sh), and for comparison the dynamic
+# one `cargo build --release` makes.
+skillbox=$(scripts/dist.sh)
 cargo build --release -q -p skillbox
-skillbox=$PWD/target/release/skillbox
+dynamic=$PWD/target/release/skillbox
 data=$(mktemp -d)
 ws=$(mktemp -d)
 trap 'rm -rf "$data" "$ws"' EXIT
@@ -36,6 +39,7 @@ bwrap_cmd="bwrap --unshare-all --die-with-parent --new-session \
   --ro-bind /etc/ld.so.cache /etc/ld.so.cache --ro-bind /etc/ssl/certs /etc/ssl/certs \
   --proc /proc --dev /dev --tmpfs /tmp --bind $ws /workspace --chdir /workspace"
 sb="$skillbox --data-dir $data exec"
+sb_dynamic="$dynamic --data-dir $data exec"
 
 mkdir -p bench/results
 out=bench/results/startup.md
@@ -79,6 +83,7 @@ run "/bin/true" \
   -n "bare" "/bin/true" \
   -n "bwrap" "$bwrap_cmd /bin/true" \
   -n "skillbox native (no cgroup limits)" "$sb --memory none --pids none -- /bin/true" \
+  -n "skillbox native (no cgroup limits), dynamic build" "$sb_dynamic --memory none --pids none -- /bin/true" \
   -n "skillbox native (default: 1G memory, 256 pids via cgroup)" "$sb -- /bin/true"
 
 run "node -e 0" \
@@ -116,6 +121,6 @@ fi
 
 # hyperfine's -n names replace the command in the export; put the commands below.
 {
-  echo "Commands: bwrap = \`${bwrap_cmd//$ws/WS} CMD\`; skillbox = \`skillbox exec [--memory none --pids none] [--backend docker|gvisor] -- CMD\`; docker run = \`docker run --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65532:65532 [--runtime=runsc] IMAGE node -e 0\`."
+  echo "Commands: bwrap = \`${bwrap_cmd//$ws/WS} CMD\`; skillbox = the static-pie release binary (\`scripts/dist.sh\`; \"dynamic build\" is \`cargo build --release\`) running \`skillbox exec [--memory none --pids none] [--backend docker|gvisor] -- CMD\`; docker run = \`docker run --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65532:65532 [--runtime=runsc] IMAGE node -e 0\`."
 } >> "$out"
 cat "$out"
