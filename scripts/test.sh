@@ -96,3 +96,29 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --all-features --no-fail-fast
 fi
+
+# The release binary is built differently (static-pie): check that it is static and that
+# it runs a sandbox, with the check of issue 2's first "Done means".
+say "the release binary (scripts/dist.sh)"
+binary=$(scripts/dist.sh)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+mkdir "$scratch/data" "$scratch/ws"
+"$binary" --data-dir "$scratch/data" exec --workdir "$scratch/ws" --json -- \
+  sh -c 'id -u; echo hi > /workspace/x; cat /etc/shadow' > "$scratch/out.json" || true
+python3 - "$scratch" <<'PY'
+import json, os, sys
+scratch = sys.argv[1]
+out = json.load(open(os.path.join(scratch, "out.json")))
+uid = out["stdout"].split()[0]
+problems = []
+if uid == "0":
+    problems.append("the sandbox ran as uid 0")
+if out["exitCode"] == 0 or "/etc/shadow" not in out["stderr"]:
+    problems.append("reading /etc/shadow did not fail")
+if open(os.path.join(scratch, "ws", "x")).read() != "hi\n":
+    problems.append("/workspace/x was not written")
+if problems:
+    sys.exit(f"release binary: {'; '.join(problems)}: {out}")
+print(f"release binary: uid {uid}, wrote /workspace/x, /etc/shadow refused")
+PY
