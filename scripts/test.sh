@@ -20,13 +20,27 @@ install_missing() {
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v runsc >/dev/null || missing+=(runsc)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
-  [ ${#missing[@]} -eq 0 ] && return 0
+  # The cgroup v2 test boots the host's kernel in qemu (crates/skillbox/tests/cgroup_v2.rs);
+  # installed without their recommends (qemu's would bring a GUI).
+  local vm=()
+  if [ "$(uname -m)" = x86_64 ]; then
+    command -v qemu-system-x86_64 >/dev/null || vm+=(qemu-system-x86)
+    command -v cpio >/dev/null || vm+=(cpio)
+    compgen -G '/boot/vmlinuz-*' >/dev/null || vm+=(linux-image-amd64)
+    { [ -x /bin/busybox ] && ! readelf -lW /bin/busybox | grep -q 'program interpreter'; } || vm+=(busybox-static)
+  fi
+  [ ${#missing[@]} -eq 0 ] && [ ${#vm[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing ${missing[*]}"
+    say "installing ${missing[*]} ${vm[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    if [ ${#missing[@]} -gt 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    if [ ${#vm[@]} -gt 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm[@]}" >/dev/null
+    fi
   else
-    echo "missing: ${missing[*]} (not root or no apt-get: install them to run every test)" >&2
+    echo "missing: ${missing[*]} ${vm[*]} (not root or no apt-get: install them to run every test)" >&2
   fi
 }
 

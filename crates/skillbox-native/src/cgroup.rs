@@ -129,7 +129,11 @@ fn detect_v2(own: &str) -> Result<Host, String> {
         );
     }
     let own = own_path(own, "").ok_or("cannot read this process's cgroup")?;
-    let mut dir = root.join(own.trim_start_matches('/'));
+    // In the root cgroup, `own` is "/": the root itself, not "/sys/fs/cgroup/".
+    let mut dir = match own.trim_matches('/') {
+        "" => root.to_path_buf(),
+        below => root.join(below),
+    };
     if !writable_dir(&dir) {
         return Err(format!(
             "cgroup {} is not delegated to this user (run as root, or under systemd-run --user --scope -p Delegate=yes)",
@@ -157,8 +161,15 @@ fn detect_v2(own: &str) -> Result<Host, String> {
         fs::write(leaf.join("cgroup.procs"), std::process::id().to_string())
             .map_err(|e| format!("cannot move into {}: {e}", leaf.display()))?;
         fs::write(dir.join("cgroup.subtree_control"), enable.trim()).map_err(|e| {
+            // EBUSY: other processes share the delegated cgroup, and v2 will not hand
+            // controllers down from a cgroup with processes in it.
+            let hint = if e.raw_os_error() == Some(libc::EBUSY) {
+                "; other processes are in it: start skillbox alone in a delegated cgroup, e.g. systemd-run --user --scope -p Delegate=yes skillbox …"
+            } else {
+                ""
+            };
             format!(
-                "cannot enable {} in {}: {e}",
+                "cannot enable {} in {}: {e}{hint}",
                 wanted.join(","),
                 dir.display()
             )
