@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::SystemInfo;
+use bollard::models::{ContainerCreateBody, SystemInfo};
 use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
 use skillbox_native::Layer;
 
-use crate::sandbox::DockerSandbox;
+use crate::sandbox::{DockerSandbox, Warm, container_config};
 use crate::{LABEL_OWNER, LABEL_SANDBOX};
 
 /// How long the daemon may take to answer a ping before it counts as down.
@@ -77,6 +77,27 @@ pub struct DockerBackend {
     image: String,
     owner: String,
     live: Live,
+    pool: Option<Arc<Pool>>,
+}
+
+/// Started containers kept ready for [`DockerBackend::create`], each handed out once
+/// and never reused (see [`DockerBackend::with_pool`]).
+#[derive(Debug)]
+struct Pool {
+    size: usize,
+    /// What every pooled container was made with: one is handed out only for a spec
+    /// that makes exactly this config.
+    config: ContainerCreateBody,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    ready: Vec<Warm>,
+    /// Being created and started.
+    starting: usize,
+    /// Shut down: nothing is added any more.
+    closed: bool,
 }
 
 /// What `doctor` shows for a docker backend.
@@ -207,6 +228,7 @@ impl DockerBackend {
             image,
             owner: owner_label(),
             live: Arc::default(),
+            pool: None,
         };
         this.sweep().await;
         Ok(this)
@@ -220,9 +242,96 @@ impl DockerBackend {
         &self.image
     }
 
-    /// Starts a sandbox container for `spec`.
+    /// Keeps `size` started containers ready for sandboxes of `spec`: `create` of such
+    /// a sandbox then costs no container create and start (about 200 ms here), only a
+    /// check that the container still runs. Each pooled container is handed out once,
+    /// and its place is refilled in the background. A spec that would make a different
+    /// container (other limits, a workdir, mounts) gets a fresh one, as without a pool.
+    /// [`DockerBackend::shutdown`] removes what the pool holds.
+    pub fn with_pool(mut self, size: usize, spec: &SandboxSpec) -> EnvResult<Self> {
+        if size == 0 {
+            return Ok(self);
+        }
+        spec.limits.validate().map_err(EnvError::invalid)?;
+        let config = container_config(self.runtime, &self.image, &self.owner, spec)?;
+        self.pool = Some(Arc::new(Pool {
+            size,
+            config,
+            state: Mutex::default(),
+        }));
+        self.refill();
+        Ok(self)
+    }
+
+    /// How many pooled containers are ready now.
+    pub fn pooled(&self) -> usize {
+        self.pool
+            .as_ref()
+            .and_then(|pool| pool.state.lock().ok().map(|state| state.ready.len()))
+            .unwrap_or(0)
+    }
+
+    /// Starts containers until the pool holds (or is starting) its size.
+    fn refill(&self) {
+        let Some(pool) = &self.pool else {
+            return;
+        };
+        let missing = match pool.state.lock() {
+            Ok(mut state) if !state.closed => {
+                let missing = pool.size.saturating_sub(state.ready.len() + state.starting);
+                state.starting += missing;
+                missing
+            }
+            _ => 0,
+        };
+        for _ in 0..missing {
+            let pool = pool.clone();
+            let (docker, runtime, image, live) = (
+                self.docker.clone(),
+                self.runtime,
+                self.image.clone(),
+                self.live.clone(),
+            );
+            tokio::spawn(async move {
+                let made = Warm::start(docker, runtime, &image, pool.config.clone(), live).await;
+                let Ok(mut state) = pool.state.lock() else {
+                    return;
+                };
+                state.starting -= 1;
+                match made {
+                    // Dropped (and so removed) when the pool has been shut down.
+                    Ok(warm) if !state.closed => state.ready.push(warm),
+                    Ok(_) => {}
+                    // The next create tries again; it is not retried in a loop here.
+                    Err(e) => tracing::warn!(error = %e, "docker: cannot start a pooled container"),
+                }
+            });
+        }
+    }
+
+    /// A pooled container made for `config`, if one is ready and still running.
+    async fn take_pooled(&self, config: &ContainerCreateBody) -> Option<Warm> {
+        let pool = self.pool.as_ref().filter(|pool| pool.config == *config)?;
+        loop {
+            let warm = pool.state.lock().ok()?.ready.pop()?;
+            self.refill();
+            if warm.is_running().await {
+                return Some(warm);
+            }
+            tracing::warn!(container = %warm.id(), "docker: a pooled container is not running; removing it");
+        }
+    }
+
+    /// Starts a sandbox container for `spec`, or hands out a pooled one made for it.
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<DockerSandbox> {
         spec.limits.validate().map_err(EnvError::invalid)?;
+        if self.pool.is_some() {
+            let config = container_config(self.runtime, &self.image, &self.owner, &spec)?;
+            if let Some(warm) = self.take_pooled(&config).await {
+                tracing::debug!(container = %warm.id(), "docker: sandbox from the pool");
+                return Ok(warm.into_sandbox(spec.limits));
+            }
+        }
         DockerSandbox::start(
             self.docker.clone(),
             self.runtime,
@@ -237,6 +346,15 @@ impl DockerBackend {
     /// Removes every container this backend made that is still there (for a server
     /// that shuts down while runs are in flight).
     pub async fn shutdown(&self) {
+        // The pool's containers are in `live` too; they are removed below, and the
+        // guards dropped after that find them gone.
+        let pooled: Vec<Warm> = match self.pool.as_ref().map(|pool| pool.state.lock()) {
+            Some(Ok(mut state)) => {
+                state.closed = true;
+                std::mem::take(&mut state.ready)
+            }
+            _ => Vec::new(),
+        };
         let ids: Vec<String> = match self.live.lock() {
             Ok(live) => live.iter().cloned().collect(),
             Err(_) => return,
@@ -248,6 +366,7 @@ impl DockerBackend {
                 live.remove(&id);
             }
         }
+        drop(pooled);
     }
 
     /// Removes the sandbox containers of skillbox processes that no longer exist (a

@@ -17,7 +17,8 @@ use bollard::models::{
     ContainerCreateBody, ExecConfig, HostConfig, Mount, MountType, ResourcesUlimits,
 };
 use bollard::query_parameters::{
-    CreateContainerOptions, EventsOptions, KillContainerOptions, StartContainerOptions,
+    CreateContainerOptions, EventsOptions, InspectContainerOptions, KillContainerOptions,
+    StartContainerOptions,
 };
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -135,7 +136,7 @@ fn nonce() -> String {
 
 /// The container's configuration: hardened by default, loosened only where the spec
 /// names something (a workspace directory, read-only mounts).
-fn container_config(
+pub(crate) fn container_config(
     runtime: Runtime,
     image: &str,
     owner: &str,
@@ -431,98 +432,9 @@ impl DockerSandbox {
         spec: SandboxSpec,
         live: Live,
     ) -> EnvResult<DockerSandbox> {
-        let backend = runtime.backend();
         let config = container_config(runtime, image, owner, &spec)?;
-        let created = docker
-            .create_container(None::<CreateContainerOptions>, config)
-            .await
-            .map_err(|e| match &e {
-                bollard::errors::Error::DockerResponseServerError {
-                    status_code: 404, ..
-                } => unavailable(format!(
-                    "backend {backend}: image {image} is not in the daemon; build it with `skillbox image build`"
-                )),
-                _ => op_error(backend, "create the container", &e),
-            })?;
-        let id = created.id;
-        if !created.warnings.is_empty() {
-            // Docker warns instead of failing when it drops a limit (no swap accounting,
-            // no pids controller): that would be less isolation than asked.
-            remove_container(&docker, &id).await;
-            return Err(unavailable(format!(
-                "backend {backend}: the daemon would not apply every limit: {}",
-                created.warnings.join("; ")
-            )));
-        }
-        // Events are read from here on (a second early, for clock granularity).
-        let created_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs().saturating_sub(1))
-            .unwrap_or(0);
-        if let Ok(mut set) = live.lock() {
-            set.insert(id.clone());
-        }
-        // Until the sandbox exists, a cancelled caller (this future dropped) must not
-        // leave the container behind.
-        let mut pending = PendingContainer {
-            docker: Some(docker.clone()),
-            id: id.clone(),
-        };
-        let forget = |live: &Live, id: &str| {
-            if let Ok(mut set) = live.lock() {
-                set.remove(id);
-            }
-        };
-        if let Err(e) = docker
-            .start_container(&id, None::<StartContainerOptions>)
-            .await
-        {
-            remove_container(&docker, &id).await;
-            forget(&live, &id);
-            let message = e.to_string();
-            if runtime == Runtime::Runsc && message.contains("runsc") {
-                return Err(unavailable(format!(
-                    "backend gvisor: runsc could not start the container ({message}); check that \
-                     runsc is registered with \"runtimeArgs\": [\"--network=none\"]"
-                )));
-            }
-            return Err(op_error(backend, "start the container", &e));
-        }
-        let init_pid = match runtime {
-            Runtime::Runc => init_pid(&docker, &id).await,
-            // Seen from inside, which is how processes are listed under runsc.
-            Runtime::Runsc => Ok("1".to_string()),
-        };
-        let init_pid = match init_pid {
-            Ok(pid) => pid,
-            Err(e) => {
-                remove_container(&docker, &id).await;
-                forget(&live, &id);
-                return Err(e.with_path(WORKSPACE));
-            }
-        };
-        tracing::debug!(container = %id, backend, "docker: sandbox started");
-        let inner = Arc::new(Inner {
-            docker,
-            id,
-            runtime,
-            limits: spec.limits,
-            init_pid,
-            turn: Arc::new(Mutex::new(())),
-            fs_gate: Arc::new(RwLock::new(())),
-            shutdown: CancellationToken::new(),
-            removed: AtomicBool::new(false),
-            died: CancellationToken::new(),
-            ooms: AtomicU64::new(0),
-            live,
-            filter_hex: hex(&skillbox_native::seccomp_filter_bytes()),
-        });
-        pending.docker = None;
-        tokio::spawn(watch(Arc::downgrade(&inner), created_at));
-        Ok(DockerSandbox {
-            inner,
-            cwd: PathBuf::from(WORKSPACE),
-        })
+        let warm = Warm::start(docker, runtime, image, config, live).await?;
+        Ok(warm.into_sandbox(spec.limits))
     }
 
     /// The container's id.
@@ -909,6 +821,158 @@ async fn remove(inner: &Inner) {
         && let Ok(mut set) = inner.live.lock()
     {
         set.remove(&inner.id);
+    }
+}
+
+/// A started container with skillbox's init running and nothing else: a sandbox not
+/// handed out yet (see the backend's pool). Dropped, it removes its container.
+pub(crate) struct Warm {
+    docker: Docker,
+    id: String,
+    runtime: Runtime,
+    init_pid: String,
+    /// When its events start (a second early, for clock granularity).
+    created_at: u64,
+    live: Live,
+    pending: PendingContainer,
+}
+
+impl std::fmt::Debug for Warm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warm").field("id", &self.id).finish()
+    }
+}
+
+impl Warm {
+    /// Creates and starts a container from `config` (see [`container_config`]).
+    pub(crate) async fn start(
+        docker: Docker,
+        runtime: Runtime,
+        image: &str,
+        config: ContainerCreateBody,
+        live: Live,
+    ) -> EnvResult<Warm> {
+        let backend = runtime.backend();
+        let created = docker
+            .create_container(None::<CreateContainerOptions>, config)
+            .await
+            .map_err(|e| match &e {
+                bollard::errors::Error::DockerResponseServerError {
+                    status_code: 404, ..
+                } => unavailable(format!(
+                    "backend {backend}: image {image} is not in the daemon; build it with `skillbox image build`"
+                )),
+                _ => op_error(backend, "create the container", &e),
+            })?;
+        let id = created.id;
+        if !created.warnings.is_empty() {
+            // Docker warns instead of failing when it drops a limit (no swap accounting,
+            // no pids controller): that would be less isolation than asked.
+            remove_container(&docker, &id).await;
+            return Err(unavailable(format!(
+                "backend {backend}: the daemon would not apply every limit: {}",
+                created.warnings.join("; ")
+            )));
+        }
+        let created_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs().saturating_sub(1))
+            .unwrap_or(0);
+        if let Ok(mut set) = live.lock() {
+            set.insert(id.clone());
+        }
+        // Until the sandbox is handed out, a cancelled caller (this future dropped) or a
+        // dropped pool must not leave the container behind.
+        let pending = PendingContainer {
+            docker: Some(docker.clone()),
+            id: id.clone(),
+        };
+        let forget = |live: &Live, id: &str| {
+            if let Ok(mut set) = live.lock() {
+                set.remove(id);
+            }
+        };
+        if let Err(e) = docker
+            .start_container(&id, None::<StartContainerOptions>)
+            .await
+        {
+            remove_container(&docker, &id).await;
+            forget(&live, &id);
+            let message = e.to_string();
+            if runtime == Runtime::Runsc && message.contains("runsc") {
+                return Err(unavailable(format!(
+                    "backend gvisor: runsc could not start the container ({message}); check that \
+                     runsc is registered with \"runtimeArgs\": [\"--network=none\"]"
+                )));
+            }
+            return Err(op_error(backend, "start the container", &e));
+        }
+        let init_pid = match runtime {
+            Runtime::Runc => init_pid(&docker, &id).await,
+            // Seen from inside, which is how processes are listed under runsc.
+            Runtime::Runsc => Ok("1".to_string()),
+        };
+        let init_pid = match init_pid {
+            Ok(pid) => pid,
+            Err(e) => {
+                remove_container(&docker, &id).await;
+                forget(&live, &id);
+                return Err(e.with_path(WORKSPACE));
+            }
+        };
+        tracing::debug!(container = %id, backend, "docker: sandbox started");
+        Ok(Warm {
+            docker,
+            id,
+            runtime,
+            init_pid,
+            created_at,
+            live,
+            pending,
+        })
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// True while the container is running (a pooled one may have been removed or
+    /// killed from outside since it started).
+    pub(crate) async fn is_running(&self) -> bool {
+        match self
+            .docker
+            .inspect_container(&self.id, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(info) => info.state.and_then(|s| s.running).unwrap_or(false),
+            Err(_) => false,
+        }
+    }
+
+    /// The sandbox, with `limits` for its execs (its container's limits were set at
+    /// create).
+    pub(crate) fn into_sandbox(mut self, limits: Limits) -> DockerSandbox {
+        let inner = Arc::new(Inner {
+            docker: self.docker.clone(),
+            id: self.id.clone(),
+            runtime: self.runtime,
+            limits,
+            init_pid: std::mem::take(&mut self.init_pid),
+            turn: Arc::new(Mutex::new(())),
+            fs_gate: Arc::new(RwLock::new(())),
+            shutdown: CancellationToken::new(),
+            removed: AtomicBool::new(false),
+            died: CancellationToken::new(),
+            ooms: AtomicU64::new(0),
+            live: self.live.clone(),
+            filter_hex: hex(&skillbox_native::seccomp_filter_bytes()),
+        });
+        self.pending.docker = None;
+        tokio::spawn(watch(Arc::downgrade(&inner), self.created_at));
+        DockerSandbox {
+            inner,
+            cwd: PathBuf::from(WORKSPACE),
+        }
     }
 }
 

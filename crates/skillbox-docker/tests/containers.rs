@@ -520,3 +520,152 @@ async fn helpers_are_never_dumpable_under_runc() {
     );
     sandbox.cleanup().await.unwrap();
 }
+
+/// The ids of the running containers this test process made.
+async fn ours(docker: &Docker) -> Vec<String> {
+    let filters = HashMap::from([("label".to_string(), vec![LABEL_SANDBOX.to_string()])]);
+    let options = bollard::query_parameters::ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    let me = format!("/{}/", std::process::id());
+    docker
+        .list_containers(Some(options))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| {
+            c.labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_OWNER))
+                .is_some_and(|owner| owner.contains(&me))
+        })
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+/// Waits (bounded) until the pool holds `n` ready containers.
+async fn pool_holds(backend: &DockerBackend, n: usize) {
+    for _ in 0..300 {
+        if backend.pooled() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the pool holds {} containers, not {n}", backend.pooled());
+}
+
+/// A pool hands out containers it started before the create, each once, only to the
+/// spec it was made for; it refills; shutdown leaves no container behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_hands_out_each_started_container_once() {
+    let test = "a_pool_hands_out_each_started_container_once";
+    let Some(backend) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let docker = docker().await;
+    let backend = backend.with_pool(2, &spec()).unwrap();
+    pool_holds(&backend, 2).await;
+    let started = ours(&docker).await;
+    assert_eq!(started.len(), 2, "{started:?}");
+
+    let first = backend.create(spec()).await.unwrap();
+    // The timeout is the exec's, not the container's: still the pool's spec.
+    let quick = SandboxSpec {
+        limits: skillbox_env::Limits {
+            timeout_ms: 1000,
+            ..limits()
+        },
+        ..SandboxSpec::default()
+    };
+    let second = backend.create(quick).await.unwrap();
+    for sandbox in [&first, &second] {
+        assert!(
+            started.iter().any(|id| id == sandbox.container_id()),
+            "{} was not one of the pooled containers {started:?}",
+            sandbox.container_id()
+        );
+    }
+    assert_ne!(first.container_id(), second.container_id());
+    // A pooled sandbox is a whole sandbox: it runs code under the wrapper, with files.
+    first
+        .write(
+            std::path::Path::new("/workspace/in.txt"),
+            b"pooled",
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let out = first
+        .exec(
+            ExecRequest::shell("cat in.txt; id -u; grep Seccomp: /proc/self/status"),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    let text = out.stdout_text();
+    assert!(text.starts_with("pooled65532\n"), "{out:?}");
+    assert!(text.contains("Seccomp:\t2"), "{out:?}");
+    // Its execs take the caller's limits: the one-second timeout ends a sleep.
+    let timed = second
+        .exec(ExecRequest::shell("sleep 30"), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(timed.timed_out, "{timed:?}");
+
+    // Refilled in the background, with new containers.
+    pool_holds(&backend, 2).await;
+    let now = ours(&docker).await;
+    assert_eq!(now.len(), 4, "{now:?}");
+
+    // A spec that makes another container is not served from the pool.
+    let other = SandboxSpec {
+        limits: skillbox_env::Limits {
+            memory_bytes: Some(300 * 1024 * 1024),
+            ..limits()
+        },
+        ..SandboxSpec::default()
+    };
+    let fresh = backend.create(other).await.unwrap();
+    assert!(!now.iter().any(|id| id == fresh.container_id()));
+    assert_eq!(backend.pooled(), 2);
+
+    // Used once: a cleaned-up sandbox's container is removed, never pooled again.
+    for sandbox in [&first, &second, &fresh] {
+        sandbox.cleanup().await.unwrap();
+        assert_removed(&docker, sandbox.container_id(), "after cleanup").await;
+    }
+    // A pooled container removed from outside is not handed out.
+    let pooled = ours(&docker).await;
+    for id in &pooled {
+        docker
+            .remove_container(
+                id,
+                Some(bollard::query_parameters::RemoveContainerOptions {
+                    force: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .unwrap();
+    }
+    let replacement = backend.create(spec()).await.unwrap();
+    assert!(!pooled.iter().any(|id| id == replacement.container_id()));
+    let out = replacement
+        .exec(ExecRequest::shell("echo ok"), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_text(), "ok\n", "{out:?}");
+    replacement.cleanup().await.unwrap();
+
+    backend.shutdown().await;
+    for _ in 0..100 {
+        if ours(&docker).await.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("containers left after shutdown: {:?}", ours(&docker).await);
+}

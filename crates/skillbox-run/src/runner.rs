@@ -77,6 +77,9 @@ pub struct RunnerConfig {
     /// Limits of every run; `timeoutMs` of a request replaces `limits.timeout_ms`.
     pub limits: Limits,
     pub collect: CollectLimits,
+    /// Started containers the docker and gvisor backends keep ready, each (once that
+    /// backend has been used), so a run skips the container's create and start. 0: none.
+    pub warm_containers: usize,
 }
 
 impl RunnerConfig {
@@ -89,6 +92,7 @@ impl RunnerConfig {
                 max_total_bytes: 256 * 1024 * 1024,
                 max_file_bytes: 128 * 1024 * 1024,
             },
+            warm_containers: 0,
         }
     }
 }
@@ -253,9 +257,18 @@ impl Runner {
             Runtime::Runc => &self.docker,
             Runtime::Runsc => &self.gvisor,
         };
-        cell.get_or_try_init(|| DockerBackend::connect(runtime, image_tag(&self.node.id())))
-            .await
-            .map_err(RunError::from_env)
+        cell.get_or_try_init(|| async {
+            let backend = DockerBackend::connect(runtime, image_tag(&self.node.id())).await?;
+            // The spec of every container run (see `run`): no workdir, no mounts.
+            let spec = SandboxSpec {
+                workspace: None,
+                limits: self.config.limits.clone(),
+                policy: SandboxPolicy::default(),
+            };
+            backend.with_pool(self.config.warm_containers, &spec)
+        })
+        .await
+        .map_err(RunError::from_env)
     }
 
     /// Removes the containers of runs still in flight (a server shutting down).

@@ -19,10 +19,15 @@ pub struct LocalSandbox {
 /// The runner over `<data>/objects`; with `install_node`, the Node runtime is installed
 /// first, with progress on stderr (a python or sh run does not need it).
 pub async fn runner(data_dir: &Path, install_node: bool) -> Result<Runner, ClientError> {
-    let store = ArtifactStore::local(&data_dir.join("objects"))
+    runner_with(RunnerConfig::new(data_dir), install_node).await
+}
+
+/// [`runner`] with a config of the caller's.
+pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Runner, ClientError> {
+    let store = ArtifactStore::local(&config.data_dir.join("objects"))
         .await
         .map_err(|e| ClientError::new(e.code().as_str(), e.to_string()))?;
-    let runner = Runner::new(RunnerConfig::new(data_dir), store);
+    let runner = Runner::new(config, store);
     if install_node {
         runner
             .prepare(&|line| eprintln!("skillbox: {line}"))

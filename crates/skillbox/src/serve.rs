@@ -26,10 +26,18 @@ pub struct ServeArgs {
     /// With the loopback model: replay this transcript instead of each skill's own.
     #[arg(long, value_name = "FILE")]
     transcript: Option<std::path::PathBuf>,
+    /// Started containers to keep ready per container backend (docker, gvisor) once it
+    /// is used, so a run skips the container's create and start; 0 for none.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    warm_containers: usize,
 }
 
 pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
-    let runner = match crate::local::runner(data_dir, true).await {
+    let runner_config = skillbox_run::RunnerConfig {
+        warm_containers: args.warm_containers,
+        ..skillbox_run::RunnerConfig::new(data_dir)
+    };
+    let runner = match crate::local::runner_with(runner_config, true).await {
         Ok(runner) => Arc::new(runner),
         Err(e) => {
             eprintln!("skillbox serve: {e}");
