@@ -24,8 +24,8 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use skillbox_env::{
     Boundary, CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecEvent, ExecOutput,
-    ExecRequest, ExecStream, ExecutionEnv, FileInfo, FileKind, FileSystem, LimitKind, Limits,
-    SandboxSpec, Shell, TextLines, Truncated, first_lines,
+    ExecRequest, ExecStream, ExecutionEnv, FileInfo, FileKind, FileRead, FileSystem, LimitKind,
+    Limits, SandboxSpec, Shell, TextLines, Truncated, WalkEntry, first_lines, too_many_entries,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, OwnedMutexGuard, RwLock, mpsc};
@@ -73,6 +73,9 @@ const KILL_BOUND: Duration = Duration::from_secs(10);
 const FS_DRAIN_BOUND: Duration = Duration::from_secs(2);
 /// The most a file read may return.
 const MAX_READ_BYTES: usize = 1024 * 1024 * 1024;
+/// What one `readmany` helper run prints at most, about: the files after that go to
+/// the next run.
+const READ_BATCH_BYTES: u64 = 256 * 1024 * 1024;
 /// Host tasks gVisor's sentry needs besides the sandbox's own processes (measured: 64
 /// idle, about 8 more per process on the ptrace platform).
 const GVISOR_BASE_TASKS: i64 = 256;
@@ -1391,6 +1394,29 @@ fn kind_of(text: &str) -> FileKind {
     }
 }
 
+/// The answers of one `readmany` run, appended to `read`; stops at a "later" (the rest
+/// goes to the next run). `None` when the answer is malformed.
+fn parse_reads(mut out: &[u8], read: &mut Vec<FileRead>) -> Option<()> {
+    while !out.is_empty() {
+        let end = out.iter().position(|&b| b == b'\n')?;
+        let header: serde_json::Value = serde_json::from_slice(&out[..end]).ok()?;
+        out = &out[end + 1..];
+        match header["s"].as_str()? {
+            "ok" => {
+                let n = usize::try_from(header["n"].as_u64()?).ok()?;
+                read.push(FileRead::Content(out.get(..n)?.to_vec()));
+                out = &out[n..];
+            }
+            "missing" => read.push(FileRead::Missing),
+            "notfile" => read.push(FileRead::NotFile),
+            "toolarge" => read.push(FileRead::TooLarge(header["n"].as_u64()?)),
+            "later" => return out.is_empty().then_some(()),
+            _ => return None,
+        }
+    }
+    Some(())
+}
+
 fn bad_answer(op: &str, path: &Path) -> EnvError {
     EnvError::new(
         ErrorCode::Unknown,
@@ -1471,6 +1497,64 @@ impl FileSystem for DockerSandbox {
     ) -> EnvResult<TextLines> {
         let text = self.read_text(path, cancel).await?;
         first_lines(std::io::Cursor::new(text), max, path)
+    }
+
+    /// One helper run for the whole tree.
+    async fn walk(
+        &self,
+        root: &Path,
+        prune: &[&str],
+        max_entries: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<WalkEntry>> {
+        let root = self.absolute(root);
+        let mut args = vec![self.arg(&root), max_entries.to_string()];
+        args.extend(prune.iter().map(|p| p.to_string()));
+        let v = self.fs_json("walk", &args, &root, cancel).await?;
+        let listed = v.as_array().ok_or_else(|| bad_answer("walk", &root))?;
+        if listed.len() > max_entries {
+            return Err(too_many_entries(&root, max_entries));
+        }
+        listed
+            .iter()
+            .map(|e| {
+                Some(WalkEntry {
+                    path: e.get(0)?.as_str()?.to_string(),
+                    kind: kind_of(e.get(1)?.as_str()?),
+                    size: e.get(2)?.as_u64()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad_answer("walk", &root))
+    }
+
+    /// As few helper runs as the bytes allow (about [`READ_BATCH_BYTES`] each).
+    async fn read_files(
+        &self,
+        paths: &[PathBuf],
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<FileRead>> {
+        // One answer must fit what a helper run may print.
+        let max_bytes = max_bytes.min(READ_BATCH_BYTES);
+        let mut read = Vec::with_capacity(paths.len());
+        while read.len() < paths.len() {
+            let rest = &paths[read.len()..];
+            let shown = &rest[0];
+            let list: Vec<String> = rest.iter().map(|p| self.arg(p)).collect();
+            let stdin = serde_json::to_vec(&list)
+                .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("read_files: {e}")))?;
+            let args = [max_bytes.to_string(), READ_BATCH_BYTES.to_string()];
+            let out = self
+                .fs_op("readmany", &args, Some(stdin), shown, cancel)
+                .await?;
+            let before = read.len();
+            parse_reads(&out, &mut read).ok_or_else(|| bad_answer("readmany", shown))?;
+            if read.len() == before || read.len() > paths.len() {
+                return Err(bad_answer("readmany", shown));
+            }
+        }
+        Ok(read)
     }
 
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
@@ -1617,6 +1701,75 @@ impl Drop for DockerSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs the file helper's `readmany` here, on the host, over `paths`.
+    fn readmany(paths: &[&Path], limit: u64, budget: u64) -> Vec<u8> {
+        use std::io::Write as _;
+        let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        let mut child = std::process::Command::new("python3")
+            .args(["-I", "-S", "-c", FS_PY, "readmany"])
+            .args([limit.to_string(), budget.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&serde_json::to_vec(&list).unwrap())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    }
+
+    /// Past its byte budget the helper stops with "later", and the next run picks up
+    /// there: every file is read once, in order, whatever the batches.
+    #[test]
+    fn readmany_batches_by_bytes_and_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<PathBuf> = (0..5).map(|i| dir.path().join(format!("{i}"))).collect();
+        for (i, file) in files.iter().enumerate() {
+            std::fs::write(file, vec![b'a' + i as u8; 40]).unwrap();
+        }
+        std::os::unix::fs::symlink(&files[0], dir.path().join("link")).unwrap();
+        let mut paths: Vec<PathBuf> = files.clone();
+        paths.insert(2, dir.path().join("link"));
+        paths.insert(3, dir.path().join("gone"));
+        let mut read = Vec::new();
+        let mut runs = 0;
+        while read.len() < paths.len() {
+            let rest: Vec<&Path> = paths[read.len()..].iter().map(PathBuf::as_path).collect();
+            // 100 bytes a run: two 40-byte files each, the next goes to the next run.
+            let out = readmany(&rest, 64, 100);
+            let before = read.len();
+            parse_reads(&out, &mut read).unwrap();
+            assert!(read.len() > before);
+            runs += 1;
+        }
+        assert_eq!(runs, 3);
+        let content = |i: usize| FileRead::Content(vec![b'a' + i as u8; 40]);
+        assert_eq!(
+            read,
+            vec![
+                content(0),
+                content(1),
+                FileRead::NotFile,
+                FileRead::Missing,
+                content(2),
+                content(3),
+                content(4),
+            ]
+        );
+        // Over the cap: the size, not the content.
+        std::fs::write(&files[0], [0u8; 65]).unwrap();
+        let mut read = Vec::new();
+        parse_reads(&readmany(&[&files[0]], 64, 100), &mut read).unwrap();
+        assert_eq!(read, vec![FileRead::TooLarge(65)]);
+        // A malformed answer is refused, not half-read.
+        assert!(parse_reads(b"{\"s\":\"ok\",\"n\":5}\nabc", &mut Vec::new()).is_none());
+    }
 
     #[test]
     fn the_status_line_is_split_off_stderr() {

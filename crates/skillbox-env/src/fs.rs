@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use crate::CancellationToken;
-use crate::error::{EnvError, EnvResult};
+use crate::error::{EnvError, EnvResult, ErrorCode};
 use crate::path::normalize;
 
 /// The kind of a directory entry. Symlinks are reported, never followed.
@@ -47,6 +47,28 @@ pub struct TextLines {
     pub lines: Vec<String>,
     /// More lines followed.
     pub truncated: bool,
+}
+
+/// One entry of [`FileSystem::walk`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WalkEntry {
+    /// Relative to the walked directory, `/`-separated.
+    pub path: String,
+    pub kind: FileKind,
+    /// Bytes, for a regular file when it was listed (0 for anything else).
+    pub size: u64,
+}
+
+/// What [`FileSystem::read_files`] found at one path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileRead {
+    Content(Vec<u8>),
+    /// Not there (any more).
+    Missing,
+    /// There, but not a regular file (a directory, a symlink, a FIFO…): not opened.
+    NotFile,
+    /// A regular file of more than the cap, and its size.
+    TooLarge(u64),
 }
 
 /// File operations, confined to what the env's processes can see.
@@ -125,6 +147,122 @@ pub trait FileSystem: Send + Sync {
     /// Removes everything this env created for itself (temp dirs, a temp workspace) and
     /// ends anything still running. The env is unusable afterwards.
     async fn cleanup(&self) -> EnvResult<()>;
+
+    /// Everything below the directory `root`, relative to it, each directory's entries
+    /// after the directory itself. Symlinks are listed, never followed (`root` included).
+    /// The directories named in `prune` (relative to `root`) are listed but not entered.
+    /// More than `max_entries` entries is a `resource_exhausted` error.
+    ///
+    /// The default lists each directory and stats each file; a backend for which every
+    /// operation is a round trip does it in one.
+    async fn walk(
+        &self,
+        root: &Path,
+        prune: &[&str],
+        max_entries: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<WalkEntry>> {
+        let root = self.absolute(root);
+        if self.file_info(&root, cancel).await?.kind != FileKind::Dir {
+            return Err(EnvError::new(
+                ErrorCode::NotDirectory,
+                format!(
+                    "walk {}: not a directory (a symlink is not followed)",
+                    root.display()
+                ),
+            )
+            .with_path(&root));
+        }
+        let mut entries = Vec::new();
+        let mut pending = std::collections::VecDeque::from([(root.clone(), String::new())]);
+        while let Some((dir, rel_dir)) = pending.pop_front() {
+            for entry in self.list_dir(&dir, cancel).await? {
+                let path = if rel_dir.is_empty() {
+                    entry.name.clone()
+                } else {
+                    format!("{rel_dir}/{}", entry.name)
+                };
+                let abs = dir.join(&entry.name);
+                let size = match entry.kind {
+                    FileKind::File => match self.file_info(&abs, cancel).await {
+                        Ok(info) => info.size,
+                        // Gone since the listing.
+                        Err(e) if e.code == ErrorCode::NotFound => continue,
+                        Err(e) => return Err(e),
+                    },
+                    FileKind::Dir => {
+                        if !prune.contains(&path.as_str()) {
+                            pending.push_back((abs, path.clone()));
+                        }
+                        0
+                    }
+                    FileKind::Symlink | FileKind::Other => 0,
+                };
+                entries.push(WalkEntry {
+                    path,
+                    kind: entry.kind,
+                    size,
+                });
+                if entries.len() > max_entries {
+                    return Err(too_many_entries(&root, max_entries));
+                }
+            }
+        }
+        Ok(entries)
+    }
+
+    /// The content of each of `paths`, read only where it is a regular file of at most
+    /// `max_bytes` (a symlink is not followed); see [`FileRead`].
+    ///
+    /// The default stats and reads each; a backend for which every operation is a round
+    /// trip reads them together.
+    async fn read_files(
+        &self,
+        paths: &[PathBuf],
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<FileRead>> {
+        let mut read = Vec::with_capacity(paths.len());
+        for path in paths {
+            let info = match self.file_info(path, cancel).await {
+                Ok(info) => info,
+                Err(e) if e.code == ErrorCode::NotFound => {
+                    read.push(FileRead::Missing);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            read.push(if info.kind != FileKind::File {
+                FileRead::NotFile
+            } else if info.size > max_bytes {
+                FileRead::TooLarge(info.size)
+            } else {
+                match self.read_bytes(path, cancel).await {
+                    // It may have grown since the stat.
+                    Ok(bytes) if bytes.len() as u64 > max_bytes => {
+                        FileRead::TooLarge(bytes.len() as u64)
+                    }
+                    Ok(bytes) => FileRead::Content(bytes),
+                    Err(e) if e.code == ErrorCode::NotFound => FileRead::Missing,
+                    // Replaced by a directory or a special file since the stat.
+                    Err(e) if matches!(e.code, ErrorCode::IsDirectory | ErrorCode::Invalid) => {
+                        FileRead::NotFile
+                    }
+                    Err(e) => return Err(e),
+                }
+            });
+        }
+        Ok(read)
+    }
+}
+
+/// The error of a [`FileSystem::walk`] that found more than `max` entries.
+pub fn too_many_entries(root: &Path, max: usize) -> EnvError {
+    EnvError::new(
+        ErrorCode::ResourceExhausted,
+        format!("walk {}: more than {max} entries", root.display()),
+    )
+    .with_path(root)
 }
 
 /// Reads at most `max` lines from `reader`.

@@ -17,7 +17,10 @@ pub mod testkit;
 
 pub use error::{EnvError, EnvResult, ErrorCode};
 pub use exec::{Command, ExecEvent, ExecOutput, ExecRequest, ExecStream, LimitKind, Truncated};
-pub use fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines, first_lines};
+pub use fs::{
+    DirEntry, FileInfo, FileKind, FileRead, FileSystem, TextLines, WalkEntry, first_lines,
+    too_many_entries,
+};
 pub use host::HostEnv;
 pub use limits::{Limits, Mount, SandboxPolicy, SandboxSpec};
 pub use tokio_util::sync::CancellationToken;

@@ -11,13 +11,16 @@ use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use skillbox_env::path::normalize;
-use skillbox_env::{CancellationToken, EnvError, ErrorCode, ExecutionEnv, FileKind};
+use skillbox_env::{CancellationToken, EnvError, ErrorCode, ExecutionEnv, FileKind, FileRead};
 
 use crate::error::{CollectLimit, StoreError};
 use crate::store::{ArtifactStore, sha256_hex};
 
 /// The env's scratch area at the top of the workspace: never an artifact.
 const SCRATCH_DIR: &str = ".tmp";
+
+/// Entries (files, directories, links) a workspace may hold for a collection to list it.
+const MAX_ENTRIES: usize = 100_000;
 
 /// How many puts [`store_all`] runs at once.
 const PARALLEL_PUTS: usize = 4;
@@ -81,120 +84,100 @@ pub async fn collect_artifacts(
     cancel: &CancellationToken,
 ) -> Result<Vec<CollectedFile>, StoreError> {
     let root = env.absolute(root);
-    let info = env.file_info(&root, cancel).await?;
-    if info.kind != FileKind::Dir {
-        return Err(EnvError::new(
-            ErrorCode::NotDirectory,
-            format!(
-                "collect {}: not a directory (a symlink is not followed)",
-                root.display()
-            ),
-        )
-        .with_path(&root)
-        .into());
+    // One listing of the whole tree, then one batch of reads: on a backend where each
+    // file operation is a round trip (docker, gvisor), a handful of them, not a few per file.
+    let entries = match env.walk(&root, &[SCRATCH_DIR], MAX_ENTRIES, cancel).await {
+        Ok(entries) => entries,
+        Err(e) if e.code == ErrorCode::NotDirectory => {
+            return Err(EnvError::new(
+                ErrorCode::NotDirectory,
+                format!(
+                    "collect {}: not a directory (a symlink is not followed)",
+                    root.display()
+                ),
+            )
+            .with_path(&root)
+            .into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if cancel.is_cancelled() {
+        return Err(EnvError::aborted("collect").into());
     }
     let inputs = relative_inputs(&root, inputs);
+    let mut files: Vec<(String, Option<&str>)> = Vec::new();
+    // Judged by the sizes listed, before anything is read: a file over the cap, one new
+    // file too many, or new files over the total fail without being read.
+    let (mut new_files, mut listed_total) = (0usize, 0u64);
+    for entry in entries {
+        if entry.kind != FileKind::File {
+            if entry.kind != FileKind::Dir {
+                tracing::debug!(path = %entry.path, kind = ?entry.kind, "collect: skipped, not a regular file");
+            }
+            continue;
+        }
+        if entry.size > limits.max_file_bytes {
+            return Err(too_large(&entry.path, entry.size, limits));
+        }
+        let input = inputs.get(entry.path.as_str()).copied();
+        if input.is_none() {
+            new_files += 1;
+            if new_files > limits.max_files {
+                return Err(StoreError::TooMany {
+                    path: entry.path,
+                    max: limits.max_files,
+                });
+            }
+            listed_total = checked_total(listed_total, entry.size, &entry.path, limits)?;
+        }
+        files.push((entry.path, input));
+    }
+    let paths: Vec<PathBuf> = files.iter().map(|(rel, _)| root.join(rel)).collect();
+    let read = env
+        .read_files(&paths, limits.max_file_bytes, cancel)
+        .await?;
     let mut collected = Vec::new();
     let mut total: u64 = 0;
-    // Directories still to list: (absolute path, relative path with `/`).
-    let mut pending = vec![(root.clone(), String::new())];
-    while let Some((dir, rel_dir)) = pending.pop() {
-        for entry in env.list_dir(&dir, cancel).await? {
-            if cancel.is_cancelled() {
-                return Err(EnvError::aborted("collect").into());
-            }
-            let rel = if rel_dir.is_empty() {
-                entry.name.clone()
-            } else {
-                format!("{rel_dir}/{}", entry.name)
-            };
-            let abs = dir.join(&entry.name);
-            match entry.kind {
-                FileKind::Dir if rel_dir.is_empty() && entry.name == SCRATCH_DIR => {}
-                FileKind::Dir => pending.push((abs, rel)),
-                FileKind::File => {
-                    let input = inputs.get(rel.as_str()).copied();
-                    // A new file would be one too many: fail before reading it. (A changed
-                    // input is only known to count once read.)
-                    if input.is_none() && collected.len() >= limits.max_files {
-                        return Err(StoreError::TooMany {
-                            path: rel,
-                            max: limits.max_files,
-                        });
-                    }
-                    let file = read_file(env, &abs, &rel, input, limits, total, cancel).await?;
-                    let Some(file) = file else { continue };
-                    if collected.len() >= limits.max_files {
-                        return Err(StoreError::TooMany {
-                            path: rel,
-                            max: limits.max_files,
-                        });
-                    }
-                    total = checked_total(total, file.size, &rel, limits)?;
-                    collected.push(file);
-                }
-                FileKind::Symlink | FileKind::Other => {
-                    tracing::debug!(path = %rel, kind = ?entry.kind, "collect: skipped, not a regular file");
-                }
-            }
+    for ((rel, input), read) in files.into_iter().zip(read) {
+        let bytes = match read {
+            FileRead::Content(bytes) => bytes,
+            // Gone, or replaced by something else, since the listing.
+            FileRead::Missing | FileRead::NotFile => continue,
+            // Grown since the listing.
+            FileRead::TooLarge(size) => return Err(too_large(&rel, size, limits)),
+        };
+        let sha256 = sha256_hex(&bytes);
+        if input == Some(sha256.as_str()) {
+            continue;
         }
+        // A changed input counts, which is only known once it is read.
+        if collected.len() >= limits.max_files {
+            return Err(StoreError::TooMany {
+                path: rel,
+                max: limits.max_files,
+            });
+        }
+        let size = bytes.len() as u64;
+        total = checked_total(total, size, &rel, limits)?;
+        collected.push(CollectedFile {
+            content_type: content_type(&rel).to_string(),
+            path: rel,
+            size,
+            sha256,
+            bytes: Bytes::from(bytes),
+        });
     }
     collected.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(collected)
 }
 
-/// Reads one regular file, or says to skip it (an unchanged input, or gone meanwhile).
-async fn read_file(
-    env: &dyn ExecutionEnv,
-    abs: &Path,
-    rel: &str,
-    input_sha256: Option<&str>,
-    limits: CollectLimits,
-    total: u64,
-    cancel: &CancellationToken,
-) -> Result<Option<CollectedFile>, StoreError> {
-    let too_large = |size| StoreError::TooLarge {
+fn too_large(rel: &str, size: u64, limits: CollectLimits) -> StoreError {
+    StoreError::TooLarge {
         path: rel.to_string(),
         limit: CollectLimit::MaxFileBytes,
         size,
         max: limits.max_file_bytes,
-    };
-    let info = match env.file_info(abs, cancel).await {
-        Ok(info) => info,
-        Err(e) if e.code == ErrorCode::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    // Replaced since it was listed: judge it by what it is now.
-    if info.kind != FileKind::File {
-        return Ok(None);
     }
-    if info.size > limits.max_file_bytes {
-        return Err(too_large(info.size));
-    }
-    if input_sha256.is_none() {
-        checked_total(total, info.size, rel, limits)?;
-    }
-    let bytes = match env.read_bytes(abs, cancel).await {
-        Ok(bytes) => bytes,
-        Err(e) if e.code == ErrorCode::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let size = bytes.len() as u64;
-    // It may have grown between the stat and the read.
-    if size > limits.max_file_bytes {
-        return Err(too_large(size));
-    }
-    let sha256 = sha256_hex(&bytes);
-    if input_sha256 == Some(sha256.as_str()) {
-        return Ok(None);
-    }
-    Ok(Some(CollectedFile {
-        path: rel.to_string(),
-        size,
-        content_type: content_type(rel).to_string(),
-        sha256,
-        bytes: Bytes::from(bytes),
-    }))
 }
 
 /// `total + size`, or the `max_total_bytes` error.

@@ -2,7 +2,7 @@
 # user, so it sees exactly what the sandbox's processes see. Reads write the content to
 # stdout; other operations print one JSON value. Failures print {"errno", "msg"} to
 # stderr and exit 1.
-import ctypes, json, os, stat, sys, tempfile
+import ctypes, errno, json, os, stat, sys, tempfile
 
 # Not dumpable: the sandbox's code runs as the same uid and may be running right now;
 # it must not be able to read or write this process's memory through /proc.
@@ -124,6 +124,78 @@ def main(op, args):
         with os.scandir(args[0]) as entries:
             listed = [(e.name, kind(e.stat(follow_symlinks=False).st_mode)) for e in entries]
         return sorted(listed)
+    if op == 'walk':
+        # Breadth first, each directory sorted; symlinks listed, never followed; the
+        # directories in args[2:] (relative) listed but not entered. One entry more
+        # than the limit tells the caller there are too many.
+        root, limit, prune = args[0], int(args[1]), set(args[2:])
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            raise NotADirectoryError(20, 'Not a directory (a symlink is not followed)')
+        found, pending = [], [(root, '')]
+        while pending:
+            directory, rel = pending.pop(0)
+            with os.scandir(directory) as entries:
+                listed = sorted(entries, key=lambda e: e.name)
+            for entry in listed:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                what = kind(st.st_mode)
+                path = rel + '/' + entry.name if rel else entry.name
+                found.append([path, what, st.st_size if what == 'file' else 0])
+                if len(found) > limit:
+                    return found
+                if what == 'dir' and path not in prune:
+                    pending.append((entry.path, path))
+        return found
+    if op == 'readmany':
+        # The paths (JSON on stdin) in order: a header line for each, then the content
+        # when it is a regular file of at most args[0] bytes. Past args[1] bytes written,
+        # the rest is left for another run ("later").
+        limit, budget = int(args[0]), int(args[1])
+        written = 0
+        for path in json.loads(sys.stdin.buffer.read()):
+            path = resolve(path)
+            try:
+                # Non-blocking (a FIFO cannot stall it) and not through a final symlink.
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except (FileNotFoundError, NotADirectoryError):
+                out.write(b'{"s":"missing"}\n')
+                continue
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    out.write(b'{"s":"notfile"}\n')
+                    continue
+                raise
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    out.write(b'{"s":"notfile"}\n')
+                    continue
+                if st.st_size > limit:
+                    out.write(json.dumps({'s': 'toolarge', 'n': st.st_size}).encode() + b'\n')
+                    continue
+                if written and written + st.st_size > budget:
+                    out.write(b'{"s":"later"}\n')
+                    return None
+                chunks, got = [], 0
+                while got <= limit:
+                    chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+                data = b''.join(chunks)
+            finally:
+                os.close(fd)
+            if len(data) > limit:
+                out.write(json.dumps({'s': 'toolarge', 'n': max(len(data), st.st_size)}).encode() + b'\n')
+                continue
+            out.write(json.dumps({'s': 'ok', 'n': len(data)}).encode() + b'\n')
+            out.write(data)
+            written += len(data)
+        return None
     if op == 'write' or op == 'append':
         write(args[0], sys.stdin.buffer.read(), op == 'append')
         return True
@@ -158,7 +230,7 @@ def main(op, args):
 
 try:
     result = main(sys.argv[1], sys.argv[2:])
-    if sys.argv[1] != 'read':
+    if sys.argv[1] not in ('read', 'readmany'):
         sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
 except OSError as e:

@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::path::fill_random;
 use crate::{
     CancellationToken, EnvResult, ErrorCode, ExecEvent, ExecOutput, ExecRequest, ExecStream,
-    ExecutionEnv, FileKind, LimitKind,
+    ExecutionEnv, FileKind, FileRead, LimitKind,
 };
 
 /// Longest a test waits for one thing (an event, a file, a process to die) before it
@@ -361,6 +361,105 @@ pub async fn list_dir_is_sorted_and_does_not_follow_symlinks(env: &dyn Execution
         ]
     );
     assert!(listing(env, "d/c").await.is_empty());
+}
+
+pub async fn walk_lists_the_tree_without_following_symlinks(env: &dyn ExecutionEnv) {
+    mkdir(env, "t/sub/deeper").await;
+    write(env, "t/b.txt", "bb").await;
+    write(env, "t/a.txt", "a").await;
+    write(env, "t/sub/c.txt", "ccc").await;
+    write(env, "t/sub/deeper/d.txt", "").await;
+    mkdir(env, "t/skip").await;
+    write(env, "t/skip/hidden.txt", "x").await;
+    // A link to a directory outside the walked tree: listed as a link, never entered.
+    sh_ok(
+        env,
+        "mkdir -p outside && echo o > outside/o.txt && ln -s ../outside t/link",
+    )
+    .await;
+    let walked = env
+        .walk(path("t"), &["skip"], 100, &live())
+        .await
+        .unwrap_or_else(|e| panic!("walk: {e}"));
+    let shown: Vec<(&str, FileKind, u64)> = walked
+        .iter()
+        .map(|e| (e.path.as_str(), e.kind, e.size))
+        .collect();
+    assert_eq!(
+        shown,
+        vec![
+            ("a.txt", FileKind::File, 1),
+            ("b.txt", FileKind::File, 2),
+            ("link", FileKind::Symlink, 0),
+            ("skip", FileKind::Dir, 0),
+            ("sub", FileKind::Dir, 0),
+            ("sub/c.txt", FileKind::File, 3),
+            ("sub/deeper", FileKind::Dir, 0),
+            ("sub/deeper/d.txt", FileKind::File, 0),
+        ]
+    );
+    // Too many entries is an error, not a partial listing.
+    assert_code(
+        env.walk(path("t"), &[], 3, &live()).await,
+        ErrorCode::ResourceExhausted,
+        "walk over the limit",
+    );
+    // The root itself is not followed either.
+    sh_ok(env, "ln -s t t-link").await;
+    assert_code(
+        env.walk(path("t-link"), &[], 100, &live()).await,
+        ErrorCode::NotDirectory,
+        "walk through a symlink",
+    );
+    assert_code(
+        env.walk(path("t/a.txt"), &[], 100, &live()).await,
+        ErrorCode::NotDirectory,
+        "walk of a file",
+    );
+}
+
+pub async fn read_files_reads_only_regular_files_within_the_cap(env: &dyn ExecutionEnv) {
+    mkdir(env, "r").await;
+    write(env, "r/small.txt", "small").await;
+    write(env, "r/empty.txt", "").await;
+    write(env, "r/big.bin", [7u8; 20]).await;
+    sh_ok(
+        env,
+        "cd r && ln -s small.txt link && mkdir dir && mkfifo fifo",
+    )
+    .await;
+    let names = [
+        "r/small.txt",
+        "r/missing",
+        "r/big.bin",
+        "r/link",
+        "r/dir",
+        "r/fifo",
+        "r/empty.txt",
+    ];
+    let paths: Vec<PathBuf> = names.iter().map(|n| env.absolute(path(n))).collect();
+    // A FIFO is never opened: the call returns instead of waiting for a writer.
+    let read = env
+        .read_files(&paths, 10, &live())
+        .await
+        .unwrap_or_else(|e| panic!("read_files: {e}"));
+    assert_eq!(
+        read,
+        vec![
+            FileRead::Content(b"small".to_vec()),
+            FileRead::Missing,
+            FileRead::TooLarge(20),
+            FileRead::NotFile,
+            FileRead::NotFile,
+            FileRead::NotFile,
+            FileRead::Content(Vec::new()),
+        ]
+    );
+    assert_code(
+        env.read_files(&paths, 10, &cancelled()).await,
+        ErrorCode::Aborted,
+        "read_files cancelled",
+    );
 }
 
 pub async fn file_info_reports_kind_and_size(env: &dyn ExecutionEnv) {

@@ -103,6 +103,8 @@ macro_rules! conformance_suite {
                     append_creates_then_appends,
                     read_text_lines_stops_at_max,
                     list_dir_is_sorted_and_does_not_follow_symlinks,
+                    walk_lists_the_tree_without_following_symlinks,
+                    read_files_reads_only_regular_files_within_the_cap,
                     file_info_reports_kind_and_size,
                     rename_moves_and_replaces,
                     remove_deletes_files_and_symlinks_not_targets,
