@@ -2,13 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, SystemInfo};
 use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
 use skillbox_native::Layer;
+use tokio_util::task::TaskTracker;
 
 use crate::sandbox::{DockerSandbox, Warm, container_config};
 use crate::{LABEL_OWNER, LABEL_SANDBOX};
@@ -89,6 +90,8 @@ struct Pool {
     /// that makes exactly this config.
     config: ContainerCreateBody,
     state: Mutex<PoolState>,
+    /// The refills in flight, which shutdown waits for.
+    refills: TaskTracker,
 }
 
 #[derive(Debug, Default)]
@@ -98,7 +101,14 @@ struct PoolState {
     starting: usize,
     /// Shut down: nothing is added any more.
     closed: bool,
+    /// When a refill last failed: refills pause for [`REFILL_BACKOFF`] after that.
+    failed_at: Option<Instant>,
 }
+
+/// How long the pool waits after a failed refill before it tries again.
+const REFILL_BACKOFF: Duration = Duration::from_secs(5);
+/// How long shutdown waits for refills in flight.
+const REFILL_WAIT: Duration = Duration::from_secs(60);
 
 /// What `doctor` shows for a docker backend.
 #[derive(Debug, Clone)]
@@ -258,6 +268,7 @@ impl DockerBackend {
             size,
             config,
             state: Mutex::default(),
+            refills: TaskTracker::new(),
         }));
         self.refill();
         Ok(self)
@@ -271,13 +282,19 @@ impl DockerBackend {
             .unwrap_or(0)
     }
 
-    /// Starts containers until the pool holds (or is starting) its size.
+    /// Starts containers until the pool holds (or is starting) its size; not within
+    /// [`REFILL_BACKOFF`] of a failed start.
     fn refill(&self) {
         let Some(pool) = &self.pool else {
             return;
         };
         let missing = match pool.state.lock() {
-            Ok(mut state) if !state.closed => {
+            Ok(mut state)
+                if !state.closed
+                    && state
+                        .failed_at
+                        .is_none_or(|at| at.elapsed() >= REFILL_BACKOFF) =>
+            {
                 let missing = pool.size.saturating_sub(state.ready.len() + state.starting);
                 state.starting += missing;
                 missing
@@ -292,18 +309,31 @@ impl DockerBackend {
                 self.image.clone(),
                 self.live.clone(),
             );
-            tokio::spawn(async move {
+            let refills = pool.refills.clone();
+            refills.spawn(async move {
                 let made = Warm::start(docker, runtime, &image, pool.config.clone(), live).await;
-                let Ok(mut state) = pool.state.lock() else {
-                    return;
+                let late = {
+                    let Ok(mut state) = pool.state.lock() else {
+                        return;
+                    };
+                    state.starting -= 1;
+                    match made {
+                        Ok(warm) if !state.closed => {
+                            state.failed_at = None;
+                            state.ready.push(warm);
+                            None
+                        }
+                        Ok(warm) => Some(warm),
+                        Err(e) => {
+                            state.failed_at = Some(Instant::now());
+                            tracing::warn!(error = %e, "docker: cannot start a pooled container");
+                            None
+                        }
+                    }
                 };
-                state.starting -= 1;
-                match made {
-                    // Dropped (and so removed) when the pool has been shut down.
-                    Ok(warm) if !state.closed => state.ready.push(warm),
-                    Ok(_) => {}
-                    // The next create tries again; it is not retried in a loop here.
-                    Err(e) => tracing::warn!(error = %e, "docker: cannot start a pooled container"),
+                // Finished after shutdown began: removed here, before shutdown returns.
+                if let Some(warm) = late {
+                    warm.remove().await;
                 }
             });
         }
@@ -313,12 +343,15 @@ impl DockerBackend {
     async fn take_pooled(&self, config: &ContainerCreateBody) -> Option<Warm> {
         let pool = self.pool.as_ref().filter(|pool| pool.config == *config)?;
         loop {
+            // Also after failed refills (once the backoff is over): the pool recovers.
+            self.refill();
             let warm = pool.state.lock().ok()?.ready.pop()?;
             self.refill();
             if warm.is_running().await {
                 return Some(warm);
             }
             tracing::warn!(container = %warm.id(), "docker: a pooled container is not running; removing it");
+            warm.remove().await;
         }
     }
 
@@ -355,6 +388,19 @@ impl DockerBackend {
             }
             _ => Vec::new(),
         };
+        // Refills in flight remove what they made once they see the pool closed.
+        if let Some(pool) = &self.pool {
+            pool.refills.close();
+            if tokio::time::timeout(REFILL_WAIT, pool.refills.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!("docker: pooled containers still starting at shutdown");
+            }
+        }
+        for warm in pooled {
+            warm.remove().await;
+        }
         let ids: Vec<String> = match self.live.lock() {
             Ok(live) => live.iter().cloned().collect(),
             Err(_) => return,
@@ -366,7 +412,6 @@ impl DockerBackend {
                 live.remove(&id);
             }
         }
-        drop(pooled);
     }
 
     /// Removes the sandbox containers of skillbox processes that no longer exist (a

@@ -76,6 +76,8 @@ const MAX_READ_BYTES: usize = 1024 * 1024 * 1024;
 /// What one `readmany` helper run prints at most, about: the files after that go to
 /// the next run.
 const READ_BATCH_BYTES: u64 = 256 * 1024 * 1024;
+/// The largest file `read_files` reads: a run's output must hold it after a batch.
+const READ_MAX_FILE_BYTES: u64 = MAX_READ_BYTES as u64 - READ_BATCH_BYTES - 4096;
 /// Host tasks gVisor's sentry needs besides the sandbox's own processes (measured: 64
 /// idle, about 8 more per process on the ptrace platform).
 const GVISOR_BASE_TASKS: i64 = 256;
@@ -840,6 +842,17 @@ pub(crate) struct Warm {
     pending: PendingContainer,
 }
 
+impl Drop for Warm {
+    fn drop(&mut self) {
+        // Not handed out and not removed: `pending` removes the container; forget it.
+        if self.pending.docker.is_some()
+            && let Ok(mut live) = self.live.lock()
+        {
+            live.remove(&self.id);
+        }
+    }
+}
+
 impl std::fmt::Debug for Warm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Warm").field("id", &self.id).finish()
@@ -937,6 +950,15 @@ impl Warm {
 
     pub(crate) fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Removes the container (never handed out) and forgets it.
+    pub(crate) async fn remove(mut self) {
+        self.pending.docker = None;
+        remove_container(&self.docker, &self.id).await;
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(&self.id);
+        }
     }
 
     /// True while the container is running (a pooled one may have been removed or
@@ -1394,9 +1416,18 @@ fn kind_of(text: &str) -> FileKind {
     }
 }
 
-/// The answers of one `readmany` run, appended to `read`; stops at a "later" (the rest
-/// goes to the next run). `None` when the answer is malformed.
-fn parse_reads(mut out: &[u8], read: &mut Vec<FileRead>) -> Option<()> {
+/// How a `readmany` run ended.
+#[derive(Debug, PartialEq, Eq)]
+enum ReadsEnd {
+    /// Every answer is in (or a "later": the rest goes to the next run).
+    Done,
+    /// The next path failed with this errno.
+    Failed(i32),
+}
+
+/// The answers of one `readmany` run, appended to `read`. `None` when the answer is
+/// malformed.
+fn parse_reads(mut out: &[u8], read: &mut Vec<FileRead>) -> Option<ReadsEnd> {
     while !out.is_empty() {
         let end = out.iter().position(|&b| b == b'\n')?;
         let header: serde_json::Value = serde_json::from_slice(&out[..end]).ok()?;
@@ -1410,11 +1441,15 @@ fn parse_reads(mut out: &[u8], read: &mut Vec<FileRead>) -> Option<()> {
             "missing" => read.push(FileRead::Missing),
             "notfile" => read.push(FileRead::NotFile),
             "toolarge" => read.push(FileRead::TooLarge(header["n"].as_u64()?)),
-            "later" => return out.is_empty().then_some(()),
+            "later" => return out.is_empty().then_some(ReadsEnd::Done),
+            "error" => {
+                let errno = i32::try_from(header["errno"].as_i64()?).ok()?;
+                return out.is_empty().then_some(ReadsEnd::Failed(errno));
+            }
             _ => return None,
         }
     }
-    Some(())
+    Some(ReadsEnd::Done)
 }
 
 fn bad_answer(op: &str, path: &Path) -> EnvError {
@@ -1535,8 +1570,13 @@ impl FileSystem for DockerSandbox {
         max_bytes: u64,
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<FileRead>> {
-        // One answer must fit what a helper run may print.
-        let max_bytes = max_bytes.min(READ_BATCH_BYTES);
+        // One file must fit what a helper run may print.
+        if max_bytes > READ_MAX_FILE_BYTES {
+            return Err(EnvError::invalid(format!(
+                "read_files: a cap of {max_bytes} bytes is over the {} backend's {READ_MAX_FILE_BYTES}",
+                self.inner.runtime.backend()
+            )));
+        }
         let mut read = Vec::with_capacity(paths.len());
         while read.len() < paths.len() {
             let rest = &paths[read.len()..];
@@ -1549,8 +1589,23 @@ impl FileSystem for DockerSandbox {
                 .fs_op("readmany", &args, Some(stdin), shown, cancel)
                 .await?;
             let before = read.len();
-            parse_reads(&out, &mut read).ok_or_else(|| bad_answer("readmany", shown))?;
-            if read.len() == before || read.len() > paths.len() {
+            let end = parse_reads(&out, &mut read).ok_or_else(|| bad_answer("readmany", shown))?;
+            if read.len() > paths.len() {
+                return Err(bad_answer("readmany", shown));
+            }
+            if let ReadsEnd::Failed(errno) = end {
+                let failed = paths.get(read.len()).unwrap_or(shown);
+                return Err(EnvError::new(
+                    ErrorCode::from_errno(errno),
+                    format!(
+                        "read {}: {}",
+                        failed.display(),
+                        std::io::Error::from_raw_os_error(errno)
+                    ),
+                )
+                .with_path(failed));
+            }
+            if read.len() == before {
                 return Err(bad_answer("readmany", shown));
             }
         }
@@ -1744,7 +1799,7 @@ mod tests {
             // 100 bytes a run: two 40-byte files each, the next goes to the next run.
             let out = readmany(&rest, 64, 100);
             let before = read.len();
-            parse_reads(&out, &mut read).unwrap();
+            assert_eq!(parse_reads(&out, &mut read), Some(ReadsEnd::Done));
             assert!(read.len() > before);
             runs += 1;
         }
@@ -1767,6 +1822,14 @@ mod tests {
         let mut read = Vec::new();
         parse_reads(&readmany(&[&files[0]], 64, 100), &mut read).unwrap();
         assert_eq!(read, vec![FileRead::TooLarge(65)]);
+        // A file that cannot be opened ends the run with its errno, after what came
+        // before it (a name too long: an errno root gets too).
+        let unopenable = dir.path().join("n".repeat(300));
+        let mut read = Vec::new();
+        let out = readmany(&[&files[1], &unopenable, &files[2]], 64, 100);
+        let end = parse_reads(&out, &mut read).unwrap();
+        assert_eq!(end, ReadsEnd::Failed(libc::ENAMETOOLONG));
+        assert_eq!(read, vec![content(1)]);
         // A malformed answer is refused, not half-read.
         assert!(parse_reads(b"{\"s\":\"ok\",\"n\":5}\nabc", &mut Vec::new()).is_none());
     }

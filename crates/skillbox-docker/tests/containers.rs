@@ -669,3 +669,44 @@ async fn a_pool_hands_out_each_started_container_once() {
     }
     panic!("containers left after shutdown: {:?}", ours(&docker).await);
 }
+
+/// Shutdown right after the pool starts filling, and then the process's runtime goes
+/// (as when `serve` returns): the containers still being started are removed before
+/// shutdown returns, not left behind by starts the runtime's end cut short.
+#[test]
+fn shutdown_removes_pooled_containers_still_starting() {
+    let test = "shutdown_removes_pooled_containers_still_starting";
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let serving = runtime();
+    let ran = serving.block_on(async {
+        let Some(backend) = backend(Runtime::Runc, test).await else {
+            return false;
+        };
+        let backend = backend.with_pool(3, &spec()).unwrap();
+        // Let the creates reach the daemon, but (mostly) not finish.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        backend.shutdown().await;
+        assert_eq!(backend.pooled(), 0);
+        true
+    });
+    // Whatever is still running on it is cut short here.
+    drop(serving);
+    if !ran {
+        return;
+    }
+    runtime().block_on(async {
+        let docker = docker().await;
+        let left = ours(&docker).await;
+        assert!(left.is_empty(), "left after shutdown: {left:?}");
+        // Nor does one appear later from a create the daemon had already accepted.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let late = ours(&docker).await;
+        assert!(late.is_empty(), "appeared after shutdown: {late:?}");
+    });
+}

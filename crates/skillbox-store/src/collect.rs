@@ -22,6 +22,9 @@ const SCRATCH_DIR: &str = ".tmp";
 /// Entries (files, directories, links) a workspace may hold for a collection to list it.
 const MAX_ENTRIES: usize = 100_000;
 
+/// Bytes (as listed) read together in one `read_files` call.
+const READ_CHUNK_BYTES: u64 = 64 << 20;
+
 /// How many puts [`store_all`] runs at once.
 const PARALLEL_PUTS: usize = 4;
 
@@ -105,7 +108,7 @@ pub async fn collect_artifacts(
         return Err(EnvError::aborted("collect").into());
     }
     let inputs = relative_inputs(&root, inputs);
-    let mut files: Vec<(String, Option<&str>)> = Vec::new();
+    let mut files: Vec<(String, Option<&str>, u64)> = Vec::new();
     // Judged by the sizes listed, before anything is read: a file over the cap, one new
     // file too many, or new files over the total fail without being read.
     let (mut new_files, mut listed_total) = (0usize, 0u64);
@@ -130,15 +133,40 @@ pub async fn collect_artifacts(
             }
             listed_total = checked_total(listed_total, entry.size, &entry.path, limits)?;
         }
-        files.push((entry.path, input));
+        files.push((entry.path, input, entry.size));
     }
-    let paths: Vec<PathBuf> = files.iter().map(|(rel, _)| root.join(rel)).collect();
-    let read = env
-        .read_files(&paths, limits.max_file_bytes, cancel)
-        .await?;
     let mut collected = Vec::new();
     let mut total: u64 = 0;
-    for ((rel, input), read) in files.into_iter().zip(read) {
+    // Read in chunks, the limits checked after each: inputs are not in the listed total
+    // (an unchanged one does not count), so what is held stays near the collected total
+    // plus one chunk, whatever the inputs have become.
+    let mut files = files.into_iter().peekable();
+    while files.peek().is_some() {
+        let mut chunk = Vec::new();
+        let mut chunk_bytes = 0u64;
+        while let Some((rel, input, size)) = files.next_if(|_| chunk_bytes < READ_CHUNK_BYTES) {
+            chunk_bytes += size.max(1);
+            chunk.push((rel, input));
+        }
+        let paths: Vec<PathBuf> = chunk.iter().map(|(rel, _)| root.join(rel)).collect();
+        let read = env
+            .read_files(&paths, limits.max_file_bytes, cancel)
+            .await?;
+        collect_chunk(chunk, read, limits, &mut collected, &mut total)?;
+    }
+    collected.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(collected)
+}
+
+/// Adds what one chunk read to `collected`, with the limits.
+fn collect_chunk(
+    chunk: Vec<(String, Option<&str>)>,
+    read: Vec<FileRead>,
+    limits: CollectLimits,
+    collected: &mut Vec<CollectedFile>,
+    total: &mut u64,
+) -> Result<(), StoreError> {
+    for ((rel, input), read) in chunk.into_iter().zip(read) {
         let bytes = match read {
             FileRead::Content(bytes) => bytes,
             // Gone, or replaced by something else, since the listing.
@@ -158,7 +186,7 @@ pub async fn collect_artifacts(
             });
         }
         let size = bytes.len() as u64;
-        total = checked_total(total, size, &rel, limits)?;
+        *total = checked_total(*total, size, &rel, limits)?;
         collected.push(CollectedFile {
             content_type: content_type(&rel).to_string(),
             path: rel,
@@ -167,8 +195,7 @@ pub async fn collect_artifacts(
             bytes: Bytes::from(bytes),
         });
     }
-    collected.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(collected)
+    Ok(())
 }
 
 fn too_large(rel: &str, size: u64, limits: CollectLimits) -> StoreError {

@@ -297,6 +297,8 @@ struct Tripwire {
     inner: HostEnv,
     forbidden: BTreeSet<PathBuf>,
     tripped: Mutex<Vec<PathBuf>>,
+    /// Bytes handed out by reads.
+    bytes_read: std::sync::atomic::AtomicU64,
 }
 
 impl Tripwire {
@@ -350,7 +352,10 @@ impl FileSystem for Tripwire {
     }
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
         self.check(path)?;
-        self.inner.read_bytes(path, cancel).await
+        let bytes = self.inner.read_bytes(path, cancel).await?;
+        self.bytes_read
+            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::SeqCst);
+        Ok(bytes)
     }
     async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
         self.inner.write(path, data, cancel).await
@@ -442,6 +447,7 @@ impl Workspace {
             inner: HostEnv::new(&root, dir.path().join("tmp")),
             forbidden: forbidden.iter().map(|p| root.join(p)).collect(),
             tripped: Mutex::new(Vec::new()),
+            bytes_read: Default::default(),
         };
         Workspace {
             _dir: dir,
@@ -808,4 +814,31 @@ async fn store_all_puts_every_file_and_keeps_the_order() {
             "contentType": PPTX,
         })
     );
+}
+
+/// Inputs do not count toward the total until read, and each may have become anything
+/// (here: hard links to one big file). The collection reads in chunks and fails on the
+/// total after a chunk, not after reading every input.
+#[tokio::test]
+async fn changed_inputs_are_read_in_chunks_not_all_at_once() {
+    let ws = Workspace::new();
+    let mib = 1u64 << 20;
+    ws.write("big.bin", &vec![1u8; (10 * mib) as usize]);
+    let mut inputs = BTreeMap::new();
+    for i in 0..30 {
+        let name = format!("in{i:02}.txt");
+        std::fs::hard_link(ws.root.join("big.bin"), ws.root.join(&name)).unwrap();
+        inputs.insert(PathBuf::from(&name), sha256_hex(b""));
+    }
+    std::fs::remove_file(ws.root.join("big.bin")).unwrap();
+    let limits = CollectLimits {
+        max_files: 1000,
+        max_total_bytes: 15 * mib,
+        max_file_bytes: 16 * mib,
+    };
+    let err = ws.collect(&inputs, limits).await.unwrap_err();
+    assert_limit(&err, "max_total_bytes", "in01.txt");
+    let read = ws.env.bytes_read.load(std::sync::atomic::Ordering::SeqCst);
+    // One chunk (64 MiB as listed, so 7 of the 10 MiB files), not all 300 MiB.
+    assert!(read <= 70 * mib, "read {read} bytes");
 }

@@ -166,8 +166,11 @@ def main(op, args):
             except OSError as e:
                 if e.errno == errno.ELOOP:
                     out.write(b'{"s":"notfile"}\n')
-                    continue
-                raise
+                else:
+                    # This file's error, named by the caller; the rest is not read.
+                    out.write(json.dumps({'s': 'error', 'errno': e.errno or 0}).encode() + b'\n')
+                    return None
+                continue
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
@@ -180,12 +183,16 @@ def main(op, args):
                     out.write(b'{"s":"later"}\n')
                     return None
                 chunks, got = [], 0
-                while got <= limit:
-                    chunk = os.read(fd, min(1 << 20, limit + 1 - got))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    got += len(chunk)
+                try:
+                    while got <= limit:
+                        chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                        got += len(chunk)
+                except OSError as e:
+                    out.write(json.dumps({'s': 'error', 'errno': e.errno or 0}).encode() + b'\n')
+                    return None
                 data = b''.join(chunks)
             finally:
                 os.close(fd)
