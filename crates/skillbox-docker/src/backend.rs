@@ -379,8 +379,8 @@ impl DockerBackend {
     /// Removes every container this backend made that is still there (for a server
     /// that shuts down while runs are in flight).
     pub async fn shutdown(&self) {
-        // The pool's containers are in `live` too; they are removed below, and the
-        // guards dropped after that find them gone.
+        // Closed first, so no refill adds to the pool any more; what it holds is removed
+        // here, and what is still starting is removed by its refill, awaited below.
         let pooled: Vec<Warm> = match self.pool.as_ref().map(|pool| pool.state.lock()) {
             Some(Ok(mut state)) => {
                 state.closed = true;
