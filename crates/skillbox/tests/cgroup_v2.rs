@@ -32,8 +32,9 @@ const MODULES: [&str; 3] = ["virtio_pci", "9pnet_virtio", "9p"];
 const USER: u32 = 1000;
 
 /// The guest's `/init`: mounts the host's root (9p, read-only) with fresh proc, sys,
-/// dev, tmp and a v2-only `/sys/fs/cgroup`, then switches to it (a chroot would keep
-/// user namespaces from being created) and runs the script the test wrote.
+/// dev, a v2-only `/sys/fs/cgroup` and a scratch tmpfs (on a host directory that does
+/// not hold the binary under test, named in `/scratch`), then switches to it (a chroot
+/// would keep user namespaces from being created) and runs the script the test wrote.
 const INIT: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
 $B mount -t proc proc /proc
@@ -49,15 +50,15 @@ $B mount -t proc proc $H/proc
 $B mount -t sysfs sys $H/sys
 $B mount -t cgroup2 cgroup2 $H/sys/fs/cgroup
 $B mount -t devtmpfs dev $H/dev
-$B mount -t tmpfs tmp $H/tmp
-$B cp /script $H/tmp/script
-exec $B switch_root $H /bin/sh /tmp/script
+$B mount -t tmpfs tmpfs $H$($B cat /scratch)
+$B cp /script $H$($B cat /scratch)/script
+exec $B switch_root $H /bin/sh $($B cat /scratch)/script
 "#;
 
 /// What the guest runs, as root in the root cgroup and then as `USER` in a delegated
 /// subtree. Results go to the second serial port, one `@@name value` line each (the
 /// console carries the kernel's messages, which could interleave).
-fn script(bin: &str) -> String {
+fn script(bin: &str, scratch: &str) -> String {
     format!(
         r#"exec 3>/dev/ttyS1
 S={bin}
@@ -65,7 +66,7 @@ S={bin}
 BOMB='head -c 100000000 /dev/zero | tail | wc -c'
 mark() {{ name=$1; shift; printf '@@%s ' "$name" >&3; "$@" 2>&1 | tr -d '\n' >&3; echo >&3; }}
 left() {{ find /sys/fs/cgroup -mindepth 1 -type d -name 'skillbox-*' ! -name skillbox-supervisor | tr '\n' ' '; }}
-as_root() {{ "$S" --data-dir /tmp/root "$@"; }}
+as_root() {{ "$S" --data-dir {scratch}/root "$@"; }}
 mark kernel uname -r
 mark controllers cat /sys/fs/cgroup/cgroup.controllers
 mark root_doctor as_root doctor --json
@@ -78,13 +79,13 @@ mark root_left left
 # Delegation, as `systemd-run --scope -p Delegate=yes` gives it: each run starts alone
 # in a fresh cgroup that the user owns, with its control files.
 echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control
-mkdir /tmp/user
-chown {USER}:{USER} /tmp/user
+mkdir {scratch}/user
+chown {USER}:{USER} {scratch}/user
 as_user() {{
   scope=$(mktemp -d -p /sys/fs/cgroup user.XXXXXX)
   chown {USER}:{USER} "$scope" "$scope/cgroup.procs" "$scope/cgroup.subtree_control" "$scope/cgroup.threads"
   sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$scope" \
-    env HOME=/tmp/user setpriv --reuid {USER} --regid {USER} --clear-groups "$S" --data-dir /tmp/user/data "$@"
+    env HOME={scratch}/user setpriv --reuid {USER} --regid {USER} --clear-groups "$S" --data-dir {scratch}/user/data "$@"
 }}
 mark user_id setpriv --reuid {USER} --regid {USER} --clear-groups id -u
 mark user_doctor as_user doctor --json
@@ -97,12 +98,23 @@ mark user_left left
 # controllers down, and doctor says why and what to do.
 shared=$(mktemp -d -p /sys/fs/cgroup user.XXXXXX)
 chown {USER}:{USER} "$shared" "$shared/cgroup.procs" "$shared/cgroup.subtree_control" "$shared/cgroup.threads"
-mark user_shared sh -c 'echo $$ > "$1/cgroup.procs"; env HOME=/tmp/user setpriv --reuid {USER} --regid {USER} --clear-groups "$2" --data-dir /tmp/user/data doctor --json' sh "$shared" "$S"
+mark user_shared sh -c 'echo $$ > "$1/cgroup.procs"; env HOME={scratch}/user setpriv --reuid {USER} --regid {USER} --clear-groups "$2" --data-dir {scratch}/user/data doctor --json' sh "$shared" "$S"
 mark done true
 echo o > /proc/sysrq-trigger
 sleep 30
 "#
     )
+}
+
+/// A host directory for the guest's scratch tmpfs: one that exists (a mount point on
+/// the read-only root) and does not hold the binary under test, which the tmpfs would
+/// hide.
+fn scratch_dir() -> String {
+    ["/run", "/srv", "/mnt", "/opt", "/media", "/tmp"]
+        .into_iter()
+        .find(|dir| Path::new(dir).is_dir() && !Path::new(BIN).starts_with(dir))
+        .expect("a directory for the guest's scratch space")
+        .to_string()
 }
 
 /// Why this host cannot boot the guest, if it cannot.
@@ -281,7 +293,9 @@ fn boot(
     }
     fs::write(root.join("modules/order"), names).unwrap();
     write_executable(&root.join("init"), INIT);
-    fs::write(root.join("script"), script(BIN)).unwrap();
+    let scratch = scratch_dir();
+    fs::write(root.join("scratch"), &scratch).unwrap();
+    fs::write(root.join("script"), script(BIN, &scratch)).unwrap();
     let initrd = dir.join("initrd.gz");
     initramfs(&root, &initrd);
 
