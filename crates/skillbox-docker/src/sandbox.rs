@@ -964,14 +964,7 @@ impl Warm {
     /// True while the container is running (a pooled one may have been removed or
     /// killed from outside since it started).
     pub(crate) async fn is_running(&self) -> bool {
-        match self
-            .docker
-            .inspect_container(&self.id, None::<InspectContainerOptions>)
-            .await
-        {
-            Ok(info) => info.state.and_then(|s| s.running).unwrap_or(false),
-            Err(_) => false,
-        }
+        is_running(&self.docker, &self.id).await
     }
 
     /// The sandbox, with `limits` for its execs (its container's limits were set at
@@ -1053,12 +1046,13 @@ async fn container_oom_killed(inner: &Inner) -> bool {
 
 /// False once the container has stopped (or is gone).
 async fn container_running(inner: &Inner) -> bool {
-    match inner
-        .docker
-        .inspect_container(
-            &inner.id,
-            None::<bollard::query_parameters::InspectContainerOptions>,
-        )
+    is_running(&inner.docker, &inner.id).await
+}
+
+/// False once container `id` has stopped (or is gone).
+async fn is_running(docker: &Docker, id: &str) -> bool {
+    match docker
+        .inspect_container(id, None::<InspectContainerOptions>)
         .await
     {
         Ok(info) => info.state.and_then(|s| s.running).unwrap_or(false),
