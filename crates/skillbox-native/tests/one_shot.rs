@@ -5,19 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+mod common;
+
 use skillbox_env::SandboxSpec;
 use skillbox_env::testkit::Made;
 use skillbox_native::NativeBackend;
 
 async fn make_env(spec: SandboxSpec) -> Made {
-    let report = skillbox_native::probe();
-    if !report.available {
-        return Err(format!(
-            "native sandbox unavailable here: {}",
-            report.reason.unwrap_or_default()
-        ));
-    }
-    let data = tempfile::tempdir().map_err(|e| e.to_string())?.keep();
+    let data = common::data_dir()?;
     let sandbox = NativeBackend::new(&data)
         .create_blocking(spec)
         .map_err(|e| e.to_string())?;
