@@ -343,10 +343,10 @@ impl DockerBackend {
     async fn take_pooled(&self, config: &ContainerCreateBody) -> Option<Warm> {
         let pool = self.pool.as_ref().filter(|pool| pool.config == *config)?;
         loop {
-            // Also after failed refills (once the backoff is over): the pool recovers.
+            let warm = pool.state.lock().ok()?.ready.pop();
+            // Its place, or after failed refills (once the backoff is over) the pool's.
             self.refill();
-            let warm = pool.state.lock().ok()?.ready.pop()?;
-            self.refill();
+            let warm = warm?;
             if warm.is_running().await {
                 return Some(warm);
             }
