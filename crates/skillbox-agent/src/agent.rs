@@ -7,16 +7,17 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::json;
-use skillbox_client::{ArtifactInfo, Language};
 use skillbox_env::{
-    CancellationToken, EnvError, ExecRequest, ExecutionEnv, FileSystem, Limits, Mount,
+    BackendKind, CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits,
     SandboxPolicy, SandboxSpec,
 };
-use skillbox_native::NativeBackend;
-use skillbox_run::{NODE_MODULES, NodeRuntime, script_command, script_name};
-use skillbox_store::{ArtifactStore, CollectLimits, CollectedFile, collect_artifacts, store_all};
+use skillbox_protocol::{
+    AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, Usage, Verification,
+};
+use skillbox_run::{RunError, Runner, script_command, script_name};
+use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
 
-use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec, Usage};
+use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec};
 use crate::skills::Skill;
 
 const WORKSPACE: &str = "/workspace";
@@ -39,6 +40,8 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// Characters of stdout/stderr fed back per run (the tail is kept).
     pub output_budget: usize,
+    /// Which sandbox the scripts run in.
+    pub backend: BackendKind,
 }
 
 impl Default for AgentConfig {
@@ -52,46 +55,9 @@ impl Default for AgentConfig {
                 ..Limits::default()
             },
             output_budget: 4000,
+            backend: BackendKind::Native,
         }
     }
-}
-
-/// How a `.pptx` artifact fared in verification.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Verification {
-    pub path: String,
-    pub ok: bool,
-    pub slides: Option<usize>,
-    pub error: Option<String>,
-}
-
-/// One script run, as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Attempt {
-    pub number: u32,
-    pub language: Language,
-    pub script: String,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub stdout: String,
-    pub stderr: String,
-    pub duration_ms: u64,
-    /// Tokens of the model turn that asked for this run, when reported.
-    pub usage: Option<Usage>,
-    pub files: Vec<String>,
-    pub verification: Vec<Verification>,
-    /// True when the run exited 0 and every artifact passed verification.
-    pub succeeded: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AgentStatus {
-    Succeeded,
-    Failed,
 }
 
 /// How the run ended.
@@ -113,13 +79,6 @@ pub struct AgentOutcome {
     /// than by its own bounds; the attempts made until then are kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
-}
-
-/// An error, as a stable code and a message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ErrorInfo {
-    pub code: String,
-    pub message: String,
 }
 
 /// What the loop reports as it goes (for live output).
@@ -149,28 +108,30 @@ pub enum AgentError {
 
 impl AgentError {
     /// The stable error code on the wire.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            AgentError::EmptyPrompt => "invalid",
-            AgentError::Provider(ProviderError::Cancelled) | AgentError::Cancelled => "aborted",
-            AgentError::Provider(ProviderError::Timeout(_)) => "timeout",
-            AgentError::Provider(ProviderError::Config(_)) => "invalid",
-            AgentError::Provider(ProviderError::Transcript(_)) => "invalid",
-            AgentError::Provider(_) => "unavailable",
-            AgentError::Sandbox(e) => e.code.as_str(),
-            AgentError::Runtime(_) => "unavailable",
-            AgentError::Store(_) => "unknown",
+            AgentError::EmptyPrompt => ErrorCode::Invalid,
+            AgentError::Provider(ProviderError::Cancelled) | AgentError::Cancelled => {
+                ErrorCode::Aborted
+            }
+            AgentError::Provider(ProviderError::Timeout(_)) => ErrorCode::Timeout,
+            AgentError::Provider(ProviderError::Config(_) | ProviderError::Transcript(_)) => {
+                ErrorCode::Invalid
+            }
+            AgentError::Provider(_) => ErrorCode::Unavailable,
+            AgentError::Sandbox(e) => e.code,
+            AgentError::Runtime(_) => ErrorCode::Unavailable,
+            AgentError::Store(_) => ErrorCode::Unknown,
         }
     }
 }
 
-/// Runs agent sessions: a model, a sandbox per session, an artifact store.
+/// Runs agent sessions: a model, and a sandbox per session from the runner's backends,
+/// whose files go to the runner's artifact store.
 #[derive(Debug)]
 pub struct Agent {
     provider: Arc<dyn ModelProvider>,
-    store: ArtifactStore,
-    native: NativeBackend,
-    node: NodeRuntime,
+    runner: Arc<Runner>,
 }
 
 fn tools() -> Vec<ToolSpec> {
@@ -408,7 +369,7 @@ impl Session<'_> {
             .exec(request, self.cancel)
             .await
             .map_err(|e| match e.code {
-                skillbox_env::ErrorCode::Aborted => AgentError::Cancelled,
+                ErrorCode::Aborted => AgentError::Cancelled,
                 _ => AgentError::Sandbox(e),
             })?;
         // Files over the collection limits fail the attempt, with the reason fed back.
@@ -422,12 +383,10 @@ impl Session<'_> {
         .await
         {
             Ok(files) => (files, None),
-            Err(e) if e.code() == skillbox_env::ErrorCode::Aborted => {
+            Err(e) if e.code() == ErrorCode::Aborted => {
                 return Err(AgentError::Cancelled);
             }
-            Err(e) if e.code() == skillbox_env::ErrorCode::ResourceExhausted => {
-                (Vec::new(), Some(e.to_string()))
-            }
+            Err(e) if e.code() == ErrorCode::ResourceExhausted => (Vec::new(), Some(e.to_string())),
             Err(e) => return Err(AgentError::Store(e.to_string())),
         };
         let mut verification = verify(&files);
@@ -485,13 +444,8 @@ impl Session<'_> {
 }
 
 impl Agent {
-    pub fn new(provider: Arc<dyn ModelProvider>, store: ArtifactStore, data_dir: &Path) -> Self {
-        Agent {
-            provider,
-            store,
-            native: NativeBackend::new(data_dir),
-            node: NodeRuntime::new(data_dir),
-        }
+    pub fn new(provider: Arc<dyn ModelProvider>, runner: Arc<Runner>) -> Self {
+        Agent { provider, runner }
     }
 
     /// One session: a fresh sandbox, the skill as the system prompt, the loop.
@@ -506,28 +460,27 @@ impl Agent {
         if prompt.trim().is_empty() {
             return Err(AgentError::EmptyPrompt);
         }
-        self.node
-            .ensure(&|line| tracing::info!("{line}"))
+        let mut policy = SandboxPolicy::default();
+        self.runner
+            .runtime_mount(config.backend, &mut policy)
             .await
-            .map_err(|e| AgentError::Runtime(e.to_string()))?;
-        let policy = SandboxPolicy {
-            read_only_mounts: vec![Mount {
-                host: self.node.node_modules(),
-                sandbox: NODE_MODULES.into(),
-            }],
-        };
+            .map_err(|e| match e {
+                RunError::Unavailable(message) => AgentError::Runtime(message),
+                other => AgentError::Sandbox(EnvError::new(other.code(), other.to_string())),
+            })?;
         let spec = SandboxSpec {
             workspace: None,
             limits: config.limits.clone(),
             policy,
         };
         let env = self
-            .native
-            .create(spec)
+            .runner
+            .backends()
+            .create(config.backend, spec)
             .await
             .map_err(AgentError::Sandbox)?;
         let result = self
-            .session(&env, prompt, skill, config, cancel, report)
+            .session(env.as_ref(), prompt, skill, config, cancel, report)
             .await;
         if let Err(e) = env.cleanup().await {
             tracing::warn!(error = %e, "agent: sandbox cleanup failed");
@@ -570,7 +523,7 @@ impl Agent {
             // Any other error ends the run, but keeps what was tried until then.
             Err(e) => {
                 let info = ErrorInfo {
-                    code: e.code().into(),
+                    code: e.code(),
                     message: e.to_string(),
                 };
                 (AgentStatus::Failed, e.to_string(), Some(info))
@@ -581,7 +534,7 @@ impl Agent {
             .take()
             .filter(|_| status == AgentStatus::Succeeded)
         {
-            Some(files) => store_all(&self.store, files)
+            Some(files) => store_all(self.runner.store(), files)
                 .await
                 .map_err(|e| AgentError::Store(e.to_string()))?
                 .into_iter()

@@ -13,9 +13,8 @@ pub mod openai;
 mod provider;
 mod skills;
 
-pub use agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, AgentOutcome, AgentStatus, Attempt, Verification,
-};
+pub use agent::{Agent, AgentConfig, AgentError, AgentEvent, AgentOutcome};
 pub use loopback::LoopbackProvider;
-pub use provider::{Message, ModelProvider, ProviderError, Reply, Role, ToolCall, ToolSpec, Usage};
+pub use provider::{Message, ModelProvider, ProviderError, Reply, Role, ToolCall, ToolSpec};
+pub use skillbox_protocol::{AgentStatus, Attempt, Usage, Verification};
 pub use skills::{SKILL_NAMES, Skill, builtin_skill};

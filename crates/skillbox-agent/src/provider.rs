@@ -75,13 +75,7 @@ pub struct ToolSpec {
     pub parameters: serde_json::Value,
 }
 
-/// Token counts, when the provider reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-}
+pub use skillbox_protocol::Usage;
 
 /// The model's answer: an assistant message, and usage if known.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,8 +5,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use crate::types::{ApiError, MAX_TIMEOUT_MS, RunRequest, RunResult};
-use crate::{ClientError, SkillSandbox};
+use crate::{
+    ApiError, ClientError, ErrorCode, MAX_TIMEOUT_MS, RunRequest, RunResult, SkillSandbox,
+};
 
 /// Talks to `skillbox serve` at `base` (e.g. `http://127.0.0.1:8080`).
 #[derive(Debug, Clone)]
@@ -20,7 +21,7 @@ impl HttpSkillSandbox {
         let base = base.into().trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(ClientError::new(
-                "invalid",
+                ErrorCode::Invalid,
                 format!("remote URL {base:?}: must start with http:// or https://"),
             ));
         }
@@ -28,7 +29,7 @@ impl HttpSkillSandbox {
             // The longest run, plus time to store and answer.
             .timeout(Duration::from_millis(MAX_TIMEOUT_MS + 60_000))
             .build()
-            .map_err(|e| ClientError::new("unavailable", format!("http client: {e}")))?;
+            .map_err(|e| ClientError::new(ErrorCode::Unavailable, format!("http client: {e}")))?;
         Ok(HttpSkillSandbox { base, http })
     }
 
@@ -38,7 +39,7 @@ impl HttpSkillSandbox {
         match serde_json::from_str::<ApiError>(&body) {
             Ok(api) => ClientError::new(api.error.code, api.error.message),
             Err(_) => ClientError::new(
-                "unknown",
+                ErrorCode::Unknown,
                 format!(
                     "HTTP {status}: {}",
                     body.chars().take(500).collect::<String>()
@@ -48,7 +49,7 @@ impl HttpSkillSandbox {
     }
 
     fn transport(&self, e: reqwest::Error) -> ClientError {
-        ClientError::new("unavailable", format!("{}: {e}", self.base))
+        ClientError::new(ErrorCode::Unavailable, format!("{}: {e}", self.base))
     }
 }
 
@@ -67,7 +68,7 @@ impl SkillSandbox for HttpSkillSandbox {
         }
         response.json::<RunResult>().await.map_err(|e| {
             ClientError::new(
-                "invalid",
+                ErrorCode::Invalid,
                 format!("{}: the answer is not a RunResult: {e}", self.base),
             )
         })

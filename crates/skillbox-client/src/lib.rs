@@ -1,14 +1,13 @@
-//! The contract of `POST /v1/run` (DESIGN.md §5) as Rust types, the `SkillSandbox`
-//! trait every way of running a script implements, and `HttpSkillSandbox`, which talks
-//! to a `skillbox serve` over HTTP.
+//! The `SkillSandbox` trait every way of running a script implements, and
+//! `HttpSkillSandbox`, which talks to a `skillbox serve` over HTTP. The wire types come
+//! from `skillbox-protocol`; nothing here pulls in a sandbox.
 
 mod http;
-mod types;
 
 pub use http::HttpSkillSandbox;
-pub use types::{
-    ApiError, ApiErrorBody, ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS,
-    RunRequest, RunResult,
+pub use skillbox_protocol::{
+    ApiError, ApiErrorBody, ArtifactInfo, BackendKind, Encoding, ErrorCode, FileInput, Language,
+    MAX_TIMEOUT_MS, RunRequest, RunResult,
 };
 
 use async_trait::async_trait;
@@ -18,15 +17,14 @@ use bytes::Bytes;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ClientError {
-    /// An `ErrorCode` name or an HTTP kind (`payload_too_large`, `overloaded`, …).
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
 }
 
 impl ClientError {
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ClientError {
-            code: code.into(),
+            code,
             message: message.into(),
         }
     }

@@ -4,11 +4,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, SystemInfo};
 use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
-use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
-use skillbox_native::Layer;
+use skillbox_env::{
+    Backend, BackendKind, BackendReport, EnvError, EnvResult, ErrorCode, ExecutionEnv, Layer,
+    SandboxSpec,
+};
 use tokio_util::task::TaskTracker;
 
 use crate::sandbox::{DockerSandbox, Warm, container_config};
@@ -27,11 +30,11 @@ pub enum Runtime {
 }
 
 impl Runtime {
-    /// The skillbox backend name.
-    pub fn backend(self) -> &'static str {
+    /// The skillbox backend kind.
+    pub fn backend(self) -> BackendKind {
         match self {
-            Runtime::Runc => "docker",
-            Runtime::Runsc => "gvisor",
+            Runtime::Runc => BackendKind::Docker,
+            Runtime::Runsc => BackendKind::Gvisor,
         }
     }
 
@@ -110,14 +113,6 @@ const REFILL_BACKOFF: Duration = Duration::from_secs(5);
 /// How long shutdown waits for refills in flight.
 const REFILL_WAIT: Duration = Duration::from_secs(60);
 
-/// What `doctor` shows for a docker backend.
-#[derive(Debug, Clone)]
-pub struct DockerReport {
-    pub available: bool,
-    pub reason: Option<String>,
-    pub layers: BTreeMap<&'static str, Layer>,
-}
-
 fn unavailable(message: impl Into<String>) -> EnvError {
     EnvError::new(ErrorCode::Unavailable, message)
 }
@@ -128,7 +123,7 @@ pub(crate) fn daemon_address() -> String {
 }
 
 /// Says why the daemon did not answer, and what to do about it.
-pub(crate) fn daemon_error(backend: &str, error: &bollard::errors::Error) -> EnvError {
+pub(crate) fn daemon_error(backend: BackendKind, error: &bollard::errors::Error) -> EnvError {
     let address = daemon_address();
     let text = error.to_string();
     // The client's error does not always carry the OS error; for a local socket, ask
@@ -161,7 +156,7 @@ pub(crate) fn daemon_error(backend: &str, error: &bollard::errors::Error) -> Env
 
 /// Connects to the daemon named by `DOCKER_HOST` (default: the local socket) and agrees
 /// on an API version both sides speak.
-pub(crate) async fn connect(backend: &str) -> EnvResult<Docker> {
+pub(crate) async fn connect(backend: BackendKind) -> EnvResult<Docker> {
     let docker = Docker::connect_with_defaults().map_err(|e| daemon_error(backend, &e))?;
     let negotiated = tokio::time::timeout(PING_TIMEOUT, docker.negotiate_version())
         .await
@@ -185,7 +180,7 @@ fn runtimes(info: &SystemInfo) -> Vec<String> {
 
 /// Refuses a daemon whose containers get no seccomp profile (`seccomp-profile:
 /// unconfined` in its config): Docker's profile is one of the layers this backend names.
-fn check_seccomp(info: &SystemInfo, backend: &str) -> EnvResult<()> {
+fn check_seccomp(info: &SystemInfo, backend: BackendKind) -> EnvResult<()> {
     let options = info.security_options.clone().unwrap_or_default();
     let seccomp = options.iter().find(|o| o.starts_with("name=seccomp"));
     match seccomp {
@@ -206,7 +201,7 @@ fn runsc_missing() -> EnvError {
     )
 }
 
-fn image_missing(backend: &str, image: &str) -> EnvError {
+fn image_missing(backend: BackendKind, image: &str) -> EnvError {
     unavailable(format!(
         "backend {backend}: image {image} is not in the daemon; build it with `skillbox image build`"
     ))
@@ -498,19 +493,15 @@ fn owner_alive(owner: &str) -> bool {
 }
 
 /// What the docker (or gvisor) backend gives on this host, layer by layer.
-pub async fn probe(runtime: Runtime, image: &str) -> DockerReport {
+pub async fn probe(runtime: Runtime, image: &str) -> BackendReport {
     let backend = runtime.backend();
     let mut layers = BTreeMap::new();
-    let layer = |available: bool, detail: String| Layer { available, detail };
+    let layer = |available: bool, detail: String| Layer::new(available, detail);
     let docker = match connect(backend).await {
         Ok(docker) => docker,
         Err(e) => {
             layers.insert("daemon", layer(false, e.message.clone()));
-            return DockerReport {
-                available: false,
-                reason: Some(e.message),
-                layers,
-            };
+            return report(runtime, Some(e.message), layers);
         }
     };
     let version = docker
@@ -562,9 +553,38 @@ pub async fn probe(runtime: Runtime, image: &str) -> DockerReport {
     if !has_image && reason.is_none() {
         reason = Some(image_missing(backend, image).message);
     }
-    DockerReport {
-        available: reason.is_none(),
-        reason,
-        layers,
+    report(runtime, reason, layers)
+}
+
+fn report(
+    runtime: Runtime,
+    reason: Option<String>,
+    layers: BTreeMap<&'static str, Layer>,
+) -> BackendReport {
+    BackendReport {
+        layers: layers
+            .into_iter()
+            .map(|(name, layer)| (name.to_string(), layer))
+            .collect(),
+        ..BackendReport::new(runtime.backend(), reason)
+    }
+}
+
+#[async_trait]
+impl Backend for DockerBackend {
+    fn kind(&self) -> BackendKind {
+        self.runtime.backend()
+    }
+
+    async fn probe(&self) -> BackendReport {
+        probe(self.runtime, &self.image).await
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
+        Ok(Box::new(DockerBackend::create(self, spec).await?))
+    }
+
+    async fn shutdown(&self) {
+        DockerBackend::shutdown(self).await;
     }
 }

@@ -12,6 +12,7 @@ use bollard::query_parameters::CreateImageOptions;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
+use skillbox_env::BackendKind;
 use skillbox_env::{EnvError, EnvResult, ErrorCode, Limits, SandboxSpec};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -111,7 +112,7 @@ impl ImageBuilder {
 
     /// True when the daemon already has the image for this Node runtime.
     pub async fn is_current(&self, runtime_id: &str) -> bool {
-        match connect("docker").await {
+        match connect(BackendKind::Docker).await {
             Ok(docker) => docker.inspect_image(&image_tag(runtime_id)).await.is_ok(),
             Err(_) => false,
         }
@@ -126,7 +127,7 @@ impl ImageBuilder {
         progress: &(dyn Fn(&str) + Send + Sync),
     ) -> EnvResult<String> {
         let tag = image_tag(&inputs.runtime_id);
-        let docker = connect("docker").await?;
+        let docker = connect(BackendKind::Docker).await?;
         if !force && docker.inspect_image(&tag).await.is_ok() {
             progress(&format!("image {tag} is up to date"));
             return Ok(tag);
@@ -304,7 +305,7 @@ impl ImageBuilder {
                 }
                 Err(e) => {
                     writer.abort();
-                    return Err(daemon_error("docker", &e));
+                    return Err(daemon_error(BackendKind::Docker, &e));
                 }
             }
         }

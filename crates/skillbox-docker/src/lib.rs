@@ -24,7 +24,7 @@ mod backend;
 mod image;
 mod sandbox;
 
-pub use backend::{DockerBackend, DockerReport, Runtime, probe};
+pub use backend::{DockerBackend, Runtime, probe};
 pub use image::{BuildInputs, ImageBuilder, image_tag};
 pub use sandbox::DockerSandbox;
 

@@ -22,10 +22,11 @@ use bollard::query_parameters::{
 };
 use bytes::Bytes;
 use futures_util::StreamExt;
+use skillbox_env::{BackendKind, Ended, Ending};
 use skillbox_env::{
-    Boundary, CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecEvent, ExecOutput,
-    ExecRequest, ExecStream, ExecutionEnv, FileInfo, FileKind, FileRead, FileSystem, LimitKind,
-    Limits, SandboxSpec, Shell, TextLines, Truncated, WalkEntry, first_lines, too_many_entries,
+    CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecEvent, ExecRequest,
+    ExecStream, ExecutionEnv, FileInfo, FileKind, FileRead, FileSystem, LimitKind, Limits,
+    SandboxSpec, Shell, TextLines, Truncated, WalkEntry, first_lines, too_many_entries,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, OwnedMutexGuard, RwLock, mpsc};
@@ -322,7 +323,7 @@ fn workspace_owner(runtime: Runtime, dir: &Path) -> EnvResult<String> {
 }
 
 /// Maps a daemon error during a sandbox operation.
-fn op_error(backend: &str, what: &str, error: &bollard::errors::Error) -> EnvError {
+fn op_error(backend: BackendKind, what: &str, error: &bollard::errors::Error) -> EnvError {
     match error {
         bollard::errors::Error::DockerResponseServerError {
             status_code: 404 | 409,
@@ -447,7 +448,7 @@ impl DockerSandbox {
         &self.inner.id
     }
 
-    fn backend_name(&self) -> &'static str {
+    fn backend_name(&self) -> BackendKind {
         self.inner.runtime.backend()
     }
 
@@ -527,7 +528,7 @@ impl DockerSandbox {
                     .and_then(|v| v["msg"].as_str().map(str::to_string))
                     .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned());
                 Err(EnvError::new(
-                    ErrorCode::from_errno(errno),
+                    skillbox_env::errno_code(errno),
                     format!("{op} {}: {msg}", path.display()),
                 )
                 .with_path(path))
@@ -570,7 +571,7 @@ impl DockerSandbox {
 async fn collect_exec(
     docker: &Docker,
     id: &str,
-    backend: &'static str,
+    backend: BackendKind,
     what: &'static str,
     argv: Vec<String>,
     stdin: Option<Vec<u8>>,
@@ -656,7 +657,7 @@ async fn top(docker: &Docker, id: &str) -> EnvResult<Vec<(String, String)>> {
     let top = docker
         .top_processes(id, None::<bollard::query_parameters::TopOptions>)
         .await
-        .map_err(|e| op_error("docker", "list the sandbox's processes", &e))?;
+        .map_err(|e| op_error(BackendKind::Docker, "list the sandbox's processes", &e))?;
     let titles = top.titles.unwrap_or_default();
     let pid_at = titles.iter().position(|t| t == "PID");
     let cmd_at = titles.iter().position(|t| t == "CMD" || t == "COMMAND");
@@ -936,7 +937,7 @@ impl Warm {
                 return Err(e.with_path(WORKSPACE));
             }
         };
-        tracing::debug!(container = %id, backend, "docker: sandbox started");
+        tracing::debug!(container = %id, %backend, "docker: sandbox started");
         Ok(Warm {
             docker,
             id,
@@ -1318,16 +1319,17 @@ impl Shell for DockerSandbox {
                     || oom_after(&inner, ooms_before).await
                     || container_oom_killed(&inner).await;
                 remove(&inner).await;
-                let out = ExecOutput {
-                    signal: Some(libc::SIGKILL),
-                    duration_ms: started_at.elapsed().as_millis() as u64,
+                let out = Ended {
+                    ending: Ending::Killed,
+                    timed_out: false,
                     truncated: Truncated {
                         stdout: stdout.truncated,
                         stderr: stderr.truncated,
                     },
-                    limit_hit: memory.then_some(LimitKind::Memory),
-                    ..ExecOutput::default()
-                };
+                    accounted: memory.then_some(LimitKind::Memory),
+                    duration: started_at.elapsed(),
+                }
+                .output();
                 let _ = tx.send(Ok(ExecEvent::Exit(out))).await;
                 return;
             }
@@ -1341,18 +1343,9 @@ impl Shell for DockerSandbox {
                 let _ = tx.send(Err(error)).await;
                 return;
             }
-            let mut out = ExecOutput {
-                timed_out,
-                duration_ms: started_at.elapsed().as_millis() as u64,
-                truncated: Truncated {
-                    stdout: stdout.truncated,
-                    stderr: stderr.truncated,
-                },
-                ..ExecOutput::default()
-            };
-            match status {
-                Some(Status::Exit(code)) if !timed_out => out.exit_code = Some(code),
-                Some(Status::Signal(signal)) if !timed_out => out.signal = Some(signal),
+            let ending = match status {
+                Some(Status::Exit(code)) => Ending::Exited(code),
+                Some(Status::Signal(signal)) => Ending::Signaled(signal),
                 Some(Status::ExecFailed(errno)) => {
                     let what = if errno == libc::ENOENT {
                         "command not found".to_string()
@@ -1361,12 +1354,12 @@ impl Shell for DockerSandbox {
                     };
                     let line = format!("skillbox: {program}: {what}\n");
                     stderr.feed(line.as_bytes(), &tx).await;
-                    out.exit_code = Some(if errno == libc::ENOENT { 127 } else { 126 });
+                    Ending::NotStarted(errno)
                 }
                 Some(Status::CwdFailed(errno)) => {
                     let _ = tx
                         .send(Err(EnvError::new(
-                            ErrorCode::from_errno(errno),
+                            skillbox_env::errno_code(errno),
                             format!("exec: cannot use {cwd} as the working directory"),
                         )
                         .with_path(&cwd)))
@@ -1384,17 +1377,22 @@ impl Shell for DockerSandbox {
                 }
                 // Killed by us (timeout) or before the wrapper could report (the OOM killer
                 // picked the wrapper).
-                _ => out.signal = Some(libc::SIGKILL),
+                None => Ending::Killed,
+            };
+            // A SIGKILL that was not ours may be the memory cgroup's.
+            let killed = matches!(ending, Ending::Killed | Ending::Signaled(libc::SIGKILL));
+            let memory = killed && !timed_out && oom_after(&inner, ooms_before).await;
+            let out = Ended {
+                ending,
+                timed_out,
+                truncated: Truncated {
+                    stdout: stdout.truncated,
+                    stderr: stderr.truncated,
+                },
+                accounted: memory.then_some(LimitKind::Memory),
+                duration: started_at.elapsed(),
             }
-            out.limit_hit = match out.signal {
-                Some(libc::SIGXCPU) => Some(LimitKind::Cpu),
-                Some(libc::SIGXFSZ) => Some(LimitKind::FileSize),
-                Some(libc::SIGKILL) if !timed_out && oom_after(&inner, ooms_before).await => {
-                    Some(LimitKind::Memory)
-                }
-                _ => None,
-            }
-            .or((out.truncated.stdout || out.truncated.stderr).then_some(LimitKind::Output));
+            .output();
             let _ = tx.send(Ok(ExecEvent::Exit(out))).await;
         });
         Ok(stream)
@@ -1590,7 +1588,7 @@ impl FileSystem for DockerSandbox {
             if let ReadsEnd::Failed(errno) = end {
                 let failed = paths.get(read.len()).unwrap_or(shown);
                 return Err(EnvError::new(
-                    ErrorCode::from_errno(errno),
+                    skillbox_env::errno_code(errno),
                     format!(
                         "read {}: {}",
                         failed.display(),
@@ -1709,15 +1707,8 @@ async fn temp_entry(
 
 #[async_trait]
 impl ExecutionEnv for DockerSandbox {
-    fn backend(&self) -> &'static str {
-        self.backend_name()
-    }
-
-    fn boundary(&self) -> Boundary {
-        match self.inner.runtime {
-            Runtime::Runc => Boundary::Container,
-            Runtime::Runsc => Boundary::UserSpaceKernel,
-        }
+    fn kind(&self) -> BackendKind {
+        self.inner.runtime.backend()
     }
 }
 

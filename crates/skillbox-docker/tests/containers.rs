@@ -149,7 +149,7 @@ async fn check_hardened(runtime: Runtime) {
         "{entrypoint:?}"
     );
     let labels = config.labels.unwrap_or_default();
-    assert_eq!(labels[LABEL_SANDBOX], runtime.backend());
+    assert_eq!(labels[LABEL_SANDBOX], runtime.backend().as_str());
     assert!(labels[LABEL_OWNER].contains(&format!("/{}/", std::process::id())));
     // Orphans are reaped: a double-forked child that exits does not stay a zombie.
     let out = sandbox

@@ -1,80 +1,37 @@
 //! The one error type of every env operation, and the one place that maps OS errors
 //! to portable [`ErrorCode`]s.
 
-use std::fmt;
 use std::io;
 use std::path::Path;
+
+pub use skillbox_protocol::ErrorCode;
 
 /// Result of every env operation.
 pub type EnvResult<T> = Result<T, EnvError>;
 
-/// A stable, portable error code. Serialized snake_case; new codes may be added.
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    Aborted,
-    Timeout,
-    NotFound,
-    AlreadyExists,
-    PermissionDenied,
-    NotDirectory,
-    IsDirectory,
-    Invalid,
-    NotSupported,
-    ResourceExhausted,
-    Unavailable,
-    Unknown,
-}
-
-impl ErrorCode {
-    /// The snake_case name used on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::Aborted => "aborted",
-            ErrorCode::Timeout => "timeout",
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::AlreadyExists => "already_exists",
-            ErrorCode::PermissionDenied => "permission_denied",
-            ErrorCode::NotDirectory => "not_directory",
-            ErrorCode::IsDirectory => "is_directory",
-            ErrorCode::Invalid => "invalid",
-            ErrorCode::NotSupported => "not_supported",
-            ErrorCode::ResourceExhausted => "resource_exhausted",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::Unknown => "unknown",
-        }
-    }
-
-    /// Maps an errno to a code. Anything unlisted is `unknown`.
-    pub fn from_errno(errno: i32) -> ErrorCode {
-        match errno {
-            libc::ENOENT => ErrorCode::NotFound,
-            libc::EEXIST | libc::ENOTEMPTY => ErrorCode::AlreadyExists,
-            // EXDEV: openat2 refused to leave the root it was confined to.
-            libc::EACCES | libc::EPERM | libc::EROFS | libc::EXDEV => ErrorCode::PermissionDenied,
-            // ELOOP: a symlink where the operation does not follow symlinks.
-            libc::ENOTDIR | libc::ELOOP => ErrorCode::NotDirectory,
-            libc::EISDIR => ErrorCode::IsDirectory,
-            libc::EINVAL | libc::ENAMETOOLONG | libc::EBADF => ErrorCode::Invalid,
-            libc::ENOSYS | libc::EOPNOTSUPP => ErrorCode::NotSupported,
-            libc::ENOSPC
-            | libc::EDQUOT
-            | libc::EFBIG
-            | libc::EMFILE
-            | libc::ENFILE
-            | libc::ENOMEM
-            | libc::EAGAIN => ErrorCode::ResourceExhausted,
-            libc::ETIMEDOUT => ErrorCode::Timeout,
-            libc::ECANCELED | libc::EINTR => ErrorCode::Aborted,
-            _ => ErrorCode::Unknown,
-        }
-    }
-}
-
-impl fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// Maps an errno to a code; anything unlisted is `unknown`. The one errno table: every
+/// backend and the store go through it.
+pub fn errno_code(errno: i32) -> ErrorCode {
+    match errno {
+        libc::ENOENT => ErrorCode::NotFound,
+        libc::EEXIST | libc::ENOTEMPTY => ErrorCode::AlreadyExists,
+        // EXDEV: openat2 refused to leave the root it was confined to.
+        libc::EACCES | libc::EPERM | libc::EROFS | libc::EXDEV => ErrorCode::PermissionDenied,
+        // ELOOP: a symlink where the operation does not follow symlinks.
+        libc::ENOTDIR | libc::ELOOP => ErrorCode::NotDirectory,
+        libc::EISDIR => ErrorCode::IsDirectory,
+        libc::EINVAL | libc::ENAMETOOLONG | libc::EBADF => ErrorCode::Invalid,
+        libc::ENOSYS | libc::EOPNOTSUPP => ErrorCode::NotSupported,
+        libc::ENOSPC
+        | libc::EDQUOT
+        | libc::EFBIG
+        | libc::EMFILE
+        | libc::ENFILE
+        | libc::ENOMEM
+        | libc::EAGAIN => ErrorCode::ResourceExhausted,
+        libc::ETIMEDOUT => ErrorCode::Timeout,
+        libc::ECANCELED | libc::EINTR => ErrorCode::Aborted,
+        _ => ErrorCode::Unknown,
     }
 }
 
@@ -109,7 +66,7 @@ impl EnvError {
     pub fn io(err: &io::Error, op: &str, path: impl AsRef<Path>) -> Self {
         let path = path.as_ref();
         let code = match err.raw_os_error() {
-            Some(errno) => ErrorCode::from_errno(errno),
+            Some(errno) => errno_code(errno),
             None => match err.kind() {
                 io::ErrorKind::NotFound => ErrorCode::NotFound,
                 io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde::{Serialize, Serializer};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
+use crate::ExecOutput;
 use crate::error::{EnvError, EnvResult};
 
 /// What to run: an argv vector (no shell) or a string for `sh -c`.
@@ -108,70 +108,6 @@ impl ExecRequest {
             return Err(EnvError::invalid("timeout: at most 24 hours"));
         }
         Ok(())
-    }
-}
-
-/// Which limit ended or cut a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LimitKind {
-    Memory,
-    Pids,
-    Cpu,
-    Output,
-    FileSize,
-}
-
-/// Whether each stream hit the output cap.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Truncated {
-    pub stdout: bool,
-    pub stderr: bool,
-}
-
-/// The result of one exec. `exitCode` is null when a signal ended the process.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecOutput {
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    #[serde(serialize_with = "lossy_utf8")]
-    pub stdout: Vec<u8>,
-    #[serde(serialize_with = "lossy_utf8")]
-    pub stderr: Vec<u8>,
-    pub timed_out: bool,
-    pub limit_hit: Option<LimitKind>,
-    pub duration_ms: u64,
-    pub truncated: Truncated,
-}
-
-fn lossy_utf8<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(&String::from_utf8_lossy(bytes))
-}
-
-impl ExecOutput {
-    pub fn stdout_text(&self) -> String {
-        String::from_utf8_lossy(&self.stdout).into_owned()
-    }
-
-    pub fn stderr_text(&self) -> String {
-        String::from_utf8_lossy(&self.stderr).into_owned()
-    }
-
-    /// True when the process exited by itself with status 0.
-    pub fn success(&self) -> bool {
-        self.exit_code == Some(0) && !self.timed_out
-    }
-
-    /// The shell convention: the exit code, 124 on timeout, 128+N on signal N.
-    pub fn shell_status(&self) -> i32 {
-        if self.timed_out {
-            124
-        } else if let Some(code) = self.exit_code {
-            code
-        } else {
-            128 + self.signal.unwrap_or(0)
-        }
     }
 }
 

@@ -14,11 +14,15 @@ use tokio::io::AsyncWriteExt;
 use tokio::task::JoinHandle;
 
 use crate::error::{EnvError, EnvResult};
-use crate::exec::{ExecEvent, ExecOutput, ExecRequest, ExecStream, StreamKind, pump_output};
+use crate::exec::{ExecEvent, ExecRequest, ExecStream, StreamKind, pump_output};
+use crate::exit::{Ended, Ending};
 use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines, first_lines};
-use crate::limits::Limits;
+use crate::limits::{Limits, SandboxSpec};
 use crate::path::temp_name;
-use crate::{Boundary, CancellationToken, ExecutionEnv, Shell, Truncated, blocking};
+use crate::{
+    Backend, BackendKind, BackendReport, CancellationToken, ExecutionEnv, Shell, Truncated,
+    blocking,
+};
 
 /// Runs on the host itself. There is no isolation: see the module docs.
 #[derive(Debug)]
@@ -515,17 +519,19 @@ impl Shell for HostEnv {
             let output = match status {
                 Ok(status) => {
                     use std::os::unix::process::ExitStatusExt;
-                    ExecOutput {
-                        exit_code: status.code(),
-                        signal: status.signal(),
+                    let ending = match (status.code(), status.signal()) {
+                        (Some(code), _) => Ending::Exited(code),
+                        (None, Some(signal)) => Ending::Signaled(signal),
+                        (None, None) => Ending::Killed,
+                    };
+                    Ended {
+                        ending,
                         timed_out,
-                        limit_hit: (truncated.stdout || truncated.stderr)
-                            .then_some(crate::LimitKind::Output),
-                        duration_ms: u64::try_from(started.elapsed().as_millis())
-                            .unwrap_or(u64::MAX),
                         truncated,
-                        ..ExecOutput::default()
+                        accounted: None,
+                        duration: started.elapsed(),
                     }
+                    .output()
                 }
                 Err(e) => {
                     let _ = tx.send(Err(EnvError::io(&e, "wait", "child"))).await;
@@ -540,11 +546,50 @@ impl Shell for HostEnv {
 
 #[async_trait]
 impl ExecutionEnv for HostEnv {
-    fn backend(&self) -> &'static str {
-        "host"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+}
+
+/// Makes [`HostEnv`]s: `/workspace` is the spec's workspace, else the current
+/// directory. **No boundary** (see the module docs); extra mounts cannot be honoured,
+/// so a spec that names any is refused.
+#[derive(Debug)]
+pub struct HostBackend {
+    temp_root: PathBuf,
+}
+
+impl HostBackend {
+    /// Temp entries of its envs go under `temp_root`.
+    pub fn new(temp_root: impl Into<PathBuf>) -> Self {
+        HostBackend {
+            temp_root: temp_root.into(),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for HostBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
     }
 
-    fn boundary(&self) -> Boundary {
-        Boundary::None
+    async fn probe(&self) -> BackendReport {
+        BackendReport::new(BackendKind::Host, None)
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
+        if !spec.policy.read_only_mounts.is_empty() {
+            return Err(EnvError::unavailable(
+                "backend host: read-only mounts need a sandbox; use another backend",
+            ));
+        }
+        let cwd = match spec.workspace {
+            Some(dir) => dir,
+            None => std::env::current_dir().map_err(|e| EnvError::io(&e, "cwd", "."))?,
+        };
+        Ok(Box::new(
+            HostEnv::new(cwd, &self.temp_root).with_limits(spec.limits),
+        ))
     }
 }

@@ -5,8 +5,10 @@
 //! Every operation returns [`EnvResult`] and takes a [`CancellationToken`]; cancelling
 //! kills the work where it runs, not just the waiter.
 
+mod backend;
 mod error;
 mod exec;
+mod exit;
 mod fs;
 mod host;
 mod limits;
@@ -15,31 +17,22 @@ pub mod path;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use error::{EnvError, EnvResult, ErrorCode};
-pub use exec::{Command, ExecEvent, ExecOutput, ExecRequest, ExecStream, LimitKind, Truncated};
+pub use backend::Backend;
+pub use error::{EnvError, EnvResult, ErrorCode, errno_code};
+pub use exec::{Command, ExecEvent, ExecRequest, ExecStream};
+pub use exit::{Ended, Ending};
 pub use fs::{
     DirEntry, FileInfo, FileKind, FileRead, FileSystem, TextLines, WalkEntry, first_lines,
     too_many_entries,
 };
-pub use host::HostEnv;
+pub use host::{HostBackend, HostEnv};
 pub use limits::{Limits, Mount, SandboxPolicy, SandboxSpec};
+pub use skillbox_protocol::{
+    BackendKind, BackendReport, Boundary, ExecOutput, Layer, LimitKind, Truncated,
+};
 pub use tokio_util::sync::CancellationToken;
 
 use async_trait::async_trait;
-
-/// What stands between the code and the machine, as a backend reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Boundary {
-    /// No boundary at all: the user's own shell.
-    None,
-    /// Linux namespaces, Landlock, seccomp, cgroups/rlimits.
-    Namespaces,
-    /// A container.
-    Container,
-    /// A user-space kernel.
-    UserSpaceKernel,
-}
 
 /// Runs a program with some inputs and collects what it printed.
 #[async_trait]
@@ -66,11 +59,13 @@ pub trait Shell: Send + Sync {
 /// A place where code runs: files plus processes, with one boundary around both.
 #[async_trait]
 pub trait ExecutionEnv: FileSystem + Shell {
-    /// The backend name (`host`, `native`, …).
-    fn backend(&self) -> &'static str;
+    /// Which kind of sandbox this is.
+    fn kind(&self) -> BackendKind;
 
     /// What isolates this env from the machine.
-    fn boundary(&self) -> Boundary;
+    fn boundary(&self) -> Boundary {
+        self.kind().boundary()
+    }
 }
 
 pub use exec::{StreamKind, pump_output};

@@ -16,6 +16,6 @@ mod sandbox;
 mod seccomp;
 mod spawn;
 
-pub use probe::{Layer, NativeReport, probe};
+pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};
 pub use seccomp::filter_bytes as seccomp_filter_bytes;

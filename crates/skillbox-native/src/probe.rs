@@ -1,32 +1,13 @@
 //! What each native layer gets on this host, for `skillbox doctor` and for refusing
 //! early with a precise reason.
 
-use serde::Serialize;
+use skillbox_env::{BackendKind, BackendReport, Layer};
 
 use crate::cgroup;
 use crate::landlock;
 
-/// One layer and what this host gives it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Layer {
-    pub available: bool,
-    pub detail: String,
-}
-
-/// Every native layer, as this host and user get it.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub struct NativeReport {
-    pub available: bool,
-    pub reason: Option<String>,
-    pub layers: std::collections::BTreeMap<&'static str, Layer>,
-}
-
 fn layer(available: bool, detail: impl Into<String>) -> Layer {
-    Layer {
-        available,
-        detail: detail.into(),
-    }
+    Layer::new(available, detail)
 }
 
 fn namespace_layers() -> Vec<(&'static str, Layer)> {
@@ -73,7 +54,7 @@ fn namespace_layers() -> Vec<(&'static str, Layer)> {
 }
 
 /// Probes every layer. Cheap enough to call once per CLI run.
-pub fn probe() -> NativeReport {
+pub fn probe() -> BackendReport {
     let mut layers: std::collections::BTreeMap<&'static str, Layer> =
         namespace_layers().into_iter().collect();
     match landlock::abi_version() {
@@ -168,9 +149,11 @@ pub fn probe() -> NativeReport {
             .collect();
         details.join("; ")
     });
-    NativeReport {
-        available: reason.is_none(),
-        reason,
-        layers,
+    BackendReport {
+        layers: layers
+            .into_iter()
+            .map(|(name, layer)| (name.to_string(), layer))
+            .collect(),
+        ..BackendReport::new(BackendKind::Native, reason)
     }
 }

@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use skillbox_env::{
-    Boundary, CancellationToken, EnvError, EnvResult, ErrorCode, ExecEvent, ExecOutput,
-    ExecRequest, ExecStream, ExecutionEnv, LimitKind, Limits, SandboxSpec, Shell, StreamKind,
-    Truncated, pump_output,
+    Backend, BackendKind, BackendReport, CancellationToken, Ended, Ending, EnvError, EnvResult,
+    ErrorCode, ExecEvent, ExecRequest, ExecStream, ExecutionEnv, Limits, SandboxSpec, Shell,
+    StreamKind, Truncated, errno_code, pump_output,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -195,7 +195,7 @@ impl NativeSandbox {
         // workspace, where root-owned is what the sandbox sees as its own.
         let chown_to = (euid == 0 && !idmapped).then_some(ids);
 
-        let native_dir = data_dir.join("native");
+        let native_dir = data_dir.join(BackendKind::Native.as_str());
         std::fs::create_dir_all(&native_dir)
             .map_err(|e| EnvError::io(&e, "create data dir", &native_dir))?;
         static SWEPT: OnceLock<()> = OnceLock::new();
@@ -513,7 +513,7 @@ impl Shell for NativeSandbox {
             None => Ok(None),
             Some((STEP_EXEC, errno)) => Ok(Some(errno)),
             Some((STEP_CHDIR, errno)) => Err(EnvError::new(
-                ErrorCode::from_errno(errno),
+                errno_code(errno),
                 format!("cwd {}: {}", plan_cwd(&request, self), errno_text(errno)),
             )),
             Some((step, errno)) => Err(unavailable(
@@ -598,33 +598,20 @@ impl Shell for NativeSandbox {
                 let _ = tx.send(Err(EnvError::aborted("exec"))).await;
                 return;
             }
-            let mut output = ExecOutput {
-                timed_out,
-                duration_ms: started_at.elapsed().as_millis() as u64,
-                truncated,
-                ..ExecOutput::default()
-            };
-            match wait_status {
-                Some(ws) if libc::WIFEXITED(ws) => output.exit_code = Some(libc::WEXITSTATUS(ws)),
-                Some(ws) if libc::WIFSIGNALED(ws) => output.signal = Some(libc::WTERMSIG(ws)),
+            let ending = match (exec_errno, wait_status) {
+                (Some(errno), _) => Ending::NotStarted(errno),
+                (None, Some(status)) => Ending::from_wait_status(status),
                 // Init itself was killed: by us on timeout, or by the OOM killer.
-                _ => output.signal = Some(libc::SIGKILL),
+                (None, None) => Ending::Killed,
+            };
+            let output = Ended {
+                ending,
+                timed_out,
+                truncated,
+                accounted: limit_hit,
+                duration: started_at.elapsed(),
             }
-            if exec_errno.is_some() {
-                output.exit_code = Some(if exec_errno == Some(libc::ENOENT) {
-                    127
-                } else {
-                    126
-                });
-                output.signal = None;
-            }
-            output.limit_hit = limit_hit
-                .or(match output.signal {
-                    Some(libc::SIGXCPU) => Some(LimitKind::Cpu),
-                    Some(libc::SIGXFSZ) => Some(LimitKind::FileSize),
-                    _ => None,
-                })
-                .or((truncated.stdout || truncated.stderr).then_some(LimitKind::Output));
+            .output();
             let _ = tx.send(Ok(ExecEvent::Exit(output))).await;
         });
         Ok(stream)
@@ -656,11 +643,26 @@ fn plan_cwd(request: &ExecRequest, sandbox: &NativeSandbox) -> String {
 
 #[async_trait]
 impl ExecutionEnv for NativeSandbox {
-    fn backend(&self) -> &'static str {
-        "native"
+    fn kind(&self) -> BackendKind {
+        BackendKind::Native
+    }
+}
+
+#[async_trait]
+impl Backend for NativeBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Native
     }
 
-    fn boundary(&self) -> Boundary {
-        Boundary::Namespaces
+    async fn probe(&self) -> BackendReport {
+        crate::probe()
+    }
+
+    async fn create(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
+        Ok(Box::new(NativeBackend::create(self, spec).await?))
+    }
+
+    async fn create_one_shot(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
+        Ok(Box::new(self.create_blocking(spec)?))
     }
 }

@@ -3,19 +3,18 @@
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use base64::Engine;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use skillbox_client::{ArtifactInfo, Encoding, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};
-use skillbox_docker::{DockerBackend, Runtime, image_tag};
 use skillbox_env::{
-    CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits, Mount,
+    BackendKind, CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits, Mount,
     SandboxPolicy, SandboxSpec,
 };
-use skillbox_native::NativeBackend;
+use skillbox_protocol::{ArtifactInfo, Encoding, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};
+use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_store::{ArtifactStore, CollectLimits, collect_artifacts, store_all};
-use tokio::sync::OnceCell;
 
 use crate::runtime::NodeRuntime;
 
@@ -46,18 +45,18 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// The `ErrorCode` name on the wire.
-    pub fn code(&self) -> &'static str {
+    /// The code on the wire.
+    pub fn code(&self) -> ErrorCode {
         match self {
-            RunError::Invalid(_) => "invalid",
-            RunError::Unavailable(_) => "unavailable",
-            RunError::Aborted => "aborted",
-            RunError::TooLarge(_) => "resource_exhausted",
-            RunError::Internal(_) => "unknown",
+            RunError::Invalid(_) => ErrorCode::Invalid,
+            RunError::Unavailable(_) => ErrorCode::Unavailable,
+            RunError::Aborted => ErrorCode::Aborted,
+            RunError::TooLarge(_) => ErrorCode::ResourceExhausted,
+            RunError::Internal(_) => ErrorCode::Unknown,
         }
     }
 
-    fn from_env(error: EnvError) -> RunError {
+    pub fn from_env(error: EnvError) -> RunError {
         match error.code {
             ErrorCode::Invalid => RunError::Invalid(error.message),
             ErrorCode::Unavailable | ErrorCode::NotSupported => {
@@ -97,16 +96,22 @@ impl RunnerConfig {
     }
 }
 
+/// The registry every sandbox of `data_dir` comes from: its backends run the image
+/// built from this build's Node runtime.
+pub fn registry_config(data_dir: &Path) -> RegistryConfig {
+    let image = skillbox_docker::image_tag(&NodeRuntime::new(data_dir).id());
+    RegistryConfig::new(data_dir, image)
+}
+
 /// Runs scripts; one per call, each in its own sandbox.
 #[derive(Debug)]
 pub struct Runner {
     config: RunnerConfig,
     store: ArtifactStore,
-    native: NativeBackend,
+    /// Container backends connect on first use, so a server without Docker still
+    /// serves native runs.
+    backends: Arc<BackendRegistry>,
     node: NodeRuntime,
-    /// Connected on first use, so a server without Docker still serves native runs.
-    docker: OnceCell<DockerBackend>,
-    gvisor: OnceCell<DockerBackend>,
 }
 
 /// A request that passed validation.
@@ -239,45 +244,30 @@ pub fn script_command(language: Language, script: &str) -> Vec<String> {
 
 impl Runner {
     pub fn new(config: RunnerConfig, store: ArtifactStore) -> Self {
-        let native = NativeBackend::new(&config.data_dir);
-        let node = NodeRuntime::new(&config.data_dir);
+        let mut registry = registry_config(&config.data_dir);
+        registry.warm_containers = config.warm_containers;
+        // The spec of every container run (see `run`): no workdir, no mounts.
+        registry.warm_spec = SandboxSpec {
+            workspace: None,
+            limits: config.limits.clone(),
+            policy: SandboxPolicy::default(),
+        };
         Runner {
+            node: NodeRuntime::new(&config.data_dir),
+            backends: Arc::new(BackendRegistry::new(registry)),
             config,
             store,
-            native,
-            node,
-            docker: OnceCell::new(),
-            gvisor: OnceCell::new(),
         }
     }
 
-    /// The docker or gvisor backend, connected (and checked) on first use.
-    async fn container_backend(&self, runtime: Runtime) -> Result<&DockerBackend, RunError> {
-        let cell = match runtime {
-            Runtime::Runc => &self.docker,
-            Runtime::Runsc => &self.gvisor,
-        };
-        cell.get_or_try_init(|| async {
-            let backend = DockerBackend::connect(runtime, image_tag(&self.node.id())).await?;
-            // The spec of every container run (see `run`): no workdir, no mounts.
-            let spec = SandboxSpec {
-                workspace: None,
-                limits: self.config.limits.clone(),
-                policy: SandboxPolicy::default(),
-            };
-            backend.with_pool(self.config.warm_containers, &spec)
-        })
-        .await
-        .map_err(RunError::from_env)
+    /// The registry runs take their sandboxes from (the agent takes its own from it too).
+    pub fn backends(&self) -> &Arc<BackendRegistry> {
+        &self.backends
     }
 
     /// Removes the containers of runs still in flight (a server shutting down).
     pub async fn shutdown(&self) {
-        for cell in [&self.docker, &self.gvisor] {
-            if let Some(backend) = cell.get() {
-                backend.shutdown().await;
-            }
-        }
+        self.backends.shutdown().await;
     }
 
     pub fn store(&self) -> &ArtifactStore {
@@ -302,32 +292,17 @@ impl Runner {
         request: RunRequest,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
-        let container = match request.backend.as_deref() {
-            None | Some("native") => None,
-            Some("docker") => Some(Runtime::Runc),
-            Some("gvisor") => Some(Runtime::Runsc),
-            Some("wasm") => {
-                return Err(RunError::Unavailable(
-                    "backend wasm: not part of this build yet; use native, docker or gvisor".into(),
-                ));
-            }
-            Some(other) => {
-                return Err(RunError::Invalid(format!(
-                    "backend: unknown backend {other:?} (native, docker, gvisor, wasm)"
-                )));
-            }
-        };
+        let kind = request.backend.unwrap_or(BackendKind::Native);
+        if kind == BackendKind::Host {
+            return Err(RunError::Invalid(
+                "backend: host runs code with no boundary; runs use native, docker or gvisor"
+                    .into(),
+            ));
+        }
         let checked = check(request)?;
         let mut policy = SandboxPolicy::default();
-        // A container image carries its own copy of the runtime at /node_modules.
-        if checked.language == Language::Node && container.is_none() {
-            if !self.node.is_installed() {
-                self.prepare(&|line| tracing::info!("{line}")).await?;
-            }
-            policy.read_only_mounts.push(Mount {
-                host: self.node.node_modules(),
-                sandbox: NODE_MODULES.into(),
-            });
+        if checked.language == Language::Node {
+            self.runtime_mount(kind, &mut policy).await?;
         }
         let limits = Limits {
             timeout_ms: checked.timeout_ms,
@@ -338,21 +313,36 @@ impl Runner {
             limits,
             policy,
         };
-        let env: Box<dyn ExecutionEnv> = match container {
-            None => Box::new(self.native.create(spec).await.map_err(RunError::from_env)?),
-            Some(runtime) => Box::new(
-                self.container_backend(runtime)
-                    .await?
-                    .create(spec)
-                    .await
-                    .map_err(RunError::from_env)?,
-            ),
-        };
+        let env = self
+            .backends
+            .create(kind, spec)
+            .await
+            .map_err(RunError::from_env)?;
         let result = self.run_in(env.as_ref(), checked, cancel).await;
         if let Err(e) = env.cleanup().await {
             tracing::warn!(error = %e, "run: sandbox cleanup failed");
         }
         result
+    }
+
+    /// Shows the Node runtime at `/node_modules` in a sandbox of `kind`, installing it
+    /// first if needed. A container image carries its own copy.
+    pub async fn runtime_mount(
+        &self,
+        kind: BackendKind,
+        policy: &mut SandboxPolicy,
+    ) -> Result<(), RunError> {
+        if kind != BackendKind::Native {
+            return Ok(());
+        }
+        if !self.node.is_installed() {
+            self.prepare(&|line| tracing::info!("{line}")).await?;
+        }
+        policy.read_only_mounts.push(Mount {
+            host: self.node.node_modules(),
+            sandbox: NODE_MODULES.into(),
+        });
+        Ok(())
     }
 
     async fn run_in(
@@ -458,7 +448,7 @@ fn percent_encode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skillbox_client::FileInput;
+    use skillbox_protocol::FileInput;
 
     fn request(files: Vec<FileInput>) -> RunRequest {
         RunRequest {

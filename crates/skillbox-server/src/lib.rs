@@ -4,12 +4,18 @@
 //! a limit is a normal 200 answer. Runs are bounded: `max_concurrency` at once, up to
 //! `max_queue` more waiting, then 429 with `Retry-After`.
 
+mod agent_runs;
 mod agents;
-mod api;
+mod error;
 mod metrics;
+mod routes;
+mod runs;
+mod state;
 
-pub use agents::{AgentModel, AgentRuns};
-pub use api::{ApiDoc, AppState, ServerConfig, router};
+pub use agent_runs::{AgentModel, AgentRuns};
+pub use error::status_of;
+pub use routes::{ApiDoc, router};
+pub use state::{AppState, ServerConfig};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

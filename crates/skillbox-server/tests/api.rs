@@ -523,8 +523,7 @@ async fn agent_server_with(
 ) -> Option<Server> {
     // One store for runs and agent runs, under the data dir, as `skillbox serve` has it.
     let store = ArtifactStore::local(&data.join("objects")).await.unwrap();
-    let agents =
-        skillbox_server::AgentRuns::open(data.to_path_buf(), store.clone(), model, 2).unwrap();
+    let agents = skillbox_server::AgentRuns::open(data, model, 2).unwrap();
     let config = ServerConfig {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         agents: Some(agents),

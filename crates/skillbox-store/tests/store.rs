@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use skillbox_env::{
-    Boundary, CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecRequest, ExecStream,
-    ExecutionEnv, FileInfo, FileSystem, HostEnv, Shell, TextLines,
+    BackendKind, CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecRequest,
+    ExecStream, ExecutionEnv, FileInfo, FileSystem, HostEnv, Shell, TextLines,
 };
 use skillbox_store::{
     ArtifactStore, CollectLimit, CollectLimits, CollectedFile, StoreError, collect_artifacts,
@@ -414,11 +414,8 @@ impl Shell for Tripwire {
 
 #[async_trait]
 impl ExecutionEnv for Tripwire {
-    fn backend(&self) -> &'static str {
-        "tripwire"
-    }
-    fn boundary(&self) -> Boundary {
-        Boundary::None
+    fn kind(&self) -> BackendKind {
+        self.inner.kind()
     }
 }
 

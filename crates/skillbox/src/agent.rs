@@ -10,8 +10,9 @@ use skillbox_agent::{
     Agent, AgentConfig, AgentEvent, AgentStatus, LoopbackProvider, ModelProvider, SKILL_NAMES,
     builtin_skill,
 };
-use skillbox_env::CancellationToken;
-use skillbox_store::ArtifactStore;
+use skillbox_env::{BackendKind, CancellationToken};
+
+use crate::units::backend_parser;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Model {
@@ -37,6 +38,9 @@ pub struct AgentArgs {
     /// Failed runs before giving up.
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,
+    /// Which boundary the scripts run behind.
+    #[arg(long, value_parser = backend_parser(), default_value = "native")]
+    backend: BackendKind,
     /// Copy the verified files into DIR.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -134,13 +138,19 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
     } else {
         eprintln!("skillbox agent: model: {}", provider.name());
     }
-    let store = match ArtifactStore::local(&data_dir.join("objects")).await {
-        Ok(store) => store,
+    if args.backend == BackendKind::Host {
+        return usage("--backend host: agent scripts always run behind a boundary");
+    }
+    // Container backends carry the Node runtime in their image.
+    let runner = match crate::local::runner(data_dir, args.backend == BackendKind::Native).await {
+        Ok(runner) => Arc::new(runner),
         Err(e) => return failed(&e.to_string()),
     };
-    let agent = Agent::new(provider, store.clone(), data_dir);
+    let store = runner.store().clone();
+    let agent = Agent::new(provider, runner);
     let config = AgentConfig {
         max_attempts: args.max_attempts,
+        backend: args.backend,
         ..AgentConfig::default()
     };
     let cancel = CancellationToken::new();

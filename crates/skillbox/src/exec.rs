@@ -5,35 +5,20 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
-use skillbox_docker::{DockerBackend, Runtime, image_tag};
+use clap::Args;
 use skillbox_env::{
-    CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, HostEnv, Limits, SandboxSpec,
+    BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, Limits,
+    SandboxSpec,
 };
-use skillbox_native::NativeBackend;
-use skillbox_run::NodeRuntime;
+use skillbox_registry::BackendRegistry;
 
-use crate::units::{Bound, parse_count_bound, parse_duration, parse_size_bound};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendName {
-    /// Linux namespaces + Landlock + seccomp (the default).
-    Native,
-    /// No boundary: runs on the host as you.
-    Host,
-    /// A hardened Docker container (needs dockerd and `skillbox image build`).
-    Docker,
-    /// The same container under gVisor's runsc: a user-space kernel in between.
-    Gvisor,
-    /// wasmtime WASI (not in this build yet).
-    Wasm,
-}
+use crate::units::{Bound, backend_parser, parse_count_bound, parse_duration, parse_size_bound};
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
     /// Which boundary to run behind.
-    #[arg(long, value_enum, default_value = "native")]
-    backend: BackendName,
+    #[arg(long, value_parser = backend_parser(), default_value = "native")]
+    backend: BackendKind,
     /// Host directory shown as /workspace (default: a temp dir removed afterwards).
     #[arg(long, value_name = "DIR")]
     workdir: Option<PathBuf>,
@@ -69,47 +54,14 @@ async fn make_env(
     data_dir: &Path,
     limits: Limits,
 ) -> Result<Box<dyn ExecutionEnv>, EnvError> {
-    match args.backend {
-        BackendName::Native => {
-            let spec = SandboxSpec {
-                workspace: args.workdir.clone(),
-                limits,
-                ..SandboxSpec::default()
-            };
-            // One-shot: prepare on this thread instead of starting a worker for it.
-            Ok(Box::new(
-                NativeBackend::new(data_dir).create_blocking(spec)?,
-            ))
-        }
-        BackendName::Host => {
-            let cwd = match &args.workdir {
-                Some(dir) => dir.clone(),
-                None => std::env::current_dir().map_err(|e| EnvError::io(&e, "cwd", "."))?,
-            };
-            Ok(Box::new(
-                HostEnv::new(cwd, data_dir.join("host-tmp")).with_limits(limits),
-            ))
-        }
-        BackendName::Docker | BackendName::Gvisor => {
-            let runtime = if args.backend == BackendName::Docker {
-                Runtime::Runc
-            } else {
-                Runtime::Runsc
-            };
-            let image = image_tag(&NodeRuntime::new(data_dir).id());
-            let backend = DockerBackend::connect(runtime, image).await?;
-            let spec = SandboxSpec {
-                workspace: args.workdir.clone(),
-                limits,
-                ..SandboxSpec::default()
-            };
-            Ok(Box::new(backend.create(spec).await?))
-        }
-        other => Err(EnvError::unavailable(format!(
-            "backend {}: not part of this build yet; use --backend native",
-            format!("{other:?}").to_lowercase()
-        ))),
-    }
+    let spec = SandboxSpec {
+        workspace: args.workdir.clone(),
+        limits,
+        ..SandboxSpec::default()
+    };
+    BackendRegistry::new(skillbox_run::registry_config(data_dir))
+        .create_one_shot(args.backend, spec)
+        .await
 }
 
 pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {

@@ -26,7 +26,7 @@ pub async fn runner(data_dir: &Path, install_node: bool) -> Result<Runner, Clien
 pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Runner, ClientError> {
     let store = ArtifactStore::local(&config.data_dir.join("objects"))
         .await
-        .map_err(|e| ClientError::new(e.code().as_str(), e.to_string()))?;
+        .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
     let runner = Runner::new(config, store);
     if install_node {
         runner
@@ -68,6 +68,6 @@ impl SkillSandbox for LocalSandbox {
             .store()
             .get(sha256)
             .await
-            .map_err(|e| ClientError::new(e.code().as_str(), e.to_string()))
+            .map_err(|e| ClientError::new(e.code(), e.to_string()))
     }
 }

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use clap::Args;
 use skillbox_client::{
-    ClientError, HttpSkillSandbox, Language, RunRequest, RunResult, SkillSandbox,
+    BackendKind, ClientError, ErrorCode, HttpSkillSandbox, Language, RunRequest, RunResult,
+    SkillSandbox,
 };
 use skillbox_env::CancellationToken;
 
-use crate::units::parse_duration;
+use crate::units::{backend_parser, parse_duration};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -28,8 +29,8 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     lang: Option<Lang>,
     /// Which boundary to run behind.
-    #[arg(long, default_value = "native")]
-    backend: String,
+    #[arg(long, value_parser = backend_parser(), default_value = "native")]
+    backend: BackendKind,
     /// Wall-clock limit (500ms, 30s, 2m).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     timeout: Duration,
@@ -84,7 +85,7 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     }
     let mut request = RunRequest::new(language, script);
     request.timeout_ms = Some(args.timeout.as_millis() as u64);
-    request.backend = Some(args.backend.clone());
+    request.backend = Some(args.backend);
 
     let sandbox: Box<dyn SkillSandbox> = match &args.remote {
         Some(url) => match HttpSkillSandbox::new(url.clone()) {
@@ -94,7 +95,7 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         None => match crate::local::LocalSandbox::open(
             data_dir,
             // Container backends carry the runtime in their image.
-            language == Language::Node && args.backend == "native",
+            language == Language::Node && args.backend == BackendKind::Native,
             CancellationToken::new(),
         )
         .await
@@ -115,7 +116,7 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     if args.json {
         match serde_json::to_string(&result) {
             Ok(text) => println!("{text}"),
-            Err(e) => return failed(&ClientError::new("unknown", e.to_string())),
+            Err(e) => return failed(&ClientError::new(ErrorCode::Unknown, e.to_string())),
         }
     } else {
         print!("{}", result.stdout);
@@ -146,17 +147,7 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             );
         }
     }
-    ExitCode::from(status(&result).clamp(0, 255) as u8)
-}
-
-fn status(result: &RunResult) -> i32 {
-    if result.timed_out {
-        124
-    } else if let Some(code) = result.exit_code {
-        code
-    } else {
-        128 + result.signal.unwrap_or(0)
-    }
+    ExitCode::from(result.shell_status().clamp(0, 255) as u8)
 }
 
 /// Writes each artifact under `out`, never outside it (paths come from the sandbox).
@@ -173,18 +164,20 @@ async fn copy_out(
                 .any(|c| !matches!(c, std::path::Component::Normal(_)))
         {
             return Err(ClientError::new(
-                "invalid",
+                ErrorCode::Invalid,
                 format!("artifact path {:?} is not a plain relative path", file.path),
             ));
         }
         let bytes = sandbox.download(&file.sha256).await?;
         let target = out.join(relative);
         if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| ClientError::new("unknown", format!("{}: {e}", parent.display())))?;
+            std::fs::create_dir_all(parent).map_err(|e| {
+                ClientError::new(ErrorCode::Unknown, format!("{}: {e}", parent.display()))
+            })?;
         }
-        std::fs::write(&target, &bytes)
-            .map_err(|e| ClientError::new("unknown", format!("{}: {e}", target.display())))?;
+        std::fs::write(&target, &bytes).map_err(|e| {
+            ClientError::new(ErrorCode::Unknown, format!("{}: {e}", target.display()))
+        })?;
     }
     Ok(())
 }

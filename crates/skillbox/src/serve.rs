@@ -89,12 +89,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
             }
         }
     };
-    match skillbox_server::AgentRuns::open(
-        data_dir.to_path_buf(),
-        runner.store().clone(),
-        model,
-        config.max_concurrency,
-    ) {
+    match skillbox_server::AgentRuns::open(data_dir, model, config.max_concurrency) {
         Ok(agents) => config.agents = Some(agents),
         Err(e) => {
             eprintln!("skillbox serve: agent runs: {e}");

@@ -81,6 +81,14 @@ pub fn parse_count_bound(text: &str) -> Result<Bound, String> {
     }
 }
 
+/// `--backend NAME`: one of the backend kinds, listed in `--help` with what isolates each.
+pub fn backend_parser() -> impl clap::builder::TypedValueParser<Value = skillbox_env::BackendKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let kinds = skillbox_env::BackendKind::ALL
+        .map(|kind| PossibleValue::new(kind.as_str()).help(kind.boundary().describe()));
+    PossibleValuesParser::new(kinds).try_map(|name| name.parse::<skillbox_env::BackendKind>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

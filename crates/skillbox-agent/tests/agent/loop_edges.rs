@@ -13,6 +13,7 @@ use skillbox_agent::{
     ModelProvider, ProviderError, Reply, Skill, ToolSpec, builtin_skill,
 };
 use skillbox_env::CancellationToken;
+use skillbox_run::{Runner, RunnerConfig};
 use skillbox_store::ArtifactStore;
 
 /// The Node runtime is installed once for these tests, not per test.
@@ -28,7 +29,8 @@ async fn agent(provider: Arc<dyn ModelProvider>) -> Option<(Agent, tempfile::Tem
     }
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();
-    Some((Agent::new(provider, store, &data_dir()), objects))
+    let runner = Runner::new(RunnerConfig::new(data_dir()), store);
+    Some((Agent::new(provider, Arc::new(runner)), objects))
 }
 
 fn loopback(turns: serde_json::Value) -> Arc<dyn ModelProvider> {

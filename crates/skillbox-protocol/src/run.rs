@@ -1,14 +1,16 @@
-//! Wire types, camelCase JSON. Unknown fields are refused: a typo is an error.
+//! `POST /v1/run`: one script in a fresh sandbox, and the files it made.
 
 use serde::{Deserialize, Serialize};
-use skillbox_env::{LimitKind, Truncated};
-use utoipa::ToSchema;
+
+use crate::backend::BackendKind;
+use crate::exec::{LimitKind, Truncated, shell_status};
 
 /// The longest `timeoutMs` a run may ask for (10 minutes).
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
 
 /// The script's language.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     /// Node.js with pptxgenjs preinstalled.
@@ -39,7 +41,8 @@ impl Language {
 }
 
 /// How a file's `content` is encoded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Encoding {
     #[default]
@@ -48,7 +51,8 @@ pub enum Encoding {
 }
 
 /// An input file placed in `/workspace` before the script runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileInput {
     /// Relative to `/workspace`; no `..`, not absolute.
@@ -59,7 +63,8 @@ pub struct FileInput {
 }
 
 /// `POST /v1/run`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunRequest {
     pub script: String,
@@ -70,9 +75,9 @@ pub struct RunRequest {
     pub timeout_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<FileInput>,
-    /// `native` (default); other backends when built.
+    /// Which sandbox (default `native`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<String>,
+    pub backend: Option<BackendKind>,
 }
 
 impl RunRequest {
@@ -88,7 +93,8 @@ impl RunRequest {
 }
 
 /// A file the script left in `/workspace`, stored and downloadable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ArtifactInfo {
     pub path: String,
@@ -101,7 +107,8 @@ pub struct ArtifactInfo {
 
 /// What happened: the exec result plus the artifacts. Hitting a limit is a normal
 /// result (`timedOut` / `limitHit`), not an error.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunResult {
     pub exit_code: Option<i32>,
@@ -109,24 +116,15 @@ pub struct RunResult {
     pub stdout: String,
     pub stderr: String,
     pub timed_out: bool,
-    #[schema(value_type = Option<String>)]
     pub limit_hit: Option<LimitKind>,
     pub duration_ms: u64,
-    #[schema(value_type = Object)]
     pub truncated: Truncated,
     pub files: Vec<ArtifactInfo>,
 }
 
-/// `{"error":{"code","message"}}`, the body of every error answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ApiError {
-    pub error: ApiErrorBody,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ApiErrorBody {
-    pub code: String,
-    pub message: String,
+impl RunResult {
+    /// The shell convention: the exit code, 124 on timeout, 128+N on signal N.
+    pub fn shell_status(&self) -> i32 {
+        shell_status(self.timed_out, self.exit_code, self.signal)
+    }
 }

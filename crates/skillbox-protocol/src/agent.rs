@@ -1,0 +1,135 @@
+//! Agent runs (`POST /v1/agent/runs`, `GET /v1/agent/runs/{id}`): a model writes a
+//! script, skillbox runs it and feeds errors back until the files verify.
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::BackendKind;
+use crate::error::ErrorCode;
+use crate::run::{ArtifactInfo, Language};
+
+/// `POST /v1/agent/runs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentRunRequest {
+    pub prompt: String,
+    /// Default `pptx`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill: Option<String>,
+    /// Failed runs before giving up, 1..=10 (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Which sandbox the scripts run in (default `native`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendKind>,
+}
+
+/// The answer to `POST /v1/agent/runs` (202).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AgentRunCreated {
+    pub id: String,
+    pub status: AgentStatus,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum AgentStatus {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl AgentStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentStatus::Running => "running",
+            AgentStatus::Succeeded => "succeeded",
+            AgentStatus::Failed => "failed",
+        }
+    }
+}
+
+/// Tokens one model turn used, when the model reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// How a `.pptx` artifact fared in verification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    pub path: String,
+    pub ok: bool,
+    pub slides: Option<usize>,
+    pub error: Option<String>,
+}
+
+/// One script run, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Attempt {
+    pub number: u32,
+    pub language: Language,
+    pub script: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    /// The tail of stdout.
+    pub stdout: String,
+    /// The tail of stderr.
+    pub stderr: String,
+    pub duration_ms: u64,
+    /// Tokens of the model turn that asked for this run, when reported.
+    pub usage: Option<Usage>,
+    pub files: Vec<String>,
+    pub verification: Vec<Verification>,
+    /// True when the run exited 0 and every artifact passed verification.
+    pub succeeded: bool,
+}
+
+/// An error, as a stable code and a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorInfo {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// An agent run's record: what was asked, every attempt so far and, once it ended, how.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRun {
+    pub id: String,
+    pub status: AgentStatus,
+    pub prompt: String,
+    pub skill: String,
+    pub max_attempts: u32,
+    /// Records older than this field read as `native`, the only backend they could use.
+    #[serde(default)]
+    pub backend: BackendKind,
+    pub model: String,
+    /// True when a scripted (loopback) model is in use.
+    pub scripted: bool,
+    /// Why it ended, in words; none while running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The model's last words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    pub attempts: Vec<Attempt>,
+    /// The files of the last successful run, stored.
+    pub artifacts: Vec<ArtifactInfo>,
+    /// Set when the run ended on an error (the model, the sandbox, the store) rather
+    /// than by its own bounds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
+}

@@ -1,0 +1,27 @@
+//! skillbox's wire types, at the bottom of the crate graph: what crosses between a client
+//! and a server, or between a backend and the code that drives it, as serde data.
+//!
+//! - [`ErrorCode`] and [`ApiError`]: the stable codes every error carries;
+//! - [`BackendKind`], [`Boundary`], [`BackendReport`]: which sandbox, what isolates it,
+//!   and what `doctor` found;
+//! - [`ExecOutput`], [`LimitKind`], [`Truncated`]: how one exec ended;
+//! - [`RunRequest`], [`RunResult`], [`ArtifactInfo`]: `POST /v1/run`;
+//! - [`AgentRun`] and its parts: `POST`/`GET /v1/agent/runs`.
+//!
+//! JSON is camelCase; request types refuse unknown fields (a typo is an error). With the
+//! `openapi` feature every type also has a utoipa schema.
+
+mod agent;
+mod backend;
+mod error;
+mod exec;
+mod run;
+
+pub use agent::{
+    AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, Attempt, ErrorInfo, Usage,
+    Verification,
+};
+pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
+pub use error::{ApiError, ApiErrorBody, ErrorCode};
+pub use exec::{ExecOutput, LimitKind, Truncated};
+pub use run::{ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};

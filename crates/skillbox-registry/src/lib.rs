@@ -1,0 +1,136 @@
+//! [`BackendRegistry`]: the only place a [`BackendKind`] is turned into a sandbox. The
+//! CLI (`exec`, `run`, `agent`, `doctor`), the runner, the server and the agent all ask
+//! it for "a sandbox of kind K with spec S", and nothing else names a backend crate.
+//!
+//! Backends that need a daemon (docker, gvisor) connect on first use, so a host without
+//! Docker still runs native sandboxes, and `doctor` probes them without connecting. A
+//! kind that is not part of this build, or whose backend cannot be set up here, is
+//! `unavailable` with the reason; nothing ever falls back to another kind.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use skillbox_docker::{DockerBackend, Runtime};
+use skillbox_env::{
+    Backend, BackendKind, BackendReport, EnvError, EnvResult, ExecutionEnv, HostBackend,
+    SandboxSpec,
+};
+use skillbox_native::NativeBackend;
+use tokio::sync::OnceCell;
+
+/// What the registry's backends are made with.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// skillbox's data dir: native sandboxes and host temp entries live under it.
+    pub data_dir: PathBuf,
+    /// The image docker and gvisor sandboxes run (`skillbox image build` makes it).
+    pub image: String,
+    /// Started containers kept ready per container backend once it is used, for
+    /// sandboxes of `warm_spec`; 0 keeps none.
+    pub warm_containers: usize,
+    pub warm_spec: SandboxSpec,
+}
+
+impl RegistryConfig {
+    pub fn new(data_dir: impl Into<PathBuf>, image: impl Into<String>) -> Self {
+        RegistryConfig {
+            data_dir: data_dir.into(),
+            image: image.into(),
+            warm_containers: 0,
+            warm_spec: SandboxSpec::default(),
+        }
+    }
+}
+
+/// One backend per kind, made when first asked for.
+#[derive(Debug)]
+pub struct BackendRegistry {
+    config: RegistryConfig,
+    native: NativeBackend,
+    host: HostBackend,
+    docker: OnceCell<Arc<DockerBackend>>,
+    gvisor: OnceCell<Arc<DockerBackend>>,
+}
+
+fn not_built(kind: BackendKind) -> String {
+    format!("backend {kind}: not part of this build yet; use native, docker or gvisor")
+}
+
+impl BackendRegistry {
+    pub fn new(config: RegistryConfig) -> Self {
+        BackendRegistry {
+            native: NativeBackend::new(&config.data_dir),
+            host: HostBackend::new(config.data_dir.join("host-tmp")),
+            docker: OnceCell::new(),
+            gvisor: OnceCell::new(),
+            config,
+        }
+    }
+
+    /// The backend of `kind`, connected (and checked) on first use.
+    pub async fn backend(&self, kind: BackendKind) -> EnvResult<&dyn Backend> {
+        let runtime = match kind {
+            BackendKind::Native => return Ok(&self.native),
+            BackendKind::Host => return Ok(&self.host),
+            BackendKind::Docker => Runtime::Runc,
+            BackendKind::Gvisor => Runtime::Runsc,
+            _ => return Err(EnvError::unavailable(not_built(kind))),
+        };
+        let cell = match runtime {
+            Runtime::Runc => &self.docker,
+            Runtime::Runsc => &self.gvisor,
+        };
+        let backend = cell
+            .get_or_try_init(|| async {
+                let backend = DockerBackend::connect(runtime, self.config.image.clone()).await?;
+                let backend =
+                    backend.with_pool(self.config.warm_containers, &self.config.warm_spec)?;
+                Ok::<_, EnvError>(Arc::new(backend))
+            })
+            .await?;
+        Ok(backend.as_ref())
+    }
+
+    /// A new sandbox of `kind` for `spec`.
+    pub async fn create(
+        &self,
+        kind: BackendKind,
+        spec: SandboxSpec,
+    ) -> EnvResult<Box<dyn ExecutionEnv>> {
+        self.backend(kind).await?.create(spec).await
+    }
+
+    /// A sandbox for one exec in a short-lived process (see [`Backend::create_one_shot`]).
+    pub async fn create_one_shot(
+        &self,
+        kind: BackendKind,
+        spec: SandboxSpec,
+    ) -> EnvResult<Box<dyn ExecutionEnv>> {
+        self.backend(kind).await?.create_one_shot(spec).await
+    }
+
+    /// What `kind` gives on this host, without connecting to anything for good.
+    pub async fn probe(&self, kind: BackendKind) -> BackendReport {
+        match kind {
+            BackendKind::Native => self.native.probe().await,
+            BackendKind::Host => self.host.probe().await,
+            BackendKind::Docker => skillbox_docker::probe(Runtime::Runc, &self.config.image).await,
+            BackendKind::Gvisor => skillbox_docker::probe(Runtime::Runsc, &self.config.image).await,
+            _ => BackendReport::new(kind, Some(not_built(kind))),
+        }
+    }
+
+    /// Every kind's report, in [`BackendKind::ALL`] order; the probes run together.
+    pub async fn probe_all(&self) -> Vec<BackendReport> {
+        futures_util::future::join_all(BackendKind::ALL.map(|kind| self.probe(kind))).await
+    }
+
+    /// Removes what the connected backends still hold (a server shutting down).
+    pub async fn shutdown(&self) {
+        for cell in [&self.docker, &self.gvisor] {
+            if let Some(backend) = cell.get() {
+                backend.shutdown().await;
+            }
+        }
+    }
+}

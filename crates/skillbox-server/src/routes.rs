@@ -1,0 +1,67 @@
+//! The router and the OpenAPI document: every route, in one place.
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use utoipa::OpenApi;
+
+use crate::error::{method_not_allowed, not_found};
+use crate::state::AppState;
+use crate::{agents, runs};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "skillbox",
+        description = "Run code that AI agents write behind a real boundary."
+    ),
+    paths(
+        runs::run,
+        runs::get_object,
+        runs::healthz,
+        runs::metrics,
+        agents::create,
+        agents::get
+    ),
+    components(schemas(
+        skillbox_protocol::AgentRunRequest,
+        skillbox_protocol::AgentRunCreated,
+        skillbox_protocol::AgentRun,
+        skillbox_protocol::RunRequest,
+        skillbox_protocol::RunResult,
+        skillbox_protocol::ApiError,
+        skillbox_protocol::ApiErrorBody,
+        skillbox_protocol::ErrorCode,
+        skillbox_protocol::FileInput,
+        skillbox_protocol::ArtifactInfo,
+        skillbox_protocol::Language,
+        skillbox_protocol::Encoding,
+        skillbox_protocol::BackendKind
+    ))
+)]
+#[derive(Debug)]
+pub struct ApiDoc;
+
+pub fn router(state: AppState) -> Router {
+    let limit = state.config.body_limit;
+    Router::new()
+        .route("/v1/run", post(runs::run))
+        .route("/run", post(runs::run))
+        .route(
+            "/v1/objects/{sha256}",
+            get(runs::get_object).head(runs::get_object),
+        )
+        .route("/v1/agent/runs", post(agents::create))
+        .route("/v1/agent/runs/{id}", get(agents::get))
+        .route("/healthz", get(runs::healthz))
+        .route("/metrics", get(runs::metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}
