@@ -270,6 +270,11 @@ impl Runner {
         self.backends.shutdown().await;
     }
 
+    /// The data dir runs keep their state in.
+    pub fn data_dir(&self) -> &Path {
+        &self.config.data_dir
+    }
+
     pub fn store(&self) -> &ArtifactStore {
         &self.store
     }

@@ -4,16 +4,17 @@
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::{Extension, Json};
 use skillbox_agent::{Agent, AgentConfig, AgentEvent, SKILL_NAMES, builtin_skill};
 use skillbox_protocol::{
     AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, BackendKind, ErrorCode, ErrorInfo,
 };
 
 use crate::agent_runs::AgentRuns;
+use crate::auth::Tenant;
 use crate::error::{Failure, json_rejection};
 use crate::state::AppState;
 
@@ -59,6 +60,7 @@ fn save(agents: &AgentRuns, record: &AgentRun) {
 )]
 pub(crate) async fn create(
     State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
     body: Result<Json<AgentRunRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<AgentRunCreated>), Failure> {
     let Json(request) = body.map_err(json_rejection)?;
@@ -96,6 +98,16 @@ pub(crate) async fn create(
     let provider = agents
         .provider(&skill)
         .map_err(|e| Failure::new(ErrorCode::Unavailable, format!("model: {e}")))?;
+    let Some(tenant_run) = state.tenant_run(&tenant) else {
+        return Err(Failure::overloaded(
+            format!(
+                "tenant {} has {} runs running or waiting, its most; retry later",
+                tenant.as_str(),
+                state.config.tenant_max_runs
+            ),
+            5,
+        ));
+    };
     // Bounded like /v1/run: past the limit, 429 instead of an ever-growing backlog.
     if agents.in_system.fetch_add(1, Ordering::SeqCst) >= agents.max_in_system {
         agents.in_system.fetch_sub(1, Ordering::SeqCst);
@@ -126,7 +138,7 @@ pub(crate) async fn create(
         .map_err(|e| Failure::new(ErrorCode::Unknown, e.to_string()))?;
     agents
         .records
-        .insert(&record.id, record.status.as_str(), &body)
+        .insert(&record.id, tenant.as_str(), record.status.as_str(), &body)
         .map_err(|e| {
             agents.in_system.fetch_sub(1, Ordering::SeqCst);
             Failure::from(e)
@@ -139,7 +151,9 @@ pub(crate) async fn create(
     let agents = agents.clone();
     let runner = state.runner.clone();
     let tracker = agents.tasks.clone();
+    let state = state.clone();
     tracker.spawn(async move {
+        let _tenant_run = tenant_run;
         // The work runs in its own task, so a panic there still ends the record.
         let work = {
             let agents = agents.clone();
@@ -205,6 +219,10 @@ pub(crate) async fn create(
                 ..record
             },
         };
+        // The tenant may download what its run made.
+        if let Err(e) = crate::runs::grant(&state, &tenant, &record.artifacts) {
+            tracing::error!(id = %record.id, error = ?e, "agent run: cannot record the artifacts' owner");
+        }
         save(&agents, &record);
         agents.in_system.fetch_sub(1, Ordering::SeqCst);
     });
@@ -223,12 +241,15 @@ pub(crate) async fn create(
 )]
 pub(crate) async fn get(
     State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
     Path(id): Path<String>,
 ) -> Result<Json<AgentRun>, Failure> {
     let agents = state.agents().ok_or_else(not_configured)?;
+    // Another tenant's run is answered exactly as one that does not exist.
     let record = agents
         .records
         .get(&id)?
+        .filter(|record| record.tenant == tenant.as_str())
         .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no agent run {id:?}")))?;
     let mut run: AgentRun = serde_json::from_str(&record.body)
         .map_err(|e| Failure::new(ErrorCode::Unknown, format!("record {id}: {e}")))?;

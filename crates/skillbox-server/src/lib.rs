@@ -6,13 +6,16 @@
 
 mod agent_runs;
 mod agents;
+mod auth;
 mod error;
+mod listen;
 mod metrics;
 mod routes;
 mod runs;
 mod state;
 
 pub use agent_runs::{AgentModel, AgentRuns};
+pub use auth::{ApiKeys, LOCAL_TENANT, Tenant};
 pub use error::status_of;
 pub use routes::{ApiDoc, router};
 pub use state::{AppState, ServerConfig};
@@ -21,17 +24,46 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use skillbox_run::Runner;
+use skillbox_store::ObjectOwners;
 use tokio_util::sync::CancellationToken;
 
 /// Serves until `shutdown` fires; then stops taking requests, cancels running runs
 /// (their sandboxes are removed) and returns.
+///
+/// A server that anyone on the network could reach runs code for them: an address
+/// that is not loopback is refused without API keys, unless the config says
+/// `insecure_no_auth` (which is logged at every start).
 pub async fn serve(
     config: ServerConfig,
     runner: Arc<Runner>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    check_exposure(config.addr, &config)?;
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
     serve_on(listener, config, runner, shutdown).await
+}
+
+/// Refuses to serve a non-loopback address without keys, unless told to.
+fn check_exposure(addr: SocketAddr, config: &ServerConfig) -> std::io::Result<()> {
+    if addr.ip().is_loopback() || config.keys.is_some() {
+        return Ok(());
+    }
+    if config.insecure_no_auth {
+        tracing::warn!(
+            %addr,
+            "skillbox serve: NO AUTHENTICATION on a non-loopback address: anyone who can reach \
+             {addr} can run code on this machine (--insecure-no-auth)"
+        );
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "{addr} is not a loopback address and no API keys are set: anyone who can reach it \
+             could run code here. Give keys (--api-keys FILE or SKILLBOX_API_KEYS; \
+             `skillbox keys new TENANT` makes one), bind 127.0.0.1, or pass --insecure-no-auth"
+        ),
+    ))
 }
 
 /// As [`serve`], on a listener the caller bound (tests bind port 0).
@@ -42,14 +74,41 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
+    check_exposure(addr, &config)?;
+    // Names a browser may reach a loopback server under, against DNS rebinding.
+    let hosts =
+        (addr.ip().is_loopback() || !config.allowed_hosts.is_empty()).then(|| auth::HostPolicy {
+            extra: config
+                .allowed_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        });
+    let owners = ObjectOwners::open(&runner.data_dir().join("object-owners.sqlite"))
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let config_agents = config.agents.clone();
-    let state = AppState::new(config, runner, shutdown.child_token());
+    let (header_timeout, max_connections) = (config.header_timeout, config.max_connections);
+    let mut state = AppState::new(config, runner, owners, shutdown.child_token());
+    state.hosts = hosts;
     let app = router(state.clone());
     tracing::info!(%addr, "skillbox serve: listening");
-    let graceful = shutdown.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { graceful.cancelled().await })
-        .await?;
+    // Runs in flight are cancelled as soon as shutdown begins (their sandboxes go with
+    // them), so connections waiting on a run answer at once and the drain is short.
+    let runs = state.runs_cancel().clone();
+    let cancel_runs = shutdown.clone();
+    tokio::spawn(async move {
+        cancel_runs.cancelled().await;
+        runs.cancel();
+    });
+    listen::accept_loop(
+        listener,
+        app,
+        header_timeout,
+        max_connections,
+        state.metrics.clone(),
+        shutdown,
+    )
+    .await;
     state.runs_cancel().cancel();
     // Agent runs end on the cancel; give them a moment to record how they ended.
     if let Some(agents) = &config_agents {

@@ -15,6 +15,8 @@ pub struct Metrics {
     pub run_millis_total: AtomicU64,
     pub artifacts_total: AtomicU64,
     pub artifact_bytes_total: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_refused: AtomicU64,
 }
 
 impl Metrics {
@@ -73,6 +75,18 @@ impl Metrics {
             "counter",
             "Bytes of artifacts stored.",
             &[("", get(&self.artifact_bytes_total))],
+        );
+        line(
+            "skillbox_connections_open",
+            "gauge",
+            "HTTP connections open now.",
+            &[("", get(&self.connections_open))],
+        );
+        line(
+            "skillbox_connections_refused_total",
+            "counter",
+            "Connections closed at once because max_connections were open.",
+            &[("", get(&self.connections_refused))],
         );
         out
     }

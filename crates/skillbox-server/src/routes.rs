@@ -1,13 +1,14 @@
 //! The router and the OpenAPI document: every route, in one place.
 
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use utoipa::OpenApi;
 
 use crate::error::{method_not_allowed, not_found};
 use crate::state::AppState;
-use crate::{agents, runs};
+use crate::{agents, auth, runs};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -51,7 +52,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/objects/{sha256}",
             get(runs::get_object).head(runs::get_object),
         )
-        .route("/v1/agent/runs", post(agents::create))
+        // An agent request is a prompt: it gets a small body limit of its own.
+        .route(
+            "/v1/agent/runs",
+            post(agents::create).layer(DefaultBodyLimit::max(64 * 1024)),
+        )
         .route("/v1/agent/runs/{id}", get(agents::get))
         .route("/healthz", get(runs::healthz))
         .route("/metrics", get(runs::metrics))
@@ -59,6 +64,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::guard))
         .with_state(state)
 }
 

@@ -3,16 +3,19 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use axum::Json;
-use axum::body::Body;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{Method, header};
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use skillbox_protocol::{ApiError, ErrorCode, RunRequest, RunResult};
+use std::time::Duration;
 
-use crate::error::{Failure, json_rejection};
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use skillbox_protocol::{ApiError, ArtifactInfo, ErrorCode, RunRequest, RunResult};
+use skillbox_store::is_sha256_hex;
+
+use crate::auth::Tenant;
+use crate::error::Failure;
 use crate::state::{AppState, Gauge};
 
 /// Run one script in a fresh sandbox.
@@ -30,10 +33,24 @@ use crate::state::{AppState, Gauge};
 )]
 pub(crate) async fn run(
     State(state): State<AppState>,
-    body: Result<Json<RunRequest>, JsonRejection>,
+    Extension(tenant): Extension<Tenant>,
+    request: Request,
 ) -> Result<Json<RunResult>, Failure> {
-    let Json(request) = body.map_err(json_rejection)?;
+    let (parts, body) = request.into_parts();
+    // What can be refused without the body is refused before any of it is read.
+    let announced = json_body_size(&parts.headers, state.config.body_limit)?;
     let metrics = &state.metrics;
+    let Some(tenant_run) = state.tenant_run(&tenant) else {
+        metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
+        return Err(Failure::overloaded(
+            format!(
+                "tenant {} has {} runs running or waiting, its most; retry later",
+                tenant.as_str(),
+                state.config.tenant_max_runs
+            ),
+            1,
+        ));
+    };
     // Admission: a slot, or a place in the queue, or 429. The gauges are guards, so a
     // client that goes away while queued or running does not leave them counted.
     let queued = Gauge::up(&metrics.queued);
@@ -61,6 +78,21 @@ pub(crate) async fn run(
         },
     };
     drop(queued);
+    // The body is read only now, within the bytes all bodies in memory may take
+    // together, and held to that budget until the run ends.
+    let body_bytes = state
+        .body_bytes
+        .clone()
+        .try_acquire_many_owned(u32::try_from(announced).unwrap_or(u32::MAX))
+        .map_err(|_| {
+            metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
+            Failure::overloaded(
+                "the server holds as many request bodies as it may; retry later",
+                1,
+            )
+        })?;
+    let request: RunRequest =
+        read_json(body, state.config.body_limit, state.config.body_timeout).await?;
     // The run lives in its own task: if the client goes away, this handler is dropped,
     // the token is cancelled, and the run still ends properly and removes its sandbox.
     let cancel = state.runs_cancel().child_token();
@@ -72,6 +104,8 @@ pub(crate) async fn run(
         let started = Instant::now();
         let result = runner.run(request, &cancel).await;
         drop(permit);
+        drop(body_bytes);
+        drop(tenant_run);
         task_metrics
             .run_millis_total
             .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -96,6 +130,7 @@ pub(crate) async fn run(
             metrics
                 .artifact_bytes_total
                 .fetch_add(result.files.iter().map(|f| f.size).sum(), Ordering::Relaxed);
+            grant(&state, &tenant, &result.files)?;
             Ok(Json(result))
         }
         Err(error) => {
@@ -105,60 +140,221 @@ pub(crate) async fn run(
     }
 }
 
+/// Records that `tenant` may read `files`: a tenant downloads only what its runs made.
+pub(crate) fn grant(
+    state: &AppState,
+    tenant: &Tenant,
+    files: &[ArtifactInfo],
+) -> Result<(), Failure> {
+    for file in files {
+        state
+            .owners
+            .grant(tenant.as_str(), &file.sha256, file.size, &file.content_type)?;
+    }
+    Ok(())
+}
+
+/// The body size to budget for a JSON request, from its headers: 415 unless it says
+/// JSON, 413 when it announces more than `limit` (an unannounced, chunked body is
+/// budgeted at `limit`, and reading stops there).
+fn json_body_size(headers: &HeaderMap, limit: usize) -> Result<usize, Failure> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .is_some_and(|v| {
+            v == "application/json" || (v.starts_with("application/") && v.ends_with("+json"))
+        });
+    if !json {
+        return Err(Failure::new(
+            ErrorCode::UnsupportedMediaType,
+            "request body: expected `Content-Type: application/json`",
+        ));
+    }
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match announced {
+        Some(size) if size > limit as u64 => Err(too_large(limit)),
+        Some(size) => Ok(size as usize),
+        None => Ok(limit),
+    }
+}
+
+fn too_large(limit: usize) -> Failure {
+    Failure::new(
+        ErrorCode::PayloadTooLarge,
+        format!("request body: larger than {limit} bytes"),
+    )
+}
+
+/// Reads at most `limit` bytes of body within `deadline` and parses them as `T`; an
+/// error names the field that did not fit.
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+) -> Result<T, Failure> {
+    let bytes = match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Err(_) => {
+            return Err(Failure::new(
+                ErrorCode::Timeout,
+                format!("request body: not received within {} s", deadline.as_secs()),
+            ));
+        }
+        Ok(Err(e)) => {
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+            return Err(if too_big {
+                too_large(limit)
+            } else {
+                Failure::new(ErrorCode::Invalid, format!("request body: {e}"))
+            });
+        }
+        Ok(Ok(bytes)) => bytes,
+    };
+    let mut parser = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut parser).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if path == "." {
+            format!("request body: {inner}")
+        } else {
+            format!("request body: {path}: {inner}")
+        };
+        Failure::new(ErrorCode::Invalid, message)
+    })
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct ObjectQuery {
     name: Option<String>,
 }
 
-/// Download an artifact by its sha256 (`?name=` sets the file name).
+/// Download an artifact by its sha256 (`?name=` sets the file name it is saved as).
+/// Only a run of the caller's own tenant makes an object readable; any other is 404,
+/// whether or not it exists. `Range: bytes=A-B` gives one part (206).
 #[utoipa::path(
     get,
     path = "/v1/objects/{sha256}",
     params(("sha256" = String, Path, description = "64 lowercase hex digits"), ("name" = Option<String>, Query, description = "file name for Content-Disposition")),
     responses(
-        (status = 200, description = "The artifact's bytes"),
+        (status = 200, description = "The artifact's bytes, as the content type it was stored with"),
+        (status = 206, description = "The requested range"),
         (status = 400, description = "Not a sha256", body = ApiError),
-        (status = 404, description = "No such artifact", body = ApiError),
+        (status = 404, description = "No such artifact of this tenant", body = ApiError),
+        (status = 416, description = "The range is outside the artifact"),
     )
 )]
 pub(crate) async fn get_object(
     State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
     method: Method,
+    headers: HeaderMap,
     Path(sha256): Path<String>,
     Query(query): Query<ObjectQuery>,
 ) -> Result<Response, Failure> {
     let store = state.runner.store();
-    let content_type = query
+    if !is_sha256_hex(&sha256) {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            format!("{sha256:?} is not a sha256 (64 lowercase hex digits)"),
+        ));
+    }
+    let missing = || Failure::new(ErrorCode::NotFound, format!("no artifact {sha256}"));
+    let owned = state
+        .owners
+        .get(tenant.as_str(), &sha256)?
+        .ok_or_else(missing)?;
+    let size = store.head(&sha256).await?.ok_or_else(missing)?;
+    let name: String = query
         .name
         .as_deref()
-        .and_then(|n| mime_guess::from_path(n).first_raw())
-        .unwrap_or("application/octet-stream");
-    let mut builder = Response::builder().header(header::CONTENT_TYPE, content_type);
-    if let Some(name) = query.name.as_deref() {
-        let safe: String = name
-            .chars()
-            .filter(|c| !c.is_control() && *c != '"' && *c != '\\' && *c != '/')
-            .collect();
-        builder = builder.header(
+        .unwrap_or(&sha256)
+        .chars()
+        .filter(|c| !c.is_control() && *c != '"' && *c != '\\' && *c != '/' && *c != ';')
+        .collect();
+    let builder = Response::builder()
+        // The type it was stored as: never one a query can choose.
+        .header(header::CONTENT_TYPE, &owned.content_type)
+        .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
+        .header(
             header::CONTENT_DISPOSITION,
-            format!("attachment; filename=\"{safe}\""),
-        );
-    }
-    let response = if method == Method::HEAD {
-        let size = store
-            .head(&sha256)
-            .await?
-            .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no artifact {sha256}")))?;
-        builder
+            format!("attachment; filename=\"{name}\""),
+        )
+        .header(header::ACCEPT_RANGES, "bytes");
+    let range = headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| byte_range(v, size));
+    let response = match (method == Method::HEAD, range) {
+        (true, _) => builder
             .header(header::CONTENT_LENGTH, size)
-            .body(Body::empty())
-    } else {
-        let bytes = store.get(&sha256).await?;
-        builder
-            .header(header::CONTENT_LENGTH, bytes.len())
-            .body(Body::from(bytes))
+            .body(Body::empty()),
+        (false, Some(Some(Err(())))) => builder
+            .status(StatusCode::RANGE_NOT_SATISFIABLE)
+            .header(header::CONTENT_RANGE, format!("bytes */{size}"))
+            .body(Body::empty()),
+        (false, Some(Some(Ok(range)))) => {
+            let part = store.get_range(&sha256, range.clone()).await?;
+            builder
+                .status(StatusCode::PARTIAL_CONTENT)
+                .header(header::CONTENT_LENGTH, part.size)
+                .header(
+                    header::CONTENT_RANGE,
+                    format!("bytes {}-{}/{size}", range.start, range.end - 1),
+                )
+                .body(Body::from_stream(part.stream))
+        }
+        // No Range, or one this server does not read (several ranges, other units):
+        // the whole object, as RFC 9110 allows.
+        (false, Some(None) | None) => {
+            let whole = store.get_stream(&sha256).await?;
+            builder
+                .header(header::CONTENT_LENGTH, whole.size)
+                .body(Body::from_stream(whole.stream))
+        }
     };
     response.map_err(|e| Failure::new(ErrorCode::Unknown, e.to_string()))
+}
+
+/// One `bytes=` range of an object of `size` bytes: `None` when the header is not one
+/// range this server reads (it then sends the whole object), `Err` when the range lies
+/// outside the object (416).
+fn byte_range(header: &str, size: u64) -> Option<Result<std::ops::Range<u64>, ()>> {
+    let spec = header.trim().strip_prefix("bytes=")?.trim();
+    if spec.contains(',') {
+        return None;
+    }
+    let (first, last) = spec.split_once('-')?;
+    let (first, last) = (first.trim(), last.trim());
+    let range = if first.is_empty() {
+        // The last N bytes.
+        let n: u64 = last.parse().ok()?;
+        if n == 0 {
+            return Some(Err(()));
+        }
+        size.saturating_sub(n)..size
+    } else {
+        let start: u64 = first.parse().ok()?;
+        let end = if last.is_empty() {
+            size
+        } else {
+            let last: u64 = last.parse().ok()?;
+            if last < start {
+                return None;
+            }
+            last.saturating_add(1).min(size)
+        };
+        start..end
+    };
+    Some(if range.start < range.end {
+        Ok(range)
+    } else {
+        Err(())
+    })
 }
 
 /// Liveness.
@@ -174,4 +370,25 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_read_as_rfc_9110_says() {
+        assert_eq!(byte_range("bytes=0-9", 100), Some(Ok(0..10)));
+        assert_eq!(byte_range("bytes=90-", 100), Some(Ok(90..100)));
+        assert_eq!(byte_range("bytes=-10", 100), Some(Ok(90..100)));
+        assert_eq!(byte_range("bytes=-1000", 100), Some(Ok(0..100)));
+        assert_eq!(byte_range("bytes=95-1000", 100), Some(Ok(95..100)));
+        assert_eq!(byte_range("bytes=100-", 100), Some(Err(())));
+        assert_eq!(byte_range("bytes=-0", 100), Some(Err(())));
+        // Not read: the whole object goes out.
+        assert_eq!(byte_range("bytes=0-1,5-6", 100), None);
+        assert_eq!(byte_range("items=0-1", 100), None);
+        assert_eq!(byte_range("bytes=5-1", 100), None);
+        assert_eq!(byte_range("bytes=x-1", 100), None);
+    }
 }

@@ -1,14 +1,18 @@
 //! What every handler shares: the server's config, the runner, the run slots, metrics.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use skillbox_run::Runner;
+use skillbox_store::ObjectOwners;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent_runs::AgentRuns;
+use crate::auth::{ApiKeys, HostPolicy, Tenant};
 use crate::metrics::Metrics;
 
 /// How the server runs.
@@ -23,6 +27,25 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Agent runs (`/v1/agent/runs`); `None` answers 503 there.
     pub agents: Option<AgentRuns>,
+    /// API keys; `None` runs code for anyone who can reach the server, which `serve`
+    /// allows on loopback only, or with `insecure_no_auth`.
+    pub keys: Option<Arc<ApiKeys>>,
+    /// Serve a non-loopback address without keys (logged loudly at every start).
+    pub insecure_no_auth: bool,
+    /// Names a loopback server answers besides loopback's own (`--allowed-host`).
+    pub allowed_hosts: Vec<String>,
+    /// A client gets this long to send a request's headers (and an idle connection
+    /// this long to start its next request).
+    pub header_timeout: Duration,
+    /// ... and this long to send a request's body.
+    pub body_timeout: Duration,
+    /// Open connections at most; further ones are closed at once.
+    pub max_connections: usize,
+    /// Request bodies held in memory at once, in bytes, across all requests; a request
+    /// whose body would pass it is refused with 429 before its body is read.
+    pub max_body_bytes_in_flight: usize,
+    /// Runs (running or waiting) one tenant may have at once before it gets 429.
+    pub tenant_max_runs: usize,
 }
 
 impl Default for ServerConfig {
@@ -36,6 +59,14 @@ impl Default for ServerConfig {
             max_queue: cores * 8,
             body_limit: 48 * 1024 * 1024,
             agents: None,
+            keys: None,
+            insecure_no_auth: false,
+            allowed_hosts: Vec::new(),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            max_connections: 1024,
+            max_body_bytes_in_flight: 256 * 1024 * 1024,
+            tenant_max_runs: cores * 4,
         }
     }
 }
@@ -47,18 +78,54 @@ pub struct AppState {
     pub(crate) slots: Arc<Semaphore>,
     pub(crate) config: ServerConfig,
     pub(crate) metrics: Arc<Metrics>,
+    /// Which tenant may read which stored object.
+    pub(crate) owners: ObjectOwners,
+    /// Bytes of request bodies being read or held, as permits.
+    pub(crate) body_bytes: Arc<Semaphore>,
+    /// Runs each tenant has running or waiting.
+    pub(crate) tenant_runs: Arc<Mutex<HashMap<Arc<str>, usize>>>,
+    /// The Host names answered; `None` answers any (see [`HostPolicy`]).
+    pub(crate) hosts: Option<HostPolicy>,
     runs: CancellationToken,
 }
 
 impl AppState {
-    pub fn new(config: ServerConfig, runner: Arc<Runner>, runs: CancellationToken) -> Self {
+    pub fn new(
+        config: ServerConfig,
+        runner: Arc<Runner>,
+        owners: ObjectOwners,
+        runs: CancellationToken,
+    ) -> Self {
         AppState {
             runner,
             slots: Arc::new(Semaphore::new(config.max_concurrency.max(1))),
+            body_bytes: Arc::new(Semaphore::new(
+                config
+                    .max_body_bytes_in_flight
+                    .clamp(1, Semaphore::MAX_PERMITS),
+            )),
             config,
             metrics: Arc::new(Metrics::default()),
+            owners,
+            tenant_runs: Arc::default(),
+            hosts: None,
             runs,
         }
+    }
+
+    /// Counts a run of `tenant` while the guard lives; `None` when the tenant is at
+    /// its bound.
+    pub(crate) fn tenant_run(&self, tenant: &Tenant) -> Option<TenantRun> {
+        let mut runs = self.tenant_runs.lock().ok()?;
+        let count = runs.entry(tenant.0.clone()).or_insert(0);
+        if *count >= self.config.tenant_max_runs.max(1) {
+            return None;
+        }
+        *count += 1;
+        Some(TenantRun {
+            runs: self.tenant_runs.clone(),
+            tenant: tenant.0.clone(),
+        })
     }
 
     /// Cancelled at shutdown: every running run is cancelled and its sandbox removed.
@@ -88,5 +155,25 @@ impl<'a> Gauge<'a> {
 impl Drop for Gauge<'_> {
     fn drop(&mut self) {
         self.counter.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One run of a tenant, counted until dropped.
+#[derive(Debug)]
+pub(crate) struct TenantRun {
+    runs: Arc<Mutex<HashMap<Arc<str>, usize>>>,
+    tenant: Arc<str>,
+}
+
+impl Drop for TenantRun {
+    fn drop(&mut self) {
+        if let Ok(mut runs) = self.runs.lock()
+            && let Some(count) = runs.get_mut(&self.tenant)
+        {
+            *count -= 1;
+            if *count == 0 {
+                runs.remove(&self.tenant);
+            }
+        }
     }
 }

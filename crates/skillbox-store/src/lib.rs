@@ -5,6 +5,7 @@
 
 mod collect;
 mod error;
+mod owners;
 mod records;
 mod store;
 
@@ -12,5 +13,6 @@ pub use collect::{
     CollectLimits, CollectedFile, StoredArtifact, collect_artifacts, content_type, store_all,
 };
 pub use error::{CollectLimit, StoreError};
-pub use records::{RunRecord, RunRecords};
+pub use owners::{ObjectOwners, OwnedObject};
+pub use records::{LOCAL_TENANT, RunRecord, RunRecords};
 pub use store::{ArtifactStore, ArtifactStream, is_sha256_hex, sha256_hex};

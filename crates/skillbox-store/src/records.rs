@@ -1,5 +1,5 @@
 //! Run records: agent runs persisted in SQLite in the data dir, so they survive a
-//! restart of `skillbox serve`. A record is its status plus a JSON document.
+//! restart of `skillbox serve`. A record is its tenant and status plus a JSON document.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,8 @@ pub struct RunRecords {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRecord {
     pub id: String,
+    /// Who started the run: only this tenant may read it.
+    pub tenant: String,
     pub status: String,
     pub created_ms: i64,
     pub updated_ms: i64,
@@ -25,14 +27,17 @@ pub struct RunRecord {
     pub body: String,
 }
 
-fn db_error(op: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
+/// The tenant of a server without API keys, and of records made before tenants.
+pub const LOCAL_TENANT: &str = "local";
+
+pub(crate) fn db_error(op: &str) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
     move |e| StoreError::Records {
         op: op.to_string(),
         detail: e.to_string(),
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -63,6 +68,17 @@ impl RunRecords {
              );",
         )
         .map_err(db_error("create the run records table"))?;
+        // Records from before tenants belong to the one tenant a keyless server has.
+        let has_tenant = db
+            .prepare("SELECT 1 FROM pragma_table_info('agent_runs') WHERE name = 'tenant'")
+            .and_then(|mut query| query.exists([]))
+            .map_err(db_error("read the run records table"))?;
+        if !has_tenant {
+            db.execute_batch(&format!(
+                "ALTER TABLE agent_runs ADD COLUMN tenant TEXT NOT NULL DEFAULT '{LOCAL_TENANT}'"
+            ))
+            .map_err(db_error("add the tenant column"))?;
+        }
         let interrupted = serde_json::json!({"reason": "interrupted: skillbox stopped while this run was running"}).to_string();
         db.execute(
             "UPDATE agent_runs SET status = 'failed', updated_ms = ?1, body = json_patch(body, ?2) WHERE status = 'running'",
@@ -86,13 +102,19 @@ impl RunRecords {
         f(&db).map_err(db_error(op))
     }
 
-    /// Inserts a new record.
-    pub fn insert(&self, id: &str, status: &str, body: &str) -> Result<(), StoreError> {
+    /// Inserts a new record of `tenant`.
+    pub fn insert(
+        &self,
+        id: &str,
+        tenant: &str,
+        status: &str,
+        body: &str,
+    ) -> Result<(), StoreError> {
         let now = now_ms();
         self.with("insert a run record", |db| {
             db.execute(
-                "INSERT INTO agent_runs (id, status, created_ms, updated_ms, body) VALUES (?1, ?2, ?3, ?3, ?4)",
-                params![id, status, now, body],
+                "INSERT INTO agent_runs (id, tenant, status, created_ms, updated_ms, body) VALUES (?1, ?2, ?3, ?4, ?4, ?5)",
+                params![id, tenant, status, now, body],
             )
             .map(|_| ())
         })
@@ -119,15 +141,16 @@ impl RunRecords {
     pub fn get(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.with("read a run record", |db| {
             db.query_row(
-                "SELECT id, status, created_ms, updated_ms, body FROM agent_runs WHERE id = ?1",
+                "SELECT id, tenant, status, created_ms, updated_ms, body FROM agent_runs WHERE id = ?1",
                 params![id],
                 |row| {
                     Ok(RunRecord {
                         id: row.get(0)?,
-                        status: row.get(1)?,
-                        created_ms: row.get(2)?,
-                        updated_ms: row.get(3)?,
-                        body: row.get(4)?,
+                        tenant: row.get(1)?,
+                        status: row.get(2)?,
+                        created_ms: row.get(3)?,
+                        updated_ms: row.get(4)?,
+                        body: row.get(5)?,
                     })
                 },
             )
@@ -146,16 +169,16 @@ mod tests {
         let path = dir.path().join("runs.sqlite");
         let records = RunRecords::open(&path).expect("open");
         records
-            .insert("a", "running", r#"{"prompt":"x"}"#)
+            .insert("a", "t1", "running", r#"{"prompt":"x"}"#)
             .expect("insert");
         records
-            .insert("b", "running", r#"{"prompt":"y"}"#)
+            .insert("b", "t2", "running", r#"{"prompt":"y"}"#)
             .expect("insert");
         records
             .update("b", "succeeded", r#"{"prompt":"y","attempts":[]}"#)
             .expect("update");
         assert!(
-            records.insert("a", "running", "{}").is_err(),
+            records.insert("a", "t2", "running", "{}").is_err(),
             "ids are unique"
         );
         assert!(records.update("zzz", "failed", "{}").is_err());
@@ -169,11 +192,33 @@ mod tests {
         let records = RunRecords::open(&path).expect("reopen");
         let a = records.get("a").expect("get").expect("a");
         assert_eq!(a.status, "failed");
+        assert_eq!(a.tenant, "t1");
         assert!(a.body.contains("interrupted"), "{}", a.body);
         assert!(a.body.contains("\"prompt\":\"x\""), "{}", a.body);
         assert_eq!(
             records.get("b").expect("get").expect("b").body,
             r#"{"prompt":"y","attempts":[]}"#
         );
+    }
+
+    #[test]
+    fn records_from_before_tenants_belong_to_the_local_tenant() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("runs.sqlite");
+        let old = Connection::open(&path).expect("open");
+        old.execute_batch(
+            "CREATE TABLE agent_runs (id TEXT PRIMARY KEY, status TEXT NOT NULL,
+                 created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL, body TEXT NOT NULL);
+             INSERT INTO agent_runs VALUES ('old', 'succeeded', 1, 1, '{}');",
+        )
+        .expect("old schema");
+        drop(old);
+        let records = RunRecords::open(&path).expect("open");
+        assert_eq!(
+            records.get("old").expect("get").expect("old").tenant,
+            LOCAL_TENANT
+        );
+        records.insert("new", "t", "running", "{}").expect("insert");
+        assert_eq!(records.get("new").expect("get").expect("new").tenant, "t");
     }
 }

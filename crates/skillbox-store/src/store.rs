@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures_util::Stream;
 use futures_util::stream::BoxStream;
+use futures_util::{Stream, StreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
@@ -198,6 +198,33 @@ impl ArtifactStore {
         Ok(ArtifactStream {
             size,
             stream: Box::pin(verified),
+        })
+    }
+
+    /// Bytes `range` (end exclusive, within the object) of the object named by
+    /// `sha256`, in chunks. A part cannot be checked against the key: only whole reads
+    /// ([`ArtifactStore::get`], [`ArtifactStore::get_stream`]) verify the hash.
+    pub async fn get_range(
+        &self,
+        sha256: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<ArtifactStream, StoreError> {
+        let path = self.checked_path(sha256)?;
+        let options = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(range.clone())),
+            ..object_store::GetOptions::default()
+        };
+        let result = self
+            .store
+            .get_opts(&path, options)
+            .await
+            .map_err(|e| missing_or(e, sha256, "get"))?;
+        let stream = result
+            .into_stream()
+            .map(|chunk| chunk.map_err(|e| StoreError::backend("get", e)));
+        Ok(ArtifactStream {
+            size: range.end - range.start,
+            stream: Box::pin(stream),
         })
     }
 

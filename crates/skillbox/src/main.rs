@@ -4,6 +4,7 @@ mod agent;
 mod doctor;
 mod exec;
 mod image;
+mod keys;
 mod local;
 mod run;
 mod serve;
@@ -44,6 +45,8 @@ enum Command {
     /// A model writes a script, skillbox runs it and feeds errors back until the files
     /// it makes pass verification.
     Agent(agent::AgentArgs),
+    /// API keys for `skillbox serve --api-keys`.
+    Keys(keys::KeysArgs),
 }
 
 /// Exit status for skillbox's own failures (the sandbox could not be set up), as
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve(args, &data_dir).await,
             Command::Setup => serve::setup(&data_dir).await,
             Command::Agent(args) => agent::run(args, &data_dir).await,
+            Command::Keys(args) => keys::run(args),
         }
     })
 }

@@ -30,9 +30,97 @@ pub struct ServeArgs {
     /// is used, so a run skips the container's create and start; 0 for none.
     #[arg(long, value_name = "N", default_value_t = 2)]
     warm_containers: usize,
+    /// API keys: a file of `TENANT sha256:HEX` lines (`skillbox keys new` writes them);
+    /// SKILLBOX_API_KEYS may add `TENANT=TOKEN` pairs. With keys, every request but
+    /// /healthz needs `Authorization: Bearer TOKEN`.
+    #[arg(long, value_name = "FILE", env = "SKILLBOX_API_KEYS_FILE")]
+    api_keys: Option<std::path::PathBuf>,
+    /// Serve a non-loopback --addr without API keys: anyone who can reach it runs code.
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// A name a loopback server also answers in the Host header (repeatable); others get
+    /// 403, which stops DNS rebinding from web pages.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
+    /// Time a client gets to send a request's headers (and an idle connection before it
+    /// is closed).
+    #[arg(long, value_parser = crate::units::parse_duration, default_value = "10s")]
+    header_timeout: std::time::Duration,
+    /// Time a client gets to send a request's body.
+    #[arg(long, value_parser = crate::units::parse_duration, default_value = "60s")]
+    body_timeout: std::time::Duration,
+    /// Open connections at most; more are closed at once.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// Runs one tenant may have running or waiting [default: 4 × the number of cores]
+    #[arg(long, value_name = "N")]
+    tenant_max_runs: Option<usize>,
+}
+
+/// The keys of `--api-keys` and SKILLBOX_API_KEYS together; `None` when neither gives any.
+fn api_keys(file: Option<&Path>) -> Result<Option<skillbox_server::ApiKeys>, String> {
+    let mut keys = skillbox_server::ApiKeys::default();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--api-keys {}: {e}", path.display()))?;
+        keys.extend(skillbox_server::ApiKeys::parse(
+            &text,
+            &path.display().to_string(),
+        )?);
+        if keys.is_empty() {
+            return Err(format!("--api-keys {}: holds no key", path.display()));
+        }
+    }
+    if let Some(pairs) = std::env::var_os("SKILLBOX_API_KEYS").filter(|v| !v.is_empty()) {
+        let pairs = pairs
+            .into_string()
+            .map_err(|_| "SKILLBOX_API_KEYS: not UTF-8".to_string())?;
+        keys.extend(skillbox_server::ApiKeys::from_pairs(&pairs)?);
+    }
+    Ok((!keys.is_empty()).then_some(keys))
 }
 
 pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
+    let keys = match api_keys(args.api_keys.as_deref()) {
+        Ok(keys) => keys,
+        Err(e) => {
+            eprintln!("skillbox serve: {e}");
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+    };
+    let mut config = ServerConfig {
+        addr: args.addr,
+        insecure_no_auth: args.insecure_no_auth,
+        allowed_hosts: args.allowed_hosts.clone(),
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
+        max_connections: args.max_connections,
+        ..ServerConfig::default()
+    };
+    if let Some(keys) = keys {
+        eprintln!(
+            "skillbox serve: {} API key(s); requests need `Authorization: Bearer TOKEN`",
+            keys.len()
+        );
+        config.keys = Some(Arc::new(keys));
+    } else if args.insecure_no_auth && !args.addr.ip().is_loopback() {
+        eprintln!(
+            "skillbox serve: WARNING: no authentication on {}: anyone who can reach it can run code on this machine",
+            args.addr
+        );
+    }
+    if let Some(n) = args.tenant_max_runs {
+        config.tenant_max_runs = n.max(1);
+    }
+    if config.keys.is_none() && !args.insecure_no_auth && !args.addr.ip().is_loopback() {
+        eprintln!(
+            "skillbox serve: {} is not a loopback address and no API keys are set: anyone who \
+             can reach it could run code here. Give keys (--api-keys FILE, made with \
+             `skillbox keys new TENANT --file FILE`), bind 127.0.0.1, or pass --insecure-no-auth",
+            args.addr
+        );
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
     let runner_config = skillbox_run::RunnerConfig {
         warm_containers: args.warm_containers,
         ..skillbox_run::RunnerConfig::new(data_dir)
@@ -43,10 +131,6 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
             eprintln!("skillbox serve: {e}");
             return ExitCode::from(crate::EXIT_SETUP_FAILED);
         }
-    };
-    let mut config = ServerConfig {
-        addr: args.addr,
-        ..ServerConfig::default()
     };
     if let Some(n) = args.max_concurrency {
         if n == 0 {

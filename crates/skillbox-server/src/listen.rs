@@ -1,0 +1,95 @@
+//! The accept loop: HTTP/1.1 connections a hostile client cannot tie up. A client has
+//! `header_timeout` to send each request's headers (an idle keep-alive connection is
+//! closed after the same), at most `max_connections` are open at once (one more is
+//! closed as soon as it is accepted), and shutdown stops accepting, lets each
+//! connection finish the request it is in, and closes it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// How long shutdown waits for connections to finish their requests.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Serves `app` on `listener` until `shutdown` fires.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    header_timeout: Duration,
+    max_connections: usize,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) {
+    let open = Arc::new(Semaphore::new(max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before accept: the
+                    // listener itself is fine. A pause keeps EMFILE from spinning.
+                    tracing::warn!(error = %e, "serve: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let Ok(slot) = open.clone().try_acquire_owned() else {
+            metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .keep_alive(true);
+        let connection =
+            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _open = Gauge::up(&metrics);
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "serve: connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("serve: some connections were still open {DRAIN:?} after shutdown");
+    }
+}
+
+/// Counts an open connection while alive.
+struct Gauge<'a>(&'a Metrics);
+
+impl<'a> Gauge<'a> {
+    fn up(metrics: &'a Metrics) -> Self {
+        metrics.connections_open.fetch_add(1, Ordering::Relaxed);
+        Gauge(metrics)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,517 @@
+//! The server's doors, attacked for real: who may run code (keys, tenants, the Host
+//! header), and HTTP a hostile client cannot tie up (slow headers and bodies, too many
+//! connections, bodies held in memory), and downloads a browser cannot be tricked into
+//! rendering.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use skillbox_run::{Runner, RunnerConfig};
+use skillbox_server::{AgentModel, AgentRuns, ApiKeys, ServerConfig};
+use skillbox_store::ArtifactStore;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{Server, is_error, shared_data_dir, start, start_with};
+
+const KEY_A: &str = "tenant-a-token-0123456789";
+const KEY_B: &str = "tenant-b-token-9876543210";
+
+fn keys() -> Option<Arc<ApiKeys>> {
+    Some(Arc::new(
+        ApiKeys::from_pairs(&format!("a={KEY_A},b={KEY_B}")).unwrap(),
+    ))
+}
+
+fn local() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+impl Server {
+    fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<&Value>,
+    ) -> reqwest::Response {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        request.send().await.unwrap()
+    }
+
+    async fn run_as(&self, key: &str, script: &str) -> Value {
+        let response = self
+            .send(
+                reqwest::Method::POST,
+                "/v1/run",
+                Some(key),
+                Some(&json!({"script": script, "language": "sh"})),
+            )
+            .await;
+        assert_eq!(response.status(), 200);
+        response.json().await.unwrap()
+    }
+}
+
+/// Reads until the server closes the connection (or `bound` passes: then the server
+/// kept it open, which the caller asserts against).
+async fn read_to_close(stream: &mut TcpStream, bound: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(bound, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    read.ok().map(|()| got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_bind_without_keys_is_refused() {
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let runner = Arc::new(Runner::new(RunnerConfig::new(shared_data_dir()), store));
+    let everywhere = || async { tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap() };
+    let refused = skillbox_server::serve_on(
+        everywhere().await,
+        ServerConfig::default(),
+        runner.clone(),
+        CancellationToken::new(),
+    )
+    .await
+    .expect_err("a non-loopback address without keys is refused");
+    assert_eq!(refused.kind(), std::io::ErrorKind::PermissionDenied);
+    assert!(
+        refused.to_string().contains("--insecure-no-auth"),
+        "{refused}"
+    );
+    // `serve` refuses before it binds anything.
+    let refused = skillbox_server::serve(
+        ServerConfig {
+            addr: "0.0.0.0:0".parse().unwrap(),
+            ..ServerConfig::default()
+        },
+        runner.clone(),
+        CancellationToken::new(),
+    )
+    .await
+    .expect_err("refused");
+    assert_eq!(refused.kind(), std::io::ErrorKind::PermissionDenied);
+    // With keys, or told to, it serves (until its shutdown fires).
+    for config in [
+        ServerConfig {
+            keys: keys(),
+            ..ServerConfig::default()
+        },
+        ServerConfig {
+            insecure_no_auth: true,
+            ..ServerConfig::default()
+        },
+    ] {
+        let shutdown = CancellationToken::new();
+        let serving = tokio::spawn(skillbox_server::serve_on(
+            everywhere().await,
+            config,
+            runner.clone(),
+            shutdown.clone(),
+        ));
+        tokio::task::yield_now().await;
+        shutdown.cancel();
+        serving.await.unwrap().expect("serves");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_host_header_is_refused_before_anything_runs() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        allowed_hosts: vec!["Sandbox.Internal".into()],
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let with_host = |host: &str, path: &str| {
+        server
+            .http
+            .post(format!("{}{path}", server.base))
+            .header("host", host)
+            .json(&json!({"script": "echo ran", "language": "sh"}))
+            .send()
+    };
+    // DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1.
+    for host in [
+        "evil.example",
+        "evil.example:8080",
+        "localhost.evil.example",
+    ] {
+        let response = with_host(host, "/v1/run").await.unwrap();
+        assert_eq!(response.status(), 403, "{host}");
+        let json: Value = response.json().await.unwrap();
+        assert!(is_error(&json, "permission_denied"), "{json}");
+    }
+    let metrics = server
+        .http
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("skillbox_runs_total{outcome=\"ok\"} 0"),
+        "a refused request ran nothing: {metrics}"
+    );
+    for host in [
+        server.addr(),
+        "localhost".to_string(),
+        "sandbox.internal:80".to_string(),
+    ] {
+        let response = with_host(&host, "/v1/run").await.unwrap();
+        assert_eq!(response.status(), 200, "{host}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_gate_every_route_but_healthz() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        keys: keys(),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let body = json!({"script": "echo ran", "language": "sh"});
+    for key in [None, Some("tenant-a-token-012345678"), Some("")] {
+        let response = server
+            .send(reqwest::Method::POST, "/v1/run", key, Some(&body))
+            .await;
+        assert_eq!(response.status(), 401, "{key:?}");
+        assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        let json: Value = response.json().await.unwrap();
+        assert!(is_error(&json, "unauthenticated"), "{json}");
+    }
+    for path in ["/metrics", "/openapi.json", "/v1/agent/runs/x"] {
+        let response = server.send(reqwest::Method::GET, path, None, None).await;
+        assert_eq!(response.status(), 401, "{path}");
+    }
+    let response = server
+        .send(reqwest::Method::GET, "/healthz", None, None)
+        .await;
+    assert_eq!(response.status(), 200);
+    let result = server.run_as(KEY_A, "echo ran").await;
+    assert_eq!(result["stdout"], "ran\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_see_only_their_own_runs_and_objects() {
+    let data = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(&data.path().join("objects"))
+        .await
+        .unwrap();
+    let agents = AgentRuns::open(data.path(), AgentModel::Loopback, 2).unwrap();
+    let Some(server) = start_with(
+        ServerConfig {
+            addr: local(),
+            keys: keys(),
+            agents: Some(agents),
+            ..ServerConfig::default()
+        },
+        store,
+        tempfile::tempdir().unwrap(),
+    )
+    .await
+    else {
+        return;
+    };
+    // Bytes no other test makes, so only this run of tenant a can own them.
+    let secret = format!("secret of a {:?}", data.path());
+    let script = format!("printf '%s' '{secret}' > a.txt");
+    let result = server.run_as(KEY_A, &script).await;
+    let url = result["files"][0]["url"].as_str().unwrap().to_string();
+    let sha = result["files"][0]["sha256"].as_str().unwrap().to_string();
+    let fetch =
+        |key: &'static str, method: reqwest::Method| server.send(method, &url, Some(key), None);
+    let response = fetch(KEY_A, reqwest::Method::GET).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), secret);
+    // Tenant b gets exactly the answer for an object that does not exist.
+    let theirs = fetch(KEY_B, reqwest::Method::GET).await;
+    assert_eq!(theirs.status(), 404);
+    let theirs: Value = theirs.json().await.unwrap();
+    let nobodys = server
+        .send(
+            reqwest::Method::GET,
+            &format!("/v1/objects/{}", "e".repeat(64)),
+            Some(KEY_B),
+            None,
+        )
+        .await;
+    assert_eq!(nobodys.status(), 404);
+    let nobodys: Value = nobodys.json().await.unwrap();
+    assert_eq!(
+        theirs["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace(&sha, "X"),
+        nobodys["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace(&"e".repeat(64), "X")
+    );
+    assert_eq!(fetch(KEY_B, reqwest::Method::HEAD).await.status(), 404);
+    // Once b's own run makes the same bytes, b may read them: it learns nothing new.
+    let again = server.run_as(KEY_B, &script).await;
+    assert_eq!(again["files"][0]["sha256"], sha.as_str());
+    assert_eq!(fetch(KEY_B, reqwest::Method::GET).await.status(), 200);
+
+    // Agent runs: tenant b cannot see tenant a's.
+    let created = server
+        .send(
+            reqwest::Method::POST,
+            "/v1/agent/runs",
+            Some(KEY_A),
+            Some(&json!({"prompt": "a deck about WorkspaceX"})),
+        )
+        .await;
+    assert_eq!(created.status(), 202);
+    let id = created.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let path = format!("/v1/agent/runs/{id}");
+    let theirs = server
+        .send(reqwest::Method::GET, &path, Some(KEY_B), None)
+        .await;
+    assert_eq!(theirs.status(), 404);
+    let record = wait_done_as(&server, &path, KEY_A).await;
+    assert_eq!(record["status"], "succeeded", "{record}");
+    let deck = record["artifacts"][0]["url"].as_str().unwrap();
+    assert_eq!(
+        server
+            .send(reqwest::Method::GET, deck, Some(KEY_A), None)
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        server
+            .send(reqwest::Method::GET, deck, Some(KEY_B), None)
+            .await
+            .status(),
+        404
+    );
+}
+
+async fn wait_done_as(server: &Server, path: &str, key: &str) -> Value {
+    for _ in 0..600 {
+        let record: Value = server
+            .send(reqwest::Method::GET, path, Some(key), None)
+            .await
+            .json()
+            .await
+            .unwrap();
+        if record["status"] != "running" {
+            return record;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{path} did not finish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_is_dropped_after_the_header_timeout() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        header_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    // Slowloris: headers begun and never finished.
+    let mut slow = TcpStream::connect(server.addr()).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let answer = read_to_close(&mut slow, Duration::from_secs(20))
+        .await
+        .expect("the server closed the slow connection");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(!text.contains("200 OK"), "{text}");
+    // A connection that sends nothing at all goes the same way.
+    let mut idle = TcpStream::connect(server.addr()).await.unwrap();
+    assert!(
+        read_to_close(&mut idle, Duration::from_secs(20))
+            .await
+            .is_some()
+    );
+    // Others are served meanwhile and after.
+    let response = server
+        .send(reqwest::Method::GET, "/healthz", None, None)
+        .await;
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_never_arrives_times_out_and_holds_nothing() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        body_timeout: Duration::from_millis(300),
+        max_body_bytes_in_flight: 4 * 1024 * 1024,
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    // A client announces 3 MiB and stalls after a few bytes: its budget is taken...
+    let mut stalled = TcpStream::connect(server.addr()).await.unwrap();
+    let head = format!(
+        "POST /v1/run HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"scr",
+        server.addr(),
+        3 * 1024 * 1024
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    // ... so another 3 MiB body is refused before a byte of it is read.
+    let big =
+        json!({"script": format!("true #{}", "x".repeat(3 * 1024 * 1024 - 40)), "language": "sh"});
+    let mut refused = false;
+    for _ in 0..50 {
+        // Only the head is sent: the refusal comes before the body is read.
+        let (status, head, json) = server.head_only("/v1/run", 3 * 1024 * 1024).await;
+        if status == 429 {
+            assert!(head.contains("retry-after"), "{head}");
+            assert!(is_error(&json, "overloaded"), "{json}");
+            refused = true;
+            break;
+        }
+        // The stalled request may not have been admitted yet.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "a second large body was admitted past the budget");
+    // The stalled body times out with 504 and gives its budget back.
+    let answer = read_to_close(&mut stalled, Duration::from_secs(20))
+        .await
+        .expect("the stalled request was answered");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+    assert!(text.contains("\"timeout\""), "{text}");
+    let response = server
+        .send(reqwest::Method::POST, "/v1/run", None, Some(&big))
+        .await;
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_are_closed_at_once() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        max_connections: 2,
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(server.addr()).await.unwrap();
+        // A full request proves the connection was taken in, then it stays open.
+        let request = format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr());
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        held.push(stream);
+    }
+    let mut third = TcpStream::connect(server.addr()).await.unwrap();
+    let answer = read_to_close(&mut third, Duration::from_secs(20))
+        .await
+        .expect("the connection past the cap was closed");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    drop(held);
+    // The slots come back when those close.
+    let mut served = false;
+    for _ in 0..100 {
+        let fresh = reqwest::Client::new();
+        if let Ok(response) = fresh.get(format!("{}/healthz", server.base)).send().await
+            && response.status() == 200
+        {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downloads_are_attachments_of_their_stored_type_with_ranges() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let result = server
+        .run_as("", "printf '<script>alert(1)</script>' > note.txt")
+        .await;
+    let sha = result["files"][0]["sha256"].as_str().unwrap();
+    // The query names the file; it cannot make the browser render it as HTML.
+    let path = format!("/v1/objects/{sha}?name=page.html");
+    let response = server.send(reqwest::Method::GET, &path, None, None).await;
+    assert_eq!(response.status(), 200);
+    let headers = response.headers().clone();
+    assert_eq!(headers["content-type"], "text/plain");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(
+        headers["content-disposition"],
+        "attachment; filename=\"page.html\""
+    );
+    assert_eq!(headers["accept-ranges"], "bytes");
+    let ranged = |range: &'static str| {
+        server
+            .http
+            .get(format!("{}{path}", server.base))
+            .header("range", range)
+            .send()
+    };
+    let part = ranged("bytes=1-6").await.unwrap();
+    assert_eq!(part.status(), 206);
+    assert_eq!(part.headers()["content-range"], "bytes 1-6/25");
+    assert_eq!(part.text().await.unwrap(), "script");
+    let tail = ranged("bytes=-9").await.unwrap();
+    assert_eq!(tail.status(), 206);
+    assert_eq!(tail.text().await.unwrap(), "</script>");
+    let outside = ranged("bytes=25-").await.unwrap();
+    assert_eq!(outside.status(), 416);
+    assert_eq!(outside.headers()["content-range"], "bytes */25");
+    // Several ranges are not read: the whole object, whole.
+    let whole = ranged("bytes=0-1,3-4").await.unwrap();
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.text().await.unwrap().len(), 25);
+}
