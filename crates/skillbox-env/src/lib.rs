@@ -6,6 +6,7 @@
 //! kills the work where it runs, not just the waiter.
 
 mod backend;
+mod data_dir;
 mod error;
 mod exec;
 mod exit;
@@ -18,6 +19,7 @@ pub mod path;
 pub mod testkit;
 
 pub use backend::Backend;
+pub use data_dir::{default_data_dir, own_data_dir};
 pub use error::{EnvError, EnvResult, ErrorCode, errno_code};
 pub use exec::{Command, ExecEvent, ExecRequest, ExecStream};
 pub use exit::{Ended, Ending};

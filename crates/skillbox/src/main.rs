@@ -55,18 +55,15 @@ pub const EXIT_SETUP_FAILED: u8 = 125;
 /// Exit status for bad usage.
 pub const EXIT_USAGE: u8 = 2;
 
-fn data_dir(flag: Option<PathBuf>) -> PathBuf {
-    if let Some(dir) = flag {
-        return dir;
-    }
-    if let Some(dir) = std::env::var_os("SKILLBOX_DATA").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-        Some(home) => PathBuf::from(home).join(".local/share/skillbox"),
-        // SAFETY: getuid has no preconditions.
-        None => std::env::temp_dir().join(format!("skillbox-{}", unsafe { libc::getuid() })),
-    }
+/// The data dir named by the flag, `SKILLBOX_DATA` or `HOME`, created private or checked
+/// to be ours alone.
+fn data_dir(flag: Option<PathBuf>) -> Result<PathBuf, skillbox_env::EnvError> {
+    let dir = match flag {
+        Some(dir) => dir,
+        None => skillbox_env::default_data_dir()?,
+    };
+    skillbox_env::own_data_dir(&dir)?;
+    Ok(dir)
 }
 
 /// Folds clap's multi-line error into one line: the error, plus the valid values.
@@ -103,7 +100,16 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let data_dir = data_dir(cli.data_dir);
+    if let Command::Keys(args) = cli.command {
+        return keys::run(args);
+    }
+    let data_dir = match data_dir(cli.data_dir) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("skillbox: {}", e.message);
+            return ExitCode::from(EXIT_SETUP_FAILED);
+        }
+    };
     // One thread is fastest for a single exec or run; the server wants every core.
     let mut builder = if matches!(cli.command, Command::Serve(_)) {
         tokio::runtime::Builder::new_multi_thread()

@@ -377,6 +377,8 @@ fn exec_works_as_an_unprivileged_user() {
     let doctor = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&bin)
+        .arg("--data-dir")
+        .arg(&data)
         .args(["doctor", "--json"])
         .output()
         .unwrap();
@@ -389,6 +391,89 @@ fn exec_works_as_an_unprivileged_user() {
             .unwrap()
             .contains("rlimit"),
         "{native}"
+    );
+}
+
+/// The data dir is ours alone: no guessable fallback under /tmp, and one another user
+/// owns, or can write to, is refused before anything is put in it.
+#[test]
+fn the_data_dir_is_ours_alone() {
+    // Without HOME or SKILLBOX_DATA: an error that says what to set, and nothing made
+    // under /tmp.
+    let out = Command::new(BIN)
+        .args(["exec", "--", "true"])
+        .env_remove("HOME")
+        .env_remove("SKILLBOX_DATA")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("SKILLBOX_DATA") && err.contains("--data-dir"),
+        "{err}"
+    );
+    // SAFETY: getuid has no preconditions.
+    let guess = std::env::temp_dir().join(format!("skillbox-{}", unsafe { libc::getuid() }));
+    assert!(!guess.exists(), "{} was made", guess.display());
+
+    // A new one is made 0700.
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let place = tempfile::tempdir().unwrap();
+    let fresh = place.path().join("fresh/data");
+    let out = skillbox(&fresh, &["doctor", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::metadata(&fresh).unwrap().mode() & 0o777, 0o700);
+
+    // World-writable: refused, named, with the fix.
+    let open = place.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = skillbox(&open, &["exec", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("chmod go-w") && err.contains("open"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&open).unwrap().count(),
+        0,
+        "something was put in it"
+    );
+
+    if !is_root() {
+        skillbox_env::testkit::skip(
+            "the_data_dir_is_ours_alone (another user's dir)",
+            "needs root to make a directory another user owns",
+        );
+        return;
+    }
+    // Pre-created by another user, with a planted subdir: refused, left as it was.
+    let theirs = place.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::create_dir(theirs.join("native")).unwrap();
+    for path in [theirs.clone(), theirs.join("native")] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    }
+    let out = skillbox(&theirs, &["exec", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("uid 65534"), "{err}");
+    let names: Vec<_> = std::fs::read_dir(&theirs)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["native"], "something was put in it");
+    // Ours, but a directory in it is another user's: refused too.
+    let ours = place.path().join("ours");
+    std::fs::create_dir(&ours).unwrap();
+    std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir(ours.join("objects")).unwrap();
+    std::os::unix::fs::chown(ours.join("objects"), Some(65534), Some(65534)).unwrap();
+    let out = skillbox(&ours, &["exec", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("objects"),
+        "{}",
+        text(&out.stderr)
     );
 }
 
