@@ -12,7 +12,7 @@ use skillbox_env::{
     SandboxPolicy, SandboxSpec,
 };
 use skillbox_protocol::{
-    AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, Usage, Verification,
+    AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, OutputSelection, Usage, Verification,
 };
 use skillbox_run::{RunError, Runner, script_command, script_name};
 use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
@@ -377,6 +377,7 @@ impl Session<'_> {
             self.env,
             Path::new(WORKSPACE),
             &BTreeMap::new(),
+            &OutputSelection::visible(),
             CollectLimits::default(),
             self.cancel,
         )

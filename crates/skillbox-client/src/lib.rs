@@ -3,11 +3,12 @@
 //! from `skillbox-protocol`; nothing here pulls in a sandbox.
 
 mod http;
+pub mod outdir;
 
 pub use http::HttpSkillSandbox;
 pub use skillbox_protocol::{
     ApiError, ApiErrorBody, ArtifactInfo, BackendKind, Encoding, ErrorCode, FileInput, Language,
-    MAX_TIMEOUT_MS, RunRequest, RunResult,
+    MAX_TIMEOUT_MS, OutputSelection, RunRequest, RunResult,
 };
 
 use async_trait::async_trait;

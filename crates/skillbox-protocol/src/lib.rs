@@ -5,7 +5,8 @@
 //! - [`BackendKind`], [`Boundary`], [`BackendReport`]: which sandbox, what isolates it,
 //!   and what `doctor` found;
 //! - [`ExecOutput`], [`LimitKind`], [`Truncated`]: how one exec ended;
-//! - [`RunRequest`], [`RunResult`], [`ArtifactInfo`]: `POST /v1/run`;
+//! - [`RunRequest`], [`RunResult`], [`ArtifactInfo`]: `POST /v1/run`, and
+//!   [`OutputSelection`]: which of a run's files come back;
 //! - [`AgentRun`] and its parts: `POST`/`GET /v1/agent/runs`.
 //!
 //! JSON is camelCase; request types refuse unknown fields (a typo is an error). With the
@@ -15,6 +16,7 @@ mod agent;
 mod backend;
 mod error;
 mod exec;
+mod outputs;
 mod run;
 
 pub use agent::{
@@ -24,4 +26,5 @@ pub use agent::{
 pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
 pub use error::{ApiError, ApiErrorBody, ErrorCode};
 pub use exec::{ExecOutput, LimitKind, Truncated};
+pub use outputs::{InvalidGlob, MAX_GLOB_LEN, MAX_OUTPUT_GLOBS, OutputSelection};
 pub use run::{ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};

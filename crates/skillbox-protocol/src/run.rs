@@ -78,6 +78,11 @@ pub struct RunRequest {
     /// Which sandbox (default `native`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<BackendKind>,
+    /// Which files come back, as globs relative to `/workspace` (`*.pptx`, `out/**`).
+    /// Default: every file with no path component that starts with `.`; a hidden file
+    /// comes back only when a glob spells its dot (`.config/*.json`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
 }
 
 impl RunRequest {
@@ -88,6 +93,7 @@ impl RunRequest {
             timeout_ms: None,
             files: Vec::new(),
             backend: None,
+            outputs: Vec::new(),
         }
     }
 }

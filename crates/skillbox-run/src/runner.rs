@@ -12,7 +12,9 @@ use skillbox_env::{
     BackendKind, CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits, Mount,
     SandboxPolicy, SandboxSpec,
 };
-use skillbox_protocol::{ArtifactInfo, Encoding, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};
+use skillbox_protocol::{
+    ArtifactInfo, Encoding, Language, MAX_TIMEOUT_MS, OutputSelection, RunRequest, RunResult,
+};
 use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_store::{ArtifactStore, CollectLimits, collect_artifacts, store_all};
 
@@ -120,6 +122,7 @@ struct Checked {
     script: String,
     timeout_ms: u64,
     files: Vec<(PathBuf, Bytes)>,
+    outputs: OutputSelection,
 }
 
 fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
@@ -175,6 +178,8 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
             request.files.len()
         )));
     }
+    let outputs = OutputSelection::new(&request.outputs)
+        .map_err(|e| RunError::Invalid(format!("outputs: {e}")))?;
     let mut total = request.script.len();
     let mut files = Vec::with_capacity(request.files.len());
     for (index, file) in request.files.into_iter().enumerate() {
@@ -201,6 +206,7 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
         script: request.script,
         timeout_ms,
         files,
+        outputs,
     })
 }
 
@@ -398,13 +404,20 @@ impl Runner {
             .await
             .map_err(RunError::from_env)?;
 
-        let collected = collect_artifacts(env, workspace, &inputs, self.config.collect, cancel)
-            .await
-            .map_err(|e| match e.code() {
-                ErrorCode::ResourceExhausted => RunError::TooLarge(e.to_string()),
-                ErrorCode::Aborted => RunError::Aborted,
-                _ => RunError::Internal(e.to_string()),
-            })?;
+        let collected = collect_artifacts(
+            env,
+            workspace,
+            &inputs,
+            &checked.outputs,
+            self.config.collect,
+            cancel,
+        )
+        .await
+        .map_err(|e| match e.code() {
+            ErrorCode::ResourceExhausted => RunError::TooLarge(e.to_string()),
+            ErrorCode::Aborted => RunError::Aborted,
+            _ => RunError::Internal(e.to_string()),
+        })?;
         let stored = store_all(&self.store, collected)
             .await
             .map_err(|e| RunError::Internal(e.to_string()))?;

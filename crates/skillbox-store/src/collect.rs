@@ -12,6 +12,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use skillbox_env::path::normalize;
 use skillbox_env::{CancellationToken, EnvError, ErrorCode, ExecutionEnv, FileKind, FileRead};
+use skillbox_protocol::OutputSelection;
 
 use crate::error::{CollectLimit, StoreError};
 use crate::store::{ArtifactStore, sha256_hex};
@@ -76,13 +77,16 @@ pub struct StoredArtifact {
 /// The files under `root` that a run created or changed, sorted by path.
 ///
 /// `inputs` maps the relative paths of the files the run was given to the sha256 of
-/// their content; such a file is skipped while its content is unchanged. Symlinks,
-/// special files and a top-level `.tmp` directory are skipped. Exceeding a limit is an
-/// error (code `resource_exhausted`) naming the limit and the file.
+/// their content; such a file is skipped while its content is unchanged. Only files
+/// `outputs` selects are collected (by default none with a hidden component: no
+/// `.git/config` comes back unless asked for). Symlinks, special files and a top-level
+/// `.tmp` directory are skipped. Exceeding a limit is an error (code
+/// `resource_exhausted`) naming the limit and the file; files not selected never count.
 pub async fn collect_artifacts(
     env: &dyn ExecutionEnv,
     root: &Path,
     inputs: &BTreeMap<PathBuf, String>,
+    outputs: &OutputSelection,
     limits: CollectLimits,
     cancel: &CancellationToken,
 ) -> Result<Vec<CollectedFile>, StoreError> {
@@ -117,6 +121,10 @@ pub async fn collect_artifacts(
             if entry.kind != FileKind::Dir {
                 tracing::debug!(path = %entry.path, kind = ?entry.kind, "collect: skipped, not a regular file");
             }
+            continue;
+        }
+        if !outputs.selects(&entry.path) {
+            tracing::debug!(path = %entry.path, "collect: skipped, not selected by the outputs");
             continue;
         }
         if entry.size > limits.max_file_bytes {

@@ -16,6 +16,7 @@ use skillbox_env::{
     BackendKind, CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecRequest,
     ExecStream, ExecutionEnv, FileInfo, FileSystem, HostEnv, Shell, TextLines,
 };
+use skillbox_protocol::OutputSelection;
 use skillbox_store::{
     ArtifactStore, CollectLimit, CollectLimits, CollectedFile, StoreError, collect_artifacts,
     sha256_hex, store_all,
@@ -466,10 +467,21 @@ impl Workspace {
         inputs: &BTreeMap<PathBuf, String>,
         limits: CollectLimits,
     ) -> Result<Vec<CollectedFile>, StoreError> {
+        self.collect_selected(inputs, &OutputSelection::visible(), limits)
+            .await
+    }
+
+    async fn collect_selected(
+        &self,
+        inputs: &BTreeMap<PathBuf, String>,
+        outputs: &OutputSelection,
+        limits: CollectLimits,
+    ) -> Result<Vec<CollectedFile>, StoreError> {
         let result = collect_artifacts(
             &self.env,
             &self.root,
             inputs,
+            outputs,
             limits,
             &CancellationToken::new(),
         )
@@ -750,9 +762,16 @@ async fn a_cancelled_collection_is_aborted() {
     ws.write("a.txt", b"a");
     let cancel = CancellationToken::new();
     cancel.cancel();
-    let err = collect_artifacts(&ws.env, &ws.root, &no_inputs(), roomy(), &cancel)
-        .await
-        .unwrap_err();
+    let err = collect_artifacts(
+        &ws.env,
+        &ws.root,
+        &no_inputs(),
+        &OutputSelection::visible(),
+        roomy(),
+        &cancel,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.code(), ErrorCode::Aborted, "{err}");
 }
 
@@ -771,6 +790,7 @@ async fn the_root_must_be_a_real_directory() {
             &ws.env,
             &root,
             &no_inputs(),
+            &OutputSelection::visible(),
             roomy(),
             &CancellationToken::new(),
         )
@@ -778,6 +798,31 @@ async fn the_root_must_be_a_real_directory() {
         .unwrap_err();
         assert_eq!(err.code(), code, "{}: {err}", root.display());
     }
+}
+
+/// A hidden path (`.git/config`, `.envrc`) is not collected unless a glob spells its
+/// dot, and what is not selected never counts against the limits.
+#[tokio::test]
+async fn hidden_files_are_left_out_unless_the_outputs_select_them() {
+    let ws = Workspace::new();
+    ws.write("deck.pptx", b"slides");
+    ws.write(".git/config", b"[core]\n\tfsmonitor = evil\n");
+    ws.write(".envrc", b"evil");
+    ws.write("out/.hidden/x", b"x");
+    ws.write("big.bin", &vec![0u8; 4096]);
+    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    assert_eq!(paths(&files), ["big.bin", "deck.pptx"]);
+    let only = OutputSelection::new(&["*.pptx", ".envrc"]).unwrap();
+    let tight = CollectLimits {
+        max_files: 2,
+        max_total_bytes: 100,
+        max_file_bytes: 100,
+    };
+    let files = ws
+        .collect_selected(&no_inputs(), &only, tight)
+        .await
+        .unwrap();
+    assert_eq!(paths(&files), [".envrc", "deck.pptx"]);
 }
 
 #[tokio::test]

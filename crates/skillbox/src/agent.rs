@@ -10,6 +10,7 @@ use skillbox_agent::{
     Agent, AgentConfig, AgentEvent, AgentStatus, LoopbackProvider, ModelProvider, SKILL_NAMES,
     builtin_skill,
 };
+use skillbox_client::outdir::{ExportOptions, Exported, OutDir};
 use skillbox_env::{BackendKind, CancellationToken};
 
 use crate::units::backend_parser;
@@ -41,9 +42,13 @@ pub struct AgentArgs {
     /// Which boundary the scripts run behind.
     #[arg(long, value_parser = backend_parser(), default_value = "native")]
     backend: BackendKind,
-    /// Copy the verified files into DIR.
+    /// Copy the verified files into DIR (never through a symlink; existing files are
+    /// kept unless --overwrite; hidden paths are never copied).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Replace files that already exist in --out DIR.
+    #[arg(long, requires = "out")]
+    overwrite: bool,
     /// Print the outcome as JSON.
     #[arg(long)]
     json: bool,
@@ -122,11 +127,19 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
     if args.max_attempts == 0 {
         return usage("--max-attempts: must be at least 1");
     }
-    if let Some(out) = &args.out
-        && !out.is_dir()
-    {
-        return usage(&format!("--out {}: no such directory", out.display()));
-    }
+    let mut out = match &args.out {
+        Some(path) => {
+            let options = ExportOptions {
+                overwrite: args.overwrite,
+                ..ExportOptions::default()
+            };
+            match OutDir::open(path, options) {
+                Ok(out) => Some(out),
+                Err(e) => return usage(&e.message),
+            }
+        }
+        None => None,
+    };
     let provider = match provider(args.model, &skill, args.transcript.as_deref()) {
         Ok(provider) => provider,
         Err(e) => return usage(&e),
@@ -210,22 +223,25 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         }
         Err(e) => return failed(&format!("{} ({})", e, e.code())),
     };
-    if let Some(out) = &args.out {
+    let mut undelivered = 0;
+    if let Some(out) = out.as_mut() {
         for artifact in &outcome.artifacts {
-            let target = out.join(&artifact.path);
             let bytes = match store.get(&artifact.sha256).await {
                 Ok(bytes) => bytes,
                 Err(e) => return failed(&e.to_string()),
             };
-            if let Some(parent) = target.parent()
-                && let Err(e) = std::fs::create_dir_all(parent)
-            {
-                return failed(&format!("{}: {e}", parent.display()));
+            match out.write(&artifact.path, &bytes) {
+                Ok(Exported::Written(target)) => {
+                    eprintln!("skillbox agent: wrote {}", target.display());
+                }
+                Ok(Exported::NotSelected) => {
+                    eprintln!("skillbox agent: not copied: {} (hidden)", artifact.path);
+                }
+                Err(e) => {
+                    eprintln!("skillbox agent: {}", e.message);
+                    undelivered += 1;
+                }
             }
-            if let Err(e) = std::fs::write(&target, &bytes) {
-                return failed(&format!("{}: {e}", target.display()));
-            }
-            eprintln!("skillbox agent: wrote {}", target.display());
         }
     }
     if args.json {
@@ -239,7 +255,9 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         }
         eprintln!("skillbox agent: {:?}: {}", outcome.status, outcome.reason);
     }
-    if outcome.status == AgentStatus::Succeeded {
+    if outcome.status == AgentStatus::Succeeded && undelivered > 0 {
+        ExitCode::from(crate::EXIT_SETUP_FAILED)
+    } else if outcome.status == AgentStatus::Succeeded {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use skillbox_client::outdir::{ExportOptions, OutDir, download_to_dir};
 use skillbox_client::{
-    BackendKind, ClientError, ErrorCode, HttpSkillSandbox, Language, RunRequest, RunResult,
+    BackendKind, ClientError, ErrorCode, HttpSkillSandbox, Language, OutputSelection, RunRequest,
     SkillSandbox,
 };
 use skillbox_env::CancellationToken;
@@ -34,9 +35,18 @@ pub struct RunArgs {
     /// Wall-clock limit (500ms, 30s, 2m).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     timeout: Duration,
-    /// Copy the files the script made into DIR.
+    /// Copy the files the script made into DIR (never through a symlink; existing files
+    /// are kept unless --overwrite).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Replace files that already exist in --out DIR.
+    #[arg(long, requires = "out")]
+    overwrite: bool,
+    /// Hand back only the files matching GLOB (repeatable; `*.pptx`, `out/**`). Without
+    /// it: every file with no hidden path component. A hidden file (`.env`) comes back
+    /// only when a glob spells its dot.
+    #[arg(long = "outputs", value_name = "GLOB")]
+    outputs: Vec<String>,
     /// Print the RunResult JSON (the same object as POST /v1/run).
     #[arg(long)]
     json: bool,
@@ -78,14 +88,30 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             }
         },
     };
-    if let Some(out) = &args.out
-        && !out.is_dir()
-    {
-        return usage(&format!("--out {}: no such directory", out.display()));
-    }
+    let outputs = match OutputSelection::new(&args.outputs) {
+        Ok(outputs) => outputs,
+        Err(e) => return usage(&format!("--outputs {e}")),
+    };
+    // Opened before the run: a missing directory fails fast, and what is written later
+    // goes beneath this fd whatever happens to the path meanwhile.
+    let mut out = match &args.out {
+        Some(path) => {
+            let options = ExportOptions {
+                overwrite: args.overwrite,
+                outputs,
+                ..ExportOptions::default()
+            };
+            match OutDir::open(path, options) {
+                Ok(out) => Some(out),
+                Err(e) => return usage(&e.message),
+            }
+        }
+        None => None,
+    };
     let mut request = RunRequest::new(language, script);
     request.timeout_ms = Some(args.timeout.as_millis() as u64);
     request.backend = Some(args.backend);
+    request.outputs = args.outputs.clone();
 
     let sandbox: Box<dyn SkillSandbox> = match &args.remote {
         Some(url) => match HttpSkillSandbox::new(url.clone()) {
@@ -108,11 +134,10 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         Ok(result) => result,
         Err(e) => return failed(&e),
     };
-    if let Some(out) = &args.out
-        && let Err(e) = copy_out(sandbox.as_ref(), &result, out).await
-    {
-        return failed(&e);
-    }
+    let report = match out.as_mut() {
+        Some(out) => Some(download_to_dir(sandbox.as_ref(), &result.files, out).await),
+        None => None,
+    };
     if args.json {
         match serde_json::to_string(&result) {
             Ok(text) => println!("{text}"),
@@ -133,8 +158,8 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             );
         }
         for file in &result.files {
-            let place = match &args.out {
-                Some(out) => out.join(&file.path).display().to_string(),
+            let place = match &out {
+                Some(out) => out.path().join(&file.path).display().to_string(),
                 None => format!(
                     "{} (sha256 {}; --out DIR to copy it)",
                     file.path,
@@ -147,37 +172,20 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             );
         }
     }
-    ExitCode::from(result.shell_status().clamp(0, 255) as u8)
-}
-
-/// Writes each artifact under `out`, never outside it (paths come from the sandbox).
-async fn copy_out(
-    sandbox: &dyn SkillSandbox,
-    result: &RunResult,
-    out: &Path,
-) -> Result<(), ClientError> {
-    for file in &result.files {
-        let relative = Path::new(&file.path);
-        if relative.is_absolute()
-            || relative
-                .components()
-                .any(|c| !matches!(c, std::path::Component::Normal(_)))
-        {
-            return Err(ClientError::new(
-                ErrorCode::Invalid,
-                format!("artifact path {:?} is not a plain relative path", file.path),
-            ));
-        }
-        let bytes = sandbox.download(&file.sha256).await?;
-        let target = out.join(relative);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                ClientError::new(ErrorCode::Unknown, format!("{}: {e}", parent.display()))
-            })?;
-        }
-        std::fs::write(&target, &bytes).map_err(|e| {
-            ClientError::new(ErrorCode::Unknown, format!("{}: {e}", target.display()))
-        })?;
+    let status = result.shell_status().clamp(0, 255) as u8;
+    let Some(report) = report else {
+        return ExitCode::from(status);
+    };
+    for path in &report.not_selected {
+        eprintln!("skillbox run: not copied: {path} (hidden; ask for it with --outputs)");
     }
-    Ok(())
+    for error in &report.failed {
+        eprintln!("skillbox run: {}", error.message);
+    }
+    // The script's own failure comes first; a file that could not be delivered is
+    // skillbox's.
+    if status == 0 && !report.failed.is_empty() {
+        return ExitCode::from(crate::EXIT_SETUP_FAILED);
+    }
+    ExitCode::from(status)
 }

@@ -362,6 +362,33 @@ async fn copy_out_skips_symlinks_and_special_files_and_never_leaves_the_workspac
     assert_eq!(paths, ["hard.txt", "real.txt"], "{result}");
 }
 
+/// Hidden files (`.git/config`, `.envrc`) do not come back unless `outputs` asks for
+/// them by a glob that spells the dot; with `outputs`, only what it selects comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hidden_files_come_back_only_when_outputs_ask_for_them() {
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let script = "mkdir -p .git out && echo '[core] fsmonitor = evil' > .git/config && \
+                  echo evil > .envrc && echo deck > out/deck.pptx && echo notes > notes.txt";
+    let paths = |result: &Value| -> Vec<String> {
+        result["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let result = server
+        .run(json!({"script": script, "language": "sh"}))
+        .await;
+    assert_eq!(paths(&result), ["notes.txt", "out/deck.pptx"], "{result}");
+    let result = server
+        .run(json!({"script": script, "language": "sh", "outputs": ["out/*.pptx", ".envrc"]}))
+        .await;
+    assert_eq!(paths(&result), [".envrc", "out/deck.pptx"], "{result}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_clear_4xx() {
     let Some(server) = default_server().await else {
@@ -387,6 +414,8 @@ async fn bad_input_gets_a_clear_4xx() {
         ),
         (json!({"script": "   "}), "script"),
         (json!({"script": "1", "backend": "vmware"}), "backend"),
+        (json!({"script": "1", "outputs": ["../x"]}), "outputs"),
+        (json!({"script": "1", "outputs": ["/etc/*"]}), "outputs"),
     ];
     for (body, needle) in cases {
         let (status, json) = server.post("/v1/run", &body).await;
