@@ -423,7 +423,7 @@ pub async fn download_to_dir(
 mod tests {
     use super::*;
     use std::fs;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
 
     fn out(dir: &Path) -> OutDir {
         OutDir::open(dir, ExportOptions::default()).unwrap()
