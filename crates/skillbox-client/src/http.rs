@@ -14,6 +14,8 @@ use crate::{
 pub struct HttpSkillSandbox {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer …` when set (a server with API keys needs it).
+    api_key: Option<String>,
 }
 
 impl HttpSkillSandbox {
@@ -30,7 +32,24 @@ impl HttpSkillSandbox {
             .timeout(Duration::from_millis(MAX_TIMEOUT_MS + 60_000))
             .build()
             .map_err(|e| ClientError::new(ErrorCode::Unavailable, format!("http client: {e}")))?;
-        Ok(HttpSkillSandbox { base, http })
+        Ok(HttpSkillSandbox {
+            base,
+            http,
+            api_key: None,
+        })
+    }
+
+    /// Sends `token` as the bearer token of every request (`skillbox keys new` makes one).
+    pub fn with_api_key(mut self, token: impl Into<String>) -> Self {
+        self.api_key = Some(token.into());
+        self
+    }
+
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
     }
 
     async fn error_of(response: reqwest::Response) -> ClientError {
@@ -57,8 +76,7 @@ impl HttpSkillSandbox {
 impl SkillSandbox for HttpSkillSandbox {
     async fn run(&self, request: RunRequest) -> Result<RunResult, ClientError> {
         let response = self
-            .http
-            .post(format!("{}/v1/run", self.base))
+            .authorized(self.http.post(format!("{}/v1/run", self.base)))
             .json(&request)
             .send()
             .await
@@ -76,8 +94,7 @@ impl SkillSandbox for HttpSkillSandbox {
 
     async fn download(&self, sha256: &str) -> Result<Bytes, ClientError> {
         let response = self
-            .http
-            .get(format!("{}/v1/objects/{sha256}", self.base))
+            .authorized(self.http.get(format!("{}/v1/objects/{sha256}", self.base)))
             .send()
             .await
             .map_err(|e| self.transport(e))?;

@@ -8,7 +8,7 @@ pub mod outdir;
 pub use http::HttpSkillSandbox;
 pub use skillbox_protocol::{
     ApiError, ApiErrorBody, ArtifactInfo, BackendKind, Encoding, ErrorCode, FileInput, Language,
-    MAX_TIMEOUT_MS, OutputSelection, RunRequest, RunResult,
+    MAX_TIMEOUT_MS, OutputSelection, RunLimits, RunRequest, RunResult,
 };
 
 use async_trait::async_trait;

@@ -22,7 +22,7 @@ use bollard::query_parameters::{
 };
 use bytes::Bytes;
 use futures_util::StreamExt;
-use skillbox_env::{BackendKind, Ended, Ending};
+use skillbox_env::{BackendKind, DiskSplit, Ended, Ending};
 use skillbox_env::{
     CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecEvent, ExecRequest,
     ExecStream, ExecutionEnv, FileInfo, FileKind, FileRead, FileSystem, LimitKind, Limits,
@@ -149,13 +149,58 @@ pub(crate) fn container_config(
     spec: &SandboxSpec,
 ) -> EnvResult<ContainerCreateBody> {
     let limits = &spec.limits;
+    // The disk bound, split between /workspace and /tmp by the one rule every backend
+    // uses; a caller's directory cannot be bounded.
+    let split = limits.disk_split();
+    if spec.workspace.is_some() && split.is_some() {
+        return Err(unavailable(
+            "disk limit: a --workdir on the host's filesystem cannot be bounded; run \
+             without --disk (the workdir is yours, /tmp keeps its own bound) or without --workdir",
+        ));
+    }
     let user = match &spec.workspace {
         None => format!("{SANDBOX_UID}:{SANDBOX_UID}"),
         Some(dir) => workspace_owner(runtime, dir)?,
     };
+    // This runsc (20221219) keeps a tmpfs's size but drops nr_inodes (its mounts show
+    // only size=): an inode bound asked for is refused, never run without; the one a
+    // disk bound brings by default is left out there (gVisor's inodes live in its own
+    // kernel's memory, under the memory limit, not in the host's).
+    let keeps_inodes = runtime != Runtime::Runsc;
+    if let Some(split) = split
+        && split.inodes_asked
+        && !keeps_inodes
+    {
+        return Err(unavailable(
+            "gvisor: inode bound: this runsc does not enforce a tmpfs's nr_inodes; run \
+             without --inodes (the memory limit still bounds what the sandbox kernel's \
+             inodes cost) or use the docker or native backend for it",
+        ));
+    }
+    let inodes = |n: u64| {
+        if keeps_inodes {
+            format!(",nr_inodes={n}")
+        } else {
+            String::new()
+        }
+    };
+    let (tmp_bytes, tmp_inodes, workspace_bytes, workspace_inodes) = match split {
+        Some(split) => (
+            split.tmp_bytes,
+            inodes(split.tmp_inodes),
+            split.workspace_bytes,
+            inodes(split.workspace_inodes),
+        ),
+        None => (
+            limits.tmp_bytes,
+            String::new(),
+            WORKSPACE_BYTES,
+            String::new(),
+        ),
+    };
     let mut tmpfs = HashMap::from([(
         "/tmp".to_string(),
-        format!("rw,exec,nosuid,nodev,size={},mode=1777", limits.tmp_bytes),
+        format!("rw,exec,nosuid,nodev,size={tmp_bytes}{tmp_inodes},mode=1777"),
     )]);
     let mut mounts = Vec::new();
     match &spec.workspace {
@@ -163,7 +208,7 @@ pub(crate) fn container_config(
             tmpfs.insert(
                 WORKSPACE.into(),
                 format!(
-                    "rw,exec,nosuid,nodev,size={WORKSPACE_BYTES},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+                    "rw,exec,nosuid,nodev,size={workspace_bytes}{workspace_inodes},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
                 ),
             );
         }
@@ -564,6 +609,34 @@ impl DockerSandbox {
     fn arg(&self, path: &Path) -> String {
         self.absolute(path).display().to_string()
     }
+}
+
+/// Whether the sandbox's bounded `/workspace` or `/tmp` is full (or as good as: less
+/// left than a failed write would leave, or no inodes). False without a disk bound.
+async fn disk_full(inner: &Inner, backend: BackendKind) -> bool {
+    let Some(split) = inner.limits.disk_split() else {
+        return false;
+    };
+    const STATFS: &str = "import os\nfor p in ('/workspace', '/tmp'):\n    s = os.statvfs(p)\n    print(s.f_bavail * s.f_frsize, s.f_favail)\n";
+    let argv = [inner.runtime.python(), "-I", "-S", "-c", STATFS]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let Ok(out) = collect_exec(&inner.docker, &inner.id, backend, "disk check", argv, None).await
+    else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let sizes = [split.workspace_bytes, split.tmp_bytes];
+    text.lines().zip(sizes).any(|(line, size)| {
+        let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
+        let (Some(Some(free)), Some(Some(inodes))) = (fields.next(), fields.next()) else {
+            return false;
+        };
+        // gVisor reports no inode counts (0 of 0): its inodes are not bounded there.
+        let inodes = (inner.runtime != Runtime::Runsc).then_some(inodes);
+        DiskSplit::is_full(size, free, inodes)
+    })
 }
 
 /// Runs one of skillbox's own commands in the container to its end and collects what it
@@ -1382,6 +1455,14 @@ impl Shell for DockerSandbox {
             // A SIGKILL that was not ours may be the memory cgroup's.
             let killed = matches!(ending, Ending::Killed | Ending::Signaled(libc::SIGKILL));
             let memory = killed && !timed_out && oom_after(&inner, ooms_before).await;
+            // A command that failed with its disk full ran out of disk.
+            let failed = !matches!(ending, Ending::Exited(0));
+            let disk = !memory && failed && disk_full(&inner, backend).await;
+            let accounted = if memory {
+                Some(LimitKind::Memory)
+            } else {
+                disk.then_some(LimitKind::Disk)
+            };
             let out = Ended {
                 ending,
                 timed_out,
@@ -1389,7 +1470,7 @@ impl Shell for DockerSandbox {
                     stdout: stdout.truncated,
                     stderr: stderr.truncated,
                 },
-                accounted: memory.then_some(LimitKind::Memory),
+                accounted,
                 duration: started_at.elapsed(),
             }
             .output();
@@ -1830,6 +1911,46 @@ mod tests {
         assert_eq!((end, status), (tail.len(), None));
         let forged = b"\0skillbox-status:abc:exit 0\nmore\n";
         assert_eq!(split_status(forged, "abc"), (forged.len(), None));
+    }
+
+    #[test]
+    fn gvisor_refuses_an_inode_bound_it_would_not_hold_and_docker_sets_it() {
+        let asked = SandboxSpec {
+            limits: Limits {
+                disk_inodes: Some(1000),
+                ..Limits::default()
+            },
+            ..SandboxSpec::default()
+        };
+        let Err(e) = container_config(Runtime::Runsc, "img", "me", &asked) else {
+            panic!("runsc took an inode bound it does not enforce");
+        };
+        assert_eq!(e.code, ErrorCode::Unavailable);
+        assert!(e.message.contains("inode"), "{e}");
+        let config = container_config(Runtime::Runc, "img", "me", &asked).unwrap();
+        let tmpfs = config.host_config.unwrap().tmpfs.unwrap();
+        assert!(tmpfs["/workspace"].contains("nr_inodes="), "{tmpfs:?}");
+        // The default (derived) bound is left out under runsc, the bytes kept.
+        let default = SandboxSpec::default();
+        let config = container_config(Runtime::Runsc, "img", "me", &default).unwrap();
+        let tmpfs = config.host_config.unwrap().tmpfs.unwrap();
+        assert!(!tmpfs["/workspace"].contains("nr_inodes"), "{tmpfs:?}");
+        let split = Limits::default().disk_split().unwrap();
+        assert!(tmpfs["/workspace"].contains(&format!("size={}", split.workspace_bytes)));
+        assert!(tmpfs["/tmp"].contains(&format!("size={}", split.tmp_bytes)));
+    }
+
+    #[test]
+    fn a_workdir_with_a_disk_bound_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = SandboxSpec {
+            workspace: Some(dir.path().to_path_buf()),
+            ..SandboxSpec::default()
+        };
+        let Err(e) = container_config(Runtime::Runc, "img", "me", &spec) else {
+            panic!("a workdir took a disk bound");
+        };
+        assert!(e.message.contains("disk limit"), "{e}");
     }
 
     #[test]

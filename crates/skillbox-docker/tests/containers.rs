@@ -129,7 +129,7 @@ async fn check_hardened(runtime: Runtime) {
     // Size-limited tmpfs for /tmp and /workspace, and no host mounts at all.
     let tmpfs = host.tmpfs.unwrap_or_default();
     assert!(
-        tmpfs["/tmp"].contains(&format!("size={}", limits.tmp_bytes)),
+        tmpfs["/tmp"].contains(&format!("size={}", limits.tmp_size())),
         "{tmpfs:?}"
     );
     assert!(tmpfs["/workspace"].contains("size="), "{tmpfs:?}");

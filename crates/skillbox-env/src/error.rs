@@ -20,7 +20,8 @@ pub fn errno_code(errno: i32) -> ErrorCode {
         // ELOOP: a symlink where the operation does not follow symlinks.
         libc::ENOTDIR | libc::ELOOP => ErrorCode::NotDirectory,
         libc::EISDIR => ErrorCode::IsDirectory,
-        libc::EINVAL | libc::ENAMETOOLONG | libc::EBADF => ErrorCode::Invalid,
+        // ENXIO: opening a FIFO with no reader, or a socket, as a file.
+        libc::EINVAL | libc::ENAMETOOLONG | libc::EBADF | libc::ENXIO => ErrorCode::Invalid,
         libc::ENOSYS | libc::EOPNOTSUPP => ErrorCode::NotSupported,
         libc::ENOSPC
         | libc::EDQUOT

@@ -283,3 +283,40 @@ pub fn first_lines(reader: impl BufRead, max: usize, path: &Path) -> EnvResult<T
         truncated: false,
     })
 }
+
+/// Checks that `fd` (opened with `O_NONBLOCK`, so opening a FIFO did not wait for a
+/// writer) is a regular file, and makes it blocking again for the read or append. A
+/// FIFO, socket or device is refused at once: a planted one can never hang a tool, an
+/// agent run or a shutdown.
+pub fn regular_file(fd: std::os::fd::OwnedFd, op: &str, path: &Path) -> EnvResult<std::fs::File> {
+    use rustix::fs::{FileType, OFlags};
+    let stat = rustix::fs::fstat(&fd).map_err(|e| EnvError::io(&e.into(), op, path))?;
+    let kind = FileType::from_raw_mode(stat.st_mode);
+    if kind != FileType::RegularFile {
+        let what = match kind {
+            FileType::Directory => {
+                return Err(EnvError::new(
+                    ErrorCode::IsDirectory,
+                    format!("{op} {}: is a directory", path.display()),
+                )
+                .with_path(path));
+            }
+            FileType::Fifo => "a FIFO",
+            FileType::Socket => "a socket",
+            FileType::CharacterDevice | FileType::BlockDevice => "a device",
+            _ => "not a regular file",
+        };
+        return Err(EnvError::new(
+            ErrorCode::Invalid,
+            format!(
+                "{op} {}: {what}; only regular files are read or appended to",
+                path.display()
+            ),
+        )
+        .with_path(path));
+    }
+    let flags = rustix::fs::fcntl_getfl(&fd).map_err(|e| EnvError::io(&e.into(), op, path))?;
+    rustix::fs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK)
+        .map_err(|e| EnvError::io(&e.into(), op, path))?;
+    Ok(std::fs::File::from(fd))
+}

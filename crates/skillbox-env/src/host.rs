@@ -2,7 +2,8 @@
 //! the caller's view of the machine. Use it only for code you would run in your own shell.
 
 use std::collections::HashSet;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -16,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::error::{EnvError, EnvResult};
 use crate::exec::{ExecEvent, ExecRequest, ExecStream, StreamKind, pump_output};
 use crate::exit::{Ended, Ending};
-use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines, first_lines};
+use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines, first_lines, regular_file};
 use crate::limits::{Limits, SandboxSpec};
 use crate::path::temp_name;
 use crate::{
@@ -161,7 +162,7 @@ impl FileSystem for HostEnv {
     ) -> EnvResult<TextLines> {
         let p = self.absolute(path);
         blocking(cancel, "read", move || {
-            let file = std::fs::File::open(&p).map_err(|e| EnvError::io(&e, "read", &p))?;
+            let file = open_regular(&p, false, "read")?;
             first_lines(std::io::BufReader::new(file), max, &p)
         })
         .await
@@ -170,7 +171,11 @@ impl FileSystem for HostEnv {
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
         let p = self.absolute(path);
         blocking(cancel, "read", move || {
-            std::fs::read(&p).map_err(|e| EnvError::io(&e, "read", &p))
+            let mut bytes = Vec::new();
+            open_regular(&p, false, "read")?
+                .read_to_end(&mut bytes)
+                .map_err(|e| EnvError::io(&e, "read", &p))?;
+            Ok(bytes)
         })
         .await
     }
@@ -209,11 +214,7 @@ impl FileSystem for HostEnv {
         let p = self.absolute(path);
         let data = data.to_vec();
         blocking(cancel, "append", move || {
-            let mut file = std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&p)
-                .map_err(|e| EnvError::io(&e, "append", &p))?;
+            let mut file = open_regular(&p, true, "append")?;
             file.write_all(&data)
                 .map_err(|e| EnvError::io(&e, "append", &p))
         })
@@ -239,7 +240,7 @@ impl FileSystem for HostEnv {
             let meta = std::fs::symlink_metadata(&p).map_err(|e| EnvError::io(&e, "remove", &p))?;
             let result = if meta.is_dir() {
                 if recursive {
-                    std::fs::remove_dir_all(&p)
+                    crate::remove::remove_tree(&p)
                 } else {
                     std::fs::remove_dir(&p)
                 }
@@ -318,7 +319,7 @@ impl FileSystem for HostEnv {
         };
         for temp in temps {
             let result = if temp.is_dir() {
-                std::fs::remove_dir_all(&temp)
+                crate::remove::remove_tree(&temp)
             } else {
                 std::fs::remove_file(&temp)
             };
@@ -592,4 +593,31 @@ impl Backend for HostBackend {
             HostEnv::new(cwd, &self.temp_root).with_limits(spec.limits),
         ))
     }
+}
+
+/// Opens `path` to read (or to append, creating it) without waiting on a FIFO, and
+/// refuses anything but a regular file.
+fn open_regular(path: &Path, append: bool, op: &str) -> EnvResult<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    if append {
+        options.append(true).create(true);
+    } else {
+        options.read(true);
+    }
+    let file = options
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            // Opening a FIFO with no reader for writing.
+            Some(libc::ENXIO) => EnvError::new(
+                crate::ErrorCode::Invalid,
+                format!(
+                    "{op} {}: a FIFO; only regular files are read or appended to",
+                    path.display()
+                ),
+            )
+            .with_path(path),
+            _ => EnvError::io(&e, op, path),
+        })?;
+    regular_file(file.into(), op, path)
 }

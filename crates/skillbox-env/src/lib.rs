@@ -14,6 +14,7 @@ mod fs;
 mod host;
 mod limits;
 pub mod path;
+pub mod remove;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -25,10 +26,13 @@ pub use exec::{Command, ExecEvent, ExecRequest, ExecStream};
 pub use exit::{Ended, Ending};
 pub use fs::{
     DirEntry, FileInfo, FileKind, FileRead, FileSystem, TextLines, WalkEntry, first_lines,
-    too_many_entries,
+    regular_file, too_many_entries,
 };
 pub use host::{HostBackend, HostEnv};
-pub use limits::{Limits, Mount, SandboxPolicy, SandboxSpec};
+pub use limits::{
+    BYTES_PER_INODE, DiskSplit, Limits, MIN_DISK_BYTES, MIN_DISK_INODES, Mount, SandboxPolicy,
+    SandboxSpec,
+};
 pub use skillbox_protocol::{
     BackendKind, BackendReport, Boundary, ExecOutput, Layer, LimitKind, Truncated,
 };

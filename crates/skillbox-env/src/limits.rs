@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 const MIB: u64 = 1024 * 1024;
+const GIB: u64 = 1024 * MIB;
 
 /// The longest wall-clock limit anything accepts.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -32,8 +33,29 @@ pub struct Limits {
     pub timeout_ms: u64,
     /// Bytes kept per output stream; the rest is drained and dropped.
     pub output_bytes: u64,
-    /// Size of the sandbox's private `/tmp`.
+    /// Size of the sandbox's private `/tmp` (less when `disk_bytes` is smaller; see
+    /// [`Limits::disk_split`]).
     pub tmp_bytes: u64,
+    /// Bytes of `/workspace` and `/tmp` together. Only a workspace the sandbox owns can
+    /// be bounded (a temp one, never a caller's `--workdir` on the host's filesystem):
+    /// a backend refuses this with a workdir rather than drop it.
+    pub disk_bytes: Option<u64>,
+    /// Files and directories in `/workspace` and `/tmp` together. `None` with a disk
+    /// bound: one per 16 KiB of it, where the backend can hold an inode bound (gVisor's
+    /// runsc cannot; one asked for there is refused).
+    pub disk_inodes: Option<u64>,
+}
+
+/// How a disk bound is shared between `/workspace` and `/tmp`: one rule for every
+/// backend, so the two together never exceed the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSplit {
+    pub workspace_bytes: u64,
+    pub workspace_inodes: u64,
+    pub tmp_bytes: u64,
+    pub tmp_inodes: u64,
+    /// The inode bound was asked for (not derived from the bytes).
+    pub inodes_asked: bool,
 }
 
 impl Default for Limits {
@@ -48,9 +70,28 @@ impl Default for Limits {
             timeout_ms: 60_000,
             output_bytes: MIB,
             tmp_bytes: 256 * MIB,
+            disk_bytes: Some(GIB),
+            disk_inodes: None,
         }
     }
 }
+
+impl DiskSplit {
+    /// Whether a bounded filesystem of `size` bytes is full, or as good as: less left
+    /// than a failed write leaves behind (1/64 of it, between 64 KiB and 1 MiB), or no
+    /// inodes left. What a backend reads after a failed exec to say `limitHit: disk`.
+    pub fn is_full(size: u64, free_bytes: u64, free_inodes: Option<u64>) -> bool {
+        // Some kernels (gVisor's) report no inode counts at all: `None` then.
+        free_bytes < (size / 64).clamp(64 * 1024, 1 << 20) || free_inodes == Some(0)
+    }
+}
+
+/// Smallest disk bound: room for a script, its inputs and a few files.
+pub const MIN_DISK_BYTES: u64 = MIB;
+/// Fewest inodes a disk bound may allow.
+pub const MIN_DISK_INODES: u64 = 64;
+/// Bytes of disk bound per inode when no inode bound is given.
+pub const BYTES_PER_INODE: u64 = 16 * 1024;
 
 impl Limits {
     pub fn timeout(&self) -> Duration {
@@ -76,7 +117,39 @@ impl Limits {
         if self.tmp_bytes < 4096 {
             return Err("tmpBytes must be at least 4096".into());
         }
+        if self.disk_bytes.is_some_and(|b| b < MIN_DISK_BYTES) {
+            return Err(format!("diskBytes must be at least {MIN_DISK_BYTES} (1M)"));
+        }
+        if self.disk_inodes.is_some_and(|n| n < MIN_DISK_INODES) {
+            return Err(format!("diskInodes must be at least {MIN_DISK_INODES}"));
+        }
         Ok(())
+    }
+
+    /// The sizes of `/workspace` and `/tmp` under the disk bound: `/tmp` gets at most a
+    /// quarter of it (and never more than `tmp_bytes`), `/workspace` the rest; inodes
+    /// likewise. `None`: no disk bound (`/tmp` is still `tmp_bytes`).
+    pub fn disk_split(&self) -> Option<DiskSplit> {
+        let disk = self.disk_bytes?;
+        let tmp_bytes = self.tmp_bytes.min(disk / 4).max(4096);
+        let inodes = self
+            .disk_inodes
+            .unwrap_or(disk / BYTES_PER_INODE)
+            .max(MIN_DISK_INODES);
+        let tmp_inodes = (inodes / 4).max(16);
+        Some(DiskSplit {
+            workspace_bytes: disk - tmp_bytes,
+            workspace_inodes: inodes - tmp_inodes,
+            tmp_bytes,
+            tmp_inodes,
+            inodes_asked: self.disk_inodes.is_some(),
+        })
+    }
+
+    /// The size `/tmp` gets, with or without a disk bound.
+    pub fn tmp_size(&self) -> u64 {
+        self.disk_split()
+            .map_or(self.tmp_bytes, |split| split.tmp_bytes)
     }
 }
 
@@ -107,4 +180,57 @@ pub struct SandboxSpec {
     pub workspace: Option<PathBuf>,
     pub limits: Limits,
     pub policy: SandboxPolicy,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_disk_split_never_exceeds_the_bound() {
+        for (disk, tmp, inodes) in [
+            (GIB, 256 * MIB, Some(65_536)),
+            (MIB, 256 * MIB, Some(64)),
+            (64 * MIB, 32 * MIB, None),
+            (10 * GIB, 256 * MIB, Some(1_000_000)),
+        ] {
+            let limits = Limits {
+                disk_bytes: Some(disk),
+                disk_inodes: inodes,
+                tmp_bytes: tmp,
+                ..Limits::default()
+            };
+            limits.validate().unwrap();
+            let split = limits.disk_split().unwrap();
+            assert_eq!(split.workspace_bytes + split.tmp_bytes, disk);
+            assert!(split.tmp_bytes <= tmp && split.tmp_bytes <= disk / 4);
+            let sum = split.workspace_inodes + split.tmp_inodes;
+            match inodes {
+                Some(inodes) => assert_eq!(sum, inodes),
+                None => assert_eq!(sum, (disk / BYTES_PER_INODE).max(MIN_DISK_INODES)),
+            }
+            assert_eq!(split.inodes_asked, inodes.is_some());
+            assert_eq!(limits.tmp_size(), split.tmp_bytes);
+        }
+        let unbounded = Limits {
+            disk_bytes: None,
+            ..Limits::default()
+        };
+        assert_eq!(unbounded.disk_split(), None);
+        assert_eq!(unbounded.tmp_size(), unbounded.tmp_bytes);
+    }
+
+    #[test]
+    fn a_disk_bound_too_small_to_use_is_refused() {
+        let tiny = Limits {
+            disk_bytes: Some(4096),
+            ..Limits::default()
+        };
+        assert!(tiny.validate().unwrap_err().contains("diskBytes"));
+        let few = Limits {
+            disk_inodes: Some(3),
+            ..Limits::default()
+        };
+        assert!(few.validate().unwrap_err().contains("diskInodes"));
+    }
 }

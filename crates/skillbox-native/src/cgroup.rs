@@ -257,7 +257,16 @@ impl ExecCgroup {
                 let has = |c: &str| controllers.iter().any(|x| x == c);
                 if let Some(bytes) = limits.memory_bytes.filter(|_| has("memory")) {
                     write(dir.join("memory.max"), &bytes.to_string())?;
-                    let _ = fs::write(dir.join("memory.swap.max"), "0");
+                    // No swap for the sandbox. A kernel without swap accounting has no
+                    // such file: fine only when there is no swap to leak into.
+                    if let Err(e) = fs::write(dir.join("memory.swap.max"), "0")
+                        && (e.kind() != std::io::ErrorKind::NotFound || host_has_swap())
+                    {
+                        return Err(format!(
+                            "memory.swap.max: {e}; without it the memory limit would leak into \
+                             swap (enable swap accounting, or run without --memory)"
+                        ));
+                    }
                     write(dir.join("memory.oom.group"), "1")?;
                     self.memory = Some(dir.clone());
                 }
@@ -375,4 +384,15 @@ pub fn sweep(host: &Host) {
             }
         }
     }
+}
+
+/// Whether the host has any swap (`SwapTotal` above 0 in `/proc/meminfo`).
+fn host_has_swap() -> bool {
+    fs::read_to_string("/proc/meminfo").is_ok_and(|text| {
+        text.lines()
+            .find_map(|line| line.strip_prefix("SwapTotal:"))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .is_some_and(|kb| kb > 0)
+    })
 }

@@ -106,6 +106,9 @@ pub struct ChildPlan {
     /// A detached, idmapped mount of the workspace the parent prepared, or -1: then the
     /// child clones the workspace itself like every other bind source.
     pub workspace_tree: i32,
+    /// The sandbox's own tmpfs (a detached mount the sandbox holds), or -1. When set,
+    /// the child clones it as the workspace; the bind's path is never looked up.
+    pub workspace_source: i32,
 }
 
 /// The part of a plan that is the same for every exec of one sandbox.
@@ -382,12 +385,24 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
                     slot += 1;
                     continue;
                 }
-                let fd = libc::syscall(
-                    libc::SYS_open_tree,
-                    libc::AT_FDCWD,
-                    source.as_ptr(),
-                    OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_RECURSIVE as u32,
-                );
+                let fd = if i == plan.layout.workspace_op && plan.workspace_source >= 0 {
+                    libc::syscall(
+                        libc::SYS_open_tree,
+                        plan.workspace_source,
+                        c"".as_ptr(),
+                        OPEN_TREE_CLONE
+                            | libc::O_CLOEXEC as u32
+                            | libc::AT_RECURSIVE as u32
+                            | libc::AT_EMPTY_PATH as u32,
+                    )
+                } else {
+                    libc::syscall(
+                        libc::SYS_open_tree,
+                        libc::AT_FDCWD,
+                        source.as_ptr(),
+                        OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_RECURSIVE as u32,
+                    )
+                };
                 check(fds, STEP_OPEN_TREE + i as u32, fd);
                 if slot < MAX_BINDS {
                     trees[slot] = fd as i32;

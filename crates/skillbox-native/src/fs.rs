@@ -186,32 +186,6 @@ impl NativeSandbox {
     }
 }
 
-/// Removes `name` in `dir` and everything below it, never following a symlink.
-fn remove_tree(dir: &OwnedFd, name: &Path) -> Result<(), Errno> {
-    let stat = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Directory {
-        return rustix::fs::unlinkat(dir, name, AtFlags::empty());
-    }
-    let child = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let mut names = Vec::new();
-    for entry in rustix::fs::Dir::read_from(&child)? {
-        let entry = entry?;
-        let n = entry.file_name().to_bytes();
-        if n != b"." && n != b".." {
-            names.push(PathBuf::from(std::ffi::OsStr::from_bytes(n)));
-        }
-    }
-    for n in names {
-        remove_tree(&child, &n)?;
-    }
-    rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
-}
-
 fn list(dir: OwnedFd) -> Result<Vec<DirEntry>, Errno> {
     let mut entries = Vec::new();
     for entry in rustix::fs::Dir::read_from(&dir)? {
@@ -379,8 +353,14 @@ impl FileSystem for NativeSandbox {
     ) -> EnvResult<TextLines> {
         let loc = self.locate(path)?;
         blocking(cancel, "read", move || {
-            let fd = loc.open(&loc.relative, OFlags::RDONLY, Mode::empty(), "read")?;
-            let reader = std::io::BufReader::new(std::fs::File::from(fd));
+            let fd = loc.open(
+                &loc.relative,
+                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+                Mode::empty(),
+                "read",
+            )?;
+            let reader =
+                std::io::BufReader::new(skillbox_env::regular_file(fd, "read", &loc.shown)?);
             skillbox_env::first_lines(reader, max, &loc.shown)
         })
         .await
@@ -389,8 +369,13 @@ impl FileSystem for NativeSandbox {
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
         let loc = self.locate(path)?;
         blocking(cancel, "read", move || {
-            let fd = loc.open(&loc.relative, OFlags::RDONLY, Mode::empty(), "read")?;
-            let mut file = std::fs::File::from(fd);
+            let fd = loc.open(
+                &loc.relative,
+                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+                Mode::empty(),
+                "read",
+            )?;
+            let mut file = skillbox_env::regular_file(fd, "read", &loc.shown)?;
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes)
                 .map_err(|e| EnvError::io(&e, "read", &loc.shown))?;
@@ -456,13 +441,26 @@ impl FileSystem for NativeSandbox {
                     | OFlags::APPEND
                     | OFlags::CREATE
                     | OFlags::NOFOLLOW
+                    | OFlags::NONBLOCK
+                    | OFlags::NOCTTY
                     | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o644),
             )
-            .map_err(|e| loc.err(e, "append"))?;
+            .map_err(|e| match e {
+                // A FIFO with no reader.
+                Errno::NXIO => EnvError::new(
+                    ErrorCode::Invalid,
+                    format!(
+                        "append {}: a FIFO; only regular files are read or appended to",
+                        loc.shown.display()
+                    ),
+                )
+                .with_path(&loc.shown),
+                e => loc.err(e, "append"),
+            })?;
+            let mut file = skillbox_env::regular_file(fd, "append", &loc.shown)?;
             loc.chown(&dir, &name);
-            std::fs::File::from(fd)
-                .write_all(&data)
+            file.write_all(&data)
                 .map_err(|e| EnvError::io(&e, "append", &loc.shown))
         })
         .await
@@ -495,12 +493,15 @@ impl FileSystem for NativeSandbox {
                 .map_err(|e| loc.err(e, "remove"))?;
             let is_dir = rustix::fs::FileType::from_raw_mode(stat.st_mode)
                 == rustix::fs::FileType::Directory;
-            let result = match (is_dir, recursive) {
-                (false, _) => rustix::fs::unlinkat(&dir, &name, AtFlags::empty()),
-                (true, false) => rustix::fs::unlinkat(&dir, &name, AtFlags::REMOVEDIR),
-                (true, true) => remove_tree(&dir, &name),
-            };
-            result.map_err(|e| loc.err(e, "remove"))
+            match (is_dir, recursive) {
+                (false, _) => rustix::fs::unlinkat(&dir, &name, AtFlags::empty())
+                    .map_err(|e| loc.err(e, "remove")),
+                (true, false) => rustix::fs::unlinkat(&dir, &name, AtFlags::REMOVEDIR)
+                    .map_err(|e| loc.err(e, "remove")),
+                // However deep the sandbox made it: no recursion, no fd per level.
+                (true, true) => skillbox_env::remove::remove_tree_at(dir.as_fd(), name.as_os_str())
+                    .map_err(|e| EnvError::io(&e, "remove", &loc.shown)),
+            }
         })
         .await
     }
@@ -585,8 +586,11 @@ impl FileSystem for NativeSandbox {
             }
             let _ = self.remove(Path::new(TEMP_DIR), false, &never).await;
         }
+        if let Some(scratch) = &self.scratch {
+            scratch.detach();
+        }
         let dir = self.dir.clone();
-        let remove = move || match std::fs::remove_dir_all(&dir) {
+        let remove = move || match skillbox_env::remove::remove_tree(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(EnvError::io(&e, "cleanup", &dir))
             }

@@ -17,6 +17,7 @@ use crate::child::{
     STAGE,
 };
 use crate::landlock;
+use crate::scratch::Scratch;
 use crate::spawn::SANDBOX_ID;
 
 /// Top-level host directories shown read-only (or as the symlinks they are).
@@ -170,11 +171,20 @@ pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
     built.map(|()| dir)
 }
 
+/// What is shown as `/workspace`.
+#[derive(Debug, Clone, Copy)]
+pub enum WorkspaceSource<'a> {
+    /// A host directory (the caller's workdir, or a temp one without a disk bound).
+    Host(&'a Path),
+    /// The sandbox's own tmpfs: each exec clones it (never a host path).
+    Scratch(&'a Scratch),
+}
+
 /// Plans the root: system dirs, `etc_dir` as `/etc`, `/proc`, `/dev`, `/tmp`,
 /// `workspace` as `/workspace`, and the policy's read-only mounts.
 pub fn plan(
     etc_dir: &Path,
-    workspace: &Path,
+    workspace: WorkspaceSource<'_>,
     limits: &Limits,
     policy: &SandboxPolicy,
     landlock_abi: u32,
@@ -301,16 +311,39 @@ pub fn plan(
     ops.push(MountOp::Dir { path: staged(tmp) });
     ops.push(MountOp::Tmpfs {
         target: staged(tmp),
-        options: cstring(format!("mode=1777,size={}", limits.tmp_bytes)),
+        options: cstring(tmp_options(limits)),
     });
 
-    bind_dir(
-        &mut ops,
-        workspace,
-        Path::new(WORKSPACE),
-        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        true,
-    )?;
+    let workspace_attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    let mut scratch_entry = None;
+    match workspace {
+        WorkspaceSource::Host(host) => {
+            bind_dir(&mut ops, host, Path::new(WORKSPACE), workspace_attrs, true)?;
+        }
+        WorkspaceSource::Scratch(scratch) => {
+            let sandbox = Path::new(WORKSPACE);
+            ops.push(MountOp::Dir {
+                path: staged(sandbox),
+            });
+            // No source path: the child clones the sandbox's tmpfs by fd, and an empty
+            // path could never be looked up instead.
+            ops.push(MountOp::Bind {
+                source: CString::default(),
+                target: staged(sandbox),
+                attrs: workspace_attrs,
+            });
+            let fd = scratch
+                .try_clone_fd()
+                .map_err(|e| EnvError::io(&e, "dup", Path::new("the sandbox's tmpfs")))?;
+            scratch_entry = Some(MountEntry {
+                sandbox: sandbox.to_path_buf(),
+                // A detached mount resolves to paths from its own root.
+                host: PathBuf::from("/"),
+                fd: Arc::new(fd),
+                writable: true,
+            });
+        }
+    }
     let workspace_op = ops.len() - 1;
 
     for mount in &policy.read_only_mounts {
@@ -361,12 +394,24 @@ pub fn plan(
         seccomp,
         workspace_op,
     };
+    mounts.extend(scratch_entry);
     mounts.sort_by_key(|m| std::cmp::Reverse(m.sandbox.as_os_str().len()));
     Ok(Root {
         layout: Arc::new(layout),
         mounts,
         aliases,
     })
+}
+
+/// The options of the per-exec `/tmp`: its share of the disk bound, in bytes and inodes.
+fn tmp_options(limits: &Limits) -> String {
+    match limits.disk_split() {
+        Some(split) => format!(
+            "mode=1777,size={},nr_inodes={}",
+            split.tmp_bytes, split.tmp_inodes
+        ),
+        None => format!("mode=1777,size={}", limits.tmp_bytes),
+    }
 }
 
 /// Describes a failed child step for an `unavailable` error.
@@ -391,6 +436,9 @@ pub fn describe_step(layout: &Layout, step: u32) -> String {
         STEP_IDS => "user_ns: switching to the sandbox user".into(),
         STEP_CLOSE_FDS => "fds: close_range (Linux 5.9+)".into(),
         n if n >= STEP_OPEN_TREE => match layout.mounts.get((n - STEP_OPEN_TREE) as usize) {
+            Some(MountOp::Bind { source, .. }) if source.is_empty() => {
+                "mount_ns: cloning the sandbox's tmpfs as /workspace (open_tree of a detached mount)".into()
+            }
             Some(MountOp::Bind { source, .. }) => format!(
                 "mount_ns: open_tree {} (Linux 5.2+)",
                 source.to_string_lossy()

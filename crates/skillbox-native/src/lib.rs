@@ -13,6 +13,7 @@ mod landlock;
 mod layout;
 mod probe;
 mod sandbox;
+mod scratch;
 mod seccomp;
 mod spawn;
 

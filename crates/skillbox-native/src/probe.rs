@@ -118,6 +118,29 @@ pub fn probe() -> BackendReport {
         },
     );
     layers.insert("rlimits", layer(true, "NOFILE, FSIZE, CPU, CORE=0"));
+    // The same tmpfs a sandbox makes, made and dropped: proves the bound can be given.
+    // SAFETY: geteuid/getegid have no preconditions.
+    let owner = unsafe {
+        crate::spawn::HostIds {
+            uid: libc::geteuid(),
+            gid: libc::getegid(),
+        }
+    };
+    layers.insert(
+        "disk_limit",
+        match crate::scratch::Scratch::create(1 << 20, 64, owner, None) {
+            Ok(_) => layer(
+                true,
+                "a tmpfs per sandbox (bytes and inodes) for /workspace and /tmp, never mounted on the host",
+            ),
+            // Root attaches it at the sandbox's directory instead.
+            Err(crate::scratch::ScratchError::NoDetachedClone) if owner.uid == 0 => layer(
+                true,
+                "a tmpfs per sandbox (bytes and inodes) for /workspace and /tmp, mounted privately at the sandbox's directory (this kernel cannot clone a detached one)",
+            ),
+            Err(e) => layer(false, e.to_string()),
+        },
+    );
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     layers.insert(

@@ -75,6 +75,9 @@ impl NativeBackend {
 #[derive(Debug)]
 pub struct NativeSandbox {
     pub(crate) root: Root,
+    /// The tmpfs shown as `/workspace` when the sandbox owns its workspace and has a
+    /// disk bound; dropping it frees everything the sandbox wrote there.
+    pub(crate) scratch: Option<Arc<crate::scratch::Scratch>>,
     pub(crate) dir: PathBuf,
     pub(crate) workspace: PathBuf,
     pub(crate) temp_workspace: bool,
@@ -120,7 +123,9 @@ fn sweep_dirs(native_dir: &Path) {
             continue;
         };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(entry.path());
+            // A tmpfs a dead root process attached there goes first (older kernels).
+            crate::scratch::unmount_leftover(&entry.path());
+            let _ = skillbox_env::remove::remove_tree(&entry.path());
         }
     }
 }
@@ -229,7 +234,7 @@ impl NativeSandbox {
                 sandbox
             });
         if result.as_ref().is_err_and(|_| spec_has_no_workspace) {
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = skillbox_env::remove::remove_tree(&dir);
         }
         result
     }
@@ -242,6 +247,29 @@ impl NativeSandbox {
         chown_to: Option<HostIds>,
         cgroup_host: &'static cgroup::Host,
     ) -> EnvResult<NativeSandbox> {
+        // A workspace the sandbox owns gets the disk bound: its own tmpfs, never a host
+        // directory. A caller's directory cannot be bounded here (no project quotas).
+        let split = spec.limits.disk_split();
+        if spec.workspace.is_some() && split.is_some() {
+            return Err(unavailable(
+                "disk limit",
+                "a --workdir on the host's filesystem cannot be bounded; run without --disk \
+                 (the workdir is yours, /tmp keeps its own bound) or without --workdir",
+            ));
+        }
+        let scratch = match split {
+            Some(split) => Some(
+                crate::scratch::Scratch::create(
+                    split.workspace_bytes,
+                    split.workspace_inodes,
+                    ids,
+                    Some(dir),
+                )
+                .map(Arc::new)
+                .map_err(|e| unavailable("disk limit", e))?,
+            ),
+            None => None,
+        };
         let (workspace, temp_workspace) = match &spec.workspace {
             Some(path) => {
                 let meta =
@@ -255,6 +283,8 @@ impl NativeSandbox {
                 }
                 (path.clone(), false)
             }
+            // On its tmpfs: nothing on the host.
+            None if scratch.is_some() => (dir.to_path_buf(), true),
             // A temp workspace is the sandbox's own directory (which exists only then).
             None => {
                 let ws = dir.to_path_buf();
@@ -270,9 +300,16 @@ impl NativeSandbox {
         let etc = layout::ensure_etc(native_dir)
             .map_err(|e| EnvError::io(&e, "write the sandbox /etc", native_dir))?;
         let rlimits = rlimits(&spec.limits, cgroup_host);
+        // Attached at the sandbox's directory (root, older kernel): a bind like any other.
+        let source = match &scratch {
+            Some(scratch) if scratch.attached_at().is_none() => {
+                layout::WorkspaceSource::Scratch(scratch)
+            }
+            _ => layout::WorkspaceSource::Host(&workspace),
+        };
         let root = layout::plan(
             &etc,
-            &workspace,
+            source,
             &spec.limits,
             &spec.policy,
             abi,
@@ -281,6 +318,7 @@ impl NativeSandbox {
         )?;
         Ok(NativeSandbox {
             root,
+            scratch,
             dir: dir.to_path_buf(),
             workspace,
             temp_workspace,
@@ -354,7 +392,10 @@ impl NativeSandbox {
         };
         Ok(ChildPlan {
             layout: self.root.layout.clone(),
-            clear_groups: self.chown_to.is_some(),
+            // As root (an idmapped workspace too) the inherited supplementary groups
+            // are dropped; unprivileged, the kernel allows no setgroups at all.
+            // SAFETY: geteuid has no preconditions.
+            clear_groups: unsafe { libc::geteuid() } == 0,
             cwd: CString::new(cwd.as_os_str().as_bytes())
                 .map_err(|_| EnvError::invalid("cwd: contains a NUL byte"))?,
             programs,
@@ -365,6 +406,10 @@ impl NativeSandbox {
                 .collect::<EnvResult<_>>()?,
             payload_stack: vec![0; PAYLOAD_STACK],
             workspace_tree: -1,
+            workspace_source: match &self.scratch {
+                Some(s) if s.attached_at().is_none() => std::os::fd::AsRawFd::as_raw_fd(&s.fd()),
+                _ => -1,
+            },
             fds: ChildFds {
                 sync: -1,
                 error: -1,
@@ -559,6 +604,7 @@ impl Shell for NativeSandbox {
         let cancel = cancel.clone();
         let shutdown = self.shutdown.clone();
         let one_shot = self.one_shot;
+        let scratch = self.scratch.clone();
         self.running.spawn(async move {
             let mut timed_out = false;
             let mut aborted = false;
@@ -604,6 +650,13 @@ impl Shell for NativeSandbox {
                 // Init itself was killed: by us on timeout, or by the OOM killer.
                 (None, None) => Ending::Killed,
             };
+            // A command that failed with its workspace full ran out of disk (the kernel
+            // said ENOSPC; the full tmpfs says why).
+            let failed = !matches!(ending, Ending::Exited(0));
+            let limit_hit = limit_hit.or_else(|| {
+                (failed && scratch.as_ref().is_some_and(|s| s.is_full()))
+                    .then_some(skillbox_env::LimitKind::Disk)
+            });
             let output = Ended {
                 ending,
                 timed_out,
@@ -626,9 +679,10 @@ impl Drop for NativeSandbox {
         // Dropped without cleanup (a cancelled caller): every running exec kills its
         // namespace tree when it sees this, and the sandbox's own directory goes now.
         self.shutdown.cancel();
-        if let Err(e) = std::fs::remove_dir_all(&self.dir)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
+        if let Some(scratch) = &self.scratch {
+            scratch.detach();
+        }
+        if let Err(e) = skillbox_env::remove::remove_tree(&self.dir) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "native: cannot remove a dropped sandbox");
         }
     }

@@ -31,11 +31,13 @@ fn sandbox_dirs(data: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// A temp workspace is the sandbox's one directory, gone after cleanup; with the
-/// caller's workdir the sandbox makes no directory of its own at all.
+/// With a disk bound a temp workspace is the sandbox's own tmpfs: nothing on the host.
+/// Without one it is the sandbox's one directory, gone after cleanup; with the caller's
+/// workdir the sandbox makes no directory of its own at all (and a disk bound on it is
+/// refused: it cannot be enforced there).
 #[tokio::test]
 async fn a_sandbox_leaves_no_directory_behind() {
-    use skillbox_env::{CancellationToken, ExecRequest, FileSystem, Shell};
+    use skillbox_env::{CancellationToken, ErrorCode, ExecRequest, FileSystem, Shell};
     if !skillbox_native::probe().available {
         return skillbox_env::testkit::skip(
             "a_sandbox_leaves_no_directory_behind",
@@ -46,9 +48,34 @@ async fn a_sandbox_leaves_no_directory_behind() {
     let data = tempfile::tempdir().unwrap();
     let backend = NativeBackend::new(data.path());
 
-    let temp = backend
+    let bounded = backend
         .create_blocking(skillbox_env::testkit::spec())
         .unwrap();
+    let out = bounded
+        .exec(
+            ExecRequest::shell("echo hi > /workspace/x; cat /workspace/x"),
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_text(), "hi\n");
+    assert_eq!(sandbox_dirs(data.path()), Vec::<String>::new());
+    let seen = bounded
+        .read_text(std::path::Path::new("/workspace/x"), &never)
+        .await
+        .unwrap();
+    assert_eq!(seen, "hi\n", "the host-side view reads the sandbox's tmpfs");
+    bounded.cleanup().await.unwrap();
+
+    let unbounded = SandboxSpec {
+        limits: skillbox_env::Limits {
+            disk_bytes: None,
+            disk_inodes: None,
+            ..skillbox_env::testkit::limits()
+        },
+        ..skillbox_env::testkit::spec()
+    };
+    let temp = backend.create_blocking(unbounded.clone()).unwrap();
     let out = temp
         .exec(
             ExecRequest::shell("echo hi > /workspace/x; cat /workspace/x"),
@@ -70,9 +97,16 @@ async fn a_sandbox_leaves_no_directory_behind() {
 
     let workdir = tempfile::tempdir().unwrap();
     std::os::unix::fs::chown(workdir.path(), Some(65534), Some(65534)).ok();
-    let spec = SandboxSpec {
+    let refused = SandboxSpec {
         workspace: Some(workdir.path().to_path_buf()),
         ..skillbox_env::testkit::spec()
+    };
+    let err = backend.create_blocking(refused).unwrap_err();
+    assert_eq!(err.code, ErrorCode::Unavailable, "{err}");
+    assert!(err.message.contains("disk limit"), "{err}");
+    let spec = SandboxSpec {
+        workspace: Some(workdir.path().to_path_buf()),
+        ..unbounded
     };
     let given = backend.create_blocking(spec).unwrap();
     let out = given

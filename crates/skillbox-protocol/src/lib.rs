@@ -27,4 +27,6 @@ pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
 pub use error::{ApiError, ApiErrorBody, ErrorCode};
 pub use exec::{ExecOutput, LimitKind, Truncated};
 pub use outputs::{InvalidGlob, MAX_GLOB_LEN, MAX_OUTPUT_GLOBS, OutputSelection};
-pub use run::{ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, RunRequest, RunResult};
+pub use run::{
+    ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, RunLimits, RunRequest, RunResult,
+};

@@ -83,6 +83,22 @@ pub struct RunRequest {
     /// comes back only when a glob spells its dot (`.config/*.json`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<String>,
+    /// Tighter bounds than the server's own (never looser).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RunLimits>,
+}
+
+/// Bounds a run may ask for, each at most the server's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunLimits {
+    /// Bytes of `/workspace` and `/tmp` together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// Files and directories in `/workspace` and `/tmp` together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_inodes: Option<u64>,
 }
 
 impl RunRequest {
@@ -94,6 +110,7 @@ impl RunRequest {
             files: Vec::new(),
             backend: None,
             outputs: Vec::new(),
+            limits: None,
         }
     }
 }

@@ -123,6 +123,7 @@ struct Checked {
     timeout_ms: u64,
     files: Vec<(PathBuf, Bytes)>,
     outputs: OutputSelection,
+    limits: Option<skillbox_protocol::RunLimits>,
 }
 
 fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
@@ -158,6 +159,30 @@ fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
         )));
     }
     Ok(clean)
+}
+
+/// A bound the request asks for: within the server's (`None` there: no bound to stay
+/// under), and not below the least a sandbox can use.
+fn tighter(
+    field: &str,
+    asked: Option<u64>,
+    server: Option<u64>,
+    least: u64,
+) -> Result<Option<u64>, RunError> {
+    let Some(asked) = asked else {
+        return Ok(server);
+    };
+    if asked < least {
+        return Err(RunError::Invalid(format!(
+            "limits.{field}: {asked} is below the least a sandbox can use ({least})"
+        )));
+    }
+    match server {
+        Some(max) if asked > max => Err(RunError::Invalid(format!(
+            "limits.{field}: {asked} is over this server's bound ({max}); ask for less"
+        ))),
+        _ => Ok(Some(asked)),
+    }
 }
 
 fn check(request: RunRequest) -> Result<Checked, RunError> {
@@ -207,6 +232,7 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
         timeout_ms,
         files,
         outputs,
+        limits: request.limits,
     })
 }
 
@@ -315,9 +341,23 @@ impl Runner {
         if checked.language == Language::Node {
             self.runtime_mount(kind, &mut policy).await?;
         }
+        let base = &self.config.limits;
+        let asked = checked.limits.clone().unwrap_or_default();
         let limits = Limits {
             timeout_ms: checked.timeout_ms,
-            ..self.config.limits.clone()
+            disk_bytes: tighter(
+                "diskBytes",
+                asked.disk_bytes,
+                base.disk_bytes,
+                skillbox_env::MIN_DISK_BYTES,
+            )?,
+            disk_inodes: tighter(
+                "diskInodes",
+                asked.disk_inodes,
+                base.disk_inodes,
+                skillbox_env::MIN_DISK_INODES,
+            )?,
+            ..base.clone()
         };
         let spec = SandboxSpec {
             workspace: None,

@@ -625,7 +625,12 @@ async fn the_top_level_scratch_dir_is_skipped() {
     // Only the top-level one is the env's scratch area.
     ws.write("sub/.tmp/kept.txt", b"kept");
     ws.write(".tmpfile", b"not the dir");
-    let files = ws.collect(&no_inputs(), roomy()).await.unwrap();
+    // Hidden paths come back only when asked for; the scratch dir not even then.
+    let asked = OutputSelection::new(&[".tmpfile", "sub/.tmp/*", ".tmp/*"]).unwrap();
+    let files = ws
+        .collect_selected(&no_inputs(), &asked, roomy())
+        .await
+        .unwrap();
     assert_eq!(paths(&files), [".tmpfile", "sub/.tmp/kept.txt"]);
 }
 

@@ -31,6 +31,14 @@ pub struct ExecArgs {
     /// Most processes and threads at once (or none) [default: 256]
     #[arg(long, value_parser = parse_count_bound)]
     pids: Option<Bound>,
+    /// Disk for /workspace and /tmp together (512M, 2G, or none) [default: 1G; none
+    /// with --workdir, whose filesystem cannot be bounded]
+    #[arg(long, value_parser = parse_size_bound)]
+    disk: Option<Bound>,
+    /// Files and directories in /workspace and /tmp together [default: one per 16K of
+    /// --disk, where the backend can hold it (not gvisor)]
+    #[arg(long, value_parser = parse_count_bound)]
+    inodes: Option<Bound>,
     /// Print one ExecOutput JSON object instead of streaming the output.
     #[arg(long)]
     json: bool,
@@ -79,6 +87,17 @@ pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
     }
     if let Some(Bound(pids)) = args.pids {
         limits.pids = pids.map(|n| n as u32);
+    }
+    // A workdir is the caller's own disk: bounded only when asked (and then refused).
+    if args.workdir.is_some() && args.disk.is_none() {
+        limits.disk_bytes = None;
+        limits.disk_inodes = None;
+    }
+    if let Some(Bound(disk)) = args.disk {
+        limits.disk_bytes = disk;
+    }
+    if let Some(Bound(Some(inodes))) = args.inodes {
+        limits.disk_inodes = Some(inodes);
     }
     let env = match make_env(&args, data_dir, limits).await {
         Ok(env) => env,

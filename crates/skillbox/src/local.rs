@@ -38,12 +38,16 @@ pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Run
 }
 
 impl LocalSandbox {
+    /// The runner on `data_dir`, its limits changed by `limits` (the CLI's flags).
     pub async fn open(
         data_dir: &Path,
         install_node: bool,
+        limits: impl FnOnce(&mut skillbox_env::Limits),
         cancel: CancellationToken,
     ) -> Result<Self, ClientError> {
-        let runner = Arc::new(runner(data_dir, install_node).await?);
+        let mut config = RunnerConfig::new(data_dir);
+        limits(&mut config.limits);
+        let runner = Arc::new(runner_with(config, install_node).await?);
         let interrupt = cancel.clone();
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {

@@ -13,7 +13,7 @@ use skillbox_client::{
 };
 use skillbox_env::CancellationToken;
 
-use crate::units::{backend_parser, parse_duration};
+use crate::units::{backend_parser, parse_duration, parse_size};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -47,12 +47,20 @@ pub struct RunArgs {
     /// only when a glob spells its dot.
     #[arg(long = "outputs", value_name = "GLOB")]
     outputs: Vec<String>,
+    /// Disk for /workspace and /tmp together (512M, 2G) [default: 1G; a --remote
+    /// server may refuse more than its own bound]
+    #[arg(long, value_parser = parse_size)]
+    disk: Option<u64>,
     /// Print the RunResult JSON (the same object as POST /v1/run).
     #[arg(long)]
     json: bool,
     /// Run on a `skillbox serve` at URL instead of here.
     #[arg(long, value_name = "URL")]
     remote: Option<String>,
+    /// The API key for --remote (from `skillbox keys new`); set SKILLBOX_API_KEY rather
+    /// than the flag, which other users can read in the process list.
+    #[arg(long, env = "SKILLBOX_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 fn usage(message: &str) -> ExitCode {
@@ -112,16 +120,30 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     request.timeout_ms = Some(args.timeout.as_millis() as u64);
     request.backend = Some(args.backend);
     request.outputs = args.outputs.clone();
+    if let Some(disk) = args.disk {
+        request.limits = Some(skillbox_client::RunLimits {
+            disk_bytes: Some(disk),
+            disk_inodes: None,
+        });
+    }
 
     let sandbox: Box<dyn SkillSandbox> = match &args.remote {
         Some(url) => match HttpSkillSandbox::new(url.clone()) {
-            Ok(client) => Box::new(client),
+            Ok(client) => match &args.api_key {
+                Some(key) => Box::new(client.with_api_key(key.clone())),
+                None => Box::new(client),
+            },
             Err(e) => return usage(&e.message),
         },
         None => match crate::local::LocalSandbox::open(
             data_dir,
             // Container backends carry the runtime in their image.
             language == Language::Node && args.backend == BackendKind::Native,
+            |limits| {
+                if let Some(disk) = args.disk {
+                    limits.disk_bytes = Some(disk);
+                }
+            },
             CancellationToken::new(),
         )
         .await

@@ -55,6 +55,14 @@ pub struct ServeArgs {
     /// Runs one tenant may have running or waiting [default: 4 × the number of cores]
     #[arg(long, value_name = "N")]
     tenant_max_runs: Option<usize>,
+    /// Disk of each run's /workspace and /tmp together (512M, 2G): the default, and the
+    /// most a request's limits.diskBytes may ask for.
+    #[arg(long, value_parser = crate::units::parse_size, default_value = "1G")]
+    disk: u64,
+    /// Files and directories of each run's /workspace and /tmp together [default: one per
+    /// 16K of --disk, where the backend can hold it (not gvisor)]
+    #[arg(long, value_name = "N")]
+    inodes: Option<u64>,
 }
 
 /// The keys of `--api-keys` and SKILLBOX_API_KEYS together; `None` when neither gives any.
@@ -121,10 +129,16 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         );
         return ExitCode::from(crate::EXIT_USAGE);
     }
-    let runner_config = skillbox_run::RunnerConfig {
+    let mut runner_config = skillbox_run::RunnerConfig {
         warm_containers: args.warm_containers,
         ..skillbox_run::RunnerConfig::new(data_dir)
     };
+    runner_config.limits.disk_bytes = Some(args.disk);
+    runner_config.limits.disk_inodes = args.inodes;
+    if let Err(e) = runner_config.limits.validate() {
+        eprintln!("skillbox serve: --disk/--inodes: {e}");
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
     let runner = match crate::local::runner_with(runner_config, true).await {
         Ok(runner) => Arc::new(runner),
         Err(e) => {

@@ -74,6 +74,10 @@ mark root_memory as_root exec --json --memory 64M --pids none -- sh -c "$BOMB"
 mark root_memory_fits as_root exec --json --memory 256M --pids none -- sh -c "$BOMB"
 mark root_pids as_root exec --json --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
 mark root_defaults as_root exec --json -- sh -c 'cat /proc/self/cgroup; echo hi'
+# This kernel cannot clone a detached mount: root's disk bound is a private tmpfs at
+# the sandbox's directory, gone after the run.
+mark root_disk as_root exec --json --disk 8M -- sh -c 'head -c 20000000 /dev/zero > /workspace/big'
+mark root_disk_mounts grep -c '{scratch}/root/native' /proc/self/mountinfo
 mark root_left left
 
 # Delegation, as `systemd-run --scope -p Delegate=yes` gives it: each run starts alone
@@ -89,10 +93,13 @@ as_user() {{
 }}
 mark user_id setpriv --reuid {USER} --regid {USER} --clear-groups id -u
 mark user_doctor as_user doctor --json
-mark user_memory as_user exec --json --memory 64M --pids none -- sh -c "$BOMB"
-mark user_memory_fits as_user exec --json --memory 256M --pids none -- sh -c "$BOMB"
-mark user_pids as_user exec --json --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
-mark user_defaults as_user exec --json -- sh -c 'echo hi'
+# Unprivileged on this kernel the disk bound cannot be given: refused, named; the runs
+# below go without it.
+mark user_disk as_user exec --json -- true
+mark user_memory as_user exec --json --disk none --memory 64M --pids none -- sh -c "$BOMB"
+mark user_memory_fits as_user exec --json --disk none --memory 256M --pids none -- sh -c "$BOMB"
+mark user_pids as_user exec --json --disk none --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
+mark user_defaults as_user exec --json --disk none -- sh -c 'echo hi'
 mark user_left left
 # A delegated cgroup shared with another process (the shell stays in it): v2 cannot hand
 # controllers down, and doctor says why and what to do.
@@ -412,12 +419,33 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     assert_eq!(defaults["exitCode"], 0, "{defaults}");
     // Its own cgroup namespace: the sandbox sees its cgroup as the root.
     assert_eq!(defaults["stdout"], "0::/\nhi\n", "{defaults}");
+    let disk = json(&marks, "root_disk", &console);
+    assert_eq!(disk["limitHit"], "disk", "{disk}");
+    assert!(
+        disk["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .contains("No space left"),
+        "{disk}"
+    );
+    assert_eq!(
+        show("root_disk_mounts"),
+        "0",
+        "the sandbox's tmpfs is still mounted"
+    );
     assert_eq!(show("root_left"), "", "cgroups left behind");
 
     // An ordinary user in a delegated subtree.
     assert_eq!(show("user_id"), USER.to_string());
     let detail = cgroup_detail(&json(&marks, "user_doctor", &console));
     assert!(detail.starts_with("v2 at /sys/fs/cgroup/user."), "{detail}");
+    let refused = show("user_disk");
+    assert!(
+        refused.contains("unavailable")
+            && refused.contains("disk limit")
+            && refused.contains("--disk none"),
+        "{refused}"
+    );
     let memory = json(&marks, "user_memory", &console);
     assert_eq!(memory["limitHit"], "memory", "{memory}");
     assert_ne!(memory["stdout"], "100000000\n", "{memory}");

@@ -299,20 +299,25 @@ fn a_root_owned_workdir_is_idmapped_never_root() {
         std::fs::Permissions::from_mode(0o600),
     )
     .unwrap();
-    let out = skillbox(
-        data.path(),
-        &[
-            "exec",
-            "--workdir",
-            work.path().to_str().unwrap(),
+    // Root with supplementary groups (adm, sudo): none of them may reach the sandbox.
+    let out = Command::new("setpriv")
+        .args(["--groups=4,27", "--"])
+        .arg(BIN)
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["exec", "--workdir"])
+        .arg(work.path())
+        .args([
             "--",
             "sh",
             "-c",
-            "id -u; cat mine.txt; echo made > new.txt; chmod u+s new.txt || echo no-setuid",
-        ],
-    );
+            "id -u; id -G; cat mine.txt; echo made > new.txt; chmod u+s new.txt || echo no-setuid",
+        ])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "1000\nroot's own\nno-setuid\n");
+    // `id -G` is the sandbox's own group only: root's supplementary groups are dropped.
+    assert_eq!(text(&out.stdout), "1000\n1000\nroot's own\nno-setuid\n");
     let made = std::fs::metadata(work.path().join("new.txt")).unwrap();
     assert_eq!(
         (made.uid(), made.gid()),
@@ -478,7 +483,9 @@ fn the_data_dir_is_ours_alone() {
 }
 
 /// `skillbox` killed mid-run: the sandbox dies with it, and the next run sweeps what the
-/// dead process could not clean up (its sandbox dir and cgroups).
+/// dead process could not clean up (its sandbox dir and cgroups). Without a disk bound,
+/// so that there is a host dir to sweep: with one, the workspace is a tmpfs on no host
+/// path, freed by the kernel with the process.
 #[test]
 fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
     if !native_or_skip("a_killed_skillbox_takes_its_sandbox_with_it") {
@@ -491,6 +498,8 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
         .arg(data.path())
         .args([
             "exec",
+            "--disk",
+            "none",
             "--",
             "sh",
             "-c",
@@ -689,6 +698,90 @@ fn run_remote_goes_through_serve() {
     assert!(
         status.success(),
         "serve should stop cleanly on SIGTERM: {status:?}"
+    );
+}
+
+/// `run --remote` against a server that has API keys: the key from `SKILLBOX_API_KEY`
+/// gets the run through; without it the server's 401 is the error, named.
+#[test]
+fn run_remote_sends_the_api_key() {
+    if !native_or_skip("run_remote_sends_the_api_key") {
+        return;
+    }
+    let keys = tempfile::tempdir().unwrap();
+    let file = keys.path().join("keys");
+    let made = skillbox(
+        keys.path(),
+        &["keys", "new", "ci", "--file", file.to_str().unwrap()],
+    );
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let token = text(&made.stdout).trim().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(shared_data_dir())
+        .args(["serve", "--addr", &addr, "--api-keys"])
+        .arg(&file)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "skillbox serve did not start"
+        );
+        assert!(
+            server.try_wait().unwrap().is_none(),
+            "skillbox serve exited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let script = keys.path().join("hi.sh");
+    std::fs::write(&script, "echo made > out.txt; echo hi").unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let remote = |key: Option<&str>| {
+        let mut command = Command::new(BIN);
+        command
+            .arg("--data-dir")
+            .arg(keys.path().join("client"))
+            .arg("run")
+            .arg(&script)
+            .args(["--remote", &format!("http://{addr}"), "--out"])
+            .arg(out_dir.path())
+            .env_remove("SKILLBOX_API_KEY");
+        if let Some(key) = key {
+            command.env("SKILLBOX_API_KEY", key);
+        }
+        command.output().unwrap()
+    };
+    let refused = remote(None);
+    let with_key = remote(Some(&token));
+    // SAFETY: signalling the server we started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    server.wait().unwrap();
+    assert_eq!(
+        refused.status.code(),
+        Some(125),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(
+        text(&refused.stderr).contains("unauthenticated"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(with_key.status.success(), "{}", text(&with_key.stderr));
+    assert_eq!(text(&with_key.stdout), "hi\n");
+    assert_eq!(
+        std::fs::read_to_string(out_dir.path().join("out.txt")).unwrap(),
+        "made\n",
+        "the download went through with the key too"
     );
 }
 

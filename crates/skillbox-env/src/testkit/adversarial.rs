@@ -314,6 +314,17 @@ async fn assert_gone_from_host(argv: &[&str], test: &str, out: &ExecOutput) {
 }
 
 /// Free bytes for unprivileged users on the filesystem holding `path`.
+fn host_free_inodes(path: &Path) -> Option<u64> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c_path` is NUL-terminated and `stat` is writable memory of the right type.
+    if unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs succeeded and filled it.
+    Some(unsafe { stat.assume_init() }.f_favail)
+}
+
 fn host_free_bytes(path: &Path) -> Option<u64> {
     let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut stat = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
@@ -1400,7 +1411,7 @@ pub async fn workspace_disk_fill(env: &dyn ExecutionEnv) {
 /// /tmp is no bigger than that, and the host's /tmp filesystem did not lose the space.
 pub async fn tmp_disk_fill(env: &dyn ExecutionEnv) {
     let test = "tmp_disk_fill";
-    let tmp_bytes = limits().tmp_bytes;
+    let tmp_bytes = limits().tmp_size();
     let script = r#"
 import os
 total, err = 0, None
@@ -1461,6 +1472,156 @@ for i in range(12):
             describe(&out)
         );
     }
+}
+
+/// Many files, each under the file size limit, reserved with `posix_fallocate` and
+/// written, stop at the disk bound with ENOSPC: `/workspace` holds no more than its
+/// share, the run that failed from it says `limitHit: "disk"`, and the host's disk did
+/// not pay for it.
+pub async fn disk_bound_holds(env: &dyn ExecutionEnv) {
+    let test = "disk_bound_holds";
+    let Some(split) = limits().disk_split() else {
+        panic!("{test}: the suite's limits carry a disk bound");
+    };
+    let script = r#"
+import os, sys
+total, err = 0, None
+try:
+    for i in range(64):
+        fd = os.open('/workspace/fill%d' % i, os.O_WRONLY | os.O_CREAT)
+        try:
+            os.posix_fallocate(fd, 0, 12 << 20)
+            total += 12 << 20
+        finally:
+            os.close(fd)
+except OSError as e:
+    err = e.errno
+if err is None:
+    try:
+        with open('/workspace/tail', 'wb') as f:
+            for i in range(64):
+                f.write(b'\0' * (1 << 20))
+                f.flush()
+                total += 1 << 20
+    except OSError as e:
+        err = e.errno
+st = os.statvfs('/workspace')
+print('DISKFILL', total, err, st.f_blocks * st.f_frsize, flush=True)
+sys.exit(1 if err else 0)
+"#;
+    let host_tmp = Path::new("/tmp");
+    let before = host_free_bytes(host_tmp);
+    let out = python(env, script, "", test).await;
+    let after = host_free_bytes(host_tmp);
+    let stdout = out.stdout_text();
+    let fields: Vec<&str> = field(&stdout, "DISKFILL")
+        .map(|f| f.split_whitespace().collect())
+        .unwrap_or_default();
+    let [total, errno, size] = fields.as_slice() else {
+        panic!("{test}: the fill did not report\n{}", describe(&out));
+    };
+    let (Ok(total), Ok(size)) = (total.parse::<u64>(), size.parse::<u64>()) else {
+        panic!("{test}: unreadable report\n{}", describe(&out));
+    };
+    assert_eq!(
+        *errno,
+        libc::ENOSPC.to_string(),
+        "{test}: filling /workspace did not end in ENOSPC after {total} bytes\n{}",
+        describe(&out)
+    );
+    assert!(
+        total <= split.workspace_bytes && size <= split.workspace_bytes,
+        "{test}: /workspace took {total} bytes ({size} in all), its share is {}",
+        split.workspace_bytes
+    );
+    assert_eq!(
+        out.limit_hit,
+        Some(LimitKind::Disk),
+        "{test}: the run failed from a full disk\n{}",
+        describe(&out)
+    );
+    if let (Some(before), Some(after)) = (before, after) {
+        let lost = before.saturating_sub(after);
+        assert!(
+            lost < split.workspace_bytes / 2,
+            "{test}: the host's /tmp filesystem lost {lost} bytes during the fill"
+        );
+    }
+    // The space comes back when the files go, and the sandbox goes on.
+    let out = sh(env, "rm -f /workspace/fill* /workspace/tail && echo ok > /workspace/after && cat /workspace/after", test).await;
+    assert_eq!(
+        out.stdout_text(),
+        "ok\n",
+        "{test}: after the fill\n{}",
+        describe(&out)
+    );
+}
+
+/// Files by the thousand (empty ones: no bytes, only inodes) stop at the inode bound.
+/// A user-space kernel (gVisor) keeps its files in its own memory and holds no inode
+/// bound: there the files must cost the host's filesystem no inodes at all.
+pub async fn disk_inodes_bound(env: &dyn ExecutionEnv) {
+    let test = "disk_inodes_bound";
+    let Some(split) = limits().disk_split() else {
+        panic!("{test}: the suite's limits carry a disk bound");
+    };
+    let script = r#"
+import os, sys
+made, err = 0, None
+os.mkdir('/workspace/many')
+try:
+    for i in range(20000):
+        os.close(os.open('/workspace/many/%d' % i, os.O_WRONLY | os.O_CREAT))
+        made += 1
+except OSError as e:
+    err = e.errno
+print('INODES', made, err, flush=True)
+sys.exit(1 if err else 0)
+"#;
+    let host_tmp = Path::new("/tmp");
+    let before = host_free_inodes(host_tmp);
+    let out = python(env, script, "", test).await;
+    let after = host_free_inodes(host_tmp);
+    let stdout = out.stdout_text();
+    let fields: Vec<&str> = field(&stdout, "INODES")
+        .map(|f| f.split_whitespace().collect())
+        .unwrap_or_default();
+    let [made, errno] = fields.as_slice() else {
+        panic!("{test}: the run did not report\n{}", describe(&out));
+    };
+    let made: u64 = made.parse().unwrap_or(u64::MAX);
+    if let (Some(before), Some(after)) = (before, after) {
+        let lost = before.saturating_sub(after);
+        assert!(
+            lost < 2000,
+            "{test}: the host's /tmp filesystem lost {lost} inodes to {made} files"
+        );
+    }
+    if env.boundary() == crate::Boundary::UserSpaceKernel && *errno == "None" {
+        assert_eq!(made, 20000, "{test}\n{}", describe(&out));
+    } else {
+        assert_eq!(
+            *errno,
+            libc::ENOSPC.to_string(),
+            "{test}: {made} files and no ENOSPC\n{}",
+            describe(&out)
+        );
+        assert!(
+            made <= split.workspace_inodes,
+            "{test}: {made} files, the bound is {}",
+            split.workspace_inodes
+        );
+        assert_eq!(
+            out.limit_hit,
+            Some(LimitKind::Disk),
+            "{test}\n{}",
+            describe(&out)
+        );
+    }
+    let cancel = CancellationToken::new();
+    let _ = env
+        .remove(Path::new("/workspace/many"), true, &cancel)
+        .await;
 }
 
 /// 1 GB on stdout returns with exactly the 64 KiB cap kept and `truncated.stdout`.
@@ -1585,7 +1746,7 @@ pub async fn privileges_dropped(env: &dyn ExecutionEnv) {
     let test = "privileges_dropped";
     let out = sh(
         env,
-        "cat /proc/self/status; echo \"UID $(id -u)\"; \
+        "cat /proc/self/status; echo \"UID $(id -u)\"; echo \"GROUPS $(id -g): $(id -G)\"; \
          python3 -c 'import ctypes; print(\"PRCTL_NNP\", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'",
         test,
     )
@@ -1612,6 +1773,15 @@ pub async fn privileges_dropped(env: &dyn ExecutionEnv) {
             describe(&out)
         );
     }
+    // No supplementary group of the host's (the root of a test run has some): only
+    // the sandbox's own gid, if anything.
+    let groups = field(&stdout, "GROUPS").unwrap_or("");
+    let (primary, all) = groups.split_once(':').unwrap_or(("", ""));
+    assert!(
+        !primary.trim().is_empty() && all.split_whitespace().all(|g| g == primary.trim()),
+        "{test}: supplementary groups inside: {groups:?}\n{}",
+        describe(&out)
+    );
     let uid = field(&stdout, "UID").map(str::trim).unwrap_or("");
     assert!(
         !uid.is_empty() && uid != "0",

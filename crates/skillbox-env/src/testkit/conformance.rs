@@ -462,6 +462,28 @@ pub async fn read_files_reads_only_regular_files_within_the_cap(env: &dyn Execut
     );
 }
 
+/// A FIFO (or any special file) planted where a file is expected fails every read and
+/// append at once, with `invalid`: no tool, agent run or shutdown waits on a writer that
+/// never comes.
+pub async fn reads_and_appends_refuse_a_fifo_at_once(env: &dyn ExecutionEnv) {
+    async fn at_once<T>(what: &str, op: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(10), op)
+            .await
+            .unwrap_or_else(|_| panic!("{what} of a FIFO is still waiting"))
+    }
+    mkdir(env, "f").await;
+    sh_ok(env, "mkfifo f/pipe").await;
+    let pipe = path("f/pipe");
+    let read = at_once("read_bytes", env.read_bytes(pipe, &live())).await;
+    assert_code(read, ErrorCode::Invalid, "read_bytes of a FIFO");
+    let text = at_once("read_text", env.read_text(pipe, &live())).await;
+    assert_code(text, ErrorCode::Invalid, "read_text of a FIFO");
+    let lines = at_once("read_text_lines", env.read_text_lines(pipe, 10, &live())).await;
+    assert_code(lines, ErrorCode::Invalid, "read_text_lines of a FIFO");
+    let append = at_once("append", env.append(pipe, b"x", &live())).await;
+    assert_code(append, ErrorCode::Invalid, "append to a FIFO");
+}
+
 pub async fn file_info_reports_kind_and_size(env: &dyn ExecutionEnv) {
     write(env, "f.txt", "12345").await;
     mkdir(env, "d").await;

@@ -31,6 +31,10 @@ pub fn limits() -> Limits {
         timeout_ms: 20_000,
         output_bytes: 64 * 1024,
         tmp_bytes: 32 * 1024 * 1024,
+        // /tmp gets 16 MiB of it, /workspace 48 MiB; 4096 inodes (one per 16 KiB),
+        // where the backend can hold an inode bound.
+        disk_bytes: Some(64 * 1024 * 1024),
+        disk_inodes: None,
     }
 }
 
@@ -105,6 +109,7 @@ macro_rules! conformance_suite {
                     list_dir_is_sorted_and_does_not_follow_symlinks,
                     walk_lists_the_tree_without_following_symlinks,
                     read_files_reads_only_regular_files_within_the_cap,
+                    reads_and_appends_refuse_a_fifo_at_once,
                     file_info_reports_kind_and_size,
                     rename_moves_and_replaces,
                     remove_deletes_files_and_symlinks_not_targets,
@@ -184,6 +189,8 @@ macro_rules! adversarial_suite {
                     memory_bomb,
                     workspace_disk_fill,
                     tmp_disk_fill,
+                    disk_bound_holds,
+                    disk_inodes_bound,
                     output_flood,
                     timeout_kills,
                     daemon_does_not_survive,

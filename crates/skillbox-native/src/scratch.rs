@@ -1,0 +1,507 @@
+//! A sandbox's own disk: one tmpfs per sandbox, with the disk bound's size and inode
+//! count, that is never attached anywhere on the host. It exists as a detached mount
+//! (`fsopen` → `fsconfig` → `fsmount`) whose fd the sandbox holds: the host-side file
+//! view opens paths beneath that fd, and every exec clones it (`open_tree`) as its
+//! `/workspace`. Filling it ends the write with ENOSPC inside; closing the fd frees it,
+//! so a crash leaves nothing to sweep and no tree to walk.
+//!
+//! As root the tmpfs is made here, owned by the sandbox's host uid. Unprivileged, the
+//! kernel lets a user make a tmpfs only inside a user namespace of its own: a short-lived
+//! child in one makes it and hands the mount back over a socket (`SCM_RIGHTS`).
+//!
+//! Cloning a detached mount into another mount namespace needs a recent kernel (6.18
+//! here allows it; Debian 12's 6.1 refuses it). Where it is refused, root attaches the
+//! tmpfs at the sandbox's directory instead (a private mount on the host, unmounted by
+//! cleanup and by the sweep after a crash), and each exec clones it by path as it does
+//! any bind. Unprivileged there is no such fallback, and the bound is `unavailable`.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use crate::spawn::HostIds;
+
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
+const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+
+/// The sandbox's tmpfs, as a detached mount (or, on an older kernel and as root,
+/// attached at the sandbox's directory).
+#[derive(Debug)]
+pub struct Scratch {
+    mount: OwnedFd,
+    bytes: u64,
+    /// Where it is attached on the host, until [`Scratch::detach`].
+    attached: std::sync::Mutex<Option<std::path::PathBuf>>,
+}
+
+/// The steps of making the tmpfs, for the message when one fails.
+const STEPS: &[&str] = &[
+    "wait for the user namespace map",
+    "fsopen tmpfs",
+    "fsconfig size",
+    "fsconfig nr_inodes",
+    "fsconfig mode",
+    "fsconfig uid",
+    "fsconfig gid",
+    "fsconfig create (Linux 5.2+)",
+    "fsmount",
+    "clone the detached tmpfs (open_tree of a detached mount: Linux 6.15+ or so)",
+    "hand the mount back",
+];
+
+/// What a made-but-unusable tmpfs says, with the way out.
+fn failed(step: usize, errno: i32) -> String {
+    let what = STEPS.get(step).copied().unwrap_or("make the tmpfs");
+    format!(
+        "{what}: {}; run without a disk bound (--disk none) or give --workdir DIR",
+        std::io::Error::from_raw_os_error(errno)
+    )
+}
+
+/// The fsconfig options, as C strings made before any fork: the child of a fork-like
+/// clone in a threaded process may not allocate (another thread may hold malloc's lock).
+struct Options {
+    size: CString,
+    mode: CString,
+    inodes: CString,
+    uid: CString,
+    gid: CString,
+}
+
+impl Options {
+    fn new(bytes: u64, inodes: u64, owner: HostIds) -> Options {
+        let c = |v: String| CString::new(v).unwrap_or_default();
+        Options {
+            size: c(bytes.to_string()),
+            mode: c("0755".into()),
+            inodes: c(inodes.to_string()),
+            uid: c(owner.uid.to_string()),
+            gid: c(owner.gid.to_string()),
+        }
+    }
+}
+
+/// Makes the tmpfs and tells whether this kernel lets another mount namespace clone it
+/// while detached, with raw syscalls only (it also runs in a forked child).
+/// `Err((step, errno))` names the step that failed.
+///
+/// # Safety
+/// Only async-signal-safe calls are made; `options` must outlive the call.
+unsafe fn make(options: &Options) -> Result<(OwnedFd, bool), (usize, i32)> {
+    let errno = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    // SAFETY: fsopen with a NUL-terminated name.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) };
+    if fs < 0 {
+        return Err((1, errno()));
+    }
+    // SAFETY: the kernel gave us this fd.
+    let fs = unsafe { OwnedFd::from_raw_fd(fs as i32) };
+    let set = |step: usize, key: &std::ffi::CStr, value: &CString| {
+        // SAFETY: key and value are NUL-terminated and live through the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                key.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        };
+        if r < 0 { Err((step, errno())) } else { Ok(()) }
+    };
+    set(2, c"size", &options.size)?;
+    set(3, c"nr_inodes", &options.inodes)?;
+    set(4, c"mode", &options.mode)?;
+    set(5, c"uid", &options.uid)?;
+    set(6, c"gid", &options.gid)?;
+    // SAFETY: a plain fsconfig command on our fs context.
+    let created = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if created < 0 {
+        return Err((7, errno()));
+    }
+    // SAFETY: fsmount of a created context.
+    let mount = unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        )
+    };
+    if mount < 0 {
+        return Err((8, errno()));
+    }
+    // SAFETY: the kernel gave us this fd.
+    let mount = unsafe { OwnedFd::from_raw_fd(mount as i32) };
+    // What every exec will do: clone the detached mount. Refused here, refused there.
+    // SAFETY: open_tree on our own fd with an empty path.
+    let clone = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as libc::c_uint,
+        )
+    };
+    if clone < 0 {
+        return match errno() {
+            // The kernel's answer for a mount outside the caller's namespace.
+            libc::EINVAL => Ok((mount, false)),
+            errno => Err((9, errno)),
+        };
+    }
+    // SAFETY: closing the probe clone we just made.
+    unsafe { libc::close(clone as i32) };
+    Ok((mount, true))
+}
+
+/// Attaches the detached `mount` at `dir` (made here, 0700), private: root's fallback on
+/// a kernel that cannot clone a detached mount.
+fn attach(mount: &OwnedFd, dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let path =
+        CString::new(dir.as_os_str().as_bytes()).map_err(|_| "a NUL in the path".to_string())?;
+    // SAFETY: move_mount of our own detached mount onto a directory we just made.
+    let moved = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if moved < 0 {
+        let e = std::io::Error::last_os_error();
+        let _ = std::fs::remove_dir(dir);
+        return Err(format!("attach the tmpfs at {}: {e}", dir.display()));
+    }
+    // SAFETY: a propagation change on the mount we just attached.
+    unsafe {
+        libc::mount(
+            std::ptr::null(),
+            path.as_ptr(),
+            std::ptr::null(),
+            libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    Ok(())
+}
+
+/// Unmounts what may be a sandbox's attached tmpfs at `dir` (the sweep after a crash);
+/// not a mount point is fine.
+pub fn unmount_leftover(dir: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(path) = CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: umount2 of a path; EINVAL when it is not a mount point.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Why a tmpfs could not be had.
+#[derive(Debug)]
+pub enum ScratchError {
+    /// This kernel cannot clone a detached mount into an exec, and no fallback was given.
+    NoDetachedClone,
+    Failed(String),
+}
+
+impl std::fmt::Display for ScratchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScratchError::NoDetachedClone => f.write_str(&failed(9, libc::EINVAL)),
+            ScratchError::Failed(message) => f.write_str(message),
+        }
+    }
+}
+
+impl Scratch {
+    /// A tmpfs of `bytes` and `inodes`, its root owned by `owner` on the host. On a
+    /// kernel that cannot clone it detached, root attaches it at `fallback` (which must
+    /// not exist yet); `None` there refuses instead.
+    pub fn create(
+        bytes: u64,
+        inodes: u64,
+        owner: HostIds,
+        fallback: Option<&std::path::Path>,
+    ) -> Result<Scratch, ScratchError> {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let (mount, clonable) = if root {
+            let options = Options::new(bytes, inodes, owner);
+            // SAFETY: options lives through the call.
+            unsafe { make(&options) }
+                .map_err(|(step, errno)| ScratchError::Failed(failed(step, errno)))?
+        } else {
+            match in_user_namespace(bytes, inodes, owner) {
+                Ok(mount) => (mount, true),
+                Err(e) if e == failed(9, libc::EINVAL) => {
+                    return Err(ScratchError::NoDetachedClone);
+                }
+                Err(e) => return Err(ScratchError::Failed(e)),
+            }
+        };
+        let attached = match (clonable, fallback) {
+            (true, _) => None,
+            (false, Some(dir)) => {
+                attach(&mount, dir).map_err(ScratchError::Failed)?;
+                Some(dir.to_path_buf())
+            }
+            (false, None) => return Err(ScratchError::NoDetachedClone),
+        };
+        Ok(Scratch {
+            mount,
+            bytes,
+            attached: std::sync::Mutex::new(attached),
+        })
+    }
+
+    /// Where it is attached on the host (root, on an older kernel): each exec clones it
+    /// by that path then, like any bind.
+    pub fn attached_at(&self) -> Option<std::path::PathBuf> {
+        self.attached.lock().ok().and_then(|a| a.clone())
+    }
+
+    /// Unmounts it from the host, if it was attached there (idempotent). What it held
+    /// goes when the last fd does.
+    pub fn detach(&self) {
+        let taken = self.attached.lock().ok().and_then(|mut a| a.take());
+        if let Some(dir) = taken {
+            unmount_leftover(&dir);
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+
+    /// The detached mount: a directory fd to open paths beneath, and what each exec
+    /// clones as `/workspace`.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.mount.as_fd()
+    }
+
+    /// A second fd for the same mount (the host-side file view keeps its own).
+    pub fn try_clone_fd(&self) -> std::io::Result<OwnedFd> {
+        self.mount.try_clone()
+    }
+
+    /// Whether it is full, or as good as: the bytes or inodes left are under what a
+    /// failed write would leave.
+    pub fn is_full(&self) -> bool {
+        let Ok(stat) = rustix::fs::fstatfs(&self.mount) else {
+            return false;
+        };
+        let free = stat.f_bavail.saturating_mul(stat.f_bsize as u64);
+        skillbox_env::DiskSplit::is_full(self.bytes, free, Some(stat.f_ffree))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// Unprivileged: a child in a user and mount namespace of its own makes the tmpfs (its
+/// uid 0 is our uid, so the tmpfs is ours on the host) and sends the mount back.
+fn in_user_namespace(bytes: u64, inodes: u64, owner: HostIds) -> Result<OwnedFd, String> {
+    // Inside the child's namespace, our uid and gid are 0.
+    let options = Options::new(bytes, inodes, HostIds { uid: 0, gid: 0 });
+    let mut pair = [0; 2];
+    // SAFETY: socketpair fills the array.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
+    } < 0
+    {
+        return Err(format!("socketpair: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fresh fds owned here.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    // SAFETY: a fork-like clone into new user and mount namespaces. The child runs
+    // `child_main`: raw syscalls only, and it always exits.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        // SAFETY: we are the child; see above.
+        unsafe { child_main(theirs.as_raw_fd(), &options) }
+    }
+    drop(theirs);
+    if pid < 0 {
+        return Err(format!(
+            "user_ns: cannot make the tmpfs's namespace (clone: {})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let pid = pid as i32;
+    let reap = || {
+        let mut status = 0;
+        // SAFETY: reaping the child we made.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+    };
+    let maps = (|| -> std::io::Result<()> {
+        std::fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
+        std::fs::write(
+            format!("/proc/{pid}/uid_map"),
+            format!("0 {} 1\n", owner.uid),
+        )?;
+        std::fs::write(
+            format!("/proc/{pid}/gid_map"),
+            format!("0 {} 1\n", owner.gid),
+        )
+    })();
+    // The child waits for one byte (or the socket's end) before it goes on.
+    let go = match &maps {
+        Ok(()) => [1u8],
+        Err(_) => [0u8],
+    };
+    // SAFETY: one byte from a stack array to our socket.
+    unsafe { libc::send(ours.as_raw_fd(), go.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+    let answer = receive(&ours);
+    reap();
+    if let Err(e) = maps {
+        return Err(format!(
+            "user_ns: cannot write the tmpfs namespace's map: {e}"
+        ));
+    }
+    answer
+}
+
+/// The child: waits for its map, makes the tmpfs, sends it (or the failed step and
+/// errno) and exits.
+///
+/// # Safety
+/// Runs after a fork-like clone: raw syscalls only, never returns.
+unsafe fn child_main(socket: i32, options: &Options) -> ! {
+    let mut go = 0u8;
+    // SAFETY: reading one byte into a stack variable.
+    let got = unsafe { libc::recv(socket, (&mut go as *mut u8).cast(), 1, 0) };
+    let result = if got == 1 && go == 1 {
+        // SAFETY: options outlives the call; raw syscalls only.
+        match unsafe { make(options) } {
+            Ok((mount, true)) => Ok(mount),
+            // No fallback unprivileged: the kernel cannot clone it into an exec.
+            Ok((_, false)) => Err((9, libc::EINVAL)),
+            Err(e) => Err(e),
+        }
+    } else {
+        Err((0, libc::EPERM))
+    };
+    // [-1, 0]: the mount follows as SCM_RIGHTS; else the failed step and errno.
+    let mut record = match &result {
+        Ok(_) => [-1i32, 0],
+        Err((step, errno)) => [*step as i32, *errno],
+    };
+    let mut space = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: record.as_mut_ptr().cast(),
+        iov_len: std::mem::size_of_val(&record),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Ok(mount) = &result {
+        msg.msg_control = space.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure computation.
+        msg.msg_controllen =
+            unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+        // SAFETY: the control buffer (32 bytes) holds one fd's header and data.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), mount.as_raw_fd());
+        }
+    }
+    // SAFETY: msg points at live stack buffers; then exit without unwinding.
+    unsafe {
+        libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL);
+        libc::_exit(0)
+    }
+}
+
+/// The child's answer: the mount, or the step that failed.
+fn receive(socket: &OwnedFd) -> Result<OwnedFd, String> {
+    let mut record = [0i32; 2];
+    let mut space = [0u64; 4];
+    let mut iov = libc::iovec {
+        iov_base: record.as_mut_ptr().cast(),
+        iov_len: std::mem::size_of_val(&record),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&space);
+    // SAFETY: msg points at live stack buffers.
+    let got = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if got != std::mem::size_of_val(&record) as isize {
+        return Err("the tmpfs helper ended without an answer".into());
+    }
+    // SAFETY: walking the control messages the kernel wrote into our buffer.
+    let fd = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            None
+        } else {
+            Some(std::ptr::read_unaligned(
+                libc::CMSG_DATA(cmsg).cast::<i32>(),
+            ))
+        }
+    };
+    match (fd, record) {
+        // SAFETY: the kernel installed this fd for us.
+        (Some(fd), [-1, _]) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        (Some(fd), [step, errno]) => {
+            // SAFETY: an fd we received and do not keep.
+            unsafe { libc::close(fd) };
+            Err(failed(step as usize, errno))
+        }
+        (None, [step, errno]) if step >= 0 => Err(failed(step as usize, errno)),
+        (None, _) => Err("the tmpfs helper sent no mount".into()),
+    }
+}
