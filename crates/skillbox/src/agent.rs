@@ -40,7 +40,7 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,
     /// Which boundary the scripts run behind.
-    #[arg(long, value_parser = backend_parser(), default_value = "native")]
+    #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
     backend: BackendKind,
     /// Copy the verified files into DIR (never through a symlink; existing files are
     /// kept unless --overwrite; hidden paths are never copied).

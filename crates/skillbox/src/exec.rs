@@ -17,7 +17,7 @@ use crate::units::{Bound, backend_parser, parse_count_bound, parse_duration, par
 #[derive(Debug, Args)]
 pub struct ExecArgs {
     /// Which boundary to run behind.
-    #[arg(long, value_parser = backend_parser(), default_value = "native")]
+    #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
     backend: BackendKind,
     /// Host directory shown as /workspace (default: a temp dir removed afterwards).
     #[arg(long, value_name = "DIR")]

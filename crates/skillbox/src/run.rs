@@ -30,7 +30,7 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     lang: Option<Lang>,
     /// Which boundary to run behind.
-    #[arg(long, value_parser = backend_parser(), default_value = "native")]
+    #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
     backend: BackendKind,
     /// Wall-clock limit (500ms, 30s, 2m).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]

@@ -171,6 +171,52 @@ fn run_makes_the_same_verified_deck_in_containers() {
     }
 }
 
+/// The agent demo behind a container: `skillbox agent --backend docker|gvisor` on the
+/// demo prompt (loopback model) fails once with pptxgenjs's own error, then ships the
+/// deck, verified by parsing it.
+#[test]
+fn the_agent_demo_ships_a_verified_deck_in_containers() {
+    for backend in ["docker", "gvisor"] {
+        if !available(
+            backend,
+            "the_agent_demo_ships_a_verified_deck_in_containers",
+        ) {
+            continue;
+        }
+        let out = tempfile::tempdir().unwrap();
+        let result = skillbox(
+            &data_dir(),
+            &[
+                "agent",
+                "Make a 3-slide pitch deck for WorkspaceX: a title slide, three selling points, and contact details.",
+                "--backend",
+                backend,
+                "--out",
+                out.path().to_str().unwrap(),
+            ],
+        );
+        let stderr = text(&result.stderr);
+        assert!(result.status.success(), "{backend}: {stderr}");
+        let attempts: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("attempt "))
+            .collect();
+        assert_eq!(attempts.len(), 2, "{backend}: {stderr}");
+        assert!(
+            attempts[0].contains("Missing/Invalid shape parameter"),
+            "{backend}: {stderr}"
+        );
+        assert!(
+            attempts[1].starts_with("attempt 2: ok"),
+            "{backend}: {stderr}"
+        );
+        let deck = skillbox_pptx::verify_file(out.path().join("workspacex.pptx"))
+            .unwrap_or_else(|e| panic!("{backend}: {e}"));
+        assert_eq!(deck.slide_count(), 3, "{backend}");
+        assert!(deck.contains(3, "hello@workspacex.example"), "{backend}");
+    }
+}
+
 /// A docker workdir runs as its owner, never root: a root-owned one is refused.
 #[test]
 fn docker_workdir_runs_as_its_owner_never_root() {

@@ -629,6 +629,41 @@ async fn wait_done(server: &Server, id: &str) -> Value {
     panic!("agent run {id} did not finish");
 }
 
+/// `"backend"` in `POST /v1/agent/runs`: the same demo on docker and gvisor, each
+/// attempt behind that boundary, and the verified deck downloadable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_runs_over_http_on_container_backends() {
+    let data = tempfile::tempdir().unwrap();
+    let Some(server) = agent_server(data.path()).await else {
+        return;
+    };
+    for backend in ["docker", "gvisor"] {
+        let (status, created) = server
+            .post(
+                "/v1/agent/runs",
+                &json!({"prompt": "Make a 3-slide pitch deck for WorkspaceX.", "backend": backend}),
+            )
+            .await;
+        assert_eq!(status, 202, "{backend}: {created}");
+        let id = created["id"].as_str().unwrap().to_string();
+        let record = wait_done(&server, &id).await;
+        if record["status"] == "failed" && record["error"]["code"] == "unavailable" {
+            skillbox_env::testkit::skip(
+                "agent_runs_over_http_on_container_backends",
+                record["error"]["message"].as_str().unwrap_or(backend),
+            );
+            continue;
+        }
+        assert_eq!(record["status"], "succeeded", "{backend}: {record}");
+        assert_eq!(record["backend"], backend, "{record}");
+        assert_eq!(record["attempts"].as_array().unwrap().len(), 2, "{record}");
+        let url = record["artifacts"][0]["url"].as_str().unwrap().to_string();
+        let deck = skillbox_pptx::verify(&server.download(&url).await)
+            .unwrap_or_else(|e| panic!("{backend}: {e}"));
+        assert_eq!(deck.slide_count(), 3, "{backend}");
+    }
+}
+
 /// The agent loop over HTTP: two attempts (the first with the ShapeType error), a
 /// verified deck downloadable from its url, and the record still there after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
