@@ -454,7 +454,11 @@ pub fn describe_step(layout: &Layout, step: u32) -> String {
 }
 
 fn describe_op(op: &MountOp) -> String {
-    let s = |c: &CString| c.to_string_lossy().trim_start_matches(STAGE).to_string();
+    // Once: the stage is /tmp, and /tmp itself is staged as /tmp/tmp.
+    let s = |c: &CString| {
+        let text = c.to_string_lossy();
+        text.strip_prefix(STAGE).unwrap_or(&text).to_string()
+    };
     match op {
         MountOp::Dir { path } => format!("mkdir {}", s(path)),
         MountOp::File { path } => format!("create mount point {}", s(path)),
@@ -463,5 +467,165 @@ fn describe_op(op: &MountOp) -> String {
         MountOp::Tmpfs { target, .. } => format!("tmpfs {}", s(target)),
         MountOp::Proc { target } => format!("proc on {}", s(target)),
         MountOp::Devpts { target } => format!("devpts on {}", s(target)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The setup plan as data: what a sandbox of a given spec mounts, checked without
+    //! root and without making anything.
+
+    use super::*;
+    use skillbox_env::Mount;
+
+    fn shown(c: &CString) -> String {
+        let text = c.to_string_lossy();
+        text.strip_prefix(STAGE).unwrap_or(&text).to_string()
+    }
+
+    /// Each bind as (source, target in the sandbox, attrs); each tmpfs as (target, options).
+    fn binds(root: &Root) -> Vec<(String, String, u64)> {
+        root.layout
+            .mounts
+            .iter()
+            .filter_map(|op| match op {
+                MountOp::Bind {
+                    source,
+                    target,
+                    attrs,
+                } => Some((source.to_string_lossy().into_owned(), shown(target), *attrs)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn tmpfs(root: &Root) -> Vec<(String, String)> {
+        root.layout
+            .mounts
+            .iter()
+            .filter_map(|op| match op {
+                MountOp::Tmpfs { target, options } => {
+                    Some((shown(target), options.to_string_lossy().into_owned()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn planned(
+        limits: &Limits,
+        policy: &SandboxPolicy,
+    ) -> (tempfile::TempDir, Result<Root, EnvError>) {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc");
+        let workspace = dir.path().join("ws");
+        fs::create_dir(&etc).unwrap();
+        fs::create_dir(&workspace).unwrap();
+        let root = plan(
+            &etc,
+            WorkspaceSource::Host(&workspace),
+            limits,
+            policy,
+            1,
+            Vec::new(),
+            Vec::new(),
+        );
+        (dir, root)
+    }
+
+    #[test]
+    fn the_workspace_is_the_one_writable_bind_and_system_dirs_are_read_only() {
+        let (dir, root) = planned(&Limits::default(), &SandboxPolicy::default());
+        let root = root.unwrap();
+        let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        let binds = binds(&root);
+        let workspace = dir.path().join("ws").display().to_string();
+        let writable: Vec<_> = binds
+            .iter()
+            .filter(|(_, _, a)| a & MOUNT_ATTR_RDONLY == 0)
+            .collect();
+        // The workspace, and the device nodes (which are files, not directories).
+        for (source, target, attrs) in &writable {
+            assert!(
+                (source == &workspace && target == WORKSPACE) || DEVICES.contains(&target.as_str()),
+                "{source} -> {target} is writable"
+            );
+            assert_ne!(attrs & MOUNT_ATTR_NOSUID, 0, "{target} without nosuid");
+        }
+        assert!(binds.iter().any(|(_, t, a)| t == "/etc" && *a == ro));
+        assert!(
+            binds
+                .iter()
+                .any(|(s, t, a)| s == "/usr" && t == "/usr" && *a == ro)
+        );
+        assert!(matches!(
+            &root.layout.mounts[root.layout.workspace_op],
+            MountOp::Bind { target, .. } if shown(target) == WORKSPACE
+        ));
+        // Nothing of the host's /etc, /root or /home.
+        for (source, _, _) in &binds {
+            assert!(
+                !(source == "/etc" || source.starts_with("/root") || source.starts_with("/home")),
+                "{source} is shown"
+            );
+        }
+    }
+
+    #[test]
+    fn tmp_gets_its_share_of_the_disk_bound_in_bytes_and_inodes() {
+        let limits = Limits {
+            disk_bytes: Some(64 << 20),
+            disk_inodes: Some(4096),
+            tmp_bytes: 256 << 20,
+            ..Limits::default()
+        };
+        let (_dir, root) = planned(&limits, &SandboxPolicy::default());
+        let split = limits.disk_split().unwrap();
+        let tmp = tmpfs(&root.unwrap());
+        let options = &tmp.iter().find(|(t, _)| t == "/tmp").unwrap().1;
+        assert_eq!(
+            options,
+            &format!(
+                "mode=1777,size={},nr_inodes={}",
+                split.tmp_bytes, split.tmp_inodes
+            )
+        );
+        let unbounded = Limits {
+            disk_bytes: None,
+            ..Limits::default()
+        };
+        let (_dir, root) = planned(&unbounded, &SandboxPolicy::default());
+        let tmp = tmpfs(&root.unwrap());
+        let options = &tmp.iter().find(|(t, _)| t == "/tmp").unwrap().1;
+        assert_eq!(options, &format!("mode=1777,size={}", unbounded.tmp_bytes));
+    }
+
+    #[test]
+    fn policy_mounts_are_read_only_and_never_where_the_sandbox_writes() {
+        let extra = tempfile::tempdir().unwrap();
+        let policy = |sandbox: &str| SandboxPolicy {
+            read_only_mounts: vec![Mount {
+                host: extra.path().to_path_buf(),
+                sandbox: sandbox.into(),
+            }],
+        };
+        let (_dir, root) = planned(&Limits::default(), &policy("/node_modules"));
+        let binds = binds(&root.unwrap());
+        let (_, _, attrs) = binds.iter().find(|(_, t, _)| t == "/node_modules").unwrap();
+        assert_ne!(attrs & MOUNT_ATTR_RDONLY, 0);
+        for bad in [
+            "/",
+            "/tmp/x",
+            "/workspace",
+            "/workspace/a",
+            "/proc/x",
+            "/dev/x",
+        ] {
+            let (_dir, root) = planned(&Limits::default(), &policy(bad));
+            let err = root.unwrap_err();
+            assert!(err.message.contains("readOnlyMounts"), "{bad}: {err}");
+        }
+        let (_dir, root) = planned(&Limits::default(), &policy("relative"));
+        assert!(root.is_err());
     }
 }
