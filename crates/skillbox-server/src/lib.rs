@@ -88,6 +88,14 @@ pub async fn serve_on(
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let config_agents = config.agents.clone();
     let (header_timeout, max_connections) = (config.header_timeout, config.max_connections);
+    tokio::spawn(keep_within_retention(
+        runner.store().clone(),
+        owners.clone(),
+        config.agents.clone(),
+        config.retention,
+        config.records_max_age,
+        shutdown.clone(),
+    ));
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
     state.hosts = hosts;
     let app = router(state.clone());
@@ -115,4 +123,40 @@ pub async fn serve_on(
         agents.wait(std::time::Duration::from_secs(30)).await;
     }
     Ok(())
+}
+
+/// How often retention runs (and once at start).
+const RETENTION_EVERY: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// Removes what is past retention, now and then every [`RETENTION_EVERY`], until shutdown:
+/// old objects (and their owners, so a download is a clean 404) and old agent records.
+async fn keep_within_retention(
+    store: skillbox_store::ArtifactStore,
+    owners: ObjectOwners,
+    agents: Option<AgentRuns>,
+    retention: skillbox_store::Retention,
+    records_max_age: Option<std::time::Duration>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match store.prune(retention).await {
+            Ok(pruned) => {
+                if let Err(e) = owners.forget(&pruned.removed) {
+                    tracing::warn!(error = %e, "retention: cannot forget removed objects");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "retention: the store pass failed"),
+        }
+        if let (Some(agents), Some(max_age)) = (&agents, records_max_age) {
+            match agents.records.prune(max_age) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(removed = n, "retention: old agent run records removed"),
+                Err(e) => tracing::warn!(error = %e, "retention: the records pass failed"),
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RETENTION_EVERY) => {}
+        }
+    }
 }

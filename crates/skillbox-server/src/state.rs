@@ -46,6 +46,10 @@ pub struct ServerConfig {
     pub max_body_bytes_in_flight: usize,
     /// Runs (running or waiting) one tenant may have at once before it gets 429.
     pub tenant_max_runs: usize,
+    /// What the artifact store keeps (an age and a byte budget, oldest out first).
+    pub retention: skillbox_store::Retention,
+    /// Agent run records that ended longer ago than this are removed.
+    pub records_max_age: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -67,6 +71,11 @@ impl Default for ServerConfig {
             max_connections: 1024,
             max_body_bytes_in_flight: 256 * 1024 * 1024,
             tenant_max_runs: cores * 4,
+            retention: skillbox_store::Retention {
+                max_bytes: Some(10 << 30),
+                max_age: Some(Duration::from_secs(7 * 24 * 3600)),
+            },
+            records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
         }
     }
 }

@@ -7,6 +7,7 @@ mod collect;
 mod error;
 mod owners;
 mod records;
+mod retention;
 mod store;
 
 pub use collect::{
@@ -15,4 +16,5 @@ pub use collect::{
 pub use error::{CollectLimit, StoreError};
 pub use owners::{ObjectOwners, OwnedObject};
 pub use records::{LOCAL_TENANT, RunRecord, RunRecords};
+pub use retention::{GRACE, Pruned, Retention};
 pub use store::{ArtifactStore, ArtifactStream, is_sha256_hex, sha256_hex};

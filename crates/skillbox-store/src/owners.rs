@@ -77,6 +77,17 @@ impl ObjectOwners {
         })
     }
 
+    /// Forgets the objects retention removed: no tenant owns them any more.
+    pub fn forget(&self, removed: &[String]) -> Result<(), StoreError> {
+        self.with("forget removed objects", |db| {
+            let mut statement = db.prepare("DELETE FROM object_owners WHERE sha256 = ?1")?;
+            for sha256 in removed {
+                statement.execute(params![sha256])?;
+            }
+            Ok(())
+        })
+    }
+
     /// The object as `tenant` owns it; `None` when its runs never made it (whether or
     /// not another tenant did).
     pub fn get(&self, tenant: &str, sha256: &str) -> Result<Option<OwnedObject>, StoreError> {

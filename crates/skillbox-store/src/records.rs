@@ -138,6 +138,19 @@ impl RunRecords {
         Ok(())
     }
 
+    /// Removes records of runs that ended more than `max_age` ago; a running one stays
+    /// whatever its age. Returns how many went.
+    pub fn prune(&self, max_age: std::time::Duration) -> Result<usize, StoreError> {
+        let cutoff =
+            now_ms().saturating_sub(i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX));
+        self.with("remove old run records", |db| {
+            db.execute(
+                "DELETE FROM agent_runs WHERE status != 'running' AND updated_ms < ?1",
+                params![cutoff],
+            )
+        })
+    }
+
     pub fn get(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.with("read a run record", |db| {
             db.query_row(

@@ -44,6 +44,7 @@ use crate::error::StoreError;
 pub struct ArtifactStore {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
+    recent: crate::retention::RecentPuts,
 }
 
 /// An object being read in chunks; the stream ends with [`StoreError::Corrupt`] instead
@@ -65,7 +66,11 @@ impl fmt::Debug for ArtifactStream {
 impl ArtifactStore {
     /// A store over any `object_store` backend, with every key under `prefix`.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: Path) -> Self {
-        ArtifactStore { store, prefix }
+        ArtifactStore {
+            store,
+            prefix,
+            recent: Default::default(),
+        }
     }
 
     /// A store in the local directory `dir`, created if missing.
@@ -121,6 +126,8 @@ impl ArtifactStore {
     /// that are already there is a no-op; an existing object is never replaced.
     pub async fn put_once(&self, bytes: Bytes) -> Result<String, StoreError> {
         let sha256 = sha256_hex(&bytes);
+        // Before the put: retention never removes what a live run is storing.
+        self.recent.note(&sha256);
         let path = self.object_path(&sha256);
         let size = bytes.len() as u64;
         let create = PutOptions {
@@ -248,7 +255,19 @@ impl ArtifactStore {
         Ok(self.object_path(sha256))
     }
 
-    fn object_path(&self, sha256: &str) -> Path {
+    pub(crate) fn inner(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub(crate) fn recent(&self) -> &crate::retention::RecentPuts {
+        &self.recent
+    }
+
+    pub(crate) fn objects_prefix(&self) -> Path {
+        self.prefix.clone().join("objects")
+    }
+
+    pub(crate) fn object_path(&self, sha256: &str) -> Path {
         self.prefix
             .clone()
             .join("objects")

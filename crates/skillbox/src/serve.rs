@@ -63,6 +63,32 @@ pub struct ServeArgs {
     /// 16K of --disk, where the backend can hold it (not gvisor)]
     #[arg(long, value_name = "N")]
     inodes: Option<u64>,
+    /// Bytes the artifact store keeps (or none); past it the oldest objects go.
+    #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "10G")]
+    store_budget: crate::units::Bound,
+    /// How long an artifact is kept (7d, 12h, or none).
+    #[arg(long, value_parser = parse_age, default_value = "7d")]
+    retain: Age,
+    /// How long the record of an ended agent run is kept (or none).
+    #[arg(long, value_parser = parse_age, default_value = "30d")]
+    retain_records: Age,
+}
+
+/// A retention age, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct Age(Option<std::time::Duration>);
+
+fn parse_age(text: &str) -> Result<Age, String> {
+    if text == "none" {
+        return Ok(Age(None));
+    }
+    match text.strip_suffix('d') {
+        Some(days) => days
+            .parse::<u64>()
+            .map(|d| Age(Some(std::time::Duration::from_secs(d * 24 * 3600))))
+            .map_err(|_| format!("{text:?} is not an age (try 7d, 12h, or none)")),
+        None => crate::units::parse_duration(text).map(|d| Age(Some(d))),
+    }
 }
 
 /// The keys of `--api-keys` and SKILLBOX_API_KEYS together; `None` when neither gives any.
@@ -120,6 +146,11 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     if let Some(n) = args.tenant_max_runs {
         config.tenant_max_runs = n.max(1);
     }
+    config.retention = skillbox_store::Retention {
+        max_bytes: args.store_budget.0,
+        max_age: args.retain.0,
+    };
+    config.records_max_age = args.retain_records.0;
     if config.keys.is_none() && !args.insecure_no_auth && !args.addr.ip().is_loopback() {
         eprintln!(
             "skillbox serve: {} is not a loopback address and no API keys are set: anyone who \
