@@ -45,7 +45,7 @@ async fn old_objects_go_oldest_first_and_fresh_ones_stay() {
         max_age: Some(7 * DAY),
     };
     let pruned = store.prune(by_age).await.unwrap();
-    assert_eq!(pruned.removed, [oldest.clone(), old.clone()]);
+    assert_eq!(pruned.removed, [oldest.as_str(), old.as_str()]);
     assert_eq!(pruned.removed_bytes, 2000);
     for gone in [&oldest, &old] {
         assert_eq!(store.head(gone).await.unwrap(), None);
@@ -57,7 +57,7 @@ async fn old_objects_go_oldest_first_and_fresh_ones_stay() {
         max_age: None,
     };
     let pruned = store.prune(budget).await.unwrap();
-    assert_eq!(pruned.removed, [recent.clone()]);
+    assert_eq!(pruned.removed, [recent]);
     assert_eq!(store.head(&fresh).await.unwrap(), Some(5000));
     assert_eq!(pruned.kept_bytes, 5000);
 }
