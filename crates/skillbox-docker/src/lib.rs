@@ -8,8 +8,9 @@
 //! profile, memory = memory+swap, CPU and pids limits, no host mounts but the ones the
 //! policy names. Inside it, skillbox's own pid 1 ([`helpers/init.pl`]) reaps orphans and
 //! kills everything else on request; every exec runs under a wrapper
-//! ([`helpers/exec.pl`]) that adds skillbox's own seccomp filter (the native backend's)
-//! on top of Docker's and reports exactly how the command ended.
+//! ([`helpers/exec.pl`]) that adds skillbox's own seccomp filter (`skillbox-seccomp`,
+//! the one native installs too) on top of Docker's and reports exactly how the command
+//! ended.
 //!
 //! Execs in one sandbox run one at a time: when one ends, whatever it left running (a
 //! double-forked daemon) is killed before the next starts. File operations run inside

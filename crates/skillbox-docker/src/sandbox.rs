@@ -1057,7 +1057,7 @@ impl Warm {
             died: CancellationToken::new(),
             ooms: AtomicU64::new(0),
             live: self.live.clone(),
-            filter_hex: hex(&skillbox_native::seccomp_filter_bytes()),
+            filter_hex: hex(&skillbox_seccomp::filter_bytes()),
         });
         self.pending.docker = None;
         tokio::spawn(watch(Arc::downgrade(&inner), self.created_at));

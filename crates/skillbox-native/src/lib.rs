@@ -14,9 +14,7 @@ mod layout;
 mod probe;
 mod sandbox;
 mod scratch;
-mod seccomp;
 mod spawn;
 
 pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};
-pub use seccomp::filter_bytes as seccomp_filter_bytes;

@@ -22,9 +22,9 @@ use tokio_util::task::TaskTracker;
 
 use crate::cgroup::{self, ExecCgroup};
 use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC};
+use crate::landlock;
 use crate::layout::{self, Root, WORKSPACE};
 use crate::spawn::{self, HostIds, InitProcess, Started};
-use crate::{landlock, seccomp};
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const MAX_ARGS: usize = 4000;
@@ -104,7 +104,7 @@ pub struct NativeSandbox {
 
 fn seccomp_filter() -> Vec<libc::sock_filter> {
     static FILTER: OnceLock<Vec<libc::sock_filter>> = OnceLock::new();
-    FILTER.get_or_init(seccomp::filter).clone()
+    FILTER.get_or_init(skillbox_seccomp::filter).clone()
 }
 
 fn sandbox_counter() -> u64 {

@@ -1,6 +1,13 @@
-//! The seccomp filter: a deny list compiled once to classic BPF, installed in the
-//! sandbox's init before it forks the payload. It stops the syscalls that widen the
-//! kernel's attack surface or would undo the other layers (namespaces, mounts, tracing).
+//! skillbox's seccomp policy: a deny list compiled once to classic BPF. It stops the
+//! syscalls that widen the kernel's attack surface or would undo the other layers
+//! (namespaces, mounts, tracing). Every backend that runs code on the host's kernel
+//! installs this one filter: `native` in the sandbox's init before it forks the
+//! payload, `docker` in its exec wrapper on top of Docker's own profile (from
+//! [`filter_bytes`]).
+//!
+//! The policy is data: `rules()` names the rule for each syscall number, each rule's
+//! reason is written beside it, and the tests run the compiled filter for every
+//! syscall number against the rules restated plainly.
 
 use libc::{
     BPF_ABS, BPF_JA, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W,
@@ -113,7 +120,6 @@ fn jump(code: u32, k: u32, jt: u8, jf: u8) -> sock_filter {
     }
 }
 
-/// The compiled filter. Built once per process; installing it is one prctl.
 /// The filter as the bytes of a `struct sock_filter` array (native byte order), for a
 /// loader outside this process (the docker backend's exec wrapper).
 pub fn filter_bytes() -> Vec<u8> {
@@ -127,6 +133,7 @@ pub fn filter_bytes() -> Vec<u8> {
     bytes
 }
 
+/// The compiled filter. Build it once per process; installing it is one prctl.
 pub fn filter() -> Vec<sock_filter> {
     let mut prog = vec![
         // Only the native ABI: i386 (int 0x80) and others kill the process.
