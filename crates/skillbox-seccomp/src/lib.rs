@@ -10,8 +10,8 @@
 //! syscall number against the rules restated plainly.
 
 use libc::{
-    BPF_ABS, BPF_JA, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W,
-    sock_filter,
+    BPF_ABS, BPF_ALU, BPF_AND, BPF_JA, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET,
+    BPF_W, sock_filter,
 };
 
 /// `struct seccomp_data` offsets.
@@ -39,6 +39,7 @@ const RET_ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
 const RET_KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
 const RET_EPERM: u32 = libc::SECCOMP_RET_ERRNO | (libc::EPERM as u32);
 const RET_EAFNOSUPPORT: u32 = libc::SECCOMP_RET_ERRNO | (libc::EAFNOSUPPORT as u32);
+const RET_EPROTONOSUPPORT: u32 = libc::SECCOMP_RET_ERRNO | (libc::EPROTONOSUPPORT as u32);
 const RET_ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | (libc::ENOSYS as u32);
 
 /// Namespace flags that `clone(2)` may not carry (CLONE_NEWTIME is clone3-only).
@@ -52,6 +53,16 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
 
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541c;
+const TIOCSETD: u32 = 0x5423;
+
+/// `socket(2)` takes the type's flags (SOCK_NONBLOCK, SOCK_CLOEXEC) in the same word;
+/// the kernel keeps the type in these bits.
+const SOCK_TYPE_MASK: u32 = 0xf;
+
+/// `personality(2)`: the plain Linux persona, and the value that only asks for the
+/// current one.
+const PER_LINUX: u32 = 0;
+const PERSONALITY_QUERY: u32 = 0xffff_ffff;
 
 /// Syscalls refused outright with EPERM.
 fn denied_syscalls() -> Vec<i64> {
@@ -161,6 +172,7 @@ pub fn filter() -> Vec<sock_filter> {
         Block::Socket,
         Block::Clone,
         Block::Ioctl,
+        Block::Personality,
     ]
     .into_iter()
     .chain(
@@ -185,6 +197,23 @@ enum Block {
     /// Sockets only of the families a script may need: unix, IPv4/6 (which the empty
     /// network namespace confines) and netlink (interface lists). Not vsock, which is
     /// not namespaced and can reach a hypervisor, nor packet, bluetooth, can and the rest.
+    ///
+    /// Inside IPv4/6, only TCP and UDP (type stream or datagram, protocol 0 or the one
+    /// named): a socket of another protocol makes the kernel load that protocol's module
+    /// if it can (SCTP, DCCP and the rest, on the host's kernel even from a container),
+    /// and those modules have been the way in for several local root bugs. MPTCP and
+    /// UDP-Lite are built in but new surface nothing here needs. ICMP "ping" sockets
+    /// are refused too: the only address a sandbox could ping is its own loopback, and
+    /// ping sockets have had their own local root bug (CVE-2015-3636). Raw sockets
+    /// need a capability the sandbox does not have, and are refused here as well.
+    ///
+    /// Inside netlink, only NETLINK_ROUTE: what getifaddrs (glibc, Node's
+    /// `os.networkInterfaces`), getaddrinfo's address checks and `ip` use. Generic
+    /// netlink loads family modules by name, and audit, uevent, xfrm, netfilter and
+    /// the rest are kernel interfaces a script has no use for.
+    ///
+    /// A refused protocol answers EPROTONOSUPPORT, as a kernel without it would, so
+    /// programs that probe (Go's MPTCP listeners) fall back to TCP.
     Socket,
     /// A call that sets a file mode, whose mode (the low word at this offset) may not
     /// carry setuid/setgid bits: whatever the sandbox writes may be run later on the
@@ -192,9 +221,20 @@ enum Block {
     Mode(u32),
     /// clone(2) with any namespace flag.
     Clone,
-    /// ioctl(TIOCSTI / TIOCLINUX). The kernel takes the request as 32 bits, so only
-    /// the low word is compared: setting high bits must not slip past.
+    /// ioctl(TIOCSTI / TIOCLINUX / TIOCSETD). TIOCSTI pushes input into a terminal,
+    /// TIOCLINUX reaches the console; TIOCSETD changes a terminal's line discipline,
+    /// which loads that discipline's module (n_gsm, n_hdlc: several local root bugs)
+    /// on a kernel that autoloads them, from the sandbox's own pty. The kernel takes
+    /// the request as 32 bits, so only the low word is compared: setting high bits
+    /// must not slip past.
     Ioctl,
+    /// personality(2) only for the plain Linux persona or to ask for the current one.
+    /// Its flags switch off mitigations for the calling process (ASLR with
+    /// ADDR_NO_RANDOMIZE, non-executable data with READ_IMPLIES_EXEC, the unmapped
+    /// page zero with MMAP_PAGE_ZERO), which helps turn a kernel bug into an exploit;
+    /// the other personas are for binaries of other systems. Nothing a script runs
+    /// needs them. Compared on the low 32 bits, which is what the kernel reads.
+    Personality,
 }
 
 /// Each syscall number with a rule, and its rule (the first one given wins).
@@ -226,6 +266,7 @@ fn rules() -> std::collections::BTreeMap<u32, Block> {
     add(libc::SYS_clone3, Block::Enosys);
     add(libc::SYS_clone, Block::Clone);
     add(libc::SYS_ioctl, Block::Ioctl);
+    add(libc::SYS_personality, Block::Personality);
     rules
 }
 
@@ -282,42 +323,74 @@ impl Asm {
             return;
         }
         self.blocks.push((block, self.prog.len()));
-        let ld = |offset| stmt(BPF_LD | BPF_W | BPF_ABS, offset);
-        let ret = |value| stmt(BPF_RET | BPF_K, value);
-        let code: Vec<sock_filter> = match block {
-            Block::Allow => vec![ret(RET_ALLOW)],
-            Block::Eperm => vec![ret(RET_EPERM)],
-            Block::Enosys => vec![ret(RET_ENOSYS)],
+        use Step::{And, At, IfAny, IfEq, Load, Return};
+        let steps: Vec<Step> = match block {
+            Block::Allow => vec![Return(RET_ALLOW)],
+            Block::Eperm => vec![Return(RET_EPERM)],
+            Block::Enosys => vec![Return(RET_ENOSYS)],
             Block::Socket => vec![
-                ld(OFFSET_ARG0_LO),
-                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_UNIX as u32, 4, 0),
-                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET as u32, 3, 0),
-                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_INET6 as u32, 2, 0),
-                jump(BPF_JMP | BPF_JEQ | BPF_K, libc::AF_NETLINK as u32, 1, 0),
-                ret(RET_EAFNOSUPPORT),
-                ret(RET_ALLOW),
+                Load(OFFSET_ARG0_LO),
+                IfEq(libc::AF_UNIX as u32, "allow"),
+                IfEq(libc::AF_INET as u32, "inet"),
+                IfEq(libc::AF_INET6 as u32, "inet"),
+                IfEq(libc::AF_NETLINK as u32, "netlink"),
+                Return(RET_EAFNOSUPPORT),
+                At("inet"),
+                Load(OFFSET_ARG1_LO),
+                And(SOCK_TYPE_MASK),
+                IfEq(libc::SOCK_STREAM as u32, "stream"),
+                IfEq(libc::SOCK_DGRAM as u32, "datagram"),
+                Return(RET_EPROTONOSUPPORT),
+                At("stream"),
+                Load(OFFSET_ARG2_LO),
+                IfEq(0, "allow"),
+                IfEq(libc::IPPROTO_TCP as u32, "allow"),
+                Return(RET_EPROTONOSUPPORT),
+                At("datagram"),
+                Load(OFFSET_ARG2_LO),
+                IfEq(0, "allow"),
+                IfEq(libc::IPPROTO_UDP as u32, "allow"),
+                Return(RET_EPROTONOSUPPORT),
+                At("netlink"),
+                Load(OFFSET_ARG2_LO),
+                IfEq(libc::NETLINK_ROUTE as u32, "allow"),
+                Return(RET_EPROTONOSUPPORT),
+                At("allow"),
+                Return(RET_ALLOW),
             ],
             Block::Mode(offset) => vec![
-                ld(offset),
-                jump(BPF_JMP | BPF_JSET | BPF_K, SETID_BITS, 0, 1),
-                ret(RET_EPERM),
-                ret(RET_ALLOW),
+                Load(offset),
+                IfAny(SETID_BITS, "deny"),
+                Return(RET_ALLOW),
+                At("deny"),
+                Return(RET_EPERM),
             ],
             Block::Clone => vec![
-                ld(OFFSET_ARG0_LO),
-                jump(BPF_JMP | BPF_JSET | BPF_K, CLONE_NAMESPACE_FLAGS, 0, 1),
-                ret(RET_EPERM),
-                ret(RET_ALLOW),
+                Load(OFFSET_ARG0_LO),
+                IfAny(CLONE_NAMESPACE_FLAGS, "deny"),
+                Return(RET_ALLOW),
+                At("deny"),
+                Return(RET_EPERM),
             ],
             Block::Ioctl => vec![
-                ld(OFFSET_ARG1_LO),
-                jump(BPF_JMP | BPF_JEQ | BPF_K, TIOCSTI, 1, 0),
-                jump(BPF_JMP | BPF_JEQ | BPF_K, TIOCLINUX, 0, 1),
-                ret(RET_EPERM),
-                ret(RET_ALLOW),
+                Load(OFFSET_ARG1_LO),
+                IfEq(TIOCSTI, "deny"),
+                IfEq(TIOCLINUX, "deny"),
+                IfEq(TIOCSETD, "deny"),
+                Return(RET_ALLOW),
+                At("deny"),
+                Return(RET_EPERM),
+            ],
+            Block::Personality => vec![
+                Load(OFFSET_ARG0_LO),
+                IfEq(PER_LINUX, "allow"),
+                IfEq(PERSONALITY_QUERY, "allow"),
+                Return(RET_EPERM),
+                At("allow"),
+                Return(RET_ALLOW),
             ],
         };
-        self.prog.extend(code);
+        self.prog.extend(assemble(&steps));
     }
 
     /// Resolves every jump (all forward: BPF has no other kind).
@@ -345,6 +418,62 @@ impl Asm {
         }
         self.prog
     }
+}
+
+/// One step of a rule's block. A block is written as these, with named places to
+/// jump to, so that it reads like the rule it carries out.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// Load the 32-bit word at this offset of `struct seccomp_data`.
+    Load(u32),
+    /// Keep only these bits of the loaded word.
+    And(u32),
+    /// Jump to the place when the word equals the value; else go on.
+    IfEq(u32, &'static str),
+    /// Jump to the place when the word has any of these bits; else go on.
+    IfAny(u32, &'static str),
+    Return(u32),
+    /// A place to jump to: the next step.
+    At(&'static str),
+}
+
+/// The instructions of a block. Every jump goes forward to a place of the same block
+/// (BPF has no other kind), at most 255 instructions on.
+fn assemble(steps: &[Step]) -> Vec<sock_filter> {
+    // Where each place is, counting instructions (places take none).
+    let mut places = Vec::new();
+    let mut at = 0usize;
+    for step in steps {
+        match step {
+            Step::At(name) => places.push((*name, at)),
+            _ => at += 1,
+        }
+    }
+    let place = |name: &str, from: usize| -> u8 {
+        let to = places
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(from + 1, |(_, to)| *to);
+        debug_assert!(to > from, "a jump to {name} that is not forward");
+        u8::try_from(to.saturating_sub(from + 1)).unwrap_or(u8::MAX)
+    };
+    let mut prog = Vec::new();
+    for step in steps {
+        let here = prog.len();
+        match *step {
+            Step::Load(offset) => prog.push(stmt(BPF_LD | BPF_W | BPF_ABS, offset)),
+            Step::And(bits) => prog.push(stmt(BPF_ALU | BPF_AND | BPF_K, bits)),
+            Step::IfEq(value, to) => {
+                prog.push(jump(BPF_JMP | BPF_JEQ | BPF_K, value, place(to, here), 0));
+            }
+            Step::IfAny(bits, to) => {
+                prog.push(jump(BPF_JMP | BPF_JSET | BPF_K, bits, place(to, here), 0));
+            }
+            Step::Return(value) => prog.push(stmt(BPF_RET | BPF_K, value)),
+            Step::At(_) => {}
+        }
+    }
+    prog
 }
 
 #[cfg(test)]
@@ -407,6 +536,7 @@ mod tests {
                     let at = ins.k as usize;
                     a = u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
                 }
+                c if c == BPF_ALU | BPF_AND | BPF_K => a &= ins.k,
                 c if c == BPF_RET | BPF_K => return (ins.k, steps),
                 c if c == BPF_JMP | BPF_JA => pc += ins.k as usize,
                 c => {
@@ -430,36 +560,47 @@ mod tests {
             return RET_KILL;
         }
         let nr = i64::from(nr);
-        if denied_syscalls().contains(&nr) {
+        // Built once: this runs for a million argument sets.
+        static DENIED: std::sync::OnceLock<Vec<i64>> = std::sync::OnceLock::new();
+        if DENIED.get_or_init(denied_syscalls).contains(&nr) {
             return RET_EPERM;
         }
         if nr == libc::SYS_socket || nr == libc::SYS_socketpair {
-            let allowed = [
-                libc::AF_UNIX,
-                libc::AF_INET,
-                libc::AF_INET6,
-                libc::AF_NETLINK,
-            ];
-            return if allowed.contains(&(lo(0) as i32)) {
-                RET_ALLOW
-            } else {
-                RET_EAFNOSUPPORT
+            let (family, kind, protocol) = (lo(0) as i32, lo(1) as i32 & 0xf, lo(2) as i32);
+            return match family {
+                libc::AF_UNIX => RET_ALLOW,
+                libc::AF_INET | libc::AF_INET6 => match (kind, protocol) {
+                    (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => RET_ALLOW,
+                    (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) => RET_ALLOW,
+                    _ => RET_EPROTONOSUPPORT,
+                },
+                libc::AF_NETLINK if protocol == libc::NETLINK_ROUTE => RET_ALLOW,
+                libc::AF_NETLINK => RET_EPROTONOSUPPORT,
+                _ => RET_EAFNOSUPPORT,
             };
         }
-        let mut mode_arg: Vec<(i64, usize)> = vec![
+        if nr == libc::SYS_personality {
+            return if lo(0) == 0 || lo(0) == 0xffff_ffff {
+                RET_ALLOW
+            } else {
+                RET_EPERM
+            };
+        }
+        let mode_arg: &[(i64, usize)] = &[
             (libc::SYS_fchmod, 1),
             (libc::SYS_fchmodat, 2),
             (SYS_FCHMODAT2, 2),
             (libc::SYS_openat, 3),
             (libc::SYS_mknodat, 2),
-        ];
-        #[cfg(target_arch = "x86_64")]
-        mode_arg.extend([
+            #[cfg(target_arch = "x86_64")]
             (libc::SYS_chmod, 1),
+            #[cfg(target_arch = "x86_64")]
             (libc::SYS_open, 2),
+            #[cfg(target_arch = "x86_64")]
             (libc::SYS_creat, 1),
+            #[cfg(target_arch = "x86_64")]
             (libc::SYS_mknod, 1),
-        ]);
+        ];
         if let Some(&(_, arg)) = mode_arg.iter().find(|(n, _)| *n == nr) {
             return if lo(arg) & SETID_BITS != 0 {
                 RET_EPERM
@@ -477,7 +618,8 @@ mod tests {
                 RET_ALLOW
             };
         }
-        if nr == libc::SYS_ioctl && (lo(1) == TIOCSTI || lo(1) == TIOCLINUX) {
+        if nr == libc::SYS_ioctl && [0x5412, 0x541c, 0x5423].contains(&lo(1)) {
+            // TIOCSTI, TIOCLINUX, TIOCSETD
             return RET_EPERM;
         }
         RET_ALLOW
@@ -500,6 +642,10 @@ mod tests {
                 0,
             ],
             [libc::AF_NETLINK as u64, 0x5413, 0o755, 0o755, 0, 0],
+            [0, u64::from(TIOCSETD), 0, 0, 0, 0],
+            [high, u64::from(TIOCSETD) | high, 0, 0, 0, 0],
+            [u64::from(PERSONALITY_QUERY) | high, 0x5423 + 1, 0, 0, 0, 0],
+            [8, 0, 0, 0, 0, 0], // PER_LINUX32
             [libc::AF_PACKET as u64, 0, 0, 0, 0, 0],
             [(libc::CLONE_NEWUSER | libc::SIGCHLD) as u64, 0, 0, 0, 0, 0],
             [
@@ -512,6 +658,57 @@ mod tests {
             ],
             [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0],
         ];
+        // Every socket family, type and protocol worth telling apart (with the flags
+        // and high bits a caller may set), each also read as the arguments of every
+        // other syscall: personality's persona in arg 0, an ioctl's request in arg 1.
+        let families = [
+            libc::AF_UNIX as u64,
+            libc::AF_INET as u64,
+            libc::AF_INET6 as u64,
+            libc::AF_NETLINK as u64,
+            libc::AF_PACKET as u64,
+            libc::AF_VSOCK as u64,
+            libc::AF_INET as u64 | high,
+            u64::from(PERSONALITY_QUERY),
+            libc::READ_IMPLIES_EXEC as u64,
+            libc::ADDR_NO_RANDOMIZE as u64,
+        ];
+        let types = [
+            libc::SOCK_STREAM as u64,
+            libc::SOCK_DGRAM as u64,
+            libc::SOCK_RAW as u64,
+            libc::SOCK_SEQPACKET as u64,
+            6, // SOCK_DCCP
+            (libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64,
+            (libc::SOCK_DGRAM | libc::SOCK_CLOEXEC) as u64,
+            (libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK) as u64,
+            libc::SOCK_STREAM as u64 | high,
+            u64::from(TIOCSETD) | high,
+        ];
+        let protocols = [
+            0,
+            libc::IPPROTO_TCP as u64,
+            libc::IPPROTO_UDP as u64,
+            libc::IPPROTO_ICMP as u64,
+            libc::IPPROTO_ICMPV6 as u64,
+            libc::IPPROTO_SCTP as u64,
+            libc::IPPROTO_DCCP as u64,
+            libc::IPPROTO_UDPLITE as u64,
+            libc::IPPROTO_MPTCP as u64,
+            libc::NETLINK_GENERIC as u64,
+            libc::NETLINK_AUDIT as u64,
+            libc::NETLINK_KOBJECT_UEVENT as u64,
+            libc::IPPROTO_TCP as u64 | high,
+            high,
+        ];
+        let mut arg_sets = arg_sets;
+        for family in families {
+            for kind in types {
+                for protocol in protocols {
+                    arg_sets.push([family, kind, protocol, 0, 0, 0]);
+                }
+            }
+        }
         let mut numbers: Vec<u32> = (0..1024).collect();
         #[cfg(target_arch = "x86_64")]
         numbers.extend([

@@ -45,10 +45,12 @@ libc.syscall.restype = ctypes.c_long
 NR = {
     'x86_64': dict(ioctl=16, clone=56, clone3=435, bpf=321, io_uring_setup=425,
                    perf_event_open=298, userfaultfd=323, keyctl=250, add_key=248,
-                   kexec_load=246, init_module=175, open_by_handle_at=304),
+                   kexec_load=246, init_module=175, open_by_handle_at=304,
+                   personality=135),
     'aarch64': dict(ioctl=29, clone=220, clone3=435, bpf=280, io_uring_setup=425,
                     perf_event_open=241, userfaultfd=282, keyctl=219, add_key=217,
-                    kexec_load=104, init_module=105, open_by_handle_at=265),
+                    kexec_load=104, init_module=105, open_by_handle_at=265,
+                    personality=92),
 }.get(os.uname().machine)
 if NR is None:
     print('UNSUPPORTED_ARCH', os.uname().machine, flush=True)
@@ -444,6 +446,32 @@ fn assert_denied(out: &ExecOutput, names: &[&str], test: &str) {
             ),
         }
     }
+}
+
+/// Every named attempt ran and succeeded: what a normal program needs still works, so
+/// the refusals next to it are the policy's and not a broken harness.
+fn assert_allowed(out: &ExecOutput, names: &[&str], test: &str) {
+    let found = attempts(out);
+    for name in names {
+        match found.get(*name) {
+            Some(Attempt::Returned { ret, .. }) if *ret >= 0 => {}
+            other => panic!(
+                "{test}: `{name}` should work inside the sandbox, got {other:?}\n{}",
+                describe(out)
+            ),
+        }
+    }
+}
+
+/// The names in the host's /proc/modules (none on a kernel without modules).
+fn host_modules() -> Vec<String> {
+    std::fs::read_to_string("/proc/modules")
+        .map(|text| {
+            text.lines()
+                .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The value after `key ` on the first line of stdout starting with it.
@@ -931,6 +959,121 @@ attempt('can_raw', sock(29, socket.SOCK_RAW, 1))
     }
 }
 
+/// Inside IPv4/6 only TCP and UDP, and inside netlink only NETLINK_ROUTE: a socket of
+/// any other protocol would make the host's kernel load that protocol's module (SCTP,
+/// DCCP, generic netlink families) or reach surface nothing here needs (MPTCP,
+/// UDP-Lite, ping sockets, audit, uevents, xfrm, netfilter, socket diagnostics). TCP,
+/// UDP (protocol 0 or named, with SOCK_CLOEXEC/SOCK_NONBLOCK) and route netlink still
+/// work. On the host, no module named here appears.
+pub async fn socket_protocols_beyond_tcp_udp_refused(env: &dyn ExecutionEnv) {
+    let test = "socket_protocols_beyond_tcp_udp_refused";
+    let watched = [
+        "sctp",
+        "dccp",
+        "dccp_ipv4",
+        "dccp_ipv6",
+        "udplite",
+        "l2tp_ip",
+        "l2tp_ip6",
+    ];
+    let before = host_modules();
+    let body = r#"
+import socket
+def sock(fam, typ, proto):
+    def fn():
+        try:
+            s = socket.socket(fam, typ, proto)
+        except OSError as e:
+            return (-1, e.errno or 0)
+        s.close()
+        return (0, 0)
+    return fn
+I4, I6, NL = socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK
+ST, DG, SP, RAW = socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_RAW
+FLAGS = socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+attempt('tcp', sock(I4, ST, 0))
+attempt('tcp_named', sock(I4, ST | FLAGS, socket.IPPROTO_TCP))
+attempt('udp', sock(I4, DG | FLAGS, 0))
+attempt('udp_named', sock(I4, DG, socket.IPPROTO_UDP))
+attempt('tcp6', sock(I6, ST, socket.IPPROTO_TCP))
+attempt('udp6', sock(I6, DG, 0))
+attempt('netlink_route', sock(NL, RAW | socket.SOCK_CLOEXEC, 0))
+attempt('sctp_stream', sock(I4, ST, 132))
+attempt('sctp_seqpacket', sock(I4, SP, 132))
+attempt('sctp6', sock(I6, ST, 132))
+attempt('seqpacket_any', sock(I4, SP, 0))
+attempt('dccp', sock(I4, 6, 33))
+attempt('dccp_any', sock(I4, 6, 0))
+attempt('mptcp', sock(I4, ST, 262))
+attempt('mptcp6', sock(I6, ST | FLAGS, 262))
+attempt('udplite', sock(I4, DG, 136))
+attempt('udplite6', sock(I6, DG, 136))
+attempt('l2tp_ip', sock(I4, DG, 115))
+attempt('ping', sock(I4, DG, socket.IPPROTO_ICMP))
+attempt('ping6', sock(I6, DG, socket.IPPROTO_ICMPV6))
+attempt('stream_udp', sock(I4, ST, socket.IPPROTO_UDP))
+attempt('netlink_generic', sock(NL, RAW, 16))
+attempt('netlink_audit', sock(NL, RAW, 9))
+attempt('netlink_uevent', sock(NL, DG, 15))
+attempt('netlink_xfrm', sock(NL, RAW, 6))
+attempt('netlink_netfilter', sock(NL, RAW, 12))
+attempt('netlink_sock_diag', sock(NL, RAW, 4))
+"#;
+    let out = harness(env, body, "", test).await;
+    if !harness_supported(&out, test) {
+        return;
+    }
+    assert_allowed(
+        &out,
+        &[
+            "tcp",
+            "tcp_named",
+            "udp",
+            "udp_named",
+            "tcp6",
+            "udp6",
+            "netlink_route",
+        ],
+        test,
+    );
+    assert_denied(
+        &out,
+        &[
+            "sctp_stream",
+            "sctp_seqpacket",
+            "sctp6",
+            "seqpacket_any",
+            "dccp",
+            "dccp_any",
+            "mptcp",
+            "mptcp6",
+            "udplite",
+            "udplite6",
+            "l2tp_ip",
+            "ping",
+            "ping6",
+            "stream_udp",
+            "netlink_generic",
+            "netlink_audit",
+            "netlink_uevent",
+            "netlink_xfrm",
+            "netlink_netfilter",
+            "netlink_sock_diag",
+        ],
+        test,
+    );
+    let after = host_modules();
+    let loaded: Vec<&String> = after
+        .iter()
+        .filter(|m| watched.contains(&m.as_str()) && !before.contains(m))
+        .collect();
+    assert!(
+        loaded.is_empty(),
+        "{test}: the host's kernel loaded {loaded:?} during the attack\n{}",
+        describe(&out)
+    );
+}
+
 /// A setuid or setgid file left in the workspace could be run later on the host by
 /// someone else: no call that sets a mode may set those bits, and none end up set.
 pub async fn setuid_files_cannot_be_made(env: &dyn ExecutionEnv) {
@@ -1229,6 +1372,83 @@ if has_pty:
              not a terminal"
         ),
         None => panic!("{test}: the pty probe did not run\n{}", describe(&out)),
+    }
+}
+
+/// TIOCSETD (set a terminal's line discipline) fails on the sandbox's own pty, also
+/// with bits above 32 set in the request. On a kernel that autoloads line disciplines
+/// it would load the module of the one asked for (n_gsm and n_hdlc have had local root
+/// bugs); the attempt here asks for N_TTY, which every pty already has, so a filter
+/// that let it through fails this test without loading anything on the host.
+pub async fn tiocsetd_denied(env: &dyn ExecutionEnv) {
+    let test = "tiocsetd_denied";
+    let body = r#"
+def setd(cmd):
+    def fn():
+        m, s = os.openpty()
+        disc = ctypes.c_int(0)   # N_TTY
+        return call('ioctl', ctypes.c_int(s), ctypes.c_ulong(cmd), ctypes.byref(disc))
+    return fn
+def has_pty():
+    try:
+        m, s = os.openpty()
+        return True
+    except OSError:
+        return False
+print('PTY', 'yes' if has_pty() else 'no', flush=True)
+if has_pty():
+    attempt('tiocsetd', setd(0x5423))
+    attempt('tiocsetd_high_bits', setd(0x100005423))
+"#;
+    let out = harness(env, body, "", test).await;
+    if !harness_supported(&out, test) {
+        return;
+    }
+    match field(&out.stdout_text(), "PTY") {
+        Some("yes") => assert_denied(&out, &["tiocsetd", "tiocsetd_high_bits"], test),
+        Some(_) => eprintln!(
+            "{test}: no usable pty inside (/dev/ptmx + devpts), so there is no terminal to \
+             change the line discipline of"
+        ),
+        None => panic!("{test}: the pty probe did not run\n{}", describe(&out)),
+    }
+}
+
+/// personality(2) may only ask for the current persona or set plain PER_LINUX: the
+/// flags that switch off mitigations for the process (READ_IMPLIES_EXEC makes every
+/// readable mapping executable, ADDR_NO_RANDOMIZE turns off ASLR, MMAP_PAGE_ZERO maps
+/// page zero) and the personas of other systems are refused.
+pub async fn personality_flags_denied(env: &dyn ExecutionEnv) {
+    let test = "personality_flags_denied";
+    let body = r#"
+def persona(value):
+    return lambda: call('personality', ctypes.c_ulong(value))
+attempt('read_implies_exec', persona(0x0400000))
+attempt('addr_no_randomize', persona(0x0040000))
+attempt('mmap_page_zero', persona(0x0100000))
+attempt('per_linux32', persona(0x0008))
+attempt('read_implies_exec_high_bits', persona(0x100400000))
+# Asking for the current persona is allowed.
+attempt('query', persona(0xffffffff))
+"#;
+    let out = harness(env, body, "", test).await;
+    if !harness_supported(&out, test) {
+        return;
+    }
+    assert_denied(
+        &out,
+        &[
+            "read_implies_exec",
+            "addr_no_randomize",
+            "mmap_page_zero",
+            "per_linux32",
+            "read_implies_exec_high_bits",
+        ],
+        test,
+    );
+    // gVisor's own kernel answers the query with EINVAL; a host kernel answers it.
+    if env.boundary() != crate::Boundary::UserSpaceKernel {
+        assert_allowed(&out, &["query"], test);
     }
 }
 
