@@ -17,14 +17,12 @@ use skillbox_env::{EnvError, EnvResult, ErrorCode, Limits, SandboxSpec};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::SANDBOX_UID;
-use crate::backend::{DockerBackend, Runtime, connect, daemon_error};
+use crate::backend::DockerBackend;
+use crate::daemon::{connect, daemon_error};
+use crate::runtime::{PRIVATE_PERL, PRIVATE_PYTHON, Runtime};
 
 /// Bump when the recipe below changes what ends up in the image.
 const RECIPE: &str = "skillbox-runtime-3";
-/// Execute-only (0711, root) copies of the interpreters skillbox's own helpers run
-/// under runc: see `Runtime::perl`.
-pub(crate) const PRIVATE_PERL: &str = "/usr/lib/skillbox/perl";
-pub(crate) const PRIVATE_PYTHON: &str = "/usr/lib/skillbox/python3";
 const REPOSITORY: &str = "skillbox-runtime";
 /// Debian packages on top of `minbase` (which has bash, coreutils, perl-base).
 const PACKAGES: &str = "python3,curl,ca-certificates";

@@ -21,12 +21,31 @@
 //! image is missing, creating a sandbox fails with `unavailable` saying which and how to
 //! fix it. Nothing falls back to another backend.
 
+//!
+//! The modules, each using only those above it: `runtime` (runc or runsc, and what the
+//! helpers run with), `daemon` (reaching it, its errors, running a helper command),
+//! `config` (the container a spec makes), `container` (one started container's state),
+//! `reset` (killing what runs in it), `sandbox` (the `DockerSandbox`), `pool` (starting
+//! containers, and the warm pool), `outcome` (how an exec ended, as data), `exec` and
+//! `files` (the `Shell` and `FileSystem` of a sandbox), `backend` (`DockerBackend`),
+//! `image` (`skillbox image build`).
+
 mod backend;
+mod config;
+mod container;
+mod daemon;
+mod exec;
+mod files;
 mod image;
+mod outcome;
+mod pool;
+mod reset;
+mod runtime;
 mod sandbox;
 
-pub use backend::{DockerBackend, Runtime, probe};
+pub use backend::{DockerBackend, probe};
 pub use image::{BuildInputs, ImageBuilder, image_tag};
+pub use runtime::Runtime;
 pub use sandbox::DockerSandbox;
 
 /// The uid and gid code runs as inside a sandbox container: not root, and not a user

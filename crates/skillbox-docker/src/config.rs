@@ -1,0 +1,299 @@
+//! A sandbox container's configuration: hardened by default (no network, a read-only
+//! root, a non-root user, every capability dropped, `no-new-privileges`, limits), and
+//! loosened only where the spec names something (a workspace directory, read-only
+//! mounts). The same spec always makes the same config, which is how the pool knows a
+//! started container fits a sandbox.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, ResourcesUlimits};
+use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
+
+use crate::daemon::unavailable;
+use crate::runtime::{NR_PRCTL, Runtime};
+use crate::{LABEL_OWNER, LABEL_SANDBOX, SANDBOX_UID};
+
+const INIT_PL: &str = include_str!("helpers/init.pl");
+pub(crate) const WORKSPACE: &str = "/workspace";
+const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// The workspace tmpfs; its pages count against the container's memory limit too.
+const WORKSPACE_BYTES: u64 = 1024 * 1024 * 1024;
+/// Host tasks gVisor's sentry needs besides the sandbox's own processes (measured: 64
+/// idle, about 8 more per process on the ptrace platform).
+const GVISOR_BASE_TASKS: i64 = 256;
+const GVISOR_TASKS_PER_PROCESS: i64 = 16;
+
+/// The container's configuration: hardened by default, loosened only where the spec
+/// names something (a workspace directory, read-only mounts).
+pub(crate) fn container_config(
+    runtime: Runtime,
+    image: &str,
+    owner: &str,
+    spec: &SandboxSpec,
+) -> EnvResult<ContainerCreateBody> {
+    let limits = &spec.limits;
+    // The disk bound, split between /workspace and /tmp by the one rule every backend
+    // uses; a caller's directory cannot be bounded.
+    let split = limits.disk_split();
+    if spec.workspace.is_some() && split.is_some() {
+        return Err(unavailable(
+            "disk limit: a --workdir on the host's filesystem cannot be bounded; run \
+             without --disk (the workdir is yours, /tmp keeps its own bound) or without --workdir",
+        ));
+    }
+    let user = match &spec.workspace {
+        None => format!("{SANDBOX_UID}:{SANDBOX_UID}"),
+        Some(dir) => workspace_owner(runtime, dir)?,
+    };
+    // This runsc (20221219) keeps a tmpfs's size but drops nr_inodes (its mounts show
+    // only size=): an inode bound asked for is refused, never run without; the one a
+    // disk bound brings by default is left out there (gVisor's inodes live in its own
+    // kernel's memory, under the memory limit, not in the host's).
+    let keeps_inodes = runtime != Runtime::Runsc;
+    if let Some(split) = split
+        && split.inodes_asked
+        && !keeps_inodes
+    {
+        return Err(unavailable(
+            "gvisor: inode bound: this runsc does not enforce a tmpfs's nr_inodes; run \
+             without --inodes (the memory limit still bounds what the sandbox kernel's \
+             inodes cost) or use the docker or native backend for it",
+        ));
+    }
+    let inodes = |n: u64| {
+        if keeps_inodes {
+            format!(",nr_inodes={n}")
+        } else {
+            String::new()
+        }
+    };
+    let (tmp_bytes, tmp_inodes, workspace_bytes, workspace_inodes) = match split {
+        Some(split) => (
+            split.tmp_bytes,
+            inodes(split.tmp_inodes),
+            split.workspace_bytes,
+            inodes(split.workspace_inodes),
+        ),
+        None => (
+            limits.tmp_bytes,
+            String::new(),
+            WORKSPACE_BYTES,
+            String::new(),
+        ),
+    };
+    let mut tmpfs = HashMap::from([(
+        "/tmp".to_string(),
+        format!("rw,exec,nosuid,nodev,size={tmp_bytes}{tmp_inodes},mode=1777"),
+    )]);
+    let mut mounts = Vec::new();
+    match &spec.workspace {
+        None => {
+            tmpfs.insert(
+                WORKSPACE.into(),
+                format!(
+                    "rw,exec,nosuid,nodev,size={workspace_bytes}{workspace_inodes},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+                ),
+            );
+        }
+        Some(dir) => mounts.push(Mount {
+            target: Some(WORKSPACE.into()),
+            source: Some(dir.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(false),
+            ..Default::default()
+        }),
+    }
+    for mount in &spec.policy.read_only_mounts {
+        let target = skillbox_env::path::normalize(&mount.sandbox);
+        if !mount.host.is_absolute() || !target.is_absolute() {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {} -> {}: both paths must be absolute",
+                mount.host.display(),
+                mount.sandbox.display()
+            )));
+        }
+        if !mount.host.is_dir() {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {}: must be an existing directory (a socket or \
+                 device would give the code what read-only does not stop)",
+                mount.host.display()
+            )));
+        }
+        if target == Path::new("/")
+            || target.starts_with(WORKSPACE)
+            || target.starts_with("/tmp")
+            || target.starts_with("/proc")
+            || target.starts_with("/dev")
+        {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {} may not be mounted over {}",
+                mount.host.display(),
+                target.display()
+            )));
+        }
+        mounts.push(Mount {
+            target: Some(target.display().to_string()),
+            source: Some(mount.host.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    let mut ulimits = Vec::new();
+    let mut ulimit = |name: &str, value: u64| {
+        let value = i64::try_from(value).unwrap_or(i64::MAX);
+        ulimits.push(ResourcesUlimits {
+            name: Some(name.into()),
+            soft: Some(value),
+            hard: Some(value),
+        });
+    };
+    if let Some(size) = limits.file_size_bytes {
+        ulimit("fsize", size);
+    }
+    if let Some(files) = limits.open_files {
+        ulimit("nofile", files);
+    }
+    if let Some(seconds) = limits.cpu_seconds {
+        ulimit("cpu", seconds);
+    }
+    let pids_limit = match (runtime, limits.pids) {
+        (_, None) => None,
+        (Runtime::Runc, Some(pids)) => Some(i64::from(pids)),
+        // Under gVisor the container's pids cgroup counts the sentry's host tasks, not the
+        // sandbox's processes: those are bounded by RLIMIT_NPROC, which gVisor enforces in
+        // its own kernel (one uid per sandbox there, so per-uid means per-sandbox).
+        (Runtime::Runsc, Some(pids)) => {
+            ulimit("nproc", u64::from(pids));
+            Some(GVISOR_BASE_TASKS + GVISOR_TASKS_PER_PROCESS * i64::from(pids))
+        }
+    };
+    let memory = limits
+        .memory_bytes
+        .map(|m| i64::try_from(m).unwrap_or(i64::MAX));
+    let cpus = limits
+        .cpus
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64));
+    let host_config = HostConfig {
+        network_mode: Some("none".into()),
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        privileged: Some(false),
+        ipc_mode: Some("private".into()),
+        memory,
+        memory_swap: memory,
+        nano_cpus: Some((cpus * 1e9) as i64),
+        pids_limit,
+        ulimits: Some(ulimits),
+        tmpfs: Some(tmpfs),
+        mounts: Some(mounts),
+        runtime: Some(runtime.docker_name().into()),
+        // skillbox's own pid 1 (helpers/init.pl) reaps and kills; see the crate docs.
+        init: Some(false),
+        auto_remove: Some(false),
+        ..Default::default()
+    };
+    let env = vec![
+        format!("PATH={PATH}"),
+        "HOME=/tmp".into(),
+        "USER=sandbox".into(),
+        "LOGNAME=sandbox".into(),
+        "LANG=C.UTF-8".into(),
+        "TMPDIR=/tmp".into(),
+        "SHELL=/bin/sh".into(),
+    ];
+    Ok(ContainerCreateBody {
+        image: Some(image.into()),
+        user: Some(user),
+        // Interpreters by absolute path: no PATH lookup for skillbox's own helpers.
+        entrypoint: Some(vec![
+            runtime.perl().into(),
+            "-e".into(),
+            INIT_PL.into(),
+            NR_PRCTL.to_string(),
+        ]),
+        cmd: Some(vec![]),
+        working_dir: Some(WORKSPACE.into()),
+        env: Some(env),
+        network_disabled: Some(true),
+        labels: Some(HashMap::from([
+            (LABEL_SANDBOX.to_string(), runtime.backend().to_string()),
+            (LABEL_OWNER.to_string(), owner.to_string()),
+        ])),
+        host_config: Some(host_config),
+        ..Default::default()
+    })
+}
+
+/// The user a container with a host workspace runs as: the directory's owner, so what
+/// the code writes there is the owner's. Never root.
+fn workspace_owner(runtime: Runtime, dir: &Path) -> EnvResult<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta =
+        std::fs::metadata(dir).map_err(|e| EnvError::io(&e, "workdir", dir).with_path(dir))?;
+    if !meta.is_dir() {
+        return Err(EnvError::new(
+            ErrorCode::NotDirectory,
+            format!("workdir {}: not a directory", dir.display()),
+        )
+        .with_path(dir));
+    }
+    if meta.uid() == 0 {
+        return Err(EnvError::invalid(format!(
+            "backend {}: workdir {} is owned by root, and a container never runs as root;              chown it to an unprivileged user (e.g. `chown {SANDBOX_UID}:{SANDBOX_UID}`) or              leave the workdir out for a tmpfs workspace",
+            runtime.backend(),
+            dir.display()
+        ))
+        .with_path(dir));
+    }
+    Ok(format!("{}:{}", meta.uid(), meta.gid()))
+}
+
+#[cfg(test)]
+mod tests {
+    use skillbox_env::Limits;
+
+    use super::*;
+
+    #[test]
+    fn gvisor_refuses_an_inode_bound_it_would_not_hold_and_docker_sets_it() {
+        let asked = SandboxSpec {
+            limits: Limits {
+                disk_inodes: Some(1000),
+                ..Limits::default()
+            },
+            ..SandboxSpec::default()
+        };
+        let Err(e) = container_config(Runtime::Runsc, "img", "me", &asked) else {
+            panic!("runsc took an inode bound it does not enforce");
+        };
+        assert_eq!(e.code, ErrorCode::Unavailable);
+        assert!(e.message.contains("inode"), "{e}");
+        let config = container_config(Runtime::Runc, "img", "me", &asked).unwrap();
+        let tmpfs = config.host_config.unwrap().tmpfs.unwrap();
+        assert!(tmpfs["/workspace"].contains("nr_inodes="), "{tmpfs:?}");
+        // The default (derived) bound is left out under runsc, the bytes kept.
+        let default = SandboxSpec::default();
+        let config = container_config(Runtime::Runsc, "img", "me", &default).unwrap();
+        let tmpfs = config.host_config.unwrap().tmpfs.unwrap();
+        assert!(!tmpfs["/workspace"].contains("nr_inodes"), "{tmpfs:?}");
+        let split = Limits::default().disk_split().unwrap();
+        assert!(tmpfs["/workspace"].contains(&format!("size={}", split.workspace_bytes)));
+        assert!(tmpfs["/tmp"].contains(&format!("size={}", split.tmp_bytes)));
+    }
+
+    #[test]
+    fn a_workdir_with_a_disk_bound_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = SandboxSpec {
+            workspace: Some(dir.path().to_path_buf()),
+            ..SandboxSpec::default()
+        };
+        let Err(e) = container_config(Runtime::Runc, "img", "me", &spec) else {
+            panic!("a workdir took a disk bound");
+        };
+        assert!(e.message.contains("disk limit"), "{e}");
+    }
+}

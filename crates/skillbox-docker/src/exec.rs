@@ -1,0 +1,407 @@
+//! Running the caller's command in a docker sandbox: under skillbox's exec wrapper
+//! (`helpers/exec.pl`), one at a time, its output streamed and capped while a timeout,
+//! a cancel or the container's death may end it; what it leaves running is killed
+//! before the next exec. How it ended becomes an `ExecOutput` in `outcome.rs`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bollard::container::LogOutput;
+use bollard::exec::{StartExecOptions, StartExecResults};
+use bollard::models::ExecConfig;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use skillbox_env::{
+    CancellationToken, EnvError, EnvResult, ErrorCode, ExecEvent, ExecRequest, ExecStream, Shell,
+    Truncated,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::container::Container;
+use crate::daemon::op_error;
+use crate::outcome::{ExecEnd, Kill, Measured, Seen, outcome, split_status};
+use crate::reset::{kill_all, settle};
+use crate::runtime::{NR_PRCTL, NR_SECCOMP};
+use crate::sandbox::DockerSandbox;
+
+const EXEC_PL: &str = include_str!("helpers/exec.pl");
+/// Bytes of stderr held back until the end, where the wrapper's status line is.
+const HOLD_BACK: usize = 128;
+
+/// skillbox's seccomp filter as the wrapper takes it (hex), made once per process.
+fn filter_hex() -> &'static str {
+    static FILTER: OnceLock<String> = OnceLock::new();
+    FILTER.get_or_init(|| hex(&skillbox_seccomp::filter_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn nonce() -> String {
+    let mut bytes = [0u8; 16];
+    skillbox_env::path::fill_random(&mut bytes);
+    hex(&bytes)
+}
+
+/// One output stream, cut at the cap (the rest is drained and dropped).
+struct Capped {
+    cap: u64,
+    kept: u64,
+    truncated: bool,
+    stderr: bool,
+}
+
+impl Capped {
+    fn new(cap: u64, stderr: bool) -> Capped {
+        Capped {
+            cap,
+            kept: 0,
+            truncated: false,
+            stderr,
+        }
+    }
+
+    async fn feed(&mut self, data: &[u8], tx: &mpsc::Sender<EnvResult<ExecEvent>>) {
+        if data.is_empty() {
+            return;
+        }
+        let room = self.cap.saturating_sub(self.kept);
+        let take = (data.len() as u64).min(room) as usize;
+        if take < data.len() {
+            self.truncated = true;
+        }
+        if take == 0 {
+            return;
+        }
+        self.kept += take as u64;
+        let chunk = Bytes::copy_from_slice(&data[..take]);
+        let event = if self.stderr {
+            ExecEvent::Stderr(chunk)
+        } else {
+            ExecEvent::Stdout(chunk)
+        };
+        // A dropped stream does not stop the exec; the output is drained regardless.
+        let _ = tx.send(Ok(event)).await;
+    }
+}
+
+/// What skillbox is doing about an exec while its output is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The command runs.
+    Running,
+    /// Its status line is in: what it left behind (holding the output open, say) is
+    /// being killed so the output can end.
+    Settling,
+    /// skillbox is killing it.
+    Killing(Kill),
+}
+
+impl Phase {
+    fn kill(self) -> Option<Kill> {
+        match self {
+            Phase::Killing(kill) => Some(kill),
+            Phase::Running | Phase::Settling => None,
+        }
+    }
+}
+
+/// A reset of the container (a kill, or killing what an exec left) that runs alongside
+/// the reading: output left unread could stall the container's next exec.
+type Reset = Pin<Box<dyn Future<Output = EnvResult<()>> + Send>>;
+
+fn start_reset(container: &Arc<Container>, kill: bool) -> Reset {
+    let container = container.clone();
+    Box::pin(async move {
+        if kill {
+            kill_all(&container).await
+        } else {
+            settle(&container).await
+        }
+    })
+}
+
+/// The wrapper's command line: the filter, the nonce, the working directory, the
+/// caller's variables (which reach only the command, never the wrapper), the command.
+fn wrapper_argv(
+    container: &Container,
+    nonce: &str,
+    cwd: &str,
+    env: &std::collections::BTreeMap<String, String>,
+    command: Vec<String>,
+) -> Vec<String> {
+    let mut argv = vec![
+        container.runtime.perl().to_string(),
+        "-e".into(),
+        EXEC_PL.into(),
+        NR_PRCTL.to_string(),
+        NR_SECCOMP.to_string(),
+        filter_hex().to_string(),
+        nonce.to_string(),
+        cwd.to_string(),
+        // See helpers/exec.pl.
+        env.len().to_string(),
+    ];
+    argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+    argv.extend(command);
+    argv
+}
+
+type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+
+/// Creates and starts the exec, attached; feeds it `stdin` in a task of its own.
+async fn start(
+    container: &Container,
+    argv: Vec<String>,
+    stdin: Option<Vec<u8>>,
+) -> EnvResult<(Output, Option<tokio::task::JoinHandle<()>>)> {
+    let backend = container.runtime.backend();
+    let exec = container
+        .docker
+        .create_exec(
+            &container.id,
+            ExecConfig {
+                cmd: Some(argv),
+                attach_stdin: Some(stdin.is_some()),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                working_dir: Some("/".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| op_error(backend, "exec", &e))?;
+    let started = container
+        .docker
+        .start_exec(
+            &exec.id,
+            Some(StartExecOptions {
+                detach: false,
+                tty: false,
+                output_capacity: Some(64 * 1024),
+            }),
+        )
+        .await
+        .map_err(|e| op_error(backend, "exec", &e))?;
+    let StartExecResults::Attached { output, mut input } = started else {
+        return Err(EnvError::new(ErrorCode::Unknown, "exec did not attach"));
+    };
+    let writer = stdin.map(|data| {
+        tokio::spawn(async move {
+            let _ = input.write_all(&data).await;
+            let _ = input.shutdown().await;
+        })
+    });
+    Ok((output, writer))
+}
+
+/// One exec while its output is read, and after.
+struct Reading {
+    container: Arc<Container>,
+    tx: mpsc::Sender<EnvResult<ExecEvent>>,
+    stdout: Capped,
+    stderr: Capped,
+    /// The end of stderr, held back: the wrapper's status line is its last line.
+    tail: Vec<u8>,
+    nonce: String,
+    /// Feeds the command's stdin, if it has one.
+    writer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Reading {
+    /// Reads the output to its end (or the container's death), killing the command
+    /// at the deadline or on cancel, and says what it saw.
+    async fn read(
+        &mut self,
+        mut output: Output,
+        deadline: tokio::time::Instant,
+        cancel: &CancellationToken,
+    ) -> Seen {
+        let container = self.container.clone();
+        let backend = container.runtime.backend();
+        let mut phase = Phase::Running;
+        let mut reset: Option<Reset> = None;
+        let mut failure: Option<EnvError> = None;
+        let mut died = false;
+        loop {
+            tokio::select! {
+                frame = output.next() => match frame {
+                    Some(Ok(LogOutput::StdOut { message })) => self.stdout.feed(&message, &self.tx).await,
+                    Some(Ok(LogOutput::StdErr { message })) => {
+                        self.tail.extend_from_slice(&message);
+                        if phase == Phase::Running && split_status(&self.tail, &self.nonce).1.is_some() {
+                            phase = Phase::Settling;
+                            reset = Some(start_reset(&container, false));
+                        }
+                        if self.tail.len() > HOLD_BACK {
+                            let emit: Vec<u8> = self.tail.drain(..self.tail.len() - HOLD_BACK).collect();
+                            self.stderr.feed(&emit, &self.tx).await;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        failure = Some(op_error(backend, "exec output", &e));
+                        break;
+                    }
+                    None => break,
+                },
+                done = async {
+                    match reset.as_mut() {
+                        Some(pending) => pending.await,
+                        None => std::future::pending().await,
+                    }
+                }, if reset.is_some() => {
+                    reset = None;
+                    if let Err(e) = done { failure = Some(e); break; }
+                }
+                () = tokio::time::sleep_until(deadline), if phase.kill().is_none() => {
+                    phase = Phase::Killing(Kill::Deadline);
+                    reset = Some(start_reset(&container, true));
+                }
+                () = cancel.cancelled(), if phase.kill().is_none() => {
+                    phase = Phase::Killing(Kill::Abort);
+                    reset = Some(start_reset(&container, true));
+                }
+                // The container is being removed: nothing left to kill.
+                () = container.shutdown.cancelled(), if phase.kill().is_none() => {
+                    phase = Phase::Killing(Kill::Abort);
+                }
+                () = container.died.cancelled() => {
+                    died = true;
+                    break;
+                }
+            }
+        }
+        // The stream ended while a reset was still under way: let it finish.
+        if let Some(pending) = reset.take()
+            && let Err(e) = pending.await
+        {
+            failure.get_or_insert(e);
+        }
+        if let Some(writer) = self.writer.take() {
+            writer.abort();
+        }
+        let (end, status) = split_status(&self.tail, &self.nonce);
+        let tail = std::mem::take(&mut self.tail);
+        self.stderr.feed(&tail[..end], &self.tx).await;
+        // The output ended without the status line starting a reset (the command and
+        // everything it started closed it): check that nothing is left.
+        if !died
+            && phase == Phase::Running
+            && !container.died.is_cancelled()
+            && let Err(e) = settle(&container).await
+        {
+            failure.get_or_insert(e);
+        }
+        // The output also ends when the whole container dies (under gVisor, the memory
+        // limit takes the sandbox's kernel with the code that hit it); a reset that
+        // failed may be the first sign of it.
+        let died = died
+            || container.died.is_cancelled()
+            || (status.is_none() && phase.kill().is_none() && !container.is_running().await);
+        Seen {
+            kill: phase.kill(),
+            status,
+            failure,
+            died,
+            removed: container.is_removed(),
+        }
+    }
+
+    /// Whether the container's memory limit ended the exec, by the daemon's record.
+    async fn out_of_memory(&self, end: &ExecEnd, ooms_before: u64) -> bool {
+        let container = &self.container;
+        match end {
+            // The daemon's OOM event can trail the death under load; the container's
+            // own record says it too.
+            ExecEnd::ContainerDied => {
+                container.oom_killed().await
+                    || container.oom_after(ooms_before).await
+                    || container.oom_killed().await
+            }
+            // A SIGKILL that was not ours may be the memory cgroup's.
+            end if end.may_be_memory() => container.oom_after(ooms_before).await,
+            _ => false,
+        }
+    }
+
+    fn truncated(&self) -> Truncated {
+        Truncated {
+            stdout: self.stdout.truncated,
+            stderr: self.stderr.truncated,
+        }
+    }
+}
+
+#[async_trait]
+impl Shell for DockerSandbox {
+    async fn exec_stream(
+        &self,
+        request: ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<ExecStream> {
+        request.validate()?;
+        let turn = self.take_turn(cancel).await?;
+        let container = self.container().clone();
+        let backend = self.backend_name();
+        let timeout = request
+            .timeout
+            .unwrap_or_else(|| container.limits.timeout());
+        let deadline = tokio::time::Instant::now() + timeout;
+        let nonce = nonce();
+        let cwd = self.arg(request.cwd.as_deref().unwrap_or(self.default_cwd()));
+        let command = request.command.to_argv();
+        let program = command.first().cloned().unwrap_or_default();
+        let argv = wrapper_argv(&container, &nonce, &cwd, &request.env, command);
+        let (output, writer) = start(&container, argv, request.stdin).await?;
+        let started_at = Instant::now();
+        let ooms_before = container.ooms.load(Ordering::SeqCst);
+        let (tx, stream) = ExecStream::channel();
+        let cancel = cancel.clone();
+        let cap = container.limits.output_bytes;
+        tokio::spawn(async move {
+            let _turn = turn;
+            let mut reading = Reading {
+                container: container.clone(),
+                tx: tx.clone(),
+                stdout: Capped::new(cap, false),
+                stderr: Capped::new(cap, true),
+                tail: Vec::new(),
+                nonce,
+                writer,
+            };
+            let seen = reading.read(output, deadline, &cancel).await;
+            let end = ExecEnd::from(seen);
+            let died = matches!(end, ExecEnd::ContainerDied);
+            if died {
+                container.died.cancel();
+            }
+            let oom = reading.out_of_memory(&end, ooms_before).await;
+            if died {
+                container.remove().await;
+            }
+            // A command that failed with its disk full ran out of disk.
+            let disk_full =
+                !(oom && end.may_be_memory()) && end.may_be_disk() && container.disk_full().await;
+            if let Some(note) = end.note(&program) {
+                reading.stderr.feed(note.as_bytes(), &tx).await;
+            }
+            let measured = Measured {
+                truncated: reading.truncated(),
+                oom,
+                disk_full,
+                duration: started_at.elapsed(),
+            };
+            let result = outcome(end, measured, &cwd, backend);
+            let _ = tx.send(result.map(ExecEvent::Exit)).await;
+        });
+        Ok(stream)
+    }
+}

@@ -1,0 +1,507 @@
+//! The file view of a docker sandbox: every operation runs inside the container as the
+//! sandbox's user (`helpers/fs.py`), so it sees exactly what the sandbox's processes
+//! see, and never blocks on what they planted (FIFOs, sockets, devices are refused).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use skillbox_env::{
+    CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, FileInfo, FileKind, FileRead,
+    FileSystem, TextLines, WalkEntry, first_lines, too_many_entries,
+};
+
+use crate::daemon::{Collected, MAX_READ_BYTES, collect_exec};
+use crate::sandbox::DockerSandbox;
+
+const FS_PY: &str = include_str!("helpers/fs.py");
+/// What one `readmany` helper run prints at most, about: the files after that go to
+/// the next run.
+const READ_BATCH_BYTES: u64 = 256 * 1024 * 1024;
+/// The largest file `read_files` reads: a run's output must hold it after a batch.
+const READ_MAX_FILE_BYTES: u64 = MAX_READ_BYTES as u64 - READ_BATCH_BYTES - 4096;
+
+impl DockerSandbox {
+    /// Runs one of skillbox's helper commands (not the caller's code) to the end and
+    /// collects what it printed.
+    async fn helper(
+        &self,
+        argv: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Collected> {
+        let container = self.container();
+        if container.is_removed() {
+            return Err(container.gone());
+        }
+        if cancel.is_cancelled() {
+            return Err(EnvError::aborted("file operation"));
+        }
+        let gate = container.fs_gate.clone().read_owned().await;
+        let docker = container.docker.clone();
+        let id = container.id.clone();
+        let backend = self.backend_name();
+        // The helper runs to its end in a task of its own: a cancelled caller stops
+        // waiting at once, and the operation (bounded, and killed with the rest by the
+        // next reset if it got stuck) keeps the gate until it is really over.
+        let run = tokio::spawn(async move {
+            let _gate = gate;
+            collect_exec(&docker, &id, backend, "file operation", argv, stdin).await
+        });
+        tokio::select! {
+            joined = run => joined.map_err(|e| EnvError::new(ErrorCode::Unknown, format!("file operation: {e}")))?,
+            () = cancel.cancelled() => Err(EnvError::aborted("file operation")),
+            () = container.shutdown.cancelled() => Err(EnvError::aborted("the sandbox was cleaned up")),
+        }
+    }
+
+    /// Runs the file helper: `op` with `args`, returning its stdout.
+    async fn fs_op(
+        &self,
+        op: &str,
+        args: &[String],
+        stdin: Option<Vec<u8>>,
+        path: &Path,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<u8>> {
+        let python = self.container().runtime.python();
+        let mut argv: Vec<String> = [python, "-I", "-S", "-c", FS_PY, op]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        argv.extend(args.iter().cloned());
+        let out = self.helper(argv, stdin, cancel).await?;
+        match out.exit_code {
+            Some(0) => Ok(out.stdout),
+            Some(1) => {
+                let parsed: Option<serde_json::Value> = serde_json::from_slice(&out.stderr).ok();
+                let errno = parsed
+                    .as_ref()
+                    .and_then(|v| v["errno"].as_i64())
+                    .unwrap_or(0) as i32;
+                let msg = parsed
+                    .as_ref()
+                    .and_then(|v| v["msg"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned());
+                Err(EnvError::new(
+                    skillbox_env::errno_code(errno),
+                    format!("{op} {}: {msg}", path.display()),
+                )
+                .with_path(path))
+            }
+            other => Err(EnvError::new(
+                ErrorCode::Unknown,
+                format!(
+                    "{op} {}: the file helper failed (exit {other:?}): {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            )
+            .with_path(path)),
+        }
+    }
+
+    async fn fs_json(
+        &self,
+        op: &str,
+        args: &[String],
+        path: &Path,
+        cancel: &CancellationToken,
+    ) -> EnvResult<serde_json::Value> {
+        let out = self.fs_op(op, args, None, path, cancel).await?;
+        serde_json::from_slice(&out).map_err(|e| {
+            EnvError::new(
+                ErrorCode::Unknown,
+                format!("{op} {}: unreadable helper answer: {e}", path.display()),
+            )
+        })
+    }
+}
+
+fn kind_of(text: &str) -> FileKind {
+    match text {
+        "file" => FileKind::File,
+        "dir" => FileKind::Dir,
+        "symlink" => FileKind::Symlink,
+        _ => FileKind::Other,
+    }
+}
+
+/// How a `readmany` run ended.
+#[derive(Debug, PartialEq, Eq)]
+enum ReadsEnd {
+    /// Every answer is in (or a "later": the rest goes to the next run).
+    Done,
+    /// The next path failed with this errno.
+    Failed(i32),
+}
+
+/// The answers of one `readmany` run, appended to `read`. `None` when the answer is
+/// malformed.
+fn parse_reads(mut out: &[u8], read: &mut Vec<FileRead>) -> Option<ReadsEnd> {
+    while !out.is_empty() {
+        let end = out.iter().position(|&b| b == b'\n')?;
+        let header: serde_json::Value = serde_json::from_slice(&out[..end]).ok()?;
+        out = &out[end + 1..];
+        match header["s"].as_str()? {
+            "ok" => {
+                let n = usize::try_from(header["n"].as_u64()?).ok()?;
+                read.push(FileRead::Content(out.get(..n)?.to_vec()));
+                out = &out[n..];
+            }
+            "missing" => read.push(FileRead::Missing),
+            "notfile" => read.push(FileRead::NotFile),
+            "toolarge" => read.push(FileRead::TooLarge(header["n"].as_u64()?)),
+            "later" => return out.is_empty().then_some(ReadsEnd::Done),
+            "error" => {
+                let errno = i32::try_from(header["errno"].as_i64()?).ok()?;
+                return out.is_empty().then_some(ReadsEnd::Failed(errno));
+            }
+            _ => return None,
+        }
+    }
+    Some(ReadsEnd::Done)
+}
+
+fn bad_answer(op: &str, path: &Path) -> EnvError {
+    EnvError::new(
+        ErrorCode::Unknown,
+        format!("{op} {}: unreadable helper answer", path.display()),
+    )
+}
+
+#[async_trait]
+impl FileSystem for DockerSandbox {
+    fn cwd(&self) -> &Path {
+        self.default_cwd()
+    }
+
+    async fn canonical(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+        let value = self
+            .fs_json("canonical", &[self.arg(path)], path, cancel)
+            .await?;
+        value
+            .as_str()
+            .map(PathBuf::from)
+            .ok_or_else(|| bad_answer("canonical", path))
+    }
+
+    async fn exists(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<bool> {
+        let value = self
+            .fs_json("exists", &[self.arg(path)], path, cancel)
+            .await?;
+        value.as_bool().ok_or_else(|| bad_answer("exists", path))
+    }
+
+    async fn file_info(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<FileInfo> {
+        let v = self
+            .fs_json("info", &[self.arg(path)], path, cancel)
+            .await?;
+        let modified = v["mtimeNs"].as_i64().and_then(|ns| {
+            u64::try_from(ns)
+                .ok()
+                .map(|ns| std::time::UNIX_EPOCH + Duration::from_nanos(ns))
+        });
+        Ok(FileInfo {
+            kind: kind_of(v["kind"].as_str().unwrap_or("")),
+            size: v["size"].as_u64().ok_or_else(|| bad_answer("info", path))?,
+            mode: v["mode"].as_u64().unwrap_or(0) as u32,
+            modified,
+            read_only: v["readOnly"].as_bool().unwrap_or(false),
+        })
+    }
+
+    async fn list_dir(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<DirEntry>> {
+        let v = self
+            .fs_json("list", &[self.arg(path)], path, cancel)
+            .await?;
+        let entries = v.as_array().ok_or_else(|| bad_answer("list", path))?;
+        entries
+            .iter()
+            .map(|e| {
+                Some(DirEntry {
+                    name: e.get(0)?.as_str()?.to_string(),
+                    kind: kind_of(e.get(1)?.as_str()?),
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad_answer("list", path))
+    }
+
+    async fn read_text(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<String> {
+        let bytes = self.read_bytes(path, cancel).await?;
+        String::from_utf8(bytes).map_err(|_| {
+            EnvError::invalid(format!("{}: not UTF-8 text", path.display())).with_path(path)
+        })
+    }
+
+    async fn read_text_lines(
+        &self,
+        path: &Path,
+        max: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<TextLines> {
+        let text = self.read_text(path, cancel).await?;
+        first_lines(std::io::Cursor::new(text), max, path)
+    }
+
+    /// One helper run for the whole tree.
+    async fn walk(
+        &self,
+        root: &Path,
+        prune: &[&str],
+        max_entries: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<WalkEntry>> {
+        let root = self.absolute(root);
+        let mut args = vec![self.arg(&root), max_entries.to_string()];
+        args.extend(prune.iter().map(|p| p.to_string()));
+        let v = self.fs_json("walk", &args, &root, cancel).await?;
+        let listed = v.as_array().ok_or_else(|| bad_answer("walk", &root))?;
+        if listed.len() > max_entries {
+            return Err(too_many_entries(&root, max_entries));
+        }
+        listed
+            .iter()
+            .map(|e| {
+                Some(WalkEntry {
+                    path: e.get(0)?.as_str()?.to_string(),
+                    kind: kind_of(e.get(1)?.as_str()?),
+                    size: e.get(2)?.as_u64()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad_answer("walk", &root))
+    }
+
+    /// As few helper runs as the bytes allow (about [`READ_BATCH_BYTES`] each).
+    async fn read_files(
+        &self,
+        paths: &[PathBuf],
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<FileRead>> {
+        // One file must fit what a helper run may print.
+        if max_bytes > READ_MAX_FILE_BYTES {
+            return Err(EnvError::invalid(format!(
+                "read_files: a cap of {max_bytes} bytes is over the {} backend's {READ_MAX_FILE_BYTES}",
+                self.container().runtime.backend()
+            )));
+        }
+        let mut read = Vec::with_capacity(paths.len());
+        while read.len() < paths.len() {
+            let rest = &paths[read.len()..];
+            let shown = &rest[0];
+            let list: Vec<String> = rest.iter().map(|p| self.arg(p)).collect();
+            let stdin = serde_json::to_vec(&list)
+                .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("read_files: {e}")))?;
+            let args = [max_bytes.to_string(), READ_BATCH_BYTES.to_string()];
+            let out = self
+                .fs_op("readmany", &args, Some(stdin), shown, cancel)
+                .await?;
+            let before = read.len();
+            let end = parse_reads(&out, &mut read).ok_or_else(|| bad_answer("readmany", shown))?;
+            if read.len() > paths.len() {
+                return Err(bad_answer("readmany", shown));
+            }
+            if let ReadsEnd::Failed(errno) = end {
+                let failed = paths.get(read.len()).unwrap_or(shown);
+                return Err(EnvError::new(
+                    skillbox_env::errno_code(errno),
+                    format!(
+                        "read {}: {}",
+                        failed.display(),
+                        std::io::Error::from_raw_os_error(errno)
+                    ),
+                )
+                .with_path(failed));
+            }
+            if read.len() == before {
+                return Err(bad_answer("readmany", shown));
+            }
+        }
+        Ok(read)
+    }
+
+    async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
+        self.fs_op("read", &[self.arg(path)], None, path, cancel)
+            .await
+    }
+
+    async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        self.fs_op(
+            "write",
+            &[self.arg(path)],
+            Some(data.to_vec()),
+            path,
+            cancel,
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn append(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
+        self.fs_op(
+            "append",
+            &[self.arg(path)],
+            Some(data.to_vec()),
+            path,
+            cancel,
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn rename(&self, from: &Path, to: &Path, cancel: &CancellationToken) -> EnvResult<()> {
+        self.fs_json("rename", &[self.arg(from), self.arg(to)], from, cancel)
+            .await
+            .map(drop)
+    }
+
+    async fn remove(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
+        let flag = if recursive { "1" } else { "0" };
+        self.fs_json("remove", &[self.arg(path), flag.into()], path, cancel)
+            .await
+            .map(drop)
+    }
+
+    async fn create_dir(
+        &self,
+        path: &Path,
+        recursive: bool,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
+        let flag = if recursive { "1" } else { "0" };
+        self.fs_json("mkdir", &[self.arg(path), flag.into()], path, cancel)
+            .await
+            .map(drop)
+    }
+
+    async fn create_temp_dir(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
+        temp_entry(self, "dir", prefix, cancel).await
+    }
+
+    async fn create_temp_file(
+        &self,
+        prefix: &str,
+        cancel: &CancellationToken,
+    ) -> EnvResult<PathBuf> {
+        temp_entry(self, "file", prefix, cancel).await
+    }
+
+    async fn cleanup(&self) -> EnvResult<()> {
+        self.container().remove().await;
+        Ok(())
+    }
+}
+
+async fn temp_entry(
+    sandbox: &DockerSandbox,
+    kind: &str,
+    prefix: &str,
+    cancel: &CancellationToken,
+) -> EnvResult<PathBuf> {
+    if prefix.contains('/') || prefix.contains('\0') {
+        return Err(EnvError::invalid(format!(
+            "temp prefix {prefix:?}: must not contain '/'"
+        )));
+    }
+    let path = Path::new("/workspace/.tmp");
+    let v = sandbox
+        .fs_json("mktemp", &[kind.into(), prefix.into()], path, cancel)
+        .await?;
+    v.as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| bad_answer("mktemp", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs the file helper's `readmany` here, on the host, over `paths`.
+    fn readmany(paths: &[&Path], limit: u64, budget: u64) -> Vec<u8> {
+        use std::io::Write as _;
+        let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        let mut child = std::process::Command::new("python3")
+            .args(["-I", "-S", "-c", FS_PY, "readmany"])
+            .args([limit.to_string(), budget.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&serde_json::to_vec(&list).unwrap())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    }
+
+    /// Past its byte budget the helper stops with "later", and the next run picks up
+    /// there: every file is read once, in order, whatever the batches.
+    #[test]
+    fn readmany_batches_by_bytes_and_resumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<PathBuf> = (0..5).map(|i| dir.path().join(format!("{i}"))).collect();
+        for (i, file) in files.iter().enumerate() {
+            std::fs::write(file, vec![b'a' + i as u8; 40]).unwrap();
+        }
+        std::os::unix::fs::symlink(&files[0], dir.path().join("link")).unwrap();
+        let mut paths: Vec<PathBuf> = files.clone();
+        paths.insert(2, dir.path().join("link"));
+        paths.insert(3, dir.path().join("gone"));
+        let mut read = Vec::new();
+        let mut runs = 0;
+        while read.len() < paths.len() {
+            let rest: Vec<&Path> = paths[read.len()..].iter().map(PathBuf::as_path).collect();
+            // 100 bytes a run: two 40-byte files each, the next goes to the next run.
+            let out = readmany(&rest, 64, 100);
+            let before = read.len();
+            assert_eq!(parse_reads(&out, &mut read), Some(ReadsEnd::Done));
+            assert!(read.len() > before);
+            runs += 1;
+        }
+        assert_eq!(runs, 3);
+        let content = |i: usize| FileRead::Content(vec![b'a' + i as u8; 40]);
+        assert_eq!(
+            read,
+            vec![
+                content(0),
+                content(1),
+                FileRead::NotFile,
+                FileRead::Missing,
+                content(2),
+                content(3),
+                content(4),
+            ]
+        );
+        // Over the cap: the size, not the content.
+        std::fs::write(&files[0], [0u8; 65]).unwrap();
+        let mut read = Vec::new();
+        parse_reads(&readmany(&[&files[0]], 64, 100), &mut read).unwrap();
+        assert_eq!(read, vec![FileRead::TooLarge(65)]);
+        // A file that cannot be opened ends the run with its errno, after what came
+        // before it (a name too long: an errno root gets too).
+        let unopenable = dir.path().join("n".repeat(300));
+        let mut read = Vec::new();
+        let out = readmany(&[&files[1], &unopenable, &files[2]], 64, 100);
+        let end = parse_reads(&out, &mut read).unwrap();
+        assert_eq!(end, ReadsEnd::Failed(libc::ENAMETOOLONG));
+        assert_eq!(read, vec![content(1)]);
+        // A malformed answer is refused, not half-read.
+        assert!(parse_reads(b"{\"s\":\"ok\",\"n\":5}\nabc", &mut Vec::new()).is_none());
+    }
+}

@@ -1,0 +1,69 @@
+//! Which OCI runtime runs a sandbox container, and what skillbox's own helpers run with
+//! under each: the interpreter and the syscall numbers they call by number.
+
+use skillbox_env::BackendKind;
+
+/// Execute-only (0711, root) copies of the interpreters skillbox's own helpers run
+/// under runc: see [`Runtime::perl`]. The image build puts them there.
+pub(crate) const PRIVATE_PERL: &str = "/usr/lib/skillbox/perl";
+pub(crate) const PRIVATE_PYTHON: &str = "/usr/lib/skillbox/python3";
+
+/// prctl and seccomp, which the perl helpers call by number (`syscall`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const NR_PRCTL: u32 = 157;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const NR_SECCOMP: u32 = 317;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const NR_PRCTL: u32 = 167;
+#[cfg(target_arch = "aarch64")]
+pub(crate) const NR_SECCOMP: u32 = 277;
+
+/// Which OCI runtime runs the container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// Docker's default (`runc`): the host kernel behind namespaces, cgroups, seccomp.
+    Runc,
+    /// gVisor (`runsc`): a user-space kernel between the code and the host kernel.
+    Runsc,
+}
+
+impl Runtime {
+    /// The skillbox backend kind.
+    pub fn backend(self) -> BackendKind {
+        match self {
+            Runtime::Runc => BackendKind::Docker,
+            Runtime::Runsc => BackendKind::Gvisor,
+        }
+    }
+
+    /// The runtime name the daemon knows.
+    pub fn docker_name(self) -> &'static str {
+        match self {
+            Runtime::Runc => "runc",
+            Runtime::Runsc => "runsc",
+        }
+    }
+
+    /// The perl that runs skillbox's init, exec wrapper and killer.
+    ///
+    /// Under runc, the image's execute-only copy: the sandbox user cannot read it, so
+    /// the kernel makes every process started from it non-dumpable from its first
+    /// instruction. The sandbox's code (the same uid) never gets a moment in which it
+    /// could write a helper's memory through `/proc/<pid>/mem`, before the helper's
+    /// own `prctl` or its filter. gVisor cannot load a binary it cannot read: there,
+    /// the plain interpreter, which makes itself undumpable as its first act.
+    pub(crate) fn perl(self) -> &'static str {
+        match self {
+            Runtime::Runc => PRIVATE_PERL,
+            Runtime::Runsc => "/usr/bin/perl",
+        }
+    }
+
+    /// The python that runs skillbox's file helper, as [`Runtime::perl`].
+    pub(crate) fn python(self) -> &'static str {
+        match self {
+            Runtime::Runc => PRIVATE_PYTHON,
+            Runtime::Runsc => "/usr/bin/python3",
+        }
+    }
+}
