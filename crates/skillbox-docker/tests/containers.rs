@@ -710,3 +710,99 @@ fn shutdown_removes_pooled_containers_still_starting() {
         assert!(late.is_empty(), "appeared after shutdown: {late:?}");
     });
 }
+
+/// The sandbox points a workspace name at a setuid-root binary of the image; the file
+/// view then writes that name. The write replaces the symlink with a plain 0644 file:
+/// it neither follows the link nor copies the target's setuid bit, so no setuid file is
+/// left in the workspace, nor on the host through a `--workdir`.
+async fn check_write_never_copies_setuid(runtime: Runtime) {
+    use std::os::unix::fs::MetadataExt;
+    let test = "a_write_through_a_symlink_never_copies_setuid";
+    let Some(backend) = backend(runtime, test).await else {
+        return;
+    };
+    let host = tempfile::tempdir().unwrap();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        // A root-owned workdir is refused; the sandbox user owns this one.
+        std::os::unix::fs::chown(host.path(), Some(65532), Some(65532)).unwrap();
+    }
+    // A caller's directory cannot be disk-bounded: this one asks for no bound.
+    let on_host = SandboxSpec {
+        workspace: Some(host.path().to_path_buf()),
+        limits: skillbox_env::Limits {
+            disk_bytes: None,
+            disk_inodes: None,
+            ..limits()
+        },
+        ..SandboxSpec::default()
+    };
+    let never = CancellationToken::new();
+    for spec in [spec(), on_host] {
+        let on_host = spec.workspace.is_some();
+        let sandbox = backend.create(spec).await.unwrap();
+        let out = sandbox
+            .exec(
+                ExecRequest::shell(
+                    "ln -s /usr/bin/passwd tool && echo '#!/bin/sh' > kept && chmod 0750 kept && \
+                     python3 -c 'import os; print(oct(os.stat(\"tool\").st_mode & 0o7777))'",
+                ),
+                &never,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            out.stdout_text().trim(),
+            "0o4755",
+            "the image's passwd is not setuid: {out:?}"
+        );
+        let tool = std::path::Path::new("/workspace/tool");
+        sandbox
+            .write(tool, b"#!/bin/sh\nid\n", &never)
+            .await
+            .unwrap();
+        let info = sandbox.file_info(tool, &never).await.unwrap();
+        assert_eq!(info.kind, skillbox_env::FileKind::File, "{info:?}");
+        assert_eq!(info.mode, 0o644, "{test}: mode {:o}", info.mode);
+        // A regular file keeps its permission bits when replaced.
+        let kept = std::path::Path::new("/workspace/kept");
+        sandbox.write(kept, b"#!/bin/sh\n", &never).await.unwrap();
+        let info = sandbox.file_info(kept, &never).await.unwrap();
+        assert_eq!(info.mode, 0o750, "{test}: mode {:o}", info.mode);
+        // The link's target is untouched.
+        let out = sandbox
+            .exec(
+                ExecRequest::argv([
+                    "python3",
+                    "-c",
+                    "import os; p = '/usr/bin/passwd'; print(oct(os.stat(p).st_mode & 0o7777), \
+                     open(p, 'rb').read(4) == b'\\x7fELF')",
+                ]),
+                &never,
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.stdout_text(), "0o4755 True\n", "{out:?}");
+        if on_host {
+            let meta = std::fs::symlink_metadata(host.path().join("tool")).unwrap();
+            assert!(meta.is_file(), "{meta:?}");
+            assert_eq!(
+                meta.mode() & 0o7777,
+                0o644,
+                "on the host: {:o}",
+                meta.mode()
+            );
+        }
+        sandbox.cleanup().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_write_through_a_symlink_never_copies_setuid() {
+    check_write_never_copies_setuid(Runtime::Runc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gvisor_write_through_a_symlink_never_copies_setuid() {
+    check_write_never_copies_setuid(Runtime::Runsc).await;
+}

@@ -55,12 +55,16 @@ def write(path, data, append):
         finally:
             os.close(fd)
         return
+    # Replacing a regular file keeps its permission bits (an edited script stays
+    # executable), never setuid, setgid or sticky, as native does. A symlink there is
+    # replaced, not followed: its target's mode (a setuid binary's) is not copied.
     mode = 0o644
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, 'Is a directory')
-        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISREG(st.st_mode):
+            mode = stat.S_IMODE(st.st_mode) & 0o777
     except FileNotFoundError:
         pass
     parent = os.path.dirname(path) or '/'
