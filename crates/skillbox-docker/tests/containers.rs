@@ -806,3 +806,106 @@ async fn a_docker_write_through_a_symlink_never_copies_setuid() {
 async fn a_gvisor_write_through_a_symlink_never_copies_setuid() {
     check_write_never_copies_setuid(Runtime::Runsc).await;
 }
+
+/// The sandbox plants a FIFO (no writer: a plain open for reading would wait forever),
+/// a unix socket, and links to devices. Every read and append of the file view refuses
+/// each at once, saying what it is; a batch read lists them as not files. Each call is
+/// bounded here only so that a regression fails instead of hanging the suite.
+async fn check_special_files_refused(runtime: Runtime) {
+    let test = "special_files_are_refused_at_once";
+    let Some(backend) = backend(runtime, test).await else {
+        return;
+    };
+    let sandbox = backend.create(spec()).await.unwrap();
+    let never = CancellationToken::new();
+    let out = sandbox
+        .exec(
+            ExecRequest::shell(
+                "mkfifo pipe && ln -s /dev/zero zero && ln -s pipe pipelink && \
+                 python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"sock\")' && \
+                 echo PLANTED",
+            ),
+            &never,
+        )
+        .await
+        .unwrap();
+    assert!(out.stdout_text().contains("PLANTED"), "{out:?}");
+    let bound = Duration::from_secs(30);
+    let cases = [
+        ("pipe", "a FIFO"),
+        ("pipelink", "a FIFO"),
+        ("sock", "a socket"),
+        ("zero", "a character device"),
+        ("/dev/null", "a character device"),
+    ];
+    for (name, what) in cases {
+        let path = std::path::Path::new(name);
+        let results = [
+            (
+                "read_bytes",
+                tokio::time::timeout(bound, sandbox.read_bytes(path, &never))
+                    .await
+                    .map(|r| r.map(drop)),
+            ),
+            (
+                "read_text",
+                tokio::time::timeout(bound, sandbox.read_text(path, &never))
+                    .await
+                    .map(|r| r.map(drop)),
+            ),
+            (
+                "read_text_lines",
+                tokio::time::timeout(bound, sandbox.read_text_lines(path, 10, &never))
+                    .await
+                    .map(|r| r.map(drop)),
+            ),
+            (
+                "append",
+                tokio::time::timeout(bound, sandbox.append(path, b"x", &never)).await,
+            ),
+        ];
+        for (op, result) in results {
+            let result = result.unwrap_or_else(|_| panic!("{test}: {op} {name} blocked"));
+            let e = result.expect_err(&format!("{test}: {op} {name} succeeded"));
+            assert_eq!(e.code, ErrorCode::Invalid, "{op} {name}: {e}");
+            assert!(
+                e.message.contains(what) && e.message.contains("not a regular file"),
+                "{op} {name}: {e}"
+            );
+        }
+    }
+    let paths: Vec<std::path::PathBuf> = ["pipe", "sock", "zero"]
+        .iter()
+        .map(|p| std::path::PathBuf::from(format!("/workspace/{p}")))
+        .collect();
+    let read = tokio::time::timeout(bound, sandbox.read_files(&paths, 1024, &never))
+        .await
+        .expect("read_files blocked")
+        .unwrap();
+    assert_eq!(read, vec![skillbox_env::FileRead::NotFile; 3]);
+    // Nothing was replaced: the FIFO and the socket are still what was planted.
+    let out = sandbox
+        .exec(
+            ExecRequest::argv([
+                "python3",
+                "-c",
+                "import os, stat; print(stat.S_ISFIFO(os.lstat('pipe').st_mode), \
+                 stat.S_ISSOCK(os.lstat('sock').st_mode))",
+            ]),
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_text(), "True True\n", "{out:?}");
+    sandbox.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_special_files_are_refused_at_once() {
+    check_special_files_refused(Runtime::Runc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gvisor_special_files_are_refused_at_once() {
+    check_special_files_refused(Runtime::Runsc).await;
+}

@@ -22,6 +22,52 @@ def kind(mode):
     return 'other'
 
 
+def special(mode):
+    """What a file that is neither regular nor a directory is, for messages."""
+    if stat.S_ISFIFO(mode):
+        return 'a FIFO'
+    if stat.S_ISSOCK(mode):
+        return 'a socket'
+    if stat.S_ISCHR(mode):
+        return 'a character device'
+    if stat.S_ISBLK(mode):
+        return 'a block device'
+    return 'not a regular file'
+
+
+def refuse(mode):
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(21, 'Is a directory')
+    if not stat.S_ISREG(mode):
+        raise OSError(22, special(mode) + ', not a regular file (skillbox reads and appends '
+                      'only to regular files: opening anything else could block or act)')
+
+
+def open_regular(path, flags):
+    """An fd on the regular file at path, or an error that says what is there instead.
+    It never blocks and never opens a special file it has seen: it looks first, opens
+    non-blocking (a FIFO swapped in meanwhile cannot stall it, and a terminal cannot
+    become the helper's), and checks again what it opened."""
+    try:
+        refuse(os.stat(path).st_mode)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        # ENXIO: a FIFO without a reader or a socket, put there since the look.
+        if e.errno == errno.ENXIO:
+            refuse(os.stat(path).st_mode)
+        raise
+    try:
+        refuse(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_only(path, st):
     probe = os.path.dirname(path) if stat.S_ISLNK(st.st_mode) else path
     try:
@@ -42,13 +88,8 @@ def remove_tree(path):
 
 def write(path, data, append):
     if append:
-        # Non-blocking, and only a regular file: a FIFO planted by the sandbox cannot
-        # stall the helper.
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK,
-                     0o644)
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(22, 'not a regular file')
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
@@ -99,14 +140,8 @@ def main(op, args):
     if op not in ('canonical', 'mktemp'):
         args = [resolve(args[0])] + [resolve(a) if op == 'rename' else a for a in args[1:]]
     if op == 'read':
-        # Non-blocking open, so a FIFO planted by the sandbox cannot stall the helper.
-        fd = os.open(args[0], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(args[0], os.O_RDONLY)
         with os.fdopen(fd, 'rb') as f:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise IsADirectoryError(21, 'Is a directory')
-            if not stat.S_ISREG(st.st_mode):
-                raise OSError(22, 'not a regular file')
             while True:
                 chunk = f.read(1 << 20)
                 if not chunk:
@@ -163,12 +198,14 @@ def main(op, args):
             path = resolve(path)
             try:
                 # Non-blocking (a FIFO cannot stall it) and not through a final symlink.
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY |
+                             os.O_CLOEXEC)
             except (FileNotFoundError, NotADirectoryError):
                 out.write(b'{"s":"missing"}\n')
                 continue
             except OSError as e:
-                if e.errno == errno.ELOOP:
+                # ELOOP: a symlink. ENXIO: a socket, or a FIFO without a writer.
+                if e.errno in (errno.ELOOP, errno.ENXIO):
                     out.write(b'{"s":"notfile"}\n')
                 else:
                     # This file's error, named by the caller; the rest is not read.
