@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 
 use crate::container::Container;
 use crate::daemon::op_error;
-use crate::outcome::{ExecEnd, Kill, Measured, Seen, outcome, split_status};
+use crate::outcome::{ExecEnd, Kill, Measured, Seen, StatusKey, outcome, split_status};
 use crate::reset::{kill_all, settle};
 use crate::runtime::{NR_PRCTL, NR_SECCOMP};
 use crate::sandbox::DockerSandbox;
@@ -42,12 +42,6 @@ fn filter_hex() -> &'static str {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn nonce() -> String {
-    let mut bytes = [0u8; 16];
-    skillbox_env::path::fill_random(&mut bytes);
-    hex(&bytes)
 }
 
 /// One output stream, cut at the cap (the rest is drained and dropped).
@@ -128,11 +122,12 @@ fn start_reset(container: &Arc<Container>, kill: bool) -> Reset {
     })
 }
 
-/// The wrapper's command line: the filter, the nonce, the working directory, the
-/// caller's variables (which reach only the command, never the wrapper), the command.
+/// The wrapper's command line: the filter, the working directory, the caller's
+/// variables (which reach only the command, never the wrapper), the command. Never the
+/// status key: whatever the command starts can read every command line in the
+/// container.
 fn wrapper_argv(
     container: &Container,
-    nonce: &str,
     cwd: &str,
     env: &std::collections::BTreeMap<String, String>,
     command: Vec<String>,
@@ -144,7 +139,6 @@ fn wrapper_argv(
         NR_PRCTL.to_string(),
         NR_SECCOMP.to_string(),
         filter_hex().to_string(),
-        nonce.to_string(),
         cwd.to_string(),
         // See helpers/exec.pl.
         env.len().to_string(),
@@ -156,12 +150,15 @@ fn wrapper_argv(
 
 type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
-/// Creates and starts the exec, attached; feeds it `stdin` in a task of its own.
+/// Creates and starts the exec, attached; feeds it the status `key` (the first line of
+/// its stdin, which the wrapper takes) and then the command's `stdin`, in a task of its
+/// own.
 async fn start(
     container: &Container,
     argv: Vec<String>,
+    key: &StatusKey,
     stdin: Option<Vec<u8>>,
-) -> EnvResult<(Output, Option<tokio::task::JoinHandle<()>>)> {
+) -> EnvResult<(Output, tokio::task::JoinHandle<()>)> {
     let backend = container.runtime.backend();
     let exec = container
         .docker
@@ -169,7 +166,7 @@ async fn start(
             &container.id,
             ExecConfig {
                 cmd: Some(argv),
-                attach_stdin: Some(stdin.is_some()),
+                attach_stdin: Some(true),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
                 working_dir: Some("/".into()),
@@ -193,11 +190,14 @@ async fn start(
     let StartExecResults::Attached { output, mut input } = started else {
         return Err(EnvError::new(ErrorCode::Unknown, "exec did not attach"));
     };
-    let writer = stdin.map(|data| {
-        tokio::spawn(async move {
+    let key = key.line();
+    let writer = tokio::spawn(async move {
+        if input.write_all(key.as_bytes()).await.is_ok()
+            && let Some(data) = stdin
+        {
             let _ = input.write_all(&data).await;
-            let _ = input.shutdown().await;
-        })
+        }
+        let _ = input.shutdown().await;
     });
     Ok((output, writer))
 }
@@ -210,8 +210,8 @@ struct Reading {
     stderr: Capped,
     /// The end of stderr, held back: the wrapper's status line is its last line.
     tail: Vec<u8>,
-    nonce: String,
-    /// Feeds the command's stdin, if it has one.
+    key: StatusKey,
+    /// Feeds the key and the command's stdin.
     writer: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -236,7 +236,7 @@ impl Reading {
                     Some(Ok(LogOutput::StdOut { message })) => self.stdout.feed(&message, &self.tx).await,
                     Some(Ok(LogOutput::StdErr { message })) => {
                         self.tail.extend_from_slice(&message);
-                        if phase == Phase::Running && split_status(&self.tail, &self.nonce).1.is_some() {
+                        if phase == Phase::Running && split_status(&self.tail, &self.key).1.is_some() {
                             phase = Phase::Settling;
                             reset = Some(start_reset(&container, false));
                         }
@@ -288,7 +288,7 @@ impl Reading {
         if let Some(writer) = self.writer.take() {
             writer.abort();
         }
-        let (end, status) = split_status(&self.tail, &self.nonce);
+        let (end, status) = split_status(&self.tail, &self.key);
         let tail = std::mem::take(&mut self.tail);
         self.stderr.feed(&tail[..end], &self.tx).await;
         // The output ended without the status line starting a reset (the command and
@@ -355,12 +355,12 @@ impl Shell for DockerSandbox {
             .timeout
             .unwrap_or_else(|| container.limits.timeout());
         let deadline = tokio::time::Instant::now() + timeout;
-        let nonce = nonce();
+        let key = StatusKey::random();
         let cwd = self.arg(request.cwd.as_deref().unwrap_or(self.default_cwd()));
         let command = request.command.to_argv();
         let program = command.first().cloned().unwrap_or_default();
-        let argv = wrapper_argv(&container, &nonce, &cwd, &request.env, command);
-        let (output, writer) = start(&container, argv, request.stdin).await?;
+        let argv = wrapper_argv(&container, &cwd, &request.env, command);
+        let (output, writer) = start(&container, argv, &key, request.stdin).await?;
         let started_at = Instant::now();
         let ooms_before = container.ooms.load(Ordering::SeqCst);
         let (tx, stream) = ExecStream::channel();
@@ -374,8 +374,8 @@ impl Shell for DockerSandbox {
                 stdout: Capped::new(cap, false),
                 stderr: Capped::new(cap, true),
                 tail: Vec::new(),
-                nonce,
-                writer,
+                key,
+                writer: Some(writer),
             };
             let seen = reading.read(output, deadline, &cancel).await;
             let end = ExecEnd::from(seen);
@@ -403,5 +403,69 @@ impl Shell for DockerSandbox {
             let _ = tx.send(result.map(ExecEvent::Exit)).await;
         });
         Ok(stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outcome::Status;
+
+    /// Runs the exec wrapper here, on the host (under its own seccomp filter), with
+    /// `key` on stdin, and splits its status off stderr.
+    fn wrapper(
+        key: &str,
+        command: &[&str],
+        stdin: &[u8],
+        status_key: &StatusKey,
+    ) -> (Vec<u8>, Vec<u8>, Option<Status>) {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("perl")
+            .args(["-e", EXEC_PL])
+            .args([NR_PRCTL.to_string(), NR_SECCOMP.to_string()])
+            .args([filter_hex(), "/", "0"])
+            .args(command)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(key.as_bytes()).unwrap();
+        input.write_all(stdin).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        let (end, status) = split_status(&out.stderr, status_key);
+        (out.stdout, out.stderr[..end].to_vec(), status)
+    }
+
+    /// The wrapper's tags are the ones skillbox checks, for every kind of ending, and
+    /// the command gets its stdin without the key line.
+    #[test]
+    fn the_wrapper_tags_its_status_under_the_key_it_was_given() {
+        let key = StatusKey::random();
+        let line = key.line();
+        let (stdout, stderr, status) = wrapper(
+            &line,
+            &["sh", "-c", "cat; echo oops >&2; exit 3"],
+            b"input",
+            &key,
+        );
+        assert_eq!(
+            (stdout.as_slice(), stderr.as_slice()),
+            (&b"input"[..], &b"oops\n"[..])
+        );
+        assert_eq!(status, Some(Status::Exit(3)));
+        let (_, _, status) = wrapper(&line, &["sh", "-c", "kill -TERM $$"], b"", &key);
+        assert_eq!(status, Some(Status::Signal(libc::SIGTERM)));
+        let (_, _, status) = wrapper(&line, &["/no/such/program"], b"", &key);
+        assert_eq!(status, Some(Status::ExecFailed(libc::ENOENT)));
+        // Under another key the same line is not believed.
+        let (_, stderr, status) = wrapper(&line, &["true"], b"", &StatusKey::random());
+        assert_eq!(status, None);
+        assert!(stderr.starts_with(b"\0skillbox-status:"), "{stderr:?}");
+        // Without a key the wrapper runs nothing and says nothing.
+        let (stdout, stderr, status) = wrapper("\n", &["echo", "ran"], b"", &key);
+        assert_eq!((stdout.len(), stderr.len(), status), (0, 0, None));
     }
 }

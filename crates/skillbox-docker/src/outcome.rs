@@ -21,6 +21,96 @@ pub(crate) enum Status {
     SetupFailed(i32),
 }
 
+impl Status {
+    /// The number a status's tag covers: its kind times 2^20, plus its number.
+    fn message(self) -> Option<u64> {
+        let (kind, n) = match self {
+            Status::Exit(n) => (1, n),
+            Status::Signal(n) => (2, n),
+            Status::ExecFailed(n) => (3, n),
+            Status::CwdFailed(n) => (4, n),
+            Status::SetupFailed(n) => (5, n),
+        };
+        let n = u64::try_from(n).ok().filter(|n| *n < 1 << 20)?;
+        Some(kind * (1 << 20) + n)
+    }
+}
+
+/// The prime the status tags are computed modulo (2^31 - 1): small enough that the
+/// wrapper's perl multiplies exactly in 64-bit integers.
+const TAG_PRIME: u64 = 2_147_483_647;
+
+/// The key that makes one exec's status line believable.
+///
+/// The command shares stdin, stdout and stderr with the wrapper (a docker exec has
+/// nothing else), so whatever the command starts can write a status line of its own,
+/// and read the wrapper's. Putting a nonce in the wrapper's argv, as before, gave it
+/// away: every process in the container can read every `/proc/<pid>/cmdline`. The
+/// other places a wrapper could keep a secret are no better. Its environment:
+/// gVisor (this release) lets a process read `/proc/<pid>/environ` of a non-dumpable
+/// process of its uid. A pipe or another fd: gVisor also lets it open
+/// `/proc/<pid>/fd/N` of such a process, and under runc it can still read the
+/// wrapper's line off the stderr they share. A file only root could write: the
+/// container has no other uid for the wrapper to be (every capability is dropped,
+/// so it could not switch to the sandbox user). What neither runtime gives away is
+/// the wrapper's memory (`/proc/<pid>/mem` and ptrace are refused) and its own exit.
+///
+/// So the key lives only in the wrapper's memory: skillbox sends it as the first line
+/// of stdin, which the wrapper reads before anything of the sandbox can run (execs
+/// take turns, and what one left is killed before the next). And the line carries no
+/// key, only a tag of the status under it: four one-time MACs `a·m + b mod p`. A
+/// process that reads the real line learns the tag of that one status, which tells it
+/// nothing about the tag of another (each guess is right with probability about
+/// 2^-124). The most it can do is take the line away, which makes the exec read as
+/// killed: what killing the command would have done too.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StatusKey {
+    pairs: [(u64, u64); 4],
+}
+
+impl std::fmt::Debug for StatusKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatusKey(..)")
+    }
+}
+
+impl StatusKey {
+    /// A fresh key, for one exec.
+    pub(crate) fn random() -> StatusKey {
+        let mut bytes = [0u8; 32];
+        skillbox_env::path::fill_random(&mut bytes);
+        let word = |i: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&bytes[4 * i..4 * i + 4]);
+            u64::from(u32::from_le_bytes(w)) % TAG_PRIME
+        };
+        StatusKey {
+            pairs: [0, 1, 2, 3].map(|i| (word(2 * i), word(2 * i + 1))),
+        }
+    }
+
+    /// The first line of the wrapper's stdin: the eight numbers, in decimal.
+    pub(crate) fn line(&self) -> String {
+        let numbers: Vec<String> = self
+            .pairs
+            .iter()
+            .flat_map(|(a, b)| [a.to_string(), b.to_string()])
+            .collect();
+        format!("{}\n", numbers.join(" "))
+    }
+
+    /// The tag of `status` under this key, as the wrapper writes it (32 hex digits).
+    fn tag(&self, status: Status) -> Option<String> {
+        let m = status.message()?;
+        Some(
+            self.pairs
+                .iter()
+                .map(|(a, b)| format!("{:08x}", (a * m + b) % TAG_PRIME))
+                .collect(),
+        )
+    }
+}
+
 fn parse_status(text: &str) -> Option<Status> {
     let (kind, number) = text.split_once(' ')?;
     let number: i32 = number.trim().parse().ok()?;
@@ -35,18 +125,25 @@ fn parse_status(text: &str) -> Option<Status> {
 }
 
 /// Splits the wrapper's status line off the end of stderr: where the command's own
-/// stderr ends, and the status if the last line is one with this exec's nonce.
-pub(crate) fn split_status(tail: &[u8], nonce: &str) -> (usize, Option<Status>) {
-    let marker = format!("\0skillbox-status:{nonce}:");
-    let Some(at) = find_last(tail, marker.as_bytes()) else {
+/// stderr ends, and the status if the last line is a status whose tag is right under
+/// this exec's key. Anything else (a line the command wrote) is left in stderr.
+pub(crate) fn split_status(tail: &[u8], key: &StatusKey) -> (usize, Option<Status>) {
+    const MARKER: &[u8] = b"\0skillbox-status:";
+    let Some(at) = find_last(tail, MARKER) else {
         return (tail.len(), None);
     };
-    let rest = &tail[at + marker.len()..];
-    match rest.strip_suffix(b"\n") {
-        Some(line) if !line.contains(&b'\n') => {
-            (at, std::str::from_utf8(line).ok().and_then(parse_status))
-        }
-        _ => (tail.len(), None),
+    let verified = tail[at + MARKER.len()..]
+        .strip_suffix(b"\n")
+        .filter(|line| !line.contains(&b'\n'))
+        .and_then(|line| std::str::from_utf8(line).ok())
+        .and_then(|line| line.split_once(':'))
+        .and_then(|(tag, text)| {
+            let status = parse_status(text)?;
+            (key.tag(status)? == tag).then_some(status)
+        });
+    match verified {
+        Some(status) => (at, Some(status)),
+        None => (tail.len(), None),
     }
 }
 
@@ -243,17 +340,66 @@ mod tests {
 
     use super::*;
 
+    fn line(key: &StatusKey, status: Status, text: &str) -> Vec<u8> {
+        format!("\0skillbox-status:{}:{text}\n", key.tag(status).unwrap()).into_bytes()
+    }
+
     #[test]
     fn the_status_line_is_split_off_stderr() {
-        let tail = b"some error\n\0skillbox-status:abc:signal 9\n";
-        let (end, status) = split_status(tail, "abc");
+        let key = StatusKey::random();
+        let mut tail = b"some error\n".to_vec();
+        tail.extend(line(&key, Status::Signal(9), "signal 9"));
+        let (end, status) = split_status(&tail, &key);
         assert_eq!(&tail[..end], b"some error\n");
         assert_eq!(status, Some(Status::Signal(9)));
-        // Another nonce, or a line that is not last, is left alone.
-        let (end, status) = split_status(tail, "xyz");
-        assert_eq!((end, status), (tail.len(), None));
-        let forged = b"\0skillbox-status:abc:exit 0\nmore\n";
-        assert_eq!(split_status(forged, "abc"), (forged.len(), None));
+        // Under another key, or not the last line, it is the command's own output.
+        let other = StatusKey::random();
+        assert_eq!(split_status(&tail, &other), (tail.len(), None));
+        let mut more = line(&key, Status::Exit(0), "exit 0");
+        more.extend(b"more\n");
+        assert_eq!(split_status(&more, &key), (more.len(), None));
+    }
+
+    #[test]
+    fn a_tag_covers_only_its_own_status() {
+        let key = StatusKey::random();
+        let statuses = [
+            Status::Exit(0),
+            Status::Exit(3),
+            Status::Exit(255),
+            Status::Signal(9),
+            Status::ExecFailed(2),
+            Status::CwdFailed(2),
+            Status::SetupFailed(1),
+        ];
+        let texts = [
+            "exit 0", "exit 3", "exit 255", "signal 9", "exec 2", "cwd 2", "setup 1",
+        ];
+        for (status, text) in statuses.iter().zip(texts) {
+            assert_eq!(parse_status(text), Some(*status));
+            let real = line(&key, *status, text);
+            assert_eq!(split_status(&real, &key).1, Some(*status), "{text}");
+            // The tag of this status, on any other status: refused.
+            let tag = key.tag(*status).unwrap();
+            for other in texts.iter().filter(|t| **t != text) {
+                let forged = format!("\0skillbox-status:{tag}:{other}\n");
+                assert_eq!(split_status(forged.as_bytes(), &key).1, None, "{other}");
+            }
+        }
+        // No tag at all, or a number out of the tagged range.
+        assert_eq!(split_status(b"\0skillbox-status:exit 0\n", &key).1, None);
+        assert_eq!(Status::Exit(-1).message(), None);
+        assert_eq!(Status::Exit(1 << 20).message(), None);
+        // The key's line is what the wrapper parses: eight numbers under the prime.
+        let text = key.line();
+        let numbers: Vec<u64> = text
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(numbers.len(), 8);
+        assert!(numbers.iter().all(|n| *n < TAG_PRIME));
+        assert!(text.ends_with('\n') && !text[..text.len() - 1].contains('\n'));
+        assert_eq!(format!("{key:?}"), "StatusKey(..)");
     }
 
     #[test]

@@ -711,6 +711,109 @@ fn shutdown_removes_pooled_containers_still_starting() {
     });
 }
 
+/// The command tries to forge the exec wrapper's status line. It looks for the secret
+/// in every process's command line and environment (where the nonce used to be) and
+/// writes a status line with each candidate, claiming `exit 0`, while it keeps running.
+/// It leaves processes behind that read every stderr they can open (their own, and
+/// under gVisor the wrapper's through `/proc/<pid>/fd/2`) for the wrapper's real line,
+/// to write a forged one with its tag after it. Then it exits 3. No forged status may
+/// be taken: the exec reports 3, or, when a thief took the real line away, that the
+/// command was killed (what killing it would have done too), never `exit 0`.
+async fn check_status_line_cannot_be_forged(runtime: Runtime) {
+    let test = "the_status_line_cannot_be_forged";
+    let Some(backend) = backend(runtime, test).await else {
+        return;
+    };
+    let sandbox = backend.create(spec()).await.unwrap();
+    let script = r#"
+import glob, os, re, sys, time
+hexword = re.compile(rb'(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])')
+found = set()
+for d in glob.glob('/proc/[0-9]*'):
+    for f in ('cmdline', 'environ'):
+        try:
+            found.update(hexword.findall(open(d + '/' + f, 'rb').read()))
+        except OSError:
+            pass
+print('CANDIDATES', len(found), flush=True)
+for secret in found:
+    os.write(2, b'\0skillbox-status:' + secret + b':exit 0\n')
+def ancestors():
+    pid = os.getppid()
+    while pid > 1:
+        yield pid
+        try:
+            stat = open('/proc/%d/stat' % pid).read()
+        except OSError:
+            return
+        pid = int(stat[stat.rindex(')') + 2:].split()[1])
+def thief(path):
+    if os.fork() != 0:
+        return
+    os.setsid()
+    try:
+        src = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        dst = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        os._exit(0)
+    stolen, end = b'', time.time() + 10
+    while time.time() < end:
+        try:
+            stolen += os.read(src, 65536)
+        except BlockingIOError:
+            time.sleep(0.002)
+            continue
+        m = re.search(rb'\0skillbox-status:([0-9a-f]{32}):', stolen)
+        if m:
+            os.write(dst, b'\0skillbox-status:' + m.group(1) + b':exit 0\n')
+            os._exit(0)
+    os._exit(0)
+for pid in ['self'] + list(ancestors()):
+    thief('/proc/%s/fd/2' % pid)
+print('THIEVES', flush=True)
+time.sleep(1)
+sys.exit(3)
+"#;
+    let out = sandbox
+        .exec(
+            ExecRequest::argv(["python3", "-c", script]),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let stdout = out.stdout_text();
+    assert!(
+        stdout.contains("CANDIDATES") && stdout.contains("THIEVES"),
+        "the attack did not run: {out:?}"
+    );
+    let honest = (out.exit_code, out.signal) == (Some(3), None);
+    let taken_away = (out.exit_code, out.signal) == (None, Some(libc::SIGKILL));
+    if taken_away {
+        eprintln!("{test}: a thief took the real status line away: reported as killed");
+    }
+    assert!(
+        (honest || taken_away) && !out.timed_out,
+        "a forged status line was taken: {out:?}"
+    );
+    // The sandbox still reports honestly afterwards.
+    let next = sandbox
+        .exec(ExecRequest::shell("exit 5"), &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(next.exit_code, Some(5), "{next:?}");
+    sandbox.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docker_status_line_cannot_be_forged() {
+    check_status_line_cannot_be_forged(Runtime::Runc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gvisor_status_line_cannot_be_forged() {
+    check_status_line_cannot_be_forged(Runtime::Runsc).await;
+}
+
 /// The sandbox points a workspace name at a setuid-root binary of the image; the file
 /// view then writes that name. The write replaces the symlink with a plain 0644 file:
 /// it neither follows the link nor copies the target's setuid bit, so no setuid file is

@@ -1,16 +1,42 @@
-# skillbox's exec wrapper in a docker sandbox: makes itself undumpable, sets
-# no_new_privs, installs skillbox's seccomp filter on top of Docker's (inherited by
-# everything it starts), changes to the working directory, runs the command and reports
-# how it ended as the last line of stderr:  NUL "skillbox-status:<nonce>:<kind> <n>" LF
-# where kind is exit, signal, exec (errno of execve), cwd (errno of chdir) or setup.
+# skillbox's exec wrapper in a docker sandbox: reads its status key, makes itself
+# undumpable, sets no_new_privs, installs skillbox's seccomp filter on top of Docker's
+# (inherited by everything it starts), changes to the working directory, runs the
+# command and reports how it ended as the last line of stderr:
+#   NUL "skillbox-status:<tag>:<kind> <n>" LF
+# where kind is exit, signal, exec (errno of execve), cwd (errno of chdir) or setup,
+# and tag is a one-time MAC of the status under the key (see outcome.rs for why).
+# The key is the first line of stdin, read byte by byte before anything else (so the
+# command's own stdin is left as it was sent), and kept only in this process's memory:
+# never in a command line, the environment or a file. Nothing of the sandbox runs
+# while it is read (execs take turns, and what one leaves is killed before the next).
 # The caller's environment variables come as arguments (a count, then KEY=VALUE each)
 # and are set only in the child, after the filter: none of them can reach perl itself
 # (PERL5OPT, PERL5LIB, LD_PRELOAD would run code before the filter is in place).
 use POSIX ();
-my ($prctl, $seccomp, $filter_hex, $nonce, $cwd, $nenv, @rest) = @ARGV;
+my ($prctl, $seccomp, $filter_hex, $cwd, $nenv, @rest) = @ARGV;
 my @env = splice(@rest, 0, $nenv);
 my @cmd = @rest;
-sub status { syswrite(STDERR, "\0skillbox-status:$nonce:$_[0]\n"); POSIX::_exit(0); }
+my $line = '';
+while (length($line) < 256) {
+    sysread(STDIN, my $c, 1) or last;
+    last if $c eq "\n";
+    $line .= $c;
+}
+my @key = split(' ', $line);
+# Without its key the wrapper cannot say anything skillbox would believe: it says
+# nothing, and the exec reads as killed.
+@key == 8 or POSIX::_exit(1);
+my %kinds = (exit => 1, signal => 2, exec => 3, cwd => 4, setup => 5);
+sub status {
+    my ($kind, $n) = split(/ /, $_[0], 2);
+    $n = 0 + $n;
+    my $m = $kinds{$kind} * 1048576 + $n;
+    my $tag = join('', map {
+        sprintf('%08x', ($key[2 * $_] * $m + $key[2 * $_ + 1]) % 2147483647)
+    } 0 .. 3);
+    syswrite(STDERR, "\0skillbox-status:$tag:$kind $n\n");
+    POSIX::_exit(0);
+}
 syscall($prctl, 4, 0, 0, 0, 0) == 0 or status("setup " . ($! + 0));
 syscall($prctl, 38, 1, 0, 0, 0) == 0 or status("setup " . ($! + 0));
 my $filter = pack('H*', $filter_hex);
