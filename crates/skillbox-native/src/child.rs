@@ -109,6 +109,9 @@ pub struct ChildPlan {
     /// The sandbox's own tmpfs (a detached mount the sandbox holds), or -1. When set,
     /// the child clones it as the workspace; the bind's path is never looked up.
     pub workspace_source: i32,
+    /// Per bind, in order: a detached clone, made for this exec by the parent from the
+    /// source captured at create, to attach as it is (-1: look the path up).
+    pub bind_trees: Vec<i32>,
 }
 
 /// The part of a plan that is the same for every exec of one sandbox.
@@ -381,6 +384,14 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
                 if i == plan.layout.workspace_op && plan.workspace_tree >= 0 {
                     if slot < MAX_BINDS {
                         trees[slot] = plan.workspace_tree;
+                    }
+                    slot += 1;
+                    continue;
+                }
+                let captured = plan.bind_trees.get(slot).copied().unwrap_or(-1);
+                if captured >= 0 {
+                    if slot < MAX_BINDS {
+                        trees[slot] = captured;
                     }
                     slot += 1;
                     continue;

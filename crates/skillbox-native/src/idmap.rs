@@ -91,7 +91,6 @@ pub fn check(workspace: &Path) -> Result<(), String> {
 
 /// A detached, recursive, idmapped clone of `workspace`, ready for `move_mount`.
 pub fn idmapped_tree(workspace: &Path) -> Result<OwnedFd, String> {
-    let userns = userns()?;
     let path = CString::new(workspace.as_os_str().as_bytes())
         .map_err(|_| "the workspace path has a NUL byte".to_string())?;
     // SAFETY: open_tree on a NUL-terminated path; returns a new fd or -1.
@@ -112,6 +111,12 @@ pub fn idmapped_tree(workspace: &Path) -> Result<OwnedFd, String> {
     }
     // SAFETY: the fd open_tree returned.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    idmapped(tree, workspace)
+}
+
+/// Makes the detached `tree` (a clone of `workspace`) idmapped.
+pub fn idmapped(tree: OwnedFd, workspace: &Path) -> Result<OwnedFd, String> {
+    let userns = userns()?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_IDMAP,
         attr_clr: 0,

@@ -15,6 +15,7 @@ mod probe;
 mod sandbox;
 mod scratch;
 mod spawn;
+mod trees;
 
 pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};

@@ -118,6 +118,26 @@ pub fn probe() -> BackendReport {
         },
     );
     layers.insert("rlimits", layer(true, "NOFILE, FSIZE, CPU, CORE=0"));
+    layers.insert(
+        "bind_sources",
+        if crate::trees::captured_here() {
+            layer(
+                true,
+                "captured once at create (detached mounts): an exec never looks a bind's path up again",
+            )
+        // SAFETY: geteuid has no preconditions.
+        } else if unsafe { libc::geteuid() } == 0 {
+            layer(
+                false,
+                "looked up by path at each exec: this kernel cannot clone a detached mount",
+            )
+        } else {
+            layer(
+                false,
+                "looked up by path at each exec (unprivileged: no detached mounts in the host's namespace)",
+            )
+        },
+    );
     // The same tmpfs a sandbox makes, made and dropped: proves the bound can be given.
     // SAFETY: geteuid/getegid have no preconditions.
     let owner = unsafe {

@@ -75,6 +75,9 @@ impl NativeBackend {
 #[derive(Debug)]
 pub struct NativeSandbox {
     pub(crate) root: Root,
+    /// Per bind: the source captured at create (root, on a kernel that clones detached
+    /// mounts); empty where binds are looked up by path at each exec.
+    pub(crate) bind_trees: Vec<Option<OwnedFd>>,
     /// The tmpfs shown as `/workspace` when the sandbox owns its workspace and has a
     /// disk bound; dropping it frees everything the sandbox wrote there.
     pub(crate) scratch: Option<Arc<crate::scratch::Scratch>>,
@@ -316,8 +319,28 @@ impl NativeSandbox {
             rlimits,
             seccomp_filter(),
         )?;
+        // Each bind source once, now: an exec clones these, never the paths again.
+        let mut bind_trees = Vec::new();
+        if crate::trees::captured_here() {
+            for op in &root.layout.mounts {
+                if let crate::child::MountOp::Bind { source, .. } = op {
+                    if source.is_empty() {
+                        bind_trees.push(None);
+                        continue;
+                    }
+                    let tree = crate::trees::capture(source).map_err(|e| {
+                        unavailable(
+                            "mount_ns",
+                            format!("open_tree {}: {e}", source.to_string_lossy()),
+                        )
+                    })?;
+                    bind_trees.push(Some(tree));
+                }
+            }
+        }
         Ok(NativeSandbox {
             root,
+            bind_trees,
             scratch,
             dir: dir.to_path_buf(),
             workspace,
@@ -406,6 +429,7 @@ impl NativeSandbox {
                 .collect::<EnvResult<_>>()?,
             payload_stack: vec![0; PAYLOAD_STACK],
             workspace_tree: -1,
+            bind_trees: Vec::new(),
             workspace_source: match &self.scratch {
                 Some(s) if s.attached_at().is_none() => std::os::fd::AsRawFd::as_raw_fd(&s.fd()),
                 _ => -1,
@@ -419,6 +443,21 @@ impl NativeSandbox {
                 stderr: -1,
             },
         })
+    }
+
+    /// The workspace's bind source as captured at create, if it was.
+    fn workspace_bind_tree(&self) -> Option<&OwnedFd> {
+        self.bind_trees
+            .get(self.workspace_bind_slot())
+            .and_then(Option::as_ref)
+    }
+
+    /// The workspace's place among the binds.
+    fn workspace_bind_slot(&self) -> usize {
+        self.root.layout.mounts[..self.root.layout.workspace_op]
+            .iter()
+            .filter(|op| matches!(op, crate::child::MountOp::Bind { .. }))
+            .count()
     }
 
     pub(crate) fn absolute_path(&self, path: &Path) -> PathBuf {
@@ -487,13 +526,37 @@ impl Shell for NativeSandbox {
         let mut plan = self.child_plan(&request)?;
         // A detached mount attaches once: an idmapped workspace is cloned per exec.
         let workspace_tree = if self.idmapped {
-            let tree = crate::idmap::idmapped_tree(&self.workspace)
-                .map_err(|e| unavailable("idmapped workspace", e))?;
+            let captured = self.workspace_bind_tree();
+            let tree = match captured {
+                Some(tree) => crate::trees::reclone(tree)
+                    .map_err(|e| format!("open_tree of the captured workspace: {e}"))
+                    .and_then(|clone| crate::idmap::idmapped(clone, &self.workspace)),
+                None => crate::idmap::idmapped_tree(&self.workspace),
+            }
+            .map_err(|e| unavailable("idmapped workspace", e))?;
             plan.workspace_tree = std::os::fd::AsRawFd::as_raw_fd(&tree);
             Some(tree)
         } else {
             None
         };
+        // The binds captured at create, cloned for this exec (a detached mount attaches
+        // once); the idmapped workspace has its own clone above.
+        let bind_clones = self
+            .bind_trees
+            .iter()
+            .enumerate()
+            .map(|(slot, tree)| match tree {
+                Some(tree) if !(self.idmapped && slot == self.workspace_bind_slot()) => {
+                    crate::trees::reclone(tree).map(Some)
+                }
+                _ => Ok(None),
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| unavailable("mount_ns", format!("cloning a captured bind: {e}")))?;
+        plan.bind_trees = bind_clones
+            .iter()
+            .map(|t| t.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd))
+            .collect();
         let timeout = request.timeout.unwrap_or(self.limits.timeout());
         let started_at = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -526,8 +589,9 @@ impl Shell for NativeSandbox {
             spawn::start(plan, self.ids, cgroup.clone()).await
         }
         .map_err(|e| unavailable("setup", e))?;
-        // The child has its copy (and moved it into place): ours can go.
+        // The child has its copies (and moved them into place): ours can go.
         drop(workspace_tree);
+        drop(bind_clones);
         let spawned_at = Instant::now();
         let spawn_ms = started_at.elapsed().as_millis();
         tracing::debug!(spawn_ms, "native: sandbox cloned");

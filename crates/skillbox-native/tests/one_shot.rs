@@ -121,3 +121,62 @@ async fn a_sandbox_leaves_no_directory_behind() {
         "there\n"
     );
 }
+
+/// A workdir swapped on the host between create and exec (its name now a symlink to
+/// `/etc`, the real directory moved away): the exec still sees the directory the
+/// sandbox was made with, never what the path names now.
+#[tokio::test]
+async fn a_workdir_swapped_after_create_is_not_what_the_exec_sees() {
+    use skillbox_env::{CancellationToken, ExecRequest, Shell};
+    let report = skillbox_native::probe();
+    if !report.available {
+        return skillbox_env::testkit::skip("a_workdir_swapped_after_create", "no native sandbox");
+    }
+    if !report
+        .layers
+        .get("bind_sources")
+        .is_some_and(|l| l.available)
+    {
+        let why = report
+            .layers
+            .get("bind_sources")
+            .map(|l| l.detail.clone())
+            .unwrap_or_default();
+        return skillbox_env::testkit::skip("a_workdir_swapped_after_create", &why);
+    }
+    let data = tempfile::tempdir().unwrap();
+    let parent = tempfile::tempdir().unwrap();
+    let work = parent.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    std::fs::write(work.join("mine.txt"), "the real workdir\n").unwrap();
+    std::os::unix::fs::chown(&work, Some(65534), Some(65534)).unwrap();
+    let spec = SandboxSpec {
+        workspace: Some(work.clone()),
+        limits: skillbox_env::Limits {
+            disk_bytes: None,
+            ..skillbox_env::testkit::limits()
+        },
+        ..skillbox_env::testkit::spec()
+    };
+    let sandbox = NativeBackend::new(data.path())
+        .create_blocking(spec)
+        .unwrap();
+    // Whoever controls the parent directory swaps the workdir for a link to /etc.
+    std::fs::rename(&work, parent.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink("/etc", &work).unwrap();
+    let never = CancellationToken::new();
+    let out = sandbox
+        .exec(
+            ExecRequest::shell("cat /workspace/mine.txt; ls /workspace | head -5; test -e /workspace/passwd && echo HOST-ETC"),
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out.stdout_text(),
+        "the real workdir\nmine.txt\n",
+        "{}",
+        out.stderr_text()
+    );
+    skillbox_env::FileSystem::cleanup(&sandbox).await.unwrap();
+}
