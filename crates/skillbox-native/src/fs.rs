@@ -61,6 +61,17 @@ impl Located {
         .map_err(|e| self.err(e, op))
     }
 
+    /// The file to read, opened without waiting on a FIFO: regular files only.
+    fn open_to_read(&self) -> EnvResult<std::fs::File> {
+        let fd = self.open(
+            &self.relative,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+            Mode::empty(),
+            "read",
+        )?;
+        skillbox_env::regular_file(fd, "read", &self.shown)
+    }
+
     /// The parent directory (opened beneath the mount) and the last component.
     fn parent(&self, op: &str) -> EnvResult<(OwnedFd, PathBuf)> {
         let name = match self.relative.components().next_back() {
@@ -353,14 +364,7 @@ impl FileSystem for NativeSandbox {
     ) -> EnvResult<TextLines> {
         let loc = self.locate(path)?;
         blocking(cancel, "read", move || {
-            let fd = loc.open(
-                &loc.relative,
-                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
-                Mode::empty(),
-                "read",
-            )?;
-            let reader =
-                std::io::BufReader::new(skillbox_env::regular_file(fd, "read", &loc.shown)?);
+            let reader = std::io::BufReader::new(loc.open_to_read()?);
             skillbox_env::first_lines(reader, max, &loc.shown)
         })
         .await
@@ -369,13 +373,7 @@ impl FileSystem for NativeSandbox {
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
         let loc = self.locate(path)?;
         blocking(cancel, "read", move || {
-            let fd = loc.open(
-                &loc.relative,
-                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
-                Mode::empty(),
-                "read",
-            )?;
-            let mut file = skillbox_env::regular_file(fd, "read", &loc.shown)?;
+            let mut file = loc.open_to_read()?;
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes)
                 .map_err(|e| EnvError::io(&e, "read", &loc.shown))?;

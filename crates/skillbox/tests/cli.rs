@@ -9,15 +9,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{BIN, assert_workspacex_deck, example, skillbox, text};
-
-fn native_or_skip(test: &str) -> bool {
-    let report = skillbox_native::probe();
-    if !report.available {
-        skillbox_env::testkit::skip(test, &report.reason.unwrap_or_default());
-    }
-    report.available
-}
+use common::{BIN, assert_workspacex_deck, example, native_or_skip, skillbox, text};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -646,12 +638,8 @@ fn run_makes_the_example_deck() {
     assert_eq!(result.status.code(), Some(2));
 }
 
-/// `skillbox serve` as a real process, and `skillbox run --remote` through the client.
-#[test]
-fn run_remote_goes_through_serve() {
-    if !native_or_skip("run_remote_goes_through_serve") {
-        return;
-    }
+/// `skillbox serve` on a free loopback port with `extra` flags, once it accepts.
+fn start_serve(extra: &[&str]) -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -662,6 +650,7 @@ fn run_remote_goes_through_serve() {
         .arg("--data-dir")
         .arg(shared_data_dir())
         .args(["serve", "--addr", &addr])
+        .args(extra)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -677,6 +666,16 @@ fn run_remote_goes_through_serve() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    (server, addr)
+}
+
+/// `skillbox serve` as a real process, and `skillbox run --remote` through the client.
+#[test]
+fn run_remote_goes_through_serve() {
+    if !native_or_skip("run_remote_goes_through_serve") {
+        return;
+    }
+    let (mut server, addr) = start_serve(&[]);
     let out = tempfile::tempdir().unwrap();
     let other = tempfile::tempdir().unwrap();
     let result = skillbox(
@@ -716,32 +715,7 @@ fn run_remote_sends_the_api_key() {
     );
     assert!(made.status.success(), "{}", text(&made.stderr));
     let token = text(&made.stdout).trim().to_string();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut server = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(shared_data_dir())
-        .args(["serve", "--addr", &addr, "--api-keys"])
-        .arg(&file)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "skillbox serve did not start"
-        );
-        assert!(
-            server.try_wait().unwrap().is_none(),
-            "skillbox serve exited"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let (mut server, addr) = start_serve(&["--api-keys", file.to_str().unwrap()]);
     let script = keys.path().join("hi.sh");
     std::fs::write(&script, "echo made > out.txt; echo hi").unwrap();
     let out_dir = tempfile::tempdir().unwrap();

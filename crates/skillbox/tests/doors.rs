@@ -11,15 +11,7 @@ use std::process::{Command, Output};
 
 mod common;
 
-use common::{BIN, text};
-
-fn native_or_skip(test: &str) -> bool {
-    let report = skillbox_native::probe();
-    if !report.available {
-        skillbox_env::testkit::skip(test, &report.reason.unwrap_or_default());
-    }
-    report.available
-}
+use common::{BIN, native_or_skip, text};
 
 fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-door-tests")

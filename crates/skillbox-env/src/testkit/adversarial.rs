@@ -1604,6 +1604,41 @@ async fn assert_sandbox_gone(env: &dyn ExecutionEnv, test: &str) {
     }
 }
 
+/// What a fill script reported on its `KEY total errno size` line, and what the host's
+/// `/tmp` filesystem lost meanwhile.
+struct Fill {
+    out: ExecOutput,
+    total: u64,
+    errno: String,
+    size: u64,
+    host_lost: Option<u64>,
+}
+
+async fn fill(env: &dyn ExecutionEnv, script: &str, key: &str, test: &str) -> Fill {
+    let host_tmp = Path::new("/tmp");
+    let before = host_free_bytes(host_tmp);
+    let out = python(env, script, "", test).await;
+    let after = host_free_bytes(host_tmp);
+    let stdout = out.stdout_text();
+    let fields: Vec<&str> = field(&stdout, key)
+        .map(|f| f.split_whitespace().collect())
+        .unwrap_or_default();
+    let [total, errno, size] = fields.as_slice() else {
+        panic!("{test}: the fill did not report\n{}", describe(&out));
+    };
+    let (Ok(total), Ok(size)) = (total.parse::<u64>(), size.parse::<u64>()) else {
+        panic!("{test}: unreadable report\n{}", describe(&out));
+    };
+    let errno = errno.to_string();
+    Fill {
+        host_lost: before.zip(after).map(|(b, a)| b.saturating_sub(a)),
+        out,
+        total,
+        errno,
+        size,
+    }
+}
+
 /// Writing 100 MiB into the workspace stops at the 16 MiB file size limit.
 pub async fn workspace_disk_fill(env: &dyn ExecutionEnv) {
     let test = "workspace_disk_fill";
@@ -1654,22 +1689,15 @@ for i in range(12):
     except OSError:
         pass
 "#;
-    let host_tmp = Path::new("/tmp");
-    let before = host_free_bytes(host_tmp);
-    let out = python(env, script, "", test).await;
-    let after = host_free_bytes(host_tmp);
-    let stdout = out.stdout_text();
-    let fields: Vec<&str> = field(&stdout, "TMPFILL")
-        .map(|f| f.split_whitespace().collect())
-        .unwrap_or_default();
-    let [total, errno, size] = fields.as_slice() else {
-        panic!("{test}: the fill did not report\n{}", describe(&out));
-    };
-    let (Ok(total), Ok(size)) = (total.parse::<u64>(), size.parse::<u64>()) else {
-        panic!("{test}: unreadable report\n{}", describe(&out));
-    };
+    let Fill {
+        out,
+        total,
+        errno,
+        size,
+        host_lost,
+    } = fill(env, script, "TMPFILL", test).await;
     assert_eq!(
-        *errno,
+        errno,
         libc::ENOSPC.to_string(),
         "{test}: filling /tmp did not end in ENOSPC after {total} bytes\n{}",
         describe(&out)
@@ -1682,10 +1710,9 @@ for i in range(12):
         size <= tmp_bytes,
         "{test}: /tmp is {size} bytes, more than {tmp_bytes}"
     );
-    if let (Some(before), Some(after)) = (before, after) {
+    if let Some(lost) = host_lost {
         // The attempt writes 96 MiB; a /tmp on host disk would show it. Unrelated host
         // activity stays well under this slack.
-        let lost = before.saturating_sub(after);
         assert!(
             lost < 48 * MIB,
             "{test}: host /tmp filesystem lost {lost} bytes during the fill\n{}",
@@ -1729,22 +1756,15 @@ st = os.statvfs('/workspace')
 print('DISKFILL', total, err, st.f_blocks * st.f_frsize, flush=True)
 sys.exit(1 if err else 0)
 "#;
-    let host_tmp = Path::new("/tmp");
-    let before = host_free_bytes(host_tmp);
-    let out = python(env, script, "", test).await;
-    let after = host_free_bytes(host_tmp);
-    let stdout = out.stdout_text();
-    let fields: Vec<&str> = field(&stdout, "DISKFILL")
-        .map(|f| f.split_whitespace().collect())
-        .unwrap_or_default();
-    let [total, errno, size] = fields.as_slice() else {
-        panic!("{test}: the fill did not report\n{}", describe(&out));
-    };
-    let (Ok(total), Ok(size)) = (total.parse::<u64>(), size.parse::<u64>()) else {
-        panic!("{test}: unreadable report\n{}", describe(&out));
-    };
+    let Fill {
+        out,
+        total,
+        errno,
+        size,
+        host_lost,
+    } = fill(env, script, "DISKFILL", test).await;
     assert_eq!(
-        *errno,
+        errno,
         libc::ENOSPC.to_string(),
         "{test}: filling /workspace did not end in ENOSPC after {total} bytes\n{}",
         describe(&out)
@@ -1760,8 +1780,7 @@ sys.exit(1 if err else 0)
         "{test}: the run failed from a full disk\n{}",
         describe(&out)
     );
-    if let (Some(before), Some(after)) = (before, after) {
-        let lost = before.saturating_sub(after);
+    if let Some(lost) = host_lost {
         assert!(
             lost < split.workspace_bytes / 2,
             "{test}: the host's /tmp filesystem lost {lost} bytes during the fill"

@@ -44,3 +44,13 @@ pub fn assert_workspacex_deck(path: &Path) {
         deck.text_of(3)
     );
 }
+
+/// True when the native sandbox works here; otherwise skips (or fails under
+/// SKILLBOX_REQUIRE_ALL=1) with the probe's reason.
+pub fn native_or_skip(test: &str) -> bool {
+    let report = skillbox_native::probe();
+    if !report.available {
+        skillbox_env::testkit::skip(test, &report.reason.unwrap_or_default());
+    }
+    report.available
+}
