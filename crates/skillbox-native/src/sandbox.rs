@@ -319,12 +319,15 @@ impl NativeSandbox {
             rlimits,
             seccomp_filter(),
         )?;
-        // Each bind source once, now: an exec clones these, never the paths again.
+        // The caller's bind sources once, now: an exec clones these, never the paths
+        // again. Those are the workspace and the policy's mounts, which come after it;
+        // the system dirs and the synthesized /etc sit under directories only root (or
+        // this user, in its own data dir) can change, and stay looked up by path.
         let mut bind_trees = Vec::new();
         if crate::trees::captured_here() {
-            for op in &root.layout.mounts {
+            for (i, op) in root.layout.mounts.iter().enumerate() {
                 if let crate::child::MountOp::Bind { source, .. } = op {
-                    if source.is_empty() {
+                    if source.is_empty() || i < root.layout.workspace_op {
                         bind_trees.push(None);
                         continue;
                     }

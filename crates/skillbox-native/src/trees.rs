@@ -1,8 +1,10 @@
-//! Bind sources captured once, at create: each host directory a sandbox shows (the
-//! system dirs, its `/etc`, a workdir, a runtime's packages) is cloned into a detached
-//! mount while the sandbox is made, and every exec clones that mount instead of looking
-//! the path up again. Someone on the host who controls a parent directory of a workdir
-//! can then no longer swap what an exec sees between create and exec.
+//! Bind sources captured once, at create: the host directories a caller names (a
+//! workdir, a runtime's packages) are cloned into detached mounts while the sandbox is
+//! made, and for each exec the parent clones those again for the child to attach, so no
+//! path is looked up again. Someone on the host who controls a parent directory of a
+//! workdir can then no longer swap what an exec sees between create and exec. (The
+//! system dirs and the synthesized `/etc` sit under directories only root, or this user
+//! in its own 0700 data dir, can change; capturing them too cost 0.7 ms an exec.)
 //!
 //! It needs root (a detached clone in the host's mount namespace) and a kernel that lets
 //! another mount namespace clone a detached mount (6.18 here; 6.1 refuses). Elsewhere
