@@ -18,6 +18,7 @@ mod error;
 mod exec;
 mod outputs;
 mod run;
+pub mod units;
 
 pub use agent::{
     AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, Attempt, ErrorInfo, Usage,

@@ -61,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(runs::healthz))
         .route("/metrics", get(runs::metrics))
         .route("/openapi.json", get(openapi))
+        .route("/v1/capabilities/schema", get(capability_schema))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -70,4 +71,9 @@ pub fn router(state: AppState) -> Router {
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+/// The JSON Schema of a capability's `manifest.yaml`, generated from its types.
+async fn capability_schema() -> Json<serde_json::Value> {
+    Json(skillbox_capability::schema())
 }

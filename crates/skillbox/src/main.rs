@@ -1,6 +1,7 @@
 //! The `skillbox` binary (DESIGN.md §4).
 
 mod agent;
+mod cap;
 mod doctor;
 mod exec;
 mod image;
@@ -47,6 +48,8 @@ enum Command {
     Agent(agent::AgentArgs),
     /// API keys for `skillbox serve --api-keys`.
     Keys(keys::KeysArgs),
+    /// Capabilities: list, show, and grant or deny them (capabilities/*/manifest.yaml).
+    Cap(cap::CapArgs),
 }
 
 /// Exit status for skillbox's own failures (the sandbox could not be set up), as
@@ -133,6 +136,7 @@ fn main() -> ExitCode {
             Command::Setup => serve::setup(&data_dir).await,
             Command::Agent(args) => agent::run(args, &data_dir).await,
             Command::Keys(args) => keys::run(args),
+            Command::Cap(args) => cap::run(args, &data_dir),
         }
     })
 }

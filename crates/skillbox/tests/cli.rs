@@ -844,3 +844,73 @@ fn agent_bad_input_is_one_line_and_exit_2() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// `skillbox cap`: the examples load, a host capability cannot be granted for a project
+/// (only once), a sandboxed one can, and a deny wins over the grant.
+#[test]
+fn cap_lists_grants_and_holds_the_host_ceiling() {
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let roots = example("capabilities");
+    let cap = |args: &[&str]| {
+        let mut all = vec![
+            "cap",
+            "--project",
+            project.path().to_str().unwrap(),
+            "--root",
+        ];
+        all.push(roots.to_str().unwrap());
+        all.extend_from_slice(args);
+        skillbox(data.path(), &all)
+    };
+    let listed = cap(&["list", "--json"]);
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let json: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let names: Vec<&str> = json["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["git-report", "word-count"], "{json}");
+    assert_eq!(json["errors"], serde_json::json!([]), "{json}");
+
+    let refused = cap(&["grant", "git-report"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        text(&refused.stderr).contains("session at most"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let once = cap(&["grant", "git-report", "--scope", "once"]);
+    assert!(once.status.success(), "{}", text(&once.stderr));
+
+    let granted = cap(&["grant", "word-count"]);
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
+    let shown: Value = serde_json::from_slice(&cap(&["show", "word-count"]).stdout).unwrap();
+    assert_eq!(shown["grant"], "project", "{shown}");
+    assert_eq!(shown["ceiling"], "project");
+    assert_eq!(shown["needs"][0], "run_capability:native", "{shown}");
+    let shown: Value = serde_json::from_slice(&cap(&["show", "git-report"]).stdout).unwrap();
+    assert_eq!(
+        (&shown["grant"], &shown["ceiling"]),
+        (&"once".into(), &"session".into())
+    );
+
+    assert!(cap(&["deny", "word-count"]).status.success());
+    let shown: Value = serde_json::from_slice(&cap(&["show", "word-count"]).stdout).unwrap();
+    assert_eq!(shown["grant"], "denied");
+    assert!(cap(&["allow", "word-count"]).status.success());
+    assert!(cap(&["revoke", "word-count"]).status.success());
+    let shown: Value = serde_json::from_slice(&cap(&["show", "word-count"]).stdout).unwrap();
+    assert_eq!(shown["grant"], "not granted");
+
+    let missing = cap(&["show", "nope"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        text(&missing.stderr).contains("word-count"),
+        "names what there is"
+    );
+    let schema: Value = serde_json::from_slice(&cap(&["schema"]).stdout).unwrap();
+    assert!(schema["properties"]["lifecycle"].is_object());
+}

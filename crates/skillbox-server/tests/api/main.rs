@@ -503,6 +503,23 @@ async fn objects_health_metrics_and_openapi() {
     let openapi: Value = get("/openapi.json").await.unwrap().json().await.unwrap();
     assert!(openapi["paths"]["/v1/run"]["post"].is_object(), "{openapi}");
     assert!(openapi["components"]["schemas"]["RunRequest"].is_object());
+    // The manifest schema, the same document as the checked-in one.
+    let schema: Value = get("/v1/capabilities/schema")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let checked_in: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../docs/capability-manifest.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(schema, checked_in);
+    assert!(schema["properties"]["environment"].is_object(), "{schema}");
     let response = get("/no/such/thing").await.unwrap();
     assert_eq!(response.status(), 404);
     assert!(is_error(&response.json().await.unwrap(), "not_found"));

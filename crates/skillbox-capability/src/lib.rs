@@ -1,0 +1,22 @@
+//! Capabilities: code declared up front by a manifest (`capabilities/<name>/manifest.yaml`)
+//! that says where it runs (an environment: one of the backend kinds), for how long (a
+//! lifecycle), what it may touch (permissions, volumes, limits) and how it is reached.
+//!
+//! - [`Manifest`]: parsed once, unknown fields refused, validated; errors name the file,
+//!   line and field. [`schema`] is its JSON Schema, generated from the types.
+//! - [`CapabilityRegistry`]: every capability under some roots; a bad one is reported
+//!   alone and the others still load.
+//! - [`TrustStore`]: grants (`once`, `session`, `project`) under each environment's
+//!   ceiling (`host` never above `session`), denies that win over them, and the check a
+//!   run must pass first.
+
+mod manifest;
+mod registry;
+mod trust;
+
+pub use manifest::{
+    Bounds, Environment, Lifecycle, Manifest, ManifestError, ManifestLimits, Permission, Volume,
+    schema,
+};
+pub use registry::{Capability, CapabilityRegistry, MANIFEST};
+pub use trust::{Grant, Scope, Standing, TrustError, TrustStore, ceiling};

@@ -1,0 +1,498 @@
+//! `capabilities/<name>/manifest.yaml`: what a capability is, where it runs, for how long,
+//! and what it may touch, declared before anything executes. Parsed once, refusing
+//! unknown fields, and validated into a [`Manifest`] the rest of skillbox takes as it is;
+//! every error names the file, the line and the field.
+
+use std::fmt;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use skillbox_protocol::BackendKind;
+use skillbox_protocol::units::{parse_duration, parse_size};
+
+/// Where a capability's code runs: one of the backend kinds.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Environment {
+    /// No boundary: the user's own shell.
+    Host,
+    /// Linux namespaces, Landlock, seccomp.
+    Native,
+    /// A hardened container.
+    Docker,
+    /// A container under gVisor's user-space kernel.
+    Gvisor,
+    /// A WASI instance.
+    Wasm,
+}
+
+impl Environment {
+    pub fn kind(self) -> BackendKind {
+        match self {
+            Environment::Host => BackendKind::Host,
+            Environment::Native => BackendKind::Native,
+            Environment::Docker => BackendKind::Docker,
+            Environment::Gvisor => BackendKind::Gvisor,
+            Environment::Wasm => BackendKind::Wasm,
+        }
+    }
+}
+
+impl fmt::Display for Environment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kind().as_str())
+    }
+}
+
+/// How long a capability's process lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifecycle {
+    /// Run once, collect what it made, nothing left.
+    Oneshot,
+    /// A fresh process per call, with the call's arguments and stdin.
+    Ondemand,
+    /// Started once and reached over its port or socket until stopped.
+    Persistent,
+}
+
+/// A host directory shown in the sandbox: read-only unless `rw`. Declared here only,
+/// never by the code.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Volume {
+    /// Absolute path on the host.
+    pub host: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub sandbox: PathBuf,
+    #[serde(default)]
+    pub rw: bool,
+}
+
+/// The limits a capability runs under (each at most what the server allows).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestLimits {
+    /// Wall-clock limit per run: `30s`, `2m`.
+    pub timeout: Option<String>,
+    /// Memory for the whole process tree: `256M`, `1G`.
+    pub memory: Option<String>,
+    /// Processes and threads at once.
+    pub pids: Option<u32>,
+    /// `/workspace` and `/tmp` together: `512M`.
+    pub disk: Option<String>,
+}
+
+/// One thing a capability may do, beyond running in its environment.
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(try_from = "String", into = "String")]
+#[schemars(with = "String")]
+pub enum Permission {
+    /// `run_command:NAME`: start the program NAME.
+    RunCommand(String),
+    /// `read_file:GLOB`: read files matching GLOB (relative to the workspace).
+    ReadFile(String),
+    /// `write_file:GLOB`: write files matching GLOB.
+    WriteFile(String),
+    /// `network:none`: no network (the only network rule until egress lands).
+    NetworkNone,
+}
+
+impl Permission {
+    const KINDS: &'static str = "run_command:NAME, read_file:GLOB, write_file:GLOB, network:none";
+}
+
+impl TryFrom<String> for Permission {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let Some((kind, value)) = text.split_once(':') else {
+            return Err(format!(
+                "{text:?} is not KIND:VALUE (one of {})",
+                Permission::KINDS
+            ));
+        };
+        if value.is_empty() {
+            return Err(format!("{text:?} has no value after the colon"));
+        }
+        match kind {
+            "run_command" => Ok(Permission::RunCommand(value.into())),
+            "read_file" => Ok(Permission::ReadFile(value.into())),
+            "write_file" => Ok(Permission::WriteFile(value.into())),
+            "network" if value == "none" => Ok(Permission::NetworkNone),
+            "network" => Err(format!(
+                "{text:?}: only network:none can be granted (egress on an allowlist is not built yet)"
+            )),
+            _ => Err(format!(
+                "{text:?}: unknown permission {kind:?} (one of {})",
+                Permission::KINDS
+            )),
+        }
+    }
+}
+
+impl From<Permission> for String {
+    fn from(permission: Permission) -> String {
+        permission.to_string()
+    }
+}
+
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Permission::RunCommand(name) => write!(f, "run_command:{name}"),
+            Permission::ReadFile(glob) => write!(f, "read_file:{glob}"),
+            Permission::WriteFile(glob) => write!(f, "write_file:{glob}"),
+            Permission::NetworkNone => f.write_str("network:none"),
+        }
+    }
+}
+
+/// A capability's manifest, as written (`manifest.yaml`) and as validated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// a-z, 0-9 and `-`, at most 63 characters.
+    pub name: String,
+    pub description: String,
+    pub version: String,
+    pub environment: Environment,
+    pub lifecycle: Lifecycle,
+    /// The program or script, relative to the capability's directory (never out of it).
+    pub entry: PathBuf,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub permissions: Vec<Permission>,
+    #[serde(default)]
+    pub limits: ManifestLimits,
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
+    /// The container image (docker, gvisor only; default: skillbox's runtime image).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The TCP port a persistent capability serves on, inside its sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Or the unix socket it listens on, inside its sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    /// Names of environment variables passed through from the caller.
+    #[serde(default)]
+    pub env: Vec<String>,
+}
+
+/// A manifest that is not one: the file, where in it, the field, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, ": {field}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+/// The validated limits, in the units the sandbox takes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub timeout: Option<Duration>,
+    pub memory_bytes: Option<u64>,
+    pub pids: Option<u32>,
+    pub disk_bytes: Option<u64>,
+}
+
+/// The line a field starts on, for errors found after parsing: `key`, `key.sub`, or
+/// `key[i]` (the i-th item of a list under `key`).
+fn line_of(text: &str, field: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (head, rest) = match field.find(['.', '[']) {
+        Some(at) => field.split_at(at),
+        None => (field, ""),
+    };
+    let top = lines
+        .iter()
+        .position(|l| l.strip_prefix(head).is_some_and(|r| r.starts_with(':')))?;
+    let below = || {
+        lines
+            .iter()
+            .enumerate()
+            .skip(top + 1)
+            .take_while(|(_, l)| l.starts_with(' ') || l.is_empty())
+    };
+    if let Some(sub) = rest.strip_prefix('.') {
+        let sub = sub.split(['.', '[']).next().unwrap_or(sub);
+        return below()
+            .find(|(_, l)| {
+                l.trim_start()
+                    .strip_prefix(sub)
+                    .is_some_and(|r| r.starts_with(':'))
+            })
+            .map(|(i, _)| i + 1)
+            .or(Some(top + 1));
+    }
+    if let Some(index) = rest
+        .strip_prefix('[')
+        .and_then(|r| r.split_once(']'))
+        .and_then(|(n, _)| n.parse::<usize>().ok())
+    {
+        return below()
+            .filter(|(_, l)| l.trim_start().starts_with("- "))
+            .nth(index)
+            .map(|(i, _)| i + 1)
+            .or(Some(top + 1));
+    }
+    Some(top + 1)
+}
+
+/// For an error about a quoted value in a list (`"network:any": …` under `permissions`):
+/// which item it is, so the error names `permissions[2]` and its line.
+fn item_of(text: &str, list: &str, message: &str) -> Option<String> {
+    let value = message.strip_prefix('"')?.split_once('"')?.0;
+    let lines: Vec<&str> = text.lines().collect();
+    let top = lines
+        .iter()
+        .position(|l| l.strip_prefix(list).is_some_and(|r| r.starts_with(':')))?;
+    let items = lines
+        .iter()
+        .skip(top + 1)
+        .take_while(|l| l.starts_with(' ') || l.is_empty())
+        .filter(|l| l.trim_start().starts_with("- "));
+    items
+        .enumerate()
+        .find(|(_, l)| l.contains(value))
+        .map(|(i, _)| format!("{list}[{i}]"))
+}
+
+fn plain_relative(path: &Path) -> bool {
+    !path.as_os_str().is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)))
+}
+
+impl Manifest {
+    /// Parses and validates `text`, the content of `file`.
+    pub fn parse(file: &Path, text: &str) -> Result<Manifest, ManifestError> {
+        let manifest: Manifest = yaml_serde::from_str(text).map_err(|e| {
+            let line = e.location().map(|l| l.line());
+            // The message starts with the field path when the error is in one.
+            let message = e.to_string();
+            let message = match message.rsplit_once(" at line ") {
+                Some((head, _)) => head.to_string(),
+                None => message,
+            };
+            let (path, message) = match message.split_once(": ") {
+                Some((field, rest)) if !field.contains(' ') => {
+                    (Some(field.to_string()), rest.to_string())
+                }
+                _ => (None, message),
+            };
+            // An unknown field is the field to name, under the path it is in.
+            let unknown = message
+                .strip_prefix("unknown field `")
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(name, _)| name.to_string());
+            let field = match (path, unknown) {
+                (Some(path), Some(name)) => Some(format!("{path}.{name}")),
+                (None, Some(name)) => Some(name),
+                (Some(path), None) => Some(item_of(text, &path, &message).unwrap_or(path)),
+                (None, None) => None,
+            };
+            // The parser points at the list; the item says where the value is.
+            let line = match &field {
+                Some(f) if f.ends_with(']') => line_of(text, f).or(line),
+                _ => line,
+            };
+            ManifestError {
+                file: file.to_path_buf(),
+                line,
+                field,
+                message,
+            }
+        })?;
+        manifest.validate(file, text)?;
+        Ok(manifest)
+    }
+
+    fn validate(&self, file: &Path, text: &str) -> Result<(), ManifestError> {
+        let error = |field: &str, message: String| ManifestError {
+            file: file.to_path_buf(),
+            line: line_of(text, field),
+            field: Some(field.to_string()),
+            message,
+        };
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 63
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !self.name.starts_with('-');
+        if !name_ok {
+            return Err(error(
+                "name",
+                format!(
+                    "{:?}: use a-z, 0-9 and -, at most 63 characters, not starting with -",
+                    self.name
+                ),
+            ));
+        }
+        if !plain_relative(&self.entry) {
+            return Err(error(
+                "entry",
+                format!(
+                    "{}: must be a path inside the capability's directory (relative, no `..`)",
+                    self.entry.display()
+                ),
+            ));
+        }
+        let containers = matches!(self.environment, Environment::Docker | Environment::Gvisor);
+        if self.image.is_some() && !containers {
+            return Err(error(
+                "image",
+                format!(
+                    "only docker and gvisor capabilities have an image, not {}",
+                    self.environment
+                ),
+            ));
+        }
+        match (self.lifecycle, self.port, &self.socket) {
+            (Lifecycle::Persistent, None, None) => {
+                return Err(error(
+                    "lifecycle",
+                    "a persistent capability says how it is reached: give port or socket".into(),
+                ));
+            }
+            (Lifecycle::Persistent, Some(_), Some(_)) => {
+                return Err(error("socket", "give port or socket, not both".into()));
+            }
+            (Lifecycle::Persistent, Some(0), _) => {
+                return Err(error("port", "0 is not a port".into()));
+            }
+            (Lifecycle::Persistent, _, Some(socket)) if !socket.is_absolute() => {
+                return Err(error(
+                    "socket",
+                    format!(
+                        "{}: must be an absolute path inside the sandbox",
+                        socket.display()
+                    ),
+                ));
+            }
+            (Lifecycle::Oneshot | Lifecycle::Ondemand, Some(_), _) => {
+                return Err(error(
+                    "port",
+                    "only a persistent capability serves on a port".into(),
+                ));
+            }
+            (Lifecycle::Oneshot | Lifecycle::Ondemand, _, Some(_)) => {
+                return Err(error(
+                    "socket",
+                    "only a persistent capability listens on a socket".into(),
+                ));
+            }
+            _ => {}
+        }
+        for (i, volume) in self.volumes.iter().enumerate() {
+            if !volume.host.is_absolute() || !volume.sandbox.is_absolute() {
+                return Err(error(
+                    &format!("volumes[{i}]"),
+                    format!(
+                        "{} -> {}: both paths must be absolute",
+                        volume.host.display(),
+                        volume.sandbox.display()
+                    ),
+                ));
+            }
+            if volume
+                .sandbox
+                .components()
+                .any(|c| matches!(c, Component::ParentDir))
+            {
+                return Err(error(
+                    &format!("volumes[{i}].sandbox"),
+                    "may not contain `..`".into(),
+                ));
+            }
+            if self.environment == Environment::Host {
+                return Err(error(
+                    &format!("volumes[{i}]"),
+                    "a host capability sees the host already; volumes are for sandboxes".into(),
+                ));
+            }
+        }
+        for (i, name) in self.env.iter().enumerate() {
+            let ok = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+            if !ok {
+                return Err(error(
+                    &format!("env[{i}]"),
+                    format!("{name:?}: a variable name is A-Z, 0-9 and _"),
+                ));
+            }
+        }
+        self.bounds()
+            .map_err(|(field, message)| error(&format!("limits.{field}"), message))?;
+        Ok(())
+    }
+
+    /// The limits in the sandbox's units (checked at parse: this does not fail then).
+    pub fn bounds(&self) -> Result<Bounds, (&'static str, String)> {
+        let limits = &self.limits;
+        Ok(Bounds {
+            timeout: limits
+                .timeout
+                .as_deref()
+                .map(parse_duration)
+                .transpose()
+                .map_err(|e| ("timeout", e))?,
+            memory_bytes: limits
+                .memory
+                .as_deref()
+                .map(parse_size)
+                .transpose()
+                .map_err(|e| ("memory", e))?,
+            pids: match limits.pids {
+                Some(0) => return Err(("pids", "must be at least 1".into())),
+                pids => pids,
+            },
+            disk_bytes: limits
+                .disk
+                .as_deref()
+                .map(parse_size)
+                .transpose()
+                .map_err(|e| ("disk", e))?,
+        })
+    }
+
+    /// What running it needs granted: running in its environment, and each permission.
+    pub fn needs(&self) -> Vec<String> {
+        std::iter::once(format!("run_capability:{}", self.environment))
+            .chain(self.permissions.iter().map(Permission::to_string))
+            .collect()
+    }
+}
+
+/// The JSON Schema of `manifest.yaml`, generated from the types.
+pub fn schema() -> serde_json::Value {
+    serde_json::to_value(schemars::schema_for!(Manifest)).unwrap_or_default()
+}

@@ -1,0 +1,351 @@
+//! Who said a capability may run. A grant covers one capability in one project: running
+//! in its environment (`run_capability:<environment>`) and the permissions its manifest
+//! declared when it was granted. It is `once` (used up by one run), `session` (held by
+//! the process that serves the session) or `project` (kept in the data dir, per project
+//! root). Each environment has a ceiling: `host` runs with no boundary and never rises
+//! above `session`, however often it ran; a sandboxed environment may reach `project`.
+//! A deny is kept like a project grant and wins over any grant: the most restrictive
+//! rule decides.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use skillbox_protocol::ErrorCode;
+
+use crate::manifest::Environment;
+use crate::registry::Capability;
+
+/// How long a grant holds. Ordered: `Once < Session < Project`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Once,
+    Session,
+    Project,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Once => "once",
+            Scope::Session => "session",
+            Scope::Project => "project",
+        }
+    }
+}
+
+/// The widest grant an environment may have.
+pub fn ceiling(environment: Environment) -> Scope {
+    match environment {
+        // No boundary: trusted for a session at most, never remembered.
+        Environment::Host => Scope::Session,
+        _ => Scope::Project,
+    }
+}
+
+/// Where a capability stands in a project.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    Denied,
+    /// Granted, with the widest grant that covers what it needs now.
+    Granted(Scope),
+    NotGranted,
+}
+
+impl Standing {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Standing::Denied => "denied",
+            Standing::Granted(scope) => scope.as_str(),
+            Standing::NotGranted => "not granted",
+        }
+    }
+}
+
+/// One grant (or deny) as it is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Grant {
+    pub capability: String,
+    /// The project root it holds in (canonical).
+    pub project: PathBuf,
+    pub scope: Scope,
+    /// What it covers: `run_capability:<environment>` and each permission.
+    pub covers: BTreeSet<String>,
+    pub granted_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Kept {
+    #[serde(default)]
+    grants: Vec<Grant>,
+    /// (capability, project) pairs that may not run, whatever is granted.
+    #[serde(default)]
+    denied: Vec<(String, PathBuf)>,
+}
+
+/// Why a capability may not run, or a grant not be given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TrustError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+fn denied(message: String) -> TrustError {
+    TrustError {
+        code: ErrorCode::PermissionDenied,
+        message,
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The grants of one data dir (project and once grants in `<data>/trust.json`) and of
+/// this process (session grants).
+#[derive(Debug)]
+pub struct TrustStore {
+    file: PathBuf,
+    session: Mutex<Vec<Grant>>,
+}
+
+impl TrustStore {
+    pub fn open(data_dir: &Path) -> TrustStore {
+        TrustStore {
+            file: data_dir.join("trust.json"),
+            session: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn read(&self) -> Result<Kept, TrustError> {
+        match std::fs::read_to_string(&self.file) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| TrustError {
+                code: ErrorCode::Invalid,
+                message: format!(
+                    "{}: not a grants file ({e}); fix or remove it (every grant in it is lost)",
+                    self.file.display()
+                ),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Kept::default()),
+            Err(e) => Err(TrustError {
+                code: ErrorCode::Unknown,
+                message: format!("{}: {e}", self.file.display()),
+            }),
+        }
+    }
+
+    /// Writes through a temp file renamed into place, 0600: never half a grants file.
+    fn write(&self, kept: &Kept) -> Result<(), TrustError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let failed = |e: std::io::Error| TrustError {
+            code: ErrorCode::Unknown,
+            message: format!("{}: {e}", self.file.display()),
+        };
+        let text =
+            serde_json::to_string_pretty(kept).map_err(|e| failed(std::io::Error::other(e)))?;
+        let temp = self
+            .file
+            .with_extension(format!("tmp-{}", std::process::id()));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+            .map_err(failed)?;
+        let written = file
+            .write_all(text.as_bytes())
+            .and_then(|()| file.sync_all());
+        if let Err(e) = written.and_then(|()| std::fs::rename(&temp, &self.file)) {
+            let _ = std::fs::remove_file(&temp);
+            return Err(failed(e));
+        }
+        Ok(())
+    }
+
+    /// Grants `capability` in `project` for `scope`, covering what it needs now.
+    pub fn grant(
+        &self,
+        capability: &Capability,
+        scope: Scope,
+        project: &Path,
+    ) -> Result<Grant, TrustError> {
+        let environment = capability.manifest.environment;
+        if scope > ceiling(environment) {
+            return Err(denied(format!(
+                "{}: a {environment} capability can be granted for a {} at most ({} runs with no boundary); grant it --scope once or for a session",
+                capability.name(),
+                ceiling(environment).as_str(),
+                environment
+            )));
+        }
+        let grant = Grant {
+            capability: capability.name().to_string(),
+            project: project.to_path_buf(),
+            scope,
+            covers: capability.manifest.needs().into_iter().collect(),
+            granted_ms: now_ms(),
+        };
+        if scope == Scope::Session {
+            if let Ok(mut session) = self.session.lock() {
+                session.push(grant.clone());
+            }
+            return Ok(grant);
+        }
+        let mut kept = self.read()?;
+        kept.grants.retain(|g| {
+            !(g.capability == grant.capability && g.project == grant.project && g.scope == scope)
+        });
+        kept.grants.push(grant.clone());
+        self.write(&kept)?;
+        Ok(grant)
+    }
+
+    /// Removes every grant of `name` in `project`; returns how many went.
+    pub fn revoke(&self, name: &str, project: &Path) -> Result<usize, TrustError> {
+        let matches = |g: &Grant| g.capability == name && g.project == project;
+        let mut count = 0;
+        if let Ok(mut session) = self.session.lock() {
+            let before = session.len();
+            session.retain(|g| !matches(g));
+            count += before - session.len();
+        }
+        let mut kept = self.read()?;
+        let before = kept.grants.len();
+        kept.grants.retain(|g| !matches(g));
+        let removed = before - kept.grants.len();
+        if removed > 0 {
+            self.write(&kept)?;
+        }
+        Ok(count + removed)
+    }
+
+    /// Denies `name` in `project`: no grant makes it run until [`TrustStore::allow`].
+    pub fn deny(&self, name: &str, project: &Path) -> Result<(), TrustError> {
+        let mut kept = self.read()?;
+        let pair = (name.to_string(), project.to_path_buf());
+        if !kept.denied.contains(&pair) {
+            kept.denied.push(pair);
+            self.write(&kept)?;
+        }
+        Ok(())
+    }
+
+    /// Lifts a deny.
+    pub fn allow(&self, name: &str, project: &Path) -> Result<(), TrustError> {
+        let mut kept = self.read()?;
+        kept.denied.retain(|(n, p)| !(n == name && p == project));
+        self.write(&kept)
+    }
+
+    /// The grants that hold in `project` (session ones first), and the denied names.
+    pub fn list(&self, project: &Path) -> Result<(Vec<Grant>, Vec<String>), TrustError> {
+        let mut grants: Vec<Grant> = self
+            .session
+            .lock()
+            .map(|s| s.iter().filter(|g| g.project == project).cloned().collect())
+            .unwrap_or_default();
+        let kept = self.read()?;
+        grants.extend(kept.grants.into_iter().filter(|g| g.project == project));
+        let denied = kept
+            .denied
+            .into_iter()
+            .filter(|(_, p)| p == project)
+            .map(|(n, _)| n)
+            .collect();
+        Ok((grants, denied))
+    }
+
+    /// Where `capability` stands in `project`, without using up a `once` grant.
+    pub fn standing(
+        &self,
+        capability: &Capability,
+        project: &Path,
+    ) -> Result<Standing, TrustError> {
+        let (grants, denied) = self.list(project)?;
+        if denied.iter().any(|d| d == capability.name()) {
+            return Ok(Standing::Denied);
+        }
+        let needs: BTreeSet<String> = capability.manifest.needs().into_iter().collect();
+        let ceiling = ceiling(capability.manifest.environment);
+        Ok(grants
+            .iter()
+            .filter(|g| {
+                g.capability == capability.name()
+                    && g.scope <= ceiling
+                    && needs.is_subset(&g.covers)
+            })
+            .map(|g| g.scope)
+            .max()
+            .map_or(Standing::NotGranted, Standing::Granted))
+    }
+
+    /// Whether `capability` may run in `project` now, and under which grant. A `once`
+    /// grant is used up by the answer. Without one, `permission_denied` names what is
+    /// missing and the command that grants it.
+    pub fn authorize(&self, capability: &Capability, project: &Path) -> Result<Scope, TrustError> {
+        let name = capability.name();
+        let needs: BTreeSet<String> = capability.manifest.needs().into_iter().collect();
+        let environment = capability.manifest.environment;
+        let mut kept = self.read()?;
+        if kept.denied.iter().any(|(n, p)| n == name && p == project) {
+            return Err(denied(format!(
+                "{name}: denied in {}; lift it with `skillbox cap allow {name}`",
+                project.display()
+            )));
+        }
+        // A grant above the ceiling (a hand-edited file) counts for nothing.
+        let covers = |g: &Grant| {
+            g.capability == name
+                && g.project == project
+                && g.scope <= ceiling(environment)
+                && needs.is_subset(&g.covers)
+        };
+        if let Ok(session) = self.session.lock()
+            && session.iter().any(covers)
+        {
+            return Ok(Scope::Session);
+        }
+        if kept
+            .grants
+            .iter()
+            .any(|g| covers(g) && g.scope == Scope::Project)
+        {
+            return Ok(Scope::Project);
+        }
+        if let Some(at) = kept
+            .grants
+            .iter()
+            .position(|g| covers(g) && g.scope == Scope::Once)
+        {
+            kept.grants.remove(at);
+            self.write(&kept)?;
+            return Ok(Scope::Once);
+        }
+        // Granted before its manifest asked for more: say what is new.
+        let granted: BTreeSet<String> = kept
+            .grants
+            .iter()
+            .filter(|g| g.capability == name && g.project == project)
+            .flat_map(|g| g.covers.iter().cloned())
+            .collect();
+        let missing: Vec<String> = needs.difference(&granted).cloned().collect();
+        let scope = match ceiling(environment) {
+            Scope::Project => "project",
+            _ => "once",
+        };
+        Err(denied(format!(
+            "{name} is not granted in {}: it needs {}; grant it with `skillbox cap grant {name} --scope {scope}`",
+            project.display(),
+            missing.join(", ")
+        )))
+    }
+}

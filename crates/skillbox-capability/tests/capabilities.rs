@@ -1,0 +1,343 @@
+//! Manifests, the registry and trust, over real files.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::path::{Path, PathBuf};
+
+use skillbox_capability::{
+    CapabilityRegistry, Environment, Lifecycle, Manifest, Permission, Scope, TrustStore, schema,
+};
+use skillbox_protocol::ErrorCode;
+
+const GOOD: &str = "name: word-count
+description: Counts the words of a file
+version: 0.1.0
+environment: native
+lifecycle: oneshot
+entry: count.py
+args: [--top, \"10\"]
+permissions:
+  - run_command:python3
+  - write_file:report-*
+  - network:none
+limits:
+  timeout: 30s
+  memory: 256M
+  pids: 16
+  disk: 64M
+env: [LANG]
+";
+
+fn parse(text: &str) -> Result<Manifest, skillbox_capability::ManifestError> {
+    Manifest::parse(Path::new("capabilities/x/manifest.yaml"), text)
+}
+
+/// A capability directory under `root` with `manifest` and an entry file.
+fn capability(root: &Path, dir: &str, manifest: &str, entry: Option<&str>) -> PathBuf {
+    let dir = root.join(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("manifest.yaml"), manifest).unwrap();
+    if let Some(entry) = entry {
+        std::fs::write(dir.join(entry), "print('hi')\n").unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_manifest_parses_into_its_declared_answers() {
+    let m = parse(GOOD).unwrap();
+    assert_eq!(m.environment, Environment::Native);
+    assert_eq!(m.lifecycle, Lifecycle::Oneshot);
+    assert_eq!(m.permissions[1], Permission::WriteFile("report-*".into()));
+    let bounds = m.bounds().unwrap();
+    assert_eq!(bounds.timeout, Some(std::time::Duration::from_secs(30)));
+    assert_eq!(bounds.memory_bytes, Some(256 << 20));
+    assert_eq!(bounds.disk_bytes, Some(64 << 20));
+    assert_eq!(
+        m.needs(),
+        [
+            "run_capability:native",
+            "run_command:python3",
+            "write_file:report-*",
+            "network:none"
+        ]
+    );
+}
+
+#[test]
+fn a_bad_manifest_is_named_by_file_line_and_field() {
+    let cases: Vec<(String, usize, &str, &str)> = vec![
+        (
+            GOOD.replace("env: [LANG]", "envs: [LANG]"),
+            17,
+            "envs",
+            "unknown field",
+        ),
+        (
+            GOOD.replace("environment: native", "environment: vmware"),
+            4,
+            "environment",
+            "vmware",
+        ),
+        (
+            GOOD.replace("network:none", "network:any"),
+            11,
+            "permissions[2]",
+            "only network:none",
+        ),
+        (
+            GOOD.replace("write_file:report-*", "eat_cake:yes"),
+            10,
+            "permissions[1]",
+            "unknown permission",
+        ),
+        (
+            GOOD.replace("entry: count.py", "entry: ../../etc/passwd"),
+            6,
+            "entry",
+            "inside the capability",
+        ),
+        (
+            GOOD.replace("entry: count.py", "entry: /bin/sh"),
+            6,
+            "entry",
+            "inside the capability",
+        ),
+        (
+            GOOD.replace("name: word-count", "name: Word Count"),
+            1,
+            "name",
+            "a-z",
+        ),
+        (
+            GOOD.replace("timeout: 30s", "timeout: soon"),
+            13,
+            "limits.timeout",
+            "not a duration",
+        ),
+        (
+            GOOD.replace("lifecycle: oneshot", "lifecycle: persistent"),
+            5,
+            "lifecycle",
+            "port or socket",
+        ),
+        (
+            format!("{GOOD}port: 8080\n"),
+            18,
+            "port",
+            "only a persistent",
+        ),
+        (
+            format!("{GOOD}image: alpine\n"),
+            18,
+            "image",
+            "only docker and gvisor",
+        ),
+        (
+            GOOD.replace("env: [LANG]", "env: [\"lang-x\"]"),
+            17,
+            "env[0]",
+            "variable name",
+        ),
+    ];
+    for (text, line, field, words) in cases {
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some(field), "{e}");
+        assert_eq!(e.line, Some(line), "{e}");
+        assert!(e.message.contains(words), "{e}");
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(&format!("capabilities/x/manifest.yaml:{line}: {field}: ")),
+            "{shown}"
+        );
+    }
+}
+
+#[test]
+fn the_checked_in_schema_is_the_one_the_types_make() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/capability-manifest.schema.json");
+    let generated = serde_json::to_string_pretty(&schema()).unwrap() + "\n";
+    if std::env::var_os("SKILLBOX_BLESS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let checked_in = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; write it with SKILLBOX_BLESS=1", path.display()));
+    assert_eq!(
+        checked_in, generated,
+        "the manifest types changed: re-bless with SKILLBOX_BLESS=1 cargo test -p skillbox-capability, on purpose"
+    );
+    assert!(generated.contains("\"deny\"") || generated.contains("additionalProperties"));
+}
+
+#[test]
+fn the_registry_loads_the_good_and_names_each_bad_one() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("evil.py"), "boom").unwrap();
+    capability(root.path(), "a-count", GOOD, Some("count.py"));
+    // The same name again: the later one is refused, the first stays.
+    capability(root.path(), "b-count", GOOD, Some("count.py"));
+    // Invalid YAML for its schema.
+    capability(
+        root.path(),
+        "c-bad",
+        &GOOD.replace("name: word-count", "nam: x"),
+        Some("count.py"),
+    );
+    // Its entry is missing.
+    capability(
+        root.path(),
+        "d-missing",
+        &GOOD.replace("word-count", "d-missing"),
+        None,
+    );
+    // Its entry is a symlink out of its directory.
+    let e = capability(
+        root.path(),
+        "e-link",
+        &GOOD.replace("word-count", "e-link"),
+        None,
+    );
+    std::os::unix::fs::symlink(outside.path().join("evil.py"), e.join("count.py")).unwrap();
+    // A second root, and a root that does not exist.
+    let second = tempfile::tempdir().unwrap();
+    capability(
+        second.path(),
+        "f",
+        &GOOD.replace("word-count", "other"),
+        Some("count.py"),
+    );
+    let registry = CapabilityRegistry::load(&[
+        root.path().to_path_buf(),
+        root.path().join("nope"),
+        second.path().to_path_buf(),
+    ]);
+    let names: Vec<&str> = registry.iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["other", "word-count"]);
+    let counted = registry.get("word-count").unwrap();
+    assert!(counted.dir.ends_with("a-count"));
+    assert_eq!(counted.entry_path(), counted.dir.join("count.py"));
+    let errors: Vec<String> = registry.errors().iter().map(|e| e.to_string()).collect();
+    assert_eq!(errors.len(), 4, "{errors:#?}");
+    let about = |dir: &str| {
+        errors
+            .iter()
+            .find(|e| e.contains(&format!("/{dir}/")))
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        about("b-count").contains("already the name of"),
+        "{errors:#?}"
+    );
+    assert!(about("c-bad").contains("nam"), "{errors:#?}");
+    assert!(about("d-missing").contains("no such file"), "{errors:#?}");
+    assert!(about("e-link").contains("leads out of"), "{errors:#?}");
+}
+
+fn loaded(root: &Path, manifest: &str) -> skillbox_capability::Capability {
+    let name = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("name: "))
+        .unwrap()
+        .to_string();
+    capability(root, &name, manifest, Some("count.py"));
+    CapabilityRegistry::load(&[root.to_path_buf()])
+        .get(&name)
+        .cloned()
+        .unwrap()
+}
+
+#[test]
+fn a_host_capability_never_gets_more_than_a_session() {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let project = root.path();
+    let host = loaded(
+        root.path(),
+        &GOOD.replace("environment: native", "environment: host"),
+    );
+    let trust = TrustStore::open(data.path());
+    let e = trust.grant(&host, Scope::Project, project).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied);
+    assert!(e.message.contains("session at most"), "{e}");
+    // Ungranted: refused, naming what it needs and the command.
+    let e = trust.authorize(&host, project).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied);
+    assert!(e.message.contains("run_capability:host"), "{e}");
+    assert!(
+        e.message
+            .contains("skillbox cap grant word-count --scope once"),
+        "{e}"
+    );
+    // Once: one run, then refused again.
+    trust.grant(&host, Scope::Once, project).unwrap();
+    assert_eq!(trust.authorize(&host, project).unwrap(), Scope::Once);
+    assert!(trust.authorize(&host, project).is_err());
+    // Many runs under session grants never turn into a project grant.
+    trust.grant(&host, Scope::Session, project).unwrap();
+    for _ in 0..5 {
+        assert_eq!(trust.authorize(&host, project).unwrap(), Scope::Session);
+    }
+    let later = TrustStore::open(data.path());
+    assert!(
+        later.authorize(&host, project).is_err(),
+        "a session grant outlived its process"
+    );
+    // A hand-edited project grant for it counts for nothing.
+    let file = data.path().join("trust.json");
+    let forged = format!(
+        "{{\"grants\":[{{\"capability\":\"word-count\",\"project\":{:?},\"scope\":\"project\",\"covers\":[\"run_capability:host\",\"run_command:python3\",\"write_file:report-*\",\"network:none\"],\"grantedMs\":1}}]}}",
+        project
+    );
+    std::fs::write(&file, forged).unwrap();
+    assert!(
+        TrustStore::open(data.path())
+            .authorize(&host, project)
+            .is_err()
+    );
+}
+
+#[test]
+fn project_grants_persist_cover_what_was_declared_and_a_deny_wins() {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let project = root.path();
+    let native = loaded(root.path(), GOOD);
+    let trust = TrustStore::open(data.path());
+    trust.grant(&native, Scope::Project, project).unwrap();
+    let again = TrustStore::open(data.path());
+    assert_eq!(again.authorize(&native, project).unwrap(), Scope::Project);
+    // Another project: not granted there.
+    let elsewhere = tempfile::tempdir().unwrap();
+    assert!(again.authorize(&native, elsewhere.path()).is_err());
+    // The manifest asks for more than was granted: refused, naming only what is new.
+    let greedy = loaded(
+        root.path(),
+        &GOOD.replace("  - network:none", "  - network:none\n  - run_command:curl"),
+    );
+    let e = again.authorize(&greedy, project).unwrap_err();
+    assert!(e.message.contains("needs run_command:curl;"), "{e}");
+    // A deny wins over the grant, and lifting it restores it.
+    again.deny("word-count", project).unwrap();
+    let e = again.authorize(&native, project).unwrap_err();
+    assert!(e.message.contains("denied"), "{e}");
+    again.allow("word-count", project).unwrap();
+    assert!(again.authorize(&native, project).is_ok());
+    // Revoked: gone for every process.
+    assert_eq!(again.revoke("word-count", project).unwrap(), 1);
+    assert!(
+        TrustStore::open(data.path())
+            .authorize(&native, project)
+            .is_err()
+    );
+    let (grants, denied) = again.list(project).unwrap();
+    assert!(grants.is_empty() && denied.is_empty());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(data.path().join("trust.json"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the grants file is the user's alone");
+}

@@ -1,0 +1,218 @@
+//! `skillbox cap …`: the capabilities of a project (`<project>/capabilities/*/manifest.yaml`
+//! and `<data>/capabilities/*`), and who granted them what.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand, ValueEnum};
+use skillbox_capability::{Capability, CapabilityRegistry, Scope, TrustStore, ceiling};
+
+#[derive(Debug, Args)]
+pub struct CapArgs {
+    /// The project whose capabilities and grants these are [default: the current
+    /// directory]
+    #[arg(long, global = true, value_name = "DIR")]
+    project: Option<PathBuf>,
+    /// Load capabilities from DIR too (repeatable), after <project>/capabilities and
+    /// <data>/capabilities.
+    #[arg(long = "root", global = true, value_name = "DIR")]
+    roots: Vec<PathBuf>,
+    #[command(subcommand)]
+    command: CapCommand,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GrantScope {
+    /// For the next run only.
+    Once,
+    /// For this project, kept in the data dir (not for host capabilities).
+    Project,
+}
+
+#[derive(Debug, Subcommand)]
+enum CapCommand {
+    /// Every capability that loads, with its environment, lifecycle and grant; then each
+    /// one that does not, and why.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One capability's manifest, what it needs granted, and its grants.
+    Show { name: String },
+    /// Grant NAME what its manifest declares: running in its environment and each
+    /// permission.
+    Grant {
+        name: String,
+        #[arg(long, value_enum, default_value = "project")]
+        scope: GrantScope,
+    },
+    /// Remove every grant of NAME in this project.
+    Revoke { name: String },
+    /// Refuse NAME in this project, whatever is granted (the most restrictive rule wins).
+    Deny { name: String },
+    /// Lift a deny.
+    Allow { name: String },
+    /// The JSON Schema of manifest.yaml.
+    Schema,
+}
+
+fn usage(message: &str) -> ExitCode {
+    eprintln!("skillbox cap: {message}");
+    ExitCode::from(crate::EXIT_USAGE)
+}
+
+fn failed(message: &str) -> ExitCode {
+    eprintln!("skillbox cap: {message}");
+    ExitCode::from(crate::EXIT_SETUP_FAILED)
+}
+
+fn project_root(flag: Option<&Path>) -> Result<PathBuf, String> {
+    let dir = match flag {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?,
+    };
+    dir.canonicalize()
+        .map_err(|e| format!("--project {}: {e}", dir.display()))
+}
+
+fn find<'a>(registry: &'a CapabilityRegistry, name: &str) -> Result<&'a Capability, String> {
+    registry.get(name).ok_or_else(|| {
+        let known: Vec<&str> = registry.iter().map(Capability::name).collect();
+        let bad = registry
+            .errors()
+            .iter()
+            .find(|e| e.file.to_string_lossy().contains(&format!("/{name}/")))
+            .map(|e| format!(" (it did not load: {e})"))
+            .unwrap_or_default();
+        format!(
+            "no capability {name:?}{bad}; have: {}",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )
+    })
+}
+
+pub fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
+    if let CapCommand::Schema = args.command {
+        match serde_json::to_string_pretty(&skillbox_capability::schema()) {
+            Ok(text) => println!("{text}"),
+            Err(e) => return failed(&e.to_string()),
+        }
+        return ExitCode::SUCCESS;
+    }
+    let project = match project_root(args.project.as_deref()) {
+        Ok(project) => project,
+        Err(e) => return usage(&e),
+    };
+    let mut roots = vec![project.join("capabilities"), data_dir.join("capabilities")];
+    roots.extend(args.roots.iter().cloned());
+    let registry = CapabilityRegistry::load(&roots);
+    let trust = TrustStore::open(data_dir);
+    let granted = |capability: &Capability| -> String {
+        match trust.standing(capability, &project) {
+            Ok(standing) => standing.describe().to_string(),
+            Err(e) => e.message,
+        }
+    };
+    match args.command {
+        CapCommand::Schema => ExitCode::SUCCESS,
+        CapCommand::List { json } => {
+            if json {
+                let list: Vec<serde_json::Value> = registry
+                    .iter()
+                    .map(|c| {
+                        serde_json::json!({
+                            "name": c.name(),
+                            "environment": c.manifest.environment,
+                            "lifecycle": c.manifest.lifecycle,
+                            "description": c.manifest.description,
+                            "dir": c.dir,
+                            "grant": granted(c),
+                        })
+                    })
+                    .collect();
+                let errors: Vec<String> = registry.errors().iter().map(|e| e.to_string()).collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"capabilities": list, "errors": errors})
+                );
+            } else {
+                for c in registry.iter() {
+                    println!(
+                        "{:<24} {:<7} {:<10} {:<12} {}",
+                        c.name(),
+                        c.manifest.environment.to_string(),
+                        format!("{:?}", c.manifest.lifecycle).to_lowercase(),
+                        granted(c),
+                        c.manifest.description
+                    );
+                }
+                for e in registry.errors() {
+                    eprintln!("skillbox cap: not loaded: {e}");
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        CapCommand::Show { name } => {
+            let capability = match find(&registry, &name) {
+                Ok(c) => c,
+                Err(e) => return usage(&e),
+            };
+            let shown = serde_json::json!({
+                "manifest": capability.manifest,
+                "dir": capability.dir,
+                "needs": capability.manifest.needs(),
+                "ceiling": ceiling(capability.manifest.environment).as_str(),
+                "grant": granted(capability),
+            });
+            match serde_json::to_string_pretty(&shown) {
+                Ok(text) => println!("{text}"),
+                Err(e) => return failed(&e.to_string()),
+            }
+            ExitCode::SUCCESS
+        }
+        CapCommand::Grant { name, scope } => {
+            let capability = match find(&registry, &name) {
+                Ok(c) => c,
+                Err(e) => return usage(&e),
+            };
+            let scope = match scope {
+                GrantScope::Once => Scope::Once,
+                GrantScope::Project => Scope::Project,
+            };
+            match trust.grant(capability, scope, &project) {
+                Ok(grant) => {
+                    eprintln!(
+                        "skillbox cap: granted {name} ({}) in {}: {}",
+                        grant.scope.as_str(),
+                        project.display(),
+                        grant.covers.iter().cloned().collect::<Vec<_>>().join(", ")
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => usage(&e.message),
+            }
+        }
+        CapCommand::Revoke { name } => match trust.revoke(&name, &project) {
+            Ok(n) => {
+                eprintln!(
+                    "skillbox cap: revoked {n} grant(s) of {name} in {}",
+                    project.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => failed(&e.message),
+        },
+        CapCommand::Deny { name } => match trust.deny(&name, &project) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => failed(&e.message),
+        },
+        CapCommand::Allow { name } => match trust.allow(&name, &project) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => failed(&e.message),
+        },
+    }
+}
