@@ -12,6 +12,7 @@
 
 mod manifest;
 mod registry;
+mod router;
 mod trust;
 
 pub use manifest::{
@@ -19,4 +20,5 @@ pub use manifest::{
     schema,
 };
 pub use registry::{Capability, CapabilityRegistry, MANIFEST};
+pub use router::{CAPABILITY_DIR, CapabilityCall, CapabilityOutcome, run};
 pub use trust::{Grant, Scope, Standing, TrustError, TrustStore, ceiling};

@@ -54,6 +54,26 @@ enum CapCommand {
     Allow { name: String },
     /// The JSON Schema of manifest.yaml.
     Schema,
+    /// Run NAME once (oneshot, ondemand) in its declared environment, if granted; the
+    /// files its write_file permissions name come back.
+    Run {
+        name: String,
+        /// A file put in /workspace first, by its name (repeatable).
+        #[arg(long = "input", value_name = "FILE")]
+        inputs: Vec<PathBuf>,
+        /// Copy what comes back into DIR (never through a symlink; existing files kept
+        /// unless --overwrite).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        #[arg(long, requires = "out")]
+        overwrite: bool,
+        /// Print the outcome as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Arguments after the manifest's own.
+        #[arg(last = true, value_name = "ARGS")]
+        args: Vec<String>,
+    },
 }
 
 fn usage(message: &str) -> ExitCode {
@@ -95,7 +115,7 @@ fn find<'a>(registry: &'a CapabilityRegistry, name: &str) -> Result<&'a Capabili
     })
 }
 
-pub fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
+pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
     if let CapCommand::Schema = args.command {
         match serde_json::to_string_pretty(&skillbox_capability::schema()) {
             Ok(text) => println!("{text}"),
@@ -119,6 +139,33 @@ pub fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
     };
     match args.command {
         CapCommand::Schema => ExitCode::SUCCESS,
+        CapCommand::Run {
+            name,
+            inputs,
+            out,
+            overwrite,
+            json,
+            args: call_args,
+        } => {
+            let capability = match find(&registry, &name) {
+                Ok(c) => c,
+                Err(e) => return usage(&e),
+            };
+            call(
+                capability,
+                &project,
+                &trust,
+                data_dir,
+                Call {
+                    inputs,
+                    out,
+                    overwrite,
+                    json,
+                    args: call_args,
+                },
+            )
+            .await
+        }
         CapCommand::List { json } => {
             if json {
                 let list: Vec<serde_json::Value> = registry
@@ -215,4 +262,101 @@ pub fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
             Err(e) => failed(&e.message),
         },
     }
+}
+
+struct Call {
+    inputs: Vec<PathBuf>,
+    out: Option<PathBuf>,
+    overwrite: bool,
+    json: bool,
+    args: Vec<String>,
+}
+
+async fn call(
+    capability: &Capability,
+    project: &Path,
+    trust: &TrustStore,
+    data_dir: &Path,
+    call: Call,
+) -> ExitCode {
+    use skillbox_client::outdir::{ExportOptions, Exported, OutDir};
+    let mut inputs = Vec::new();
+    for path in &call.inputs {
+        let Some(name) = path.file_name() else {
+            return usage(&format!("--input {}: names no file", path.display()));
+        };
+        match std::fs::read(path) {
+            Ok(bytes) => inputs.push((PathBuf::from(name), bytes.into())),
+            Err(e) => return usage(&format!("--input {}: {e}", path.display())),
+        }
+    }
+    let mut out = match &call.out {
+        Some(dir) => match OutDir::open(
+            dir,
+            ExportOptions {
+                overwrite: call.overwrite,
+                ..ExportOptions::default()
+            },
+        ) {
+            Ok(out) => Some(out),
+            Err(e) => return usage(&e.message),
+        },
+        None => None,
+    };
+    let backends = skillbox_registry::BackendRegistry::new(skillbox_run::registry_config(data_dir));
+    let cancel = skillbox_env::CancellationToken::new();
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            interrupt.cancel();
+        }
+    });
+    let request = skillbox_capability::CapabilityCall {
+        args: call.args,
+        inputs,
+    };
+    let outcome =
+        match skillbox_capability::run(capability, request, project, trust, &backends, &cancel)
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(e) => return failed(&format!("{}: {e}", capability.name())),
+        };
+    let mut undelivered = false;
+    let mut written = Vec::new();
+    for file in &outcome.files {
+        match out.as_mut().map(|o| o.write(&file.path, &file.bytes)) {
+            Some(Ok(Exported::Written(path))) => written.push(path.display().to_string()),
+            Some(Ok(Exported::NotSelected)) | None => {}
+            Some(Err(e)) => {
+                eprintln!("skillbox cap: {}", e.message);
+                undelivered = true;
+            }
+        }
+    }
+    let status = outcome.output.shell_status().clamp(0, 255) as u8;
+    if call.json {
+        let shown = serde_json::json!({
+            "capability": capability.name(),
+            "grant": outcome.scope.as_str(),
+            "output": outcome.output,
+            "files": outcome.files.iter().map(|f| serde_json::json!({"path": f.path, "size": f.size, "sha256": f.sha256})).collect::<Vec<_>>(),
+            "written": written,
+        });
+        println!("{shown}");
+    } else {
+        print!("{}", outcome.output.stdout_text());
+        eprint!("{}", outcome.output.stderr_text());
+        for file in &outcome.files {
+            let place = match &out {
+                Some(out) => out.path().join(&file.path).display().to_string(),
+                None => format!("{} (--out DIR to copy it)", file.path),
+            };
+            eprintln!("skillbox cap: made {place}, {} bytes", file.size);
+        }
+    }
+    if status == 0 && undelivered {
+        return ExitCode::from(crate::EXIT_SETUP_FAILED);
+    }
+    ExitCode::from(status)
 }

@@ -136,7 +136,7 @@ fn main() -> ExitCode {
             Command::Setup => serve::setup(&data_dir).await,
             Command::Agent(args) => agent::run(args, &data_dir).await,
             Command::Keys(args) => keys::run(args),
-            Command::Cap(args) => cap::run(args, &data_dir),
+            Command::Cap(args) => cap::run(args, &data_dir).await,
         }
     })
 }

@@ -1,0 +1,240 @@
+//! Running a capability: the trust check first, then a sandbox of exactly the declared
+//! environment from the backend registry (never a weaker one: an environment that is
+//! not there is `unavailable`), with the declared limits and volumes, the capability's
+//! directory read-only at `/capability`, the call's inputs in `/workspace`, and back only
+//! the files its `write_file` permissions name.
+//!
+//! A `host` capability has no boundary: it runs in the project directory itself, as the
+//! user, and writes where it writes; nothing is collected from it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use skillbox_env::{
+    CancellationToken, EnvError, ErrorCode, ExecOutput, ExecRequest, ExecutionEnv, Limits, Mount,
+    SandboxPolicy, SandboxSpec,
+};
+use skillbox_protocol::OutputSelection;
+use skillbox_registry::BackendRegistry;
+use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts};
+
+use crate::manifest::{Environment, Lifecycle, Permission};
+use crate::registry::Capability;
+use crate::trust::{Scope, TrustStore};
+
+/// Where a capability's own directory is shown in its sandbox (read-only).
+pub const CAPABILITY_DIR: &str = "/capability";
+const WORKSPACE: &str = "/workspace";
+
+/// One call of a capability.
+#[derive(Debug, Clone, Default)]
+pub struct CapabilityCall {
+    /// After the manifest's own `args`.
+    pub args: Vec<String>,
+    /// Files put in `/workspace` first: relative path and content.
+    pub inputs: Vec<(PathBuf, Bytes)>,
+}
+
+/// How a call ended.
+#[derive(Debug)]
+pub struct CapabilityOutcome {
+    /// The grant it ran under.
+    pub scope: Scope,
+    pub output: ExecOutput,
+    /// What it made that its `write_file` permissions name (none for `host`).
+    pub files: Vec<CollectedFile>,
+}
+
+fn unavailable(message: String) -> EnvError {
+    EnvError::new(ErrorCode::Unavailable, message)
+}
+
+/// The command that runs `entry`: an executable as it is; a script by its extension.
+fn command(entry: &Path, executable: bool) -> Vec<String> {
+    let shown = entry.display().to_string();
+    let interpreter = match entry.extension().and_then(|e| e.to_str()) {
+        _ if executable => None,
+        Some("py") => Some("python3"),
+        Some("js" | "mjs" | "cjs") => Some("node"),
+        Some("sh") => Some("/bin/sh"),
+        _ => None,
+    };
+    interpreter
+        .map(str::to_string)
+        .into_iter()
+        .chain(std::iter::once(shown))
+        .collect()
+}
+
+/// The limits the manifest declares, over skillbox's defaults.
+fn limits(capability: &Capability) -> Limits {
+    let bounds = capability.manifest.bounds().unwrap_or_default();
+    let defaults = Limits::default();
+    Limits {
+        timeout_ms: bounds
+            .timeout
+            .unwrap_or(Duration::from_millis(defaults.timeout_ms))
+            .as_millis() as u64,
+        memory_bytes: bounds.memory_bytes.or(defaults.memory_bytes),
+        pids: bounds.pids.or(defaults.pids),
+        disk_bytes: bounds.disk_bytes.or(defaults.disk_bytes),
+        ..defaults
+    }
+}
+
+/// What comes back: the files the `write_file` permissions name, and nothing else
+/// (`None`: no `write_file` permission, so no file at all).
+fn outputs(capability: &Capability) -> Result<Option<OutputSelection>, EnvError> {
+    let globs: Vec<&str> = capability
+        .manifest
+        .permissions
+        .iter()
+        .filter_map(|p| match p {
+            Permission::WriteFile(glob) => Some(glob.as_str()),
+            _ => None,
+        })
+        .collect();
+    if globs.is_empty() {
+        return Ok(None);
+    }
+    OutputSelection::new(&globs).map(Some).map_err(|e| {
+        EnvError::invalid(format!(
+            "{}: permissions: write_file:{}: {}",
+            capability.manifest_file().display(),
+            e.glob,
+            e.reason
+        ))
+    })
+}
+
+/// Runs `capability` once for `call`, in `project`, if trust allows it.
+pub async fn run(
+    capability: &Capability,
+    call: CapabilityCall,
+    project: &Path,
+    trust: &TrustStore,
+    backends: &BackendRegistry,
+    cancel: &CancellationToken,
+) -> Result<CapabilityOutcome, EnvError> {
+    let manifest = &capability.manifest;
+    if manifest.lifecycle == Lifecycle::Persistent {
+        return Err(EnvError::new(
+            ErrorCode::NotSupported,
+            format!(
+                "{} is persistent: it is started and reached over its port or socket, not run (`cap start` is not built yet)",
+                capability.name()
+            ),
+        ));
+    }
+    let scope = trust
+        .authorize(capability, project)
+        .map_err(|e| EnvError::new(e.code, e.message))?;
+    let kind = manifest.environment.kind();
+    let host = manifest.environment == Environment::Host;
+    let mut policy = SandboxPolicy::default();
+    if !host {
+        policy.read_only_mounts.push(Mount {
+            host: capability.dir.clone(),
+            sandbox: CAPABILITY_DIR.into(),
+        });
+        for (i, volume) in manifest.volumes.iter().enumerate() {
+            if volume.rw {
+                return Err(unavailable(format!(
+                    "{}: volumes[{i}]: a read-write volume is not built yet; declare it without rw",
+                    capability.manifest_file().display()
+                )));
+            }
+            policy.read_only_mounts.push(Mount {
+                host: volume.host.clone(),
+                sandbox: volume.sandbox.clone(),
+            });
+        }
+    }
+    let spec = SandboxSpec {
+        // The host runs in the project itself; a sandbox gets a workspace of its own.
+        workspace: host.then(|| project.to_path_buf()),
+        limits: Limits {
+            disk_bytes: if host {
+                None
+            } else {
+                limits(capability).disk_bytes
+            },
+            disk_inodes: None,
+            ..limits(capability)
+        },
+        policy,
+    };
+    let selection = outputs(capability)?;
+    let env = backends.create_one_shot(kind, spec).await?;
+    let result = call_in(env.as_ref(), capability, call, host, &selection, cancel).await;
+    if let Err(e) = env.cleanup().await {
+        tracing::warn!(error = %e, capability = capability.name(), "capability: cleanup failed");
+    }
+    let (output, files) = result?;
+    Ok(CapabilityOutcome {
+        scope,
+        output,
+        files,
+    })
+}
+
+async fn call_in(
+    env: &dyn ExecutionEnv,
+    capability: &Capability,
+    call: CapabilityCall,
+    host: bool,
+    selection: &Option<OutputSelection>,
+    cancel: &CancellationToken,
+) -> Result<(ExecOutput, Vec<CollectedFile>), EnvError> {
+    use std::os::unix::fs::PermissionsExt;
+    let entry_host = capability.entry_path();
+    let executable = std::fs::metadata(&entry_host)
+        .map(|m| m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
+    let entry = if host {
+        entry_host
+    } else {
+        Path::new(CAPABILITY_DIR).join(&capability.manifest.entry)
+    };
+    let mut argv = command(&entry, executable);
+    argv.extend(capability.manifest.args.iter().cloned());
+    argv.extend(call.args);
+    let mut inputs = BTreeMap::new();
+    if !host {
+        let workspace = Path::new(WORKSPACE);
+        for (path, bytes) in &call.inputs {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                env.create_dir(&workspace.join(parent), true, cancel)
+                    .await?;
+            }
+            env.write(&workspace.join(path), bytes, cancel).await?;
+            inputs.insert(path.clone(), skillbox_store::sha256_hex(bytes));
+        }
+    }
+    let mut request = ExecRequest::argv(argv);
+    for name in &capability.manifest.env {
+        if let Ok(value) = std::env::var(name) {
+            request = request.env(name, value);
+        }
+    }
+    if !host {
+        request = request.cwd(WORKSPACE);
+    }
+    let output = env.exec(request, cancel).await?;
+    let Some(selection) = selection.as_ref().filter(|_| !host) else {
+        return Ok((output, Vec::new()));
+    };
+    let files = collect_artifacts(
+        env,
+        Path::new(WORKSPACE),
+        &inputs,
+        selection,
+        CollectLimits::default(),
+        cancel,
+    )
+    .await
+    .map_err(|e| EnvError::new(e.code(), e.to_string()))?;
+    Ok((output, files))
+}
