@@ -98,6 +98,16 @@ if start_docker; then
   fi
 fi
 
+# The wasm backend's guests (CPython and QuickJS for WASI, pinned by SHA-256) and their
+# compile for this host, shared by every wasm test through SKILLBOX_WASM_HOME.
+say "wasm guests (scripts/wasm-guests.sh; skipped when up to date)"
+export SKILLBOX_WASM_HOME=$PWD/target/wasm-home
+cargo build -p skillbox
+if ! target/debug/skillbox --data-dir target/skillbox-image-data setup; then
+  echo "skillbox setup failed: the wasm guest tests will fail or skip" >&2
+  [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ] && exit 1
+fi
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -353,17 +353,20 @@ impl Session<'_> {
             .write(&script_path, script.as_bytes(), self.cancel)
             .await
             .map_err(AgentError::Sandbox)?;
-        let request =
-            ExecRequest::argv(script_command(language, &script_path.display().to_string()))
-                .cwd(WORKSPACE)
-                // Never past the run's deadline.
-                .timeout(
-                    self.config
-                        .limits
-                        .timeout()
-                        .min(self.deadline.saturating_duration_since(Instant::now()))
-                        .max(Duration::from_millis(1)),
-                );
+        let request = ExecRequest::argv(script_command(
+            self.env.kind(),
+            language,
+            &script_path.display().to_string(),
+        ))
+        .cwd(WORKSPACE)
+        // Never past the run's deadline.
+        .timeout(
+            self.config
+                .limits
+                .timeout()
+                .min(self.deadline.saturating_duration_since(Instant::now()))
+                .max(Duration::from_millis(1)),
+        );
         let output = self
             .env
             .exec(request, self.cancel)

@@ -16,6 +16,7 @@ use skillbox_env::{
     SandboxSpec,
 };
 use skillbox_native::NativeBackend;
+use skillbox_wasm::{WasmBackend, WasmConfig};
 use tokio::sync::OnceCell;
 
 /// What the registry's backends are made with.
@@ -29,12 +30,21 @@ pub struct RegistryConfig {
     /// sandboxes of `warm_spec`; 0 keeps none.
     pub warm_containers: usize,
     pub warm_spec: SandboxSpec,
+    /// The wasm backend's guests, compile cache and runner copy
+    /// [default: `$SKILLBOX_WASM_HOME`, else `<data>/wasm`].
+    pub wasm_home: PathBuf,
+    /// The program that runs wasm guests: the skillbox binary, when it is the one
+    /// running (see [`skillbox_wasm::runner::this_program_runs_guests`]).
+    pub wasm_runner: Option<PathBuf>,
 }
 
 impl RegistryConfig {
     pub fn new(data_dir: impl Into<PathBuf>, image: impl Into<String>) -> Self {
+        let data_dir = data_dir.into();
         RegistryConfig {
-            data_dir: data_dir.into(),
+            wasm_home: skillbox_wasm::default_home(&data_dir),
+            wasm_runner: skillbox_wasm::runner::guest_runner(),
+            data_dir,
             image: image.into(),
             warm_containers: 0,
             warm_spec: SandboxSpec::default(),
@@ -46,21 +56,30 @@ impl RegistryConfig {
 #[derive(Debug)]
 pub struct BackendRegistry {
     config: RegistryConfig,
-    native: NativeBackend,
+    native: Arc<NativeBackend>,
     host: HostBackend,
+    wasm: WasmBackend,
     docker: OnceCell<Arc<DockerBackend>>,
     gvisor: OnceCell<Arc<DockerBackend>>,
 }
 
 fn not_built(kind: BackendKind) -> String {
-    format!("backend {kind}: not part of this build yet; use native, docker or gvisor")
+    format!("backend {kind}: not part of this build; use native, docker, gvisor or wasm")
 }
 
 impl BackendRegistry {
     pub fn new(config: RegistryConfig) -> Self {
+        let native = Arc::new(NativeBackend::new(&config.data_dir));
         BackendRegistry {
-            native: NativeBackend::new(&config.data_dir),
+            native: native.clone(),
             host: HostBackend::new(config.data_dir.join("host-tmp")),
+            wasm: WasmBackend::new(
+                WasmConfig {
+                    home: config.wasm_home.clone(),
+                    runner: config.wasm_runner.clone(),
+                },
+                native,
+            ),
             docker: OnceCell::new(),
             gvisor: OnceCell::new(),
             config,
@@ -70,8 +89,9 @@ impl BackendRegistry {
     /// The backend of `kind`, connected (and checked) on first use.
     pub async fn backend(&self, kind: BackendKind) -> EnvResult<&dyn Backend> {
         let runtime = match kind {
-            BackendKind::Native => return Ok(&self.native),
+            BackendKind::Native => return Ok(self.native.as_ref()),
             BackendKind::Host => return Ok(&self.host),
+            BackendKind::Wasm => return Ok(&self.wasm),
             BackendKind::Docker => Runtime::Runc,
             BackendKind::Gvisor => Runtime::Runsc,
             _ => return Err(EnvError::unavailable(not_built(kind))),
@@ -109,11 +129,17 @@ impl BackendRegistry {
         self.backend(kind).await?.create_one_shot(spec).await
     }
 
+    /// The wasm backend itself (`skillbox setup` compiles its guests).
+    pub fn wasm(&self) -> &WasmBackend {
+        &self.wasm
+    }
+
     /// What `kind` gives on this host, without connecting to anything for good.
     pub async fn probe(&self, kind: BackendKind) -> BackendReport {
         match kind {
             BackendKind::Native => self.native.probe().await,
             BackendKind::Host => self.host.probe().await,
+            BackendKind::Wasm => self.wasm.probe().await,
             BackendKind::Docker => skillbox_docker::probe(Runtime::Runc, &self.config.image).await,
             BackendKind::Gvisor => skillbox_docker::probe(Runtime::Runsc, &self.config.image).await,
             _ => BackendReport::new(kind, Some(not_built(kind))),

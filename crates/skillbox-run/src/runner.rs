@@ -252,10 +252,19 @@ pub fn script_name(language: Language) -> &'static str {
     }
 }
 
-/// The command that runs the script. Node runs under its permission model too (a
-/// second layer inside the sandbox, never instead of it): reads only the runtime and
-/// `/workspace`, writes only `/workspace` and `/tmp`, no child processes, no workers.
-pub fn script_command(language: Language, script: &str) -> Vec<String> {
+/// The command that runs the script in a sandbox of `kind`. Node runs under its
+/// permission model too (a second layer inside the sandbox, never instead of it): reads
+/// only the runtime and `/workspace`, writes only `/workspace` and `/tmp`, no child
+/// processes, no workers. On wasm, `node` is QuickJS and `python3` CPython for WASI.
+pub fn script_command(kind: BackendKind, language: Language, script: &str) -> Vec<String> {
+    if kind == BackendKind::Wasm {
+        let program = match language {
+            Language::Node => "node",
+            Language::Python => "python3",
+            Language::Sh => "/bin/sh",
+        };
+        return vec![program.into(), script.into()];
+    }
     match language {
         Language::Node => vec![
             "node".into(),
@@ -332,11 +341,16 @@ impl Runner {
         let kind = request.backend.unwrap_or(BackendKind::Native);
         if kind == BackendKind::Host {
             return Err(RunError::Invalid(
-                "backend: host runs code with no boundary; runs use native, docker or gvisor"
+                "backend: host runs code with no boundary; runs use native, docker, gvisor or wasm"
                     .into(),
             ));
         }
         let checked = check(request)?;
+        if kind == BackendKind::Wasm && checked.language == Language::Sh {
+            return Err(RunError::Invalid(
+                "language: sh cannot run on the wasm backend (a WASI guest has no shell); use python or node".into(),
+            ));
+        }
         let mut policy = SandboxPolicy::default();
         if checked.language == Language::Node {
             self.runtime_mount(kind, &mut policy).await?;
@@ -434,6 +448,7 @@ impl Runner {
         inputs.insert(PathBuf::from(script), sha256_hex(checked.script.as_bytes()));
 
         let request = ExecRequest::argv(script_command(
+            env.kind(),
             checked.language,
             &format!("{WORKSPACE}/{script}"),
         ))

@@ -39,8 +39,9 @@ enum Command {
     Run(run::RunArgs),
     /// Serve the HTTP API (POST /v1/run, artifact downloads, /metrics, /openapi.json).
     Serve(serve::ServeArgs),
-    /// Install what runs need (the Node runtime) ahead of the first run.
-    Setup,
+    /// Install what runs need ahead of the first run: the Node runtime, and the wasm
+    /// backend's guests (CPython and QuickJS for WASI), compiled for this host.
+    Setup(serve::SetupArgs),
     /// Build the runtime image the docker and gvisor backends run (no registry needed).
     Image(image::ImageArgs),
     /// A model writes a script, skillbox runs it and feeds errors back until the files
@@ -82,6 +83,18 @@ fn one_line(rendered: &str) -> String {
 }
 
 fn main() -> ExitCode {
+    // A wasm sandbox's runner: this binary, started inside the native sandbox.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == skillbox_wasm::runner::SUBCOMMAND)
+    {
+        let args: Vec<String> = std::env::args_os()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let code = skillbox_wasm::runner::main(&args[2..]);
+        return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
+    }
+    skillbox_wasm::runner::this_program_runs_guests();
     // Without SKILLBOX_LOG, a plain level filter: parsing filter directives costs
     // more than a one-shot exec wants to spend on logging it will not do.
     let logs = tracing_subscriber::fmt().with_writer(std::io::stderr);
@@ -133,7 +146,7 @@ fn main() -> ExitCode {
             Command::Exec(args) => exec::run(args, &data_dir).await,
             Command::Run(args) => run::run(args, &data_dir).await,
             Command::Serve(args) => serve::serve(args, &data_dir).await,
-            Command::Setup => serve::setup(&data_dir).await,
+            Command::Setup(args) => serve::setup(args, &data_dir).await,
             Command::Agent(args) => agent::run(args, &data_dir).await,
             Command::Keys(args) => keys::run(args),
             Command::Cap(args) => cap::run(args, &data_dir).await,

@@ -256,27 +256,100 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
 }
 
 /// Installs what runs need, with progress; later runs start at once.
-pub async fn setup(data_dir: &Path) -> ExitCode {
-    match crate::local::runner(data_dir, true).await {
-        Ok(runner) => {
-            eprintln!(
-                "skillbox setup: node runtime at {}",
-                runner.node_runtime().node_modules().display()
-            );
-            let native = skillbox_native::probe();
-            if native.available {
-                eprintln!("skillbox setup: native sandbox available");
-            } else {
-                eprintln!(
-                    "skillbox setup: native sandbox unavailable: {}",
-                    native.reason.unwrap_or_default()
-                );
-            }
-            ExitCode::SUCCESS
-        }
+/// `skillbox setup`.
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Leave the wasm guests out (they take a download, a C build and a compile).
+    #[arg(long)]
+    no_wasm: bool,
+}
+
+/// The installer of the wasm guests (pinned downloads, checked by SHA-256, and a
+/// QuickJS build), run with bash.
+const WASM_GUESTS_SCRIPT: &str = include_str!("../../../scripts/wasm-guests.sh");
+
+pub async fn setup(args: SetupArgs, data_dir: &Path) -> ExitCode {
+    let runner = match crate::local::runner(data_dir, true).await {
+        Ok(runner) => runner,
         Err(e) => {
             eprintln!("skillbox setup: {e}");
+            return ExitCode::from(crate::EXIT_SETUP_FAILED);
+        }
+    };
+    eprintln!(
+        "skillbox setup: node runtime at {}",
+        runner.node_runtime().node_modules().display()
+    );
+    let native = skillbox_native::probe();
+    if native.available {
+        eprintln!("skillbox setup: native sandbox available");
+    } else {
+        eprintln!(
+            "skillbox setup: native sandbox unavailable: {}",
+            native.reason.unwrap_or_default()
+        );
+    }
+    if args.no_wasm {
+        return ExitCode::SUCCESS;
+    }
+    match setup_wasm(data_dir).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("skillbox setup: wasm guests: {e}");
             ExitCode::from(crate::EXIT_SETUP_FAILED)
         }
     }
+}
+
+/// Installs the wasm guests (or finds them up to date) and compiles each for this host.
+async fn setup_wasm(data_dir: &Path) -> Result<(), String> {
+    let home = skillbox_wasm::default_home(data_dir);
+    let guests = home.join("guests");
+    let mut child = tokio::process::Command::new("bash")
+        .arg("-s")
+        .arg("--")
+        .arg(&guests)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start bash: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        stdin
+            .write_all(WASM_GUESTS_SCRIPT.as_bytes())
+            .await
+            .map_err(|e| format!("cannot feed the installer: {e}"))?;
+    }
+    let status = child.wait().await.map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!(
+            "the installer failed ({status}); its messages are above"
+        ));
+    }
+    let backend = skillbox_wasm::WasmBackend::new(
+        skillbox_wasm::WasmConfig {
+            home,
+            runner: skillbox_wasm::runner::guest_runner(),
+        },
+        Arc::new(skillbox_native::NativeBackend::new(data_dir)),
+    );
+    let names: Vec<String> = backend
+        .guests()
+        .map_err(|e| e.to_string())?
+        .guests
+        .iter()
+        .map(|g| g.name.clone())
+        .collect();
+    eprintln!(
+        "skillbox setup: compiling the wasm guests for this host ({}; once, a few seconds each)",
+        names.join(", ")
+    );
+    for (name, fresh) in backend.precompile().await.map_err(|e| e.to_string())? {
+        let how = if fresh {
+            "compiled"
+        } else {
+            "already compiled"
+        };
+        eprintln!("skillbox setup: wasm guest {name}: {how}");
+    }
+    Ok(())
 }

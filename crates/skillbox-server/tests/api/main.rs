@@ -437,8 +437,14 @@ async fn bad_input_gets_a_clear_4xx() {
     let (status, json) = server
         .post("/v1/run", &json!({"script": "1", "backend": "wasm"}))
         .await;
+    // A test process cannot start wasm guests (only the skillbox binary can): the
+    // backend says so, and the run does not fall back to another.
     assert_eq!(status, 503, "{json}");
     assert!(is_error(&json, "unavailable"), "{json}");
+    assert!(
+        json["error"]["message"].as_str().unwrap().contains("wasm"),
+        "{json}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
