@@ -35,6 +35,8 @@ pub struct CapabilityCall {
     pub args: Vec<String>,
     /// Files put in `/workspace` first: relative path and content.
     pub inputs: Vec<(PathBuf, Bytes)>,
+    /// Fed to the process's stdin (empty when `None`).
+    pub stdin: Option<Vec<u8>>,
 }
 
 /// How a call ended.
@@ -198,6 +200,8 @@ async fn call_in(
     } else {
         Path::new(CAPABILITY_DIR).join(&capability.manifest.entry)
     };
+    // A wasm guest runs by its interpreter (or is a module itself), never as a file.
+    let executable = executable && env.kind() != skillbox_env::BackendKind::Wasm;
     let mut argv = command(&entry, executable);
     argv.extend(capability.manifest.args.iter().cloned());
     argv.extend(call.args);
@@ -214,6 +218,7 @@ async fn call_in(
         }
     }
     let mut request = ExecRequest::argv(argv);
+    request.stdin = call.stdin;
     for name in &capability.manifest.env {
         if let Ok(value) = std::env::var(name) {
             request = request.env(name, value);

@@ -279,6 +279,14 @@ impl Backend for WasmBackend {
             .map_err(|e| EnvError::io(&e, "create", &guests_dir))?;
 
         let limits = spec.limits.clone();
+        // The caller's read-only mounts (a capability's dir, its volumes) are preopened
+        // read-only for the guest at the same paths.
+        let read_only: Vec<PathBuf> = spec
+            .policy
+            .read_only_mounts
+            .iter()
+            .map(|m| skillbox_env::path::normalize(&m.sandbox))
+            .collect();
         let mut native = spec;
         for (host, sandbox) in [(runner, BIN), (guests_dir, GUESTS), (cache, CACHE)] {
             native.policy.read_only_mounts.push(Mount {
@@ -294,6 +302,7 @@ impl Backend for WasmBackend {
             shared: self.shared.clone(),
             guests: Arc::new(guests),
             limits,
+            read_only,
         }))
     }
 }
@@ -304,6 +313,8 @@ pub struct WasmSandbox {
     shared: Arc<Shared>,
     guests: Arc<Guests>,
     limits: skillbox_env::Limits,
+    /// Preopened read-only at their own paths.
+    read_only: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for WasmSandbox {
@@ -338,6 +349,13 @@ impl WasmSandbox {
                 dir: cwd.to_path_buf(),
                 guest: ".".into(),
                 writable: true,
+            });
+        }
+        for dir in &self.read_only {
+            dirs.push(Preopen {
+                dir: dir.clone(),
+                guest: dir.display().to_string(),
+                writable: false,
             });
         }
         let mut env = Vec::new();

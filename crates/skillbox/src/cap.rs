@@ -61,6 +61,9 @@ enum CapCommand {
         /// A file put in /workspace first, by its name (repeatable).
         #[arg(long = "input", value_name = "FILE")]
         inputs: Vec<PathBuf>,
+        /// Feed FILE to the capability's stdin (`-` for this command's own stdin).
+        #[arg(long, value_name = "FILE")]
+        stdin: Option<PathBuf>,
         /// Copy what comes back into DIR (never through a symlink; existing files kept
         /// unless --overwrite).
         #[arg(long, value_name = "DIR")]
@@ -142,6 +145,7 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
         CapCommand::Run {
             name,
             inputs,
+            stdin,
             out,
             overwrite,
             json,
@@ -158,6 +162,7 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
                 data_dir,
                 Call {
                     inputs,
+                    stdin,
                     out,
                     overwrite,
                     json,
@@ -266,6 +271,7 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
 
 struct Call {
     inputs: Vec<PathBuf>,
+    stdin: Option<PathBuf>,
     out: Option<PathBuf>,
     overwrite: bool,
     json: bool,
@@ -290,6 +296,21 @@ async fn call(
             Err(e) => return usage(&format!("--input {}: {e}", path.display())),
         }
     }
+    let stdin = match &call.stdin {
+        None => None,
+        Some(path) if path.as_os_str() == "-" => {
+            use std::io::Read;
+            let mut bytes = Vec::new();
+            if let Err(e) = std::io::stdin().read_to_end(&mut bytes) {
+                return usage(&format!("--stdin -: {e}"));
+            }
+            Some(bytes)
+        }
+        Some(path) => match std::fs::read(path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) => return usage(&format!("--stdin {}: {e}", path.display())),
+        },
+    };
     let mut out = match &call.out {
         Some(dir) => match OutDir::open(
             dir,
@@ -314,6 +335,7 @@ async fn call(
     let request = skillbox_capability::CapabilityCall {
         args: call.args,
         inputs,
+        stdin,
     };
     let outcome =
         match skillbox_capability::run(capability, request, project, trust, &backends, &cancel)

@@ -27,6 +27,7 @@ fn cap(data: &Path, project: &Path, args: &[&str], env: &[(&str, &str)]) -> Outp
         .arg("--root")
         .arg(example("capabilities"))
         .args(args)
+        .env("SKILLBOX_WASM_HOME", common::wasm_home())
         .current_dir(project);
     for (key, value) in env {
         command.env(key, value);
@@ -207,4 +208,148 @@ fn a_docker_capability_runs_in_docker_or_not_at_all() {
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["sales.csv"]["rows"], 2, "{summary}");
     assert_eq!(summary["sales.csv"]["means"]["amount"], 20.0, "{summary}");
+}
+
+/// The wasm examples: a Python word count (oneshot) and a JavaScript transform
+/// (ondemand, stdin and arguments from the call), each a WASI guest.
+#[test]
+fn wasm_capabilities_run_python_and_javascript_guests() {
+    if !common::wasm_guests_or_skip("wasm_capabilities") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let notes = project.path().join("notes.txt");
+    std::fs::write(&notes, "the cat and the dog and the cat\n").unwrap();
+    let out = project.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    for name in ["wasm-word-count", "json-transform"] {
+        let granted = cap(data.path(), project.path(), &["grant", name], &[]);
+        assert!(granted.status.success(), "{}", text(&granted.stderr));
+        assert!(
+            text(&granted.stderr).contains("run_capability:wasm"),
+            "{}",
+            text(&granted.stderr)
+        );
+    }
+    let counted = cap(
+        data.path(),
+        project.path(),
+        &[
+            "run",
+            "wasm-word-count",
+            "--input",
+            notes.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert!(counted.status.success(), "{}", text(&counted.stderr));
+    let totals: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("word-totals.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        totals["notes.txt"],
+        serde_json::json!({"words": 8, "distinct": 4})
+    );
+
+    let rows = project.path().join("rows.json");
+    std::fs::write(
+        &rows,
+        r#"[{"name":"a","price":3,"secret":1},{"name":"b","price":4}]"#,
+    )
+    .unwrap();
+    let transformed = cap(
+        data.path(),
+        project.path(),
+        &[
+            "run",
+            "json-transform",
+            "--stdin",
+            rows.to_str().unwrap(),
+            "--json",
+            "--",
+            "name",
+            "price",
+        ],
+        &[],
+    );
+    assert!(
+        transformed.status.success(),
+        "{}",
+        text(&transformed.stderr)
+    );
+    let json: Value = serde_json::from_slice(&transformed.stdout).unwrap();
+    assert_eq!(
+        json["output"]["stdout"], "[{\"name\":\"a\",\"price\":3},{\"name\":\"b\",\"price\":4}]\n",
+        "{json}"
+    );
+    assert_eq!(json["files"][0]["path"], "transformed.json", "{json}");
+    // Bad input is the capability's own error, fed back as its exit code and stderr.
+    std::fs::write(&rows, "{not json").unwrap();
+    let bad = cap(
+        data.path(),
+        project.path(),
+        &[
+            "run",
+            "json-transform",
+            "--stdin",
+            rows.to_str().unwrap(),
+            "--json",
+            "--",
+            "name",
+        ],
+        &[],
+    );
+    let json: Value = serde_json::from_slice(&bad.stdout).unwrap();
+    assert_eq!(json["output"]["exitCode"], 1, "{json}");
+    assert!(
+        json["output"]["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("stdin is not JSON"),
+        "{json}"
+    );
+}
+
+/// The ondemand native formatter: a fresh process per call, its stdin from the call.
+#[test]
+fn an_ondemand_formatter_gets_a_fresh_process_per_call() {
+    if !native_or_skip("an_ondemand_formatter") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    assert!(
+        cap(data.path(), project.path(), &["grant", "fmt-json"], &[])
+            .status
+            .success()
+    );
+    let doc = project.path().join("doc.json");
+    for (input, expected) in [
+        (
+            r#"{"b":1,"a":[1,2]}"#,
+            "{\n  \"a\": [\n    1,\n    2\n  ],\n  \"b\": 1\n}\n",
+        ),
+        (r#"{"z":null}"#, "{\n  \"z\": null\n}\n"),
+    ] {
+        std::fs::write(&doc, input).unwrap();
+        let ran = cap(
+            data.path(),
+            project.path(),
+            &[
+                "run",
+                "fmt-json",
+                "--stdin",
+                doc.to_str().unwrap(),
+                "--json",
+            ],
+            &[],
+        );
+        assert!(ran.status.success(), "{}", text(&ran.stderr));
+        let json: Value = serde_json::from_slice(&ran.stdout).unwrap();
+        assert_eq!(json["output"]["stdout"], expected, "{json}");
+    }
 }

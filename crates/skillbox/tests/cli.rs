@@ -874,7 +874,18 @@ fn cap_lists_grants_and_holds_the_host_ceiling() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["csv-summary", "git-report", "word-count"], "{json}");
+    assert_eq!(
+        names,
+        [
+            "csv-summary",
+            "fmt-json",
+            "git-report",
+            "json-transform",
+            "wasm-word-count",
+            "word-count"
+        ],
+        "{json}"
+    );
     assert_eq!(json["errors"], serde_json::json!([]), "{json}");
 
     let refused = cap(&["grant", "git-report"]);

@@ -9,23 +9,14 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use skillbox_env::testkit::{Made, limits, skip};
+use skillbox_env::testkit::{Made, limits};
 use skillbox_env::{
     Backend, CancellationToken, ErrorCode, ExecOutput, ExecRequest, ExecutionEnv, LimitKind,
     SandboxSpec,
 };
 use skillbox_wasm::{WasmBackend, WasmConfig};
 
-/// The guests and compile cache the tests share: `$SKILLBOX_WASM_HOME` (scripts/test.sh
-/// installs the guests there), else one under target/.
-fn wasm_home() -> PathBuf {
-    std::env::var_os("SKILLBOX_WASM_HOME")
-        .filter(|v| !v.is_empty())
-        .map_or_else(
-            || Path::new(env!("CARGO_TARGET_TMPDIR")).join("../wasm-home"),
-            PathBuf::from,
-        )
-}
+use common::wasm_home;
 
 fn backend(data: &Path) -> WasmBackend {
     WasmBackend::new(
@@ -282,16 +273,7 @@ async fn cancel_ends_a_running_guest_and_its_runner() {
 
 /// A wasm sandbox with the guests installed, or a skip naming what is missing.
 async fn guests_env(test: &str, spec: SandboxSpec) -> Option<Box<dyn ExecutionEnv>> {
-    let guests = skillbox_wasm::guests::Guests::load(&wasm_home().join("guests"));
-    let installed = guests.as_ref().map(|g| g.commands()).unwrap_or_default();
-    if !(installed.contains(&"python3") && installed.contains(&"node")) {
-        skip(
-            test,
-            &format!(
-                "the wasm guests are not installed in {}/guests (scripts/wasm-guests.sh installs them)",
-                wasm_home().display()
-            ),
-        );
+    if !common::wasm_guests_or_skip(test) {
         return None;
     }
     env_or_skip(test, spec).await
@@ -565,12 +547,8 @@ fn the_cli_runs_a_guest_and_doctor_lists_the_backend() {
 /// file it makes comes back through the copy-out door; `sh` is refused by name.
 #[test]
 fn run_collects_what_a_python_guest_made() {
-    if !common::native_or_skip("wasm_run") {
+    if !common::wasm_guests_or_skip("wasm_run") {
         return;
-    }
-    let guests = skillbox_wasm::guests::Guests::load(&wasm_home().join("guests"));
-    if !guests.is_ok_and(|g| g.for_command("python3").is_some()) {
-        return skip("wasm_run", "the wasm guests are not installed");
     }
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();

@@ -54,3 +54,32 @@ pub fn native_or_skip(test: &str) -> bool {
     }
     report.available
 }
+
+/// The wasm guests and compile cache the tests share: `$SKILLBOX_WASM_HOME`
+/// (scripts/test.sh installs the guests there), else one under target/.
+pub fn wasm_home() -> PathBuf {
+    std::env::var_os("SKILLBOX_WASM_HOME")
+        .filter(|v| !v.is_empty())
+        .map_or_else(
+            || Path::new(env!("CARGO_TARGET_TMPDIR")).join("../wasm-home"),
+            PathBuf::from,
+        )
+}
+
+/// True when the wasm guests (python3 and node) are installed in [`wasm_home`];
+/// otherwise skips (or fails under SKILLBOX_REQUIRE_ALL=1).
+pub fn wasm_guests_or_skip(test: &str) -> bool {
+    let guests = skillbox_wasm::guests::Guests::load(&wasm_home().join("guests"));
+    let installed = guests.as_ref().map(|g| g.commands()).unwrap_or_default();
+    let ok = installed.contains(&"python3") && installed.contains(&"node");
+    if !ok {
+        skillbox_env::testkit::skip(
+            test,
+            &format!(
+                "the wasm guests are not installed in {}/guests (scripts/wasm-guests.sh installs them)",
+                wasm_home().display()
+            ),
+        );
+    }
+    ok && native_or_skip(test)
+}
