@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 # `node -e 0` parse a CA bundle and look 70 ms slower than a sandboxed one.
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
   exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" ROUNDS="${ROUNDS:-}" \
-    CONTAINER_RUNS="${CONTAINER_RUNS:-}" "$0" "$@"
+    CONTAINER_RUNS="${CONTAINER_RUNS:-}" SKILLBOX_WASM_HOME="${SKILLBOX_WASM_HOME:-$PWD/target/wasm-home}" "$0" "$@"
 fi
 
 runs=${RUNS:-200}
@@ -92,6 +92,22 @@ run "node -e 0" \
   -n "skillbox native (no cgroup limits)" "$sb --memory none --pids none -- node -e 0" \
   -n "skillbox native (default limits)" "$sb -- node -e 0"
 
+# The wasm backend: CPython and QuickJS for WASI (the guests scripts/test.sh installs in
+# target/wasm-home, compiled once, so the module cache is warm), beside the same
+# one-liners bare and on native. Skipped with a note when the guests are missing.
+if "$skillbox" --data-dir "$data" exec --backend wasm -- python3 -c pass >/dev/null 2>&1 \
+   && "$skillbox" --data-dir "$data" exec --backend wasm -- node -e 0 >/dev/null 2>&1; then
+  run "python3 -c pass, and a JS one-liner" \
+    -n "bare python3" "python3 -c pass" \
+    -n "skillbox native python3" "$sb -- python3 -c pass" \
+    -n "skillbox wasm python3 (CPython 3.12 for WASI)" "$sb --backend wasm -- python3 -c pass" \
+    -n "bare node" "node -e 0" \
+    -n "skillbox wasm node (QuickJS-NG for WASI)" "$sb --backend wasm -- node -e 0"
+else
+  echo "(wasm rows skipped: no wasm guests in $SKILLBOX_WASM_HOME; \`skillbox setup\` installs them)" >> "$out"
+  echo >> "$out"
+fi
+
 # Container backends: sandbox create -> `node -e 0` -> remove, against the same through
 # `docker run --rm` (the usual Docker script) on the same image. Needs dockerd and the
 # image (`skillbox image build`); skipped with a note otherwise.
@@ -121,6 +137,6 @@ fi
 
 # hyperfine's -n names replace the command in the export; put the commands below.
 {
-  echo "Commands: bwrap = \`${bwrap_cmd//$ws/WS} CMD\`; skillbox = the static-pie release binary (\`scripts/dist.sh\`; \"dynamic build\" is \`cargo build --release\`) running \`skillbox exec [--memory none --pids none] [--backend docker|gvisor] -- CMD\`; docker run = \`docker run --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65532:65532 [--runtime=runsc] IMAGE node -e 0\`."
+  echo "Commands: bwrap = \`${bwrap_cmd//$ws/WS} CMD\`; skillbox = the static-pie release binary (\`scripts/dist.sh\`; \"dynamic build\" is \`cargo build --release\`) running \`skillbox exec [--memory none --pids none] [--backend docker|gvisor|wasm] -- CMD\`; docker run = \`docker run --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65532:65532 [--runtime=runsc] IMAGE node -e 0\`."
 } >> "$out"
 cat "$out"
