@@ -60,6 +60,17 @@ pub enum Lifecycle {
     Persistent,
 }
 
+impl Lifecycle {
+    /// The name in a manifest and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lifecycle::Oneshot => "oneshot",
+            Lifecycle::Ondemand => "ondemand",
+            Lifecycle::Persistent => "persistent",
+        }
+    }
+}
+
 /// A host directory shown in the sandbox: read-only unless `rw`. Declared here only,
 /// never by the code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

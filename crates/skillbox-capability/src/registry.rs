@@ -167,4 +167,24 @@ impl CapabilityRegistry {
     pub fn errors(&self) -> &[ManifestError] {
         &self.errors
     }
+
+    /// Why `name` is not one of these: what did not load from a directory of that name,
+    /// and the names that did.
+    pub fn missing(&self, name: &str) -> String {
+        let known: Vec<&str> = self.iter().map(Capability::name).collect();
+        let bad = self
+            .errors
+            .iter()
+            .find(|e| e.file.parent().and_then(Path::file_name) == Some(name.as_ref()))
+            .map(|e| format!(" (it did not load: {e})"))
+            .unwrap_or_default();
+        format!(
+            "no capability {name:?}{bad}; have: {}",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        )
+    }
 }

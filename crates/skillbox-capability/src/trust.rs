@@ -115,6 +115,9 @@ fn now_ms() -> u64 {
 pub struct TrustStore {
     file: PathBuf,
     session: Mutex<Vec<Grant>>,
+    /// Held across each read-modify-write of the file: two calls at once in one process
+    /// (a server's requests) must not both use up one `once` grant, or lose a grant.
+    kept: Mutex<()>,
 }
 
 impl TrustStore {
@@ -122,7 +125,15 @@ impl TrustStore {
         TrustStore {
             file: data_dir.join("trust.json"),
             session: Mutex::new(Vec::new()),
+            kept: Mutex::new(()),
         }
+    }
+
+    /// The file to itself, until the guard drops.
+    fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.kept
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn read(&self) -> Result<Kept, TrustError> {
@@ -200,6 +211,7 @@ impl TrustStore {
             }
             return Ok(grant);
         }
+        let _held = self.hold();
         let mut kept = self.read()?;
         kept.grants.retain(|g| {
             !(g.capability == grant.capability && g.project == grant.project && g.scope == scope)
@@ -218,6 +230,7 @@ impl TrustStore {
             session.retain(|g| !matches(g));
             count += before - session.len();
         }
+        let _held = self.hold();
         let mut kept = self.read()?;
         let before = kept.grants.len();
         kept.grants.retain(|g| !matches(g));
@@ -230,6 +243,7 @@ impl TrustStore {
 
     /// Denies `name` in `project`: no grant makes it run until [`TrustStore::allow`].
     pub fn deny(&self, name: &str, project: &Path) -> Result<(), TrustError> {
+        let _held = self.hold();
         let mut kept = self.read()?;
         let pair = (name.to_string(), project.to_path_buf());
         if !kept.denied.contains(&pair) {
@@ -241,6 +255,7 @@ impl TrustStore {
 
     /// Lifts a deny.
     pub fn allow(&self, name: &str, project: &Path) -> Result<(), TrustError> {
+        let _held = self.hold();
         let mut kept = self.read()?;
         kept.denied.retain(|(n, p)| !(n == name && p == project));
         self.write(&kept)
@@ -295,6 +310,7 @@ impl TrustStore {
         let name = capability.name();
         let needs: BTreeSet<String> = capability.manifest.needs().into_iter().collect();
         let environment = capability.manifest.environment;
+        let _held = self.hold();
         let mut kept = self.read()?;
         if kept.denied.iter().any(|(n, p)| n == name && p == project) {
             return Err(denied(format!(

@@ -341,3 +341,52 @@ fn project_grants_persist_cover_what_was_declared_and_a_deny_wins() {
         .mode();
     assert_eq!(mode & 0o077, 0, "the grants file is the user's alone");
 }
+
+/// A server authorizes many calls at once: one `once` grant still runs one of them, and
+/// the grants file stays whole.
+#[test]
+fn a_once_grant_is_used_up_by_one_of_many_calls_at_once() {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let project = root.path();
+    let native = loaded(root.path(), GOOD);
+    let trust = TrustStore::open(data.path());
+    for _ in 0..20 {
+        trust.grant(&native, Scope::Once, project).unwrap();
+        let allowed = std::thread::scope(|s| {
+            let calls: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| trust.authorize(&native, project)))
+                .collect();
+            calls
+                .into_iter()
+                .map(|c| c.join().unwrap())
+                .filter(|r| match r {
+                    Ok(scope) => *scope == Scope::Once,
+                    Err(e) => {
+                        assert_eq!(e.code, ErrorCode::PermissionDenied, "{e}");
+                        false
+                    }
+                })
+                .count()
+        });
+        assert_eq!(allowed, 1, "one once grant ran {allowed} calls");
+    }
+}
+
+#[test]
+fn a_missing_name_says_what_did_not_load_under_it() {
+    let root = tempfile::tempdir().unwrap();
+    capability(root.path(), "word-count", GOOD, Some("count.py"));
+    capability(root.path(), "broken", "name: broken\n", None);
+    let registry = CapabilityRegistry::load(&[root.path().to_path_buf()]);
+    let missing = registry.missing("broken");
+    assert!(
+        missing.starts_with("no capability \"broken\" (it did not load: "),
+        "{missing}"
+    );
+    assert!(missing.ends_with("; have: word-count"), "{missing}");
+    assert_eq!(
+        registry.missing("nope"),
+        "no capability \"nope\"; have: word-count"
+    );
+}

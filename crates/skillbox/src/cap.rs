@@ -99,23 +99,7 @@ fn project_root(flag: Option<&Path>) -> Result<PathBuf, String> {
 }
 
 fn find<'a>(registry: &'a CapabilityRegistry, name: &str) -> Result<&'a Capability, String> {
-    registry.get(name).ok_or_else(|| {
-        let known: Vec<&str> = registry.iter().map(Capability::name).collect();
-        let bad = registry
-            .errors()
-            .iter()
-            .find(|e| e.file.to_string_lossy().contains(&format!("/{name}/")))
-            .map(|e| format!(" (it did not load: {e})"))
-            .unwrap_or_default();
-        format!(
-            "no capability {name:?}{bad}; have: {}",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        )
-    })
+    registry.get(name).ok_or_else(|| registry.missing(name))
 }
 
 pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
@@ -197,7 +181,7 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
                         "{:<24} {:<7} {:<10} {:<12} {}",
                         c.name(),
                         c.manifest.environment.to_string(),
-                        format!("{:?}", c.manifest.lifecycle).to_lowercase(),
+                        c.manifest.lifecycle.as_str(),
                         granted(c),
                         c.manifest.description
                     );
