@@ -13,7 +13,8 @@ use skillbox_env::{
     SandboxPolicy, SandboxSpec,
 };
 use skillbox_protocol::{
-    ArtifactInfo, Encoding, Language, MAX_TIMEOUT_MS, OutputSelection, RunRequest, RunResult,
+    ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, OutputSelection, RunRequest,
+    RunResult,
 };
 use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_store::{ArtifactStore, CollectLimits, collect_artifacts, store_all};
@@ -197,17 +198,35 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
             "timeoutMs: {timeout_ms} is out of range 1..={MAX_TIMEOUT_MS}"
         )));
     }
-    if request.files.len() > MAX_FILES {
-        return Err(RunError::Invalid(format!(
-            "files: {} files, at most {MAX_FILES}",
-            request.files.len()
-        )));
-    }
     let outputs = OutputSelection::new(&request.outputs)
         .map_err(|e| RunError::Invalid(format!("outputs: {e}")))?;
-    let mut total = request.script.len();
-    let mut files = Vec::with_capacity(request.files.len());
-    for (index, file) in request.files.into_iter().enumerate() {
+    let files = check_files(request.files, request.script.len())?;
+    Ok(Checked {
+        language: request.language,
+        script: request.script,
+        timeout_ms,
+        files,
+        outputs,
+        limits: request.limits,
+    })
+}
+
+/// A request's input `files`, checked and decoded: at most 1000, each path relative to
+/// `/workspace` without `..`, and at most 32 MiB with the `counted` bytes (the script)
+/// that go in with them. An error names the field (`files[2].path`).
+pub fn check_files(
+    files: Vec<FileInput>,
+    counted: usize,
+) -> Result<Vec<(PathBuf, Bytes)>, RunError> {
+    if files.len() > MAX_FILES {
+        return Err(RunError::Invalid(format!(
+            "files: {} files, at most {MAX_FILES}",
+            files.len()
+        )));
+    }
+    let mut total = counted;
+    let mut checked = Vec::with_capacity(files.len());
+    for (index, file) in files.into_iter().enumerate() {
         let path = check_path(index, &file.path)?;
         let bytes = match file.encoding {
             Encoding::Utf8 => Bytes::from(file.content.into_bytes()),
@@ -224,16 +243,9 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
                 "files: more than {MAX_INPUT_BYTES} bytes of inputs"
             )));
         }
-        files.push((path, bytes));
+        checked.push((path, bytes));
     }
-    Ok(Checked {
-        language: request.language,
-        script: request.script,
-        timeout_ms,
-        files,
-        outputs,
-        limits: request.limits,
-    })
+    Ok(checked)
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
