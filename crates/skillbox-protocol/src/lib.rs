@@ -7,13 +7,16 @@
 //! - [`ExecOutput`], [`LimitKind`], [`Truncated`]: how one exec ended;
 //! - [`RunRequest`], [`RunResult`], [`ArtifactInfo`]: `POST /v1/run`, and
 //!   [`OutputSelection`]: which of a run's files come back;
-//! - [`AgentRun`] and its parts: `POST`/`GET /v1/agent/runs`.
+//! - [`AgentRun`] and its parts: `POST`/`GET /v1/agent/runs`;
+//! - [`CapabilityList`], [`CapabilityRunRequest`], [`CapabilityRun`]:
+//!   `GET /v1/capabilities` and `POST /v1/capabilities/{name}/run`.
 //!
 //! JSON is camelCase; request types refuse unknown fields (a typo is an error). With the
 //! `openapi` feature every type also has a utoipa schema.
 
 mod agent;
 mod backend;
+mod capability;
 mod error;
 mod exec;
 mod outputs;
@@ -25,6 +28,7 @@ pub use agent::{
     Verification,
 };
 pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
+pub use capability::{CapabilityInfo, CapabilityList, CapabilityRun, CapabilityRunRequest};
 pub use error::{ApiError, ApiErrorBody, ErrorCode};
 pub use exec::{ExecOutput, LimitKind, Truncated};
 pub use outputs::{InvalidGlob, MAX_GLOB_LEN, MAX_OUTPUT_GLOBS, OutputSelection};

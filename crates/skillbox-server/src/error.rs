@@ -81,6 +81,16 @@ impl From<RunError> for Failure {
     }
 }
 
+impl From<skillbox_env::EnvError> for Failure {
+    fn from(error: skillbox_env::EnvError) -> Self {
+        let message = match error.path {
+            Some(path) if !error.message.contains(&path) => format!("{path}: {}", error.message),
+            _ => error.message,
+        };
+        Failure::new(error.code, message)
+    }
+}
+
 impl From<skillbox_store::StoreError> for Failure {
     fn from(error: skillbox_store::StoreError) -> Self {
         Failure::new(error.code(), error.to_string())

@@ -7,6 +7,7 @@
 mod agent_runs;
 mod agents;
 mod auth;
+mod capabilities;
 mod error;
 mod listen;
 mod metrics;
@@ -16,6 +17,7 @@ mod state;
 
 pub use agent_runs::{AgentModel, AgentRuns};
 pub use auth::{ApiKeys, LOCAL_TENANT, Tenant};
+pub use capabilities::CapabilityConfig;
 pub use error::status_of;
 pub use routes::{ApiDoc, router};
 pub use state::{AppState, ServerConfig};

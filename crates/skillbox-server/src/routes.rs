@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 
 use crate::error::{method_not_allowed, not_found};
 use crate::state::AppState;
-use crate::{agents, auth, runs};
+use crate::{agents, auth, capabilities, runs};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -22,7 +22,9 @@ use crate::{agents, auth, runs};
         runs::healthz,
         runs::metrics,
         agents::create,
-        agents::get
+        agents::get,
+        capabilities::list,
+        capabilities::run
     ),
     components(schemas(
         skillbox_protocol::AgentRunRequest,
@@ -37,7 +39,12 @@ use crate::{agents, auth, runs};
         skillbox_protocol::ArtifactInfo,
         skillbox_protocol::Language,
         skillbox_protocol::Encoding,
-        skillbox_protocol::BackendKind
+        skillbox_protocol::BackendKind,
+        skillbox_protocol::CapabilityList,
+        skillbox_protocol::CapabilityInfo,
+        skillbox_protocol::CapabilityRunRequest,
+        skillbox_protocol::CapabilityRun,
+        skillbox_protocol::ExecOutput
     ))
 )]
 #[derive(Debug)]
@@ -61,7 +68,9 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(runs::healthz))
         .route("/metrics", get(runs::metrics))
         .route("/openapi.json", get(openapi))
+        .route("/v1/capabilities", get(capabilities::list))
         .route("/v1/capabilities/schema", get(capability_schema))
+        .route("/v1/capabilities/{name}/run", post(capabilities::run))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

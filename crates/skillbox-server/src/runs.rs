@@ -13,10 +13,11 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use skillbox_protocol::{ApiError, ArtifactInfo, ErrorCode, RunRequest, RunResult};
 use skillbox_store::is_sha256_hex;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::auth::Tenant;
 use crate::error::Failure;
-use crate::state::{AppState, Gauge};
+use crate::state::{AppState, Gauge, TenantRun};
 
 /// Run one script in a fresh sandbox.
 #[utoipa::path(
@@ -37,10 +38,77 @@ pub(crate) async fn run(
     request: Request,
 ) -> Result<Json<RunResult>, Failure> {
     let (parts, body) = request.into_parts();
-    // What can be refused without the body is refused before any of it is read.
-    let announced = json_body_size(&parts.headers, state.config.body_limit)?;
+    let admission = admit(&state, &tenant, &parts.headers).await?;
     let metrics = &state.metrics;
-    let Some(tenant_run) = state.tenant_run(&tenant) else {
+    let request: RunRequest =
+        read_json(body, state.config.body_limit, state.config.body_timeout).await?;
+    // The run lives in its own task: if the client goes away, this handler is dropped,
+    // the token is cancelled, and the run still ends properly and removes its sandbox.
+    let cancel = state.runs_cancel().child_token();
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    let runner = state.runner.clone();
+    let task_metrics = state.metrics.clone();
+    let task = tokio::spawn(async move {
+        let _running = Gauge::up(&task_metrics.in_flight);
+        let started = Instant::now();
+        let result = runner.run(request, &cancel).await;
+        drop(admission);
+        task_metrics
+            .run_millis_total
+            .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        result
+    });
+    let result = task
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Unknown, format!("the run failed: {e}")))?;
+    match result {
+        Ok(result) => {
+            let counter = if result.limit_hit.is_some() || result.timed_out {
+                &metrics.runs_limit_hit
+            } else if result.exit_code == Some(0) {
+                &metrics.runs_ok
+            } else {
+                &metrics.runs_failed
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            metrics
+                .artifacts_total
+                .fetch_add(result.files.len() as u64, Ordering::Relaxed);
+            metrics
+                .artifact_bytes_total
+                .fetch_add(result.files.iter().map(|f| f.size).sum(), Ordering::Relaxed);
+            grant(&state, &tenant, &result.files)?;
+            Ok(Json(result))
+        }
+        Err(error) => {
+            metrics.runs_error.fetch_add(1, Ordering::Relaxed);
+            Err(error.into())
+        }
+    }
+}
+
+/// What a run holds from its admission until it ends: its place in its tenant's count,
+/// a run slot, and its body's bytes in the budget of bodies held in memory.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    _tenant_run: TenantRun,
+    _slot: OwnedSemaphorePermit,
+    _body_bytes: OwnedSemaphorePermit,
+}
+
+/// Admits a run of `tenant` (`POST /v1/run`, a capability's run) whose JSON body is
+/// announced by `headers`, or refuses it before any of the body is read: 415 or 413 by
+/// the headers, then the tenant's bound, a slot or a place in the queue, and the body
+/// budget, else 429. The body may be read once this returns.
+pub(crate) async fn admit(
+    state: &AppState,
+    tenant: &Tenant,
+    headers: &HeaderMap,
+) -> Result<Admission, Failure> {
+    // What can be refused without the body is refused before any of it is read.
+    let announced = json_body_size(headers, state.config.body_limit)?;
+    let metrics = &state.metrics;
+    let Some(tenant_run) = state.tenant_run(tenant) else {
         metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
         return Err(Failure::overloaded(
             format!(
@@ -78,7 +146,7 @@ pub(crate) async fn run(
         },
     };
     drop(queued);
-    // The body is read only now, within the bytes all bodies in memory may take
+    // The body is read only after this, within the bytes all bodies in memory may take
     // together, and held to that budget until the run ends.
     let body_bytes = state
         .body_bytes
@@ -91,53 +159,11 @@ pub(crate) async fn run(
                 1,
             )
         })?;
-    let request: RunRequest =
-        read_json(body, state.config.body_limit, state.config.body_timeout).await?;
-    // The run lives in its own task: if the client goes away, this handler is dropped,
-    // the token is cancelled, and the run still ends properly and removes its sandbox.
-    let cancel = state.runs_cancel().child_token();
-    let _cancel_on_drop = cancel.clone().drop_guard();
-    let runner = state.runner.clone();
-    let task_metrics = state.metrics.clone();
-    let task = tokio::spawn(async move {
-        let _running = Gauge::up(&task_metrics.in_flight);
-        let started = Instant::now();
-        let result = runner.run(request, &cancel).await;
-        drop(permit);
-        drop(body_bytes);
-        drop(tenant_run);
-        task_metrics
-            .run_millis_total
-            .fetch_add(started.elapsed().as_millis() as u64, Ordering::Relaxed);
-        result
-    });
-    let result = task
-        .await
-        .map_err(|e| Failure::new(ErrorCode::Unknown, format!("the run failed: {e}")))?;
-    match result {
-        Ok(result) => {
-            let counter = if result.limit_hit.is_some() || result.timed_out {
-                &metrics.runs_limit_hit
-            } else if result.exit_code == Some(0) {
-                &metrics.runs_ok
-            } else {
-                &metrics.runs_failed
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            metrics
-                .artifacts_total
-                .fetch_add(result.files.len() as u64, Ordering::Relaxed);
-            metrics
-                .artifact_bytes_total
-                .fetch_add(result.files.iter().map(|f| f.size).sum(), Ordering::Relaxed);
-            grant(&state, &tenant, &result.files)?;
-            Ok(Json(result))
-        }
-        Err(error) => {
-            metrics.runs_error.fetch_add(1, Ordering::Relaxed);
-            Err(error.into())
-        }
-    }
+    Ok(Admission {
+        _tenant_run: tenant_run,
+        _slot: permit,
+        _body_bytes: body_bytes,
+    })
 }
 
 /// Records that `tenant` may read `files`: a tenant downloads only what its runs made.

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use skillbox_capability::TrustStore;
 use skillbox_run::Runner;
 use skillbox_store::ObjectOwners;
 use tokio::sync::Semaphore;
@@ -13,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent_runs::AgentRuns;
 use crate::auth::{ApiKeys, HostPolicy, Tenant};
+use crate::capabilities::CapabilityConfig;
 use crate::metrics::Metrics;
 
 /// How the server runs.
@@ -50,6 +52,8 @@ pub struct ServerConfig {
     pub retention: skillbox_store::Retention,
     /// Agent run records that ended longer ago than this are removed.
     pub records_max_age: Option<Duration>,
+    /// The capabilities of `/v1/capabilities` (none by default).
+    pub capabilities: CapabilityConfig,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +80,7 @@ impl Default for ServerConfig {
                 max_age: Some(Duration::from_secs(7 * 24 * 3600)),
             },
             records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
+            capabilities: CapabilityConfig::default(),
         }
     }
 }
@@ -95,6 +100,9 @@ pub struct AppState {
     pub(crate) tenant_runs: Arc<Mutex<HashMap<Arc<str>, usize>>>,
     /// The Host names answered; `None` answers any (see [`HostPolicy`]).
     pub(crate) hosts: Option<HostPolicy>,
+    /// The capability grants of the data dir (`<data>/trust.json`), shared by every
+    /// request so that one `once` grant runs one call.
+    pub(crate) trust: Arc<TrustStore>,
     runs: CancellationToken,
 }
 
@@ -106,6 +114,7 @@ impl AppState {
         runs: CancellationToken,
     ) -> Self {
         AppState {
+            trust: Arc::new(TrustStore::open(runner.data_dir())),
             runner,
             slots: Arc::new(Semaphore::new(config.max_concurrency.max(1))),
             body_bytes: Arc::new(Semaphore::new(

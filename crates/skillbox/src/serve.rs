@@ -1,7 +1,7 @@
 //! `skillbox serve` and `skillbox setup`.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -72,6 +72,15 @@ pub struct ServeArgs {
     /// How long the record of an ended agent run is kept (or none).
     #[arg(long, value_parser = parse_age, default_value = "30d")]
     retain_records: Age,
+    /// Serve the capabilities under DIR (`DIR/<name>/manifest.yaml`; repeatable, loaded
+    /// in order) at /v1/capabilities. None by default.
+    #[arg(long = "capabilities", value_name = "DIR")]
+    capability_roots: Vec<PathBuf>,
+    /// The project whose grants those capabilities run under, as `skillbox cap
+    /// --project` names it (grant them there with `skillbox cap`) [default: the current
+    /// directory]
+    #[arg(long, value_name = "DIR", requires = "capability_roots")]
+    project: Option<PathBuf>,
 }
 
 /// A retention age, or none.
@@ -114,6 +123,41 @@ fn api_keys(file: Option<&Path>) -> Result<Option<skillbox_server::ApiKeys>, Str
     Ok((!keys.is_empty()).then_some(keys))
 }
 
+/// The capability roots, each a directory, and the project their grants hold in
+/// (canonical, as `skillbox cap --project` makes it); none without roots.
+fn capabilities(
+    roots: &[PathBuf],
+    project: Option<&Path>,
+) -> Result<skillbox_server::CapabilityConfig, String> {
+    if roots.is_empty() {
+        return Ok(skillbox_server::CapabilityConfig::default());
+    }
+    let mut checked = Vec::with_capacity(roots.len());
+    for root in roots {
+        let real = root
+            .canonicalize()
+            .map_err(|e| format!("--capabilities {}: {e}", root.display()))?;
+        if !real.is_dir() {
+            return Err(format!(
+                "--capabilities {}: not a directory",
+                root.display()
+            ));
+        }
+        checked.push(real);
+    }
+    let project = match project {
+        Some(dir) => dir.to_path_buf(),
+        None => std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?,
+    };
+    let project = project
+        .canonicalize()
+        .map_err(|e| format!("--project {}: {e}", project.display()))?;
+    Ok(skillbox_server::CapabilityConfig {
+        roots: checked,
+        project,
+    })
+}
+
 pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     let keys = match api_keys(args.api_keys.as_deref()) {
         Ok(keys) => keys,
@@ -151,6 +195,13 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         max_age: args.retain.0,
     };
     config.records_max_age = args.retain_records.0;
+    config.capabilities = match capabilities(&args.capability_roots, args.project.as_deref()) {
+        Ok(capabilities) => capabilities,
+        Err(e) => {
+            eprintln!("skillbox serve: {e}");
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+    };
     if config.keys.is_none() && !args.insecure_no_auth && !args.addr.ip().is_loopback() {
         eprintln!(
             "skillbox serve: {} is not a loopback address and no API keys are set: anyone who \
@@ -239,6 +290,19 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         }
         trigger.cancel();
     });
+    if !config.capabilities.roots.is_empty() {
+        eprintln!(
+            "skillbox serve: capabilities from {} with the grants of project {} (host capabilities are listed, never run over HTTP)",
+            config
+                .capabilities
+                .roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            config.capabilities.project.display()
+        );
+    }
     eprintln!(
         "skillbox serve: listening on http://{} (POST /v1/run, GET /openapi.json)",
         config.addr

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+mod capabilities;
 mod doors;
 
 use std::net::{SocketAddr, TcpListener as StdListener};

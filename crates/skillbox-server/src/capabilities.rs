@@ -1,0 +1,255 @@
+//! `GET /v1/capabilities` and `POST /v1/capabilities/{name}/run`: the capabilities under
+//! the server's roots, read from disk at each request as `skillbox cap` reads them, and
+//! one call of one through the router, with the server's backends, the grants of its
+//! data dir and its artifact store.
+//!
+//! Grants belong to a project, as in the CLI, not to a tenant: every tenant sees and uses
+//! the same ones, and none can be given over HTTP. A `host` capability runs with no
+//! boundary, as the server's user: it is listed, but never run from here, whatever is
+//! granted.
+
+use std::path::PathBuf;
+
+use axum::extract::{Path, Request, State};
+use axum::{Extension, Json};
+use base64::Engine;
+use skillbox_capability::{
+    Capability, CapabilityCall, CapabilityRegistry, Environment, Scope, TrustStore,
+};
+use skillbox_env::ExecOutput;
+use skillbox_protocol::{
+    ApiError, ArtifactInfo, CapabilityInfo, CapabilityList, CapabilityRun, CapabilityRunRequest,
+    Encoding, ErrorCode,
+};
+
+use crate::auth::Tenant;
+use crate::error::Failure;
+use crate::runs::{admit, grant, read_json};
+use crate::state::{AppState, Gauge};
+
+/// Where the server's capabilities come from, and whose grants they run under.
+#[derive(Debug, Clone, Default)]
+pub struct CapabilityConfig {
+    /// Roots loaded in order, each holding `<name>/manifest.yaml` (`--capabilities`);
+    /// none: no capability.
+    pub roots: Vec<PathBuf>,
+    /// The project their grants hold in (`--project`, canonical): the one
+    /// `skillbox cap --project` names.
+    pub project: PathBuf,
+}
+
+impl CapabilityConfig {
+    /// The `skillbox cap` flags that name this project and these roots.
+    fn cli_flags(&self) -> String {
+        let mut flags = format!("--project {}", self.project.display());
+        for root in &self.roots {
+            flags.push_str(&format!(" --root {}", root.display()));
+        }
+        flags
+    }
+}
+
+/// Runs `work` off the async workers (it reads the filesystem).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        Failure::new(
+            ErrorCode::Unknown,
+            format!("reading the capabilities failed: {e}"),
+        )
+    })
+}
+
+fn listed(
+    registry: &CapabilityRegistry,
+    trust: &TrustStore,
+    project: &std::path::Path,
+) -> CapabilityList {
+    let mut unreadable = None;
+    let capabilities = registry
+        .iter()
+        .map(|c| CapabilityInfo {
+            name: c.name().to_string(),
+            description: c.manifest.description.clone(),
+            version: c.manifest.version.clone(),
+            environment: c.manifest.environment.kind(),
+            lifecycle: c.manifest.lifecycle.as_str().to_string(),
+            grant: match trust.standing(c, project) {
+                Ok(standing) => standing.describe().to_string(),
+                Err(e) => {
+                    unreadable.get_or_insert(e.message);
+                    "unknown".to_string()
+                }
+            },
+        })
+        .collect();
+    let mut errors: Vec<String> = registry.errors().iter().map(ToString::to_string).collect();
+    errors.extend(unreadable);
+    CapabilityList {
+        capabilities,
+        errors,
+    }
+}
+
+/// The capabilities this server knows, with where each stands in its project, and each
+/// that did not load and why (as `skillbox cap list --json`).
+#[utoipa::path(
+    get,
+    path = "/v1/capabilities",
+    responses(
+        (status = 200, description = "Every capability that loaded, by name, and what did not", body = CapabilityList),
+    )
+)]
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<CapabilityList>, Failure> {
+    let config = state.config.capabilities.clone();
+    let trust = state.trust.clone();
+    let list = blocking(move || {
+        listed(
+            &CapabilityRegistry::load(&config.roots),
+            &trust,
+            &config.project,
+        )
+    })
+    .await?;
+    Ok(Json(list))
+}
+
+/// The call a request asks for: its stdin decoded, its files checked as `POST /v1/run`
+/// checks them (stdin counts in their 32 MiB).
+fn call_of(request: CapabilityRunRequest) -> Result<CapabilityCall, Failure> {
+    let invalid = |message: String| Failure::new(ErrorCode::Invalid, message);
+    if let Some(at) = request.args.iter().position(|a| a.contains('\0')) {
+        return Err(invalid(format!("args[{at}]: contains a NUL byte")));
+    }
+    let stdin = match request.stdin {
+        None => None,
+        Some(text) => Some(match request.stdin_encoding {
+            Encoding::Utf8 => text.into_bytes(),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(text.trim())
+                .map_err(|e| invalid(format!("stdin: not valid base64: {e}")))?,
+        }),
+    };
+    let inputs = skillbox_run::check_files(request.files, stdin.as_ref().map_or(0, Vec::len))?;
+    Ok(CapabilityCall {
+        args: request.args,
+        inputs,
+        stdin,
+    })
+}
+
+/// Run a capability once (`oneshot`, `ondemand`) in its declared environment, if the
+/// server's project grants it.
+///
+/// Admitted like `POST /v1/run` (the tenant's bound, a run slot or the queue, the body
+/// budget). What comes back is what its `write_file` permissions name, stored like a
+/// run's artifacts and downloadable by this tenant.
+#[utoipa::path(
+    post,
+    path = "/v1/capabilities/{name}/run",
+    params(("name" = String, Path, description = "The capability's name")),
+    request_body = CapabilityRunRequest,
+    responses(
+        (status = 200, description = "It ran (it may have failed or hit a limit)", body = CapabilityRun),
+        (status = 400, description = "Bad request: the message names the field", body = ApiError),
+        (status = 403, description = "Not granted in the server's project, denied there, or a host capability (never run over HTTP); the message names the grant and the `skillbox cap` command", body = ApiError),
+        (status = 404, description = "No such capability; the message says why one of that name did not load", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 415, description = "Not `Content-Type: application/json`", body = ApiError),
+        (status = 429, description = "Too many runs queued; retry after Retry-After", body = ApiError),
+        (status = 501, description = "A persistent capability: it is started, not run", body = ApiError),
+        (status = 503, description = "Its environment is not available here (a docker capability with no daemon); never run in another", body = ApiError),
+    )
+)]
+pub(crate) async fn run(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Result<Json<CapabilityRun>, Failure> {
+    let (parts, body) = request.into_parts();
+    let config = state.config.capabilities.clone();
+    let roots = config.roots.clone();
+    let registry = blocking(move || CapabilityRegistry::load(&roots)).await?;
+    let capability: Capability = registry
+        .get(&name)
+        .cloned()
+        .ok_or_else(|| Failure::new(ErrorCode::NotFound, registry.missing(&name)))?;
+    // Refused before the trust check, so that a `once` grant meant for the CLI stays.
+    if capability.manifest.environment == Environment::Host {
+        let flags = config.cli_flags();
+        return Err(Failure::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "{name} runs on the host, with no boundary, as the server's user: this server \
+                 never runs a host capability over HTTP, whatever is granted; on the server's \
+                 machine, `skillbox cap {flags} grant {name} --scope once` then \
+                 `skillbox cap {flags} run {name}` runs it once"
+            ),
+        ));
+    }
+    let admission = admit(&state, &tenant, &parts.headers).await?;
+    let request: CapabilityRunRequest =
+        read_json(body, state.config.body_limit, state.config.body_timeout).await?;
+    let call = call_of(request)?;
+    // As for `POST /v1/run`: the call lives in its own task, and a client that goes
+    // away cancels it, which still ends it properly and removes its sandbox.
+    let cancel = state.runs_cancel().child_token();
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    let runner = state.runner.clone();
+    let trust = state.trust.clone();
+    let metrics = state.metrics.clone();
+    let project = config.project.clone();
+    let task = tokio::spawn(async move {
+        let _running = Gauge::up(&metrics.in_flight);
+        let ran = skillbox_capability::run(
+            &capability,
+            call,
+            &project,
+            &trust,
+            runner.backends(),
+            &cancel,
+        )
+        .await;
+        let stored = match ran {
+            Ok(outcome) => skillbox_store::store_all(runner.store(), outcome.files)
+                .await
+                .map(|files| Ok((outcome.scope, outcome.output, files))),
+            Err(e) => Ok(Err(e)),
+        };
+        drop(admission);
+        stored
+    });
+    let (scope, output, stored): (Scope, ExecOutput, _) = task
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Unknown, format!("the call failed: {e}")))??
+        .map_err(|e| match e.code {
+            ErrorCode::PermissionDenied => Failure::new(
+                e.code,
+                format!(
+                    "{}; this server's grants are those of `skillbox cap {}` on its machine",
+                    e.message,
+                    config.cli_flags()
+                ),
+            ),
+            _ => e.into(),
+        })?;
+    let files: Vec<ArtifactInfo> = stored
+        .into_iter()
+        .map(|a| ArtifactInfo {
+            url: skillbox_run::object_url(&a.sha256, &a.path),
+            path: a.path,
+            size: a.size,
+            sha256: a.sha256,
+            content_type: a.content_type,
+        })
+        .collect();
+    grant(&state, &tenant, &files)?;
+    Ok(Json(CapabilityRun {
+        capability: name,
+        grant: scope.as_str().to_string(),
+        output,
+        files,
+    }))
+}
