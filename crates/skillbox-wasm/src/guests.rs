@@ -76,8 +76,9 @@ impl Guests {
             }
             Err(e) => return Err(EnvError::io(&e, "read", &path)),
         };
+        // A broken install is the host's problem, not the caller's: unavailable.
         let manifest: Manifest = serde_json::from_str(&text).map_err(|e| {
-            EnvError::invalid(format!(
+            EnvError::unavailable(format!(
                 "{}: line {}: {e}; run `skillbox setup` to reinstall the wasm guests",
                 path.display(),
                 e.line()
@@ -91,7 +92,7 @@ impl Guests {
                         .any(|c| matches!(c, std::path::Component::ParentDir))
             };
             if escapes(&guest.module) || guest.dirs.iter().any(|d| escapes(&d.host)) {
-                return Err(EnvError::invalid(format!(
+                return Err(EnvError::unavailable(format!(
                     "{}: guest {}: paths must stay inside {}",
                     path.display(),
                     guest.name,
@@ -99,7 +100,7 @@ impl Guests {
                 )));
             }
             if guest.module_sha256().is_none() {
-                return Err(EnvError::invalid(format!(
+                return Err(EnvError::unavailable(format!(
                     "{}: guest {}: files has no SHA-256 for its module {}",
                     path.display(),
                     guest.name,
@@ -107,7 +108,7 @@ impl Guests {
                 )));
             }
             if let Some(bad) = guest.dirs.iter().find(|d| !d.guest.starts_with('/')) {
-                return Err(EnvError::invalid(format!(
+                return Err(EnvError::unavailable(format!(
                     "{}: guest {}: dirs: {} must be an absolute guest path",
                     path.display(),
                     guest.name,

@@ -31,19 +31,32 @@ pub const EXIT_TRAP: i32 = 134;
 /// The subcommand that runs a guest.
 pub const SUBCOMMAND: &str = "__wasm-guest";
 
-static RUNNER: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+/// This program's path and an open file of the executable it was started from (which
+/// stays this build even when the path is replaced by an upgrade).
+static RUNNER: std::sync::OnceLock<(PathBuf, std::fs::File)> = std::sync::OnceLock::new();
 
 /// Says that this program answers [`SUBCOMMAND`] with [`main`] (the skillbox binary
 /// calls it first thing), so wasm sandboxes made in this process start it.
 pub fn this_program_runs_guests() {
-    if let Ok(exe) = std::env::current_exe() {
-        let _ = RUNNER.set(exe);
+    if let (Ok(exe), Ok(file)) = (
+        std::env::current_exe(),
+        std::fs::File::open("/proc/self/exe"),
+    ) {
+        let _ = RUNNER.set((exe, file));
     }
 }
 
 /// The program that runs guests, if this process has one.
 pub fn guest_runner() -> Option<PathBuf> {
-    RUNNER.get().cloned()
+    RUNNER.get().map(|(path, _)| path.clone())
+}
+
+/// The executable this process started from, when `path` is this program.
+pub(crate) fn held_executable(path: &Path) -> Option<&'static std::fs::File> {
+    RUNNER
+        .get()
+        .filter(|(exe, _)| exe == path)
+        .map(|(_, file)| file)
 }
 
 /// The runner ends itself by this signal when the guest ran past its deadline.
@@ -51,15 +64,18 @@ pub const DEADLINE_SIGNAL: i32 = libc::SIGALRM;
 /// ... and by this one when the memory bound refused the guest and it then failed.
 pub const MEMORY_SIGNAL: i32 = libc::SIGUSR2;
 
+/// Where the sandbox shows the compile cache; compiled guests load only from here.
+pub const SANDBOX_CACHE: &str = "/skillbox-wasm/cache";
+
 /// What to run, from the host.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunnerSpec {
     pub module: ModuleSource,
     pub dirs: Vec<Preopen>,
-    /// Added to the environment the runner was started with.
+    /// The guest's whole environment.
     pub env: Vec<(String, String)>,
-    /// The bound on the guest's linear memories together.
+    /// The bound on the guest's linear memories and tables together.
     pub memory_bytes: Option<u64>,
     pub timeout_ms: u64,
 }
@@ -96,37 +112,64 @@ struct State {
     limits: Limiter,
 }
 
-/// Refuses growth past the bound, and remembers that it did.
+/// Refuses growth past the bound, and remembers that it did. The bound covers every
+/// linear memory and table of the store together (a table entry counted as 16 bytes).
 struct Limiter {
     memory_bytes: Option<u64>,
+    used: u64,
     refused: Arc<AtomicBool>,
+}
+
+/// What one table entry is counted as.
+const TABLE_ENTRY_BYTES: u64 = 16;
+
+impl Limiter {
+    fn grow(&mut self, more: u64) -> bool {
+        let total = self.used.saturating_add(more);
+        if self.memory_bytes.is_some_and(|bound| total > bound) {
+            self.refused.store(true, Ordering::SeqCst);
+            return false;
+        }
+        self.used = total;
+        true
+    }
 }
 
 impl ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let over_bound = self
-            .memory_bytes
-            .is_some_and(|bound| desired as u64 > bound);
-        let over_max = maximum.is_some_and(|max| desired > max);
-        if over_bound {
-            self.refused.store(true, Ordering::SeqCst);
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
         }
-        Ok(!over_bound && !over_max)
+        Ok(self.grow(desired.saturating_sub(current) as u64))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        // Ten million entries is far beyond any interpreter's table.
-        Ok(desired <= 10_000_000 && maximum.is_none_or(|max| desired <= max))
+        if maximum.is_some_and(|max| desired > max) {
+            return Ok(false);
+        }
+        Ok(self.grow((desired.saturating_sub(current) as u64).saturating_mul(TABLE_ENTRY_BYTES)))
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn memories(&self) -> usize {
+        4
+    }
+
+    fn tables(&self) -> usize {
+        4
     }
 }
 
@@ -194,6 +237,7 @@ fn run(spec: &RunnerSpec, argv: &[String]) -> Outcome {
             wasi,
             limits: Limiter {
                 memory_bytes: spec.memory_bytes,
+                used: 0,
                 refused: refused.clone(),
             },
         },
@@ -202,22 +246,39 @@ fn run(spec: &RunnerSpec, argv: &[String]) -> Outcome {
     store.set_epoch_deadline(spec.timeout_ms.div_ceil(EPOCH_TICK_MS).max(1));
     store.epoch_deadline_trap();
     let ticker = engine.clone();
-    std::thread::spawn(move || {
-        loop {
-            std::thread::sleep(Duration::from_millis(EPOCH_TICK_MS));
-            ticker.increment_epoch();
-        }
-    });
-
-    let mut linker: Linker<State> = Linker::new(&engine);
-    if let Err(e) = wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |state| &mut state.wasi) {
-        eprintln!("skillbox wasm: WASI: {e}");
+    let started = std::thread::Builder::new()
+        .name("epoch".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(EPOCH_TICK_MS));
+                ticker.increment_epoch();
+            }
+        });
+    if let Err(e) = started {
+        // Without the ticker there is no deadline: never run without it.
+        eprintln!("skillbox wasm: cannot start the deadline's ticker thread: {e}");
         return Outcome::Exit(EXIT_CANNOT_RUN);
     }
-    let result = linker
+
+    let mut linker: Linker<State> = Linker::new(&engine);
+    if let Err(e) = link(&mut linker) {
+        eprintln!("skillbox wasm: WASI: {e:#}");
+        return Outcome::Exit(EXIT_CANNOT_RUN);
+    }
+    let start = match linker
         .instantiate(&mut store, &module)
         .and_then(|instance| instance.get_typed_func::<(), ()>(&mut store, "_start"))
-        .and_then(|start| start.call(&mut store, ()));
+    {
+        Ok(start) => start,
+        Err(e) => {
+            eprintln!(
+                "skillbox wasm: not a WASI command (a module with a `_start` that imports only wasi_snapshot_preview1): {e:#}"
+            );
+            return Outcome::Exit(EXIT_CANNOT_RUN);
+        }
+    };
+    let result = start.call(&mut store, ());
     let code = match result {
         Ok(()) => 0,
         Err(error) => {
@@ -245,15 +306,46 @@ fn run(spec: &RunnerSpec, argv: &[String]) -> Outcome {
     Outcome::Exit(code)
 }
 
+/// WASI preview 1, with `proc_exit` taking every status (wasmtime's own refuses 126 and
+/// above as a trap; a guest's `exit(200)` is its exit status 200).
+fn link(linker: &mut Linker<State>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p1::add_to_linker_sync(linker, |state| &mut state.wasi)?;
+    linker.allow_shadowing(true);
+    linker.func_wrap(
+        "wasi_snapshot_preview1",
+        "proc_exit",
+        |status: i32| -> wasmtime::Result<()> { Err(I32Exit(status & 0xff).into()) },
+    )?;
+    Ok(())
+}
+
 fn load(engine: &wasmtime::Engine, source: &ModuleSource) -> Result<Module, (i32, String)> {
     match source {
         ModuleSource::Compiled(path) => {
+            // Only skillbox's own cache, as the sandbox shows it: this subcommand must
+            // never load machine code from anywhere else.
+            if !path.starts_with(SANDBOX_CACHE)
+                || path
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+            {
+                return Err((
+                    EXIT_CANNOT_RUN,
+                    format!(
+                        "{}: compiled guests load only from {SANDBOX_CACHE}",
+                        path.display()
+                    ),
+                ));
+            }
             // SAFETY: the file is skillbox's own compile of a guest pinned by SHA-256, in
             // a cache that is read-only here and that no sandbox can write.
             unsafe { Module::deserialize_file(engine, path) }.map_err(|e| {
                 (
                     EXIT_CANNOT_RUN,
-                    format!("{}: cannot load the compiled guest: {e}", path.display()),
+                    format!(
+                        "{}: cannot load the compiled guest: {e:#}; run `skillbox setup` to compile the guests again",
+                        path.display()
+                    ),
                 )
             })
         }
@@ -264,7 +356,7 @@ fn load(engine: &wasmtime::Engine, source: &ModuleSource) -> Result<Module, (i32
                 } else {
                     EXIT_CANNOT_RUN
                 };
-                (code, format!("{}: {e}", path.display()))
+                (code, format!("{}: {e:#}", path.display()))
             })?;
             Module::new(engine, &bytes).map_err(|e| {
                 (
@@ -279,9 +371,8 @@ fn load(engine: &wasmtime::Engine, source: &ModuleSource) -> Result<Module, (i32
 fn wasi_ctx(spec: &RunnerSpec, argv: &[String]) -> Result<WasiP1Ctx, String> {
     let mut builder = WasiCtxBuilder::new();
     builder.inherit_stdio().args(argv);
-    for (key, value) in std::env::vars() {
-        builder.env(&key, &value);
-    }
+    // The guest's environment is the spec's alone: this process's own (which the
+    // native sandbox set) is never handed on.
     for (key, value) in &spec.env {
         builder.env(key, value);
     }

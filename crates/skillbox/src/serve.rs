@@ -369,20 +369,16 @@ pub async fn setup(args: SetupArgs, data_dir: &Path) -> ExitCode {
 async fn setup_wasm(data_dir: &Path) -> Result<(), String> {
     let home = skillbox_wasm::default_home(data_dir);
     let guests = home.join("guests");
+    // The script as an argument, not on stdin: a step that reads stdin (a prompt)
+    // must not swallow the rest of the script.
     let mut child = tokio::process::Command::new("bash")
-        .arg("-s")
-        .arg("--")
+        .arg("-c")
+        .arg(WASM_GUESTS_SCRIPT)
+        .arg("wasm-guests.sh")
         .arg(&guests)
-        .stdin(std::process::Stdio::piped())
+        .stdin(std::process::Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start bash: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        use tokio::io::AsyncWriteExt;
-        stdin
-            .write_all(WASM_GUESTS_SCRIPT.as_bytes())
-            .await
-            .map_err(|e| format!("cannot feed the installer: {e}"))?;
-    }
     let status = child.wait().await.map_err(|e| e.to_string())?;
     if !status.success() {
         return Err(format!(

@@ -229,6 +229,65 @@ async fn a_memory_bomb_hits_the_memory_limit() {
     env.cleanup().await.unwrap();
 }
 
+/// Four memories and a table, each under the bound alone, over it together.
+const SPLIT_BOMB: &str = r#"(module
+  (memory $a 1) (memory $b 1) (memory $c 1) (memory $d 1)
+  (table $t 1 funcref)
+  (func (export "_start")
+    (drop (memory.grow $a (i32.const 300)))
+    (drop (memory.grow $b (i32.const 300)))
+    (drop (memory.grow $c (i32.const 300)))
+    (if (i32.eq (memory.grow $d (i32.const 300)) (i32.const -1)) (then unreachable))
+    (if (i32.eq (table.grow $t (ref.null func) (i32.const 10000000)) (i32.const -1)) (then unreachable))))"#;
+
+/// A module with no `_start`.
+const LIBRARY: &str = r#"(module (func (export "add") (param i32 i32) (result i32) (i32.add (local.get 0) (local.get 1))))"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memories_and_tables_count_together_against_the_bound() {
+    let spec = SandboxSpec {
+        limits: skillbox_env::Limits {
+            memory_bytes: Some(64 * 1024 * 1024),
+            ..limits()
+        },
+        ..skillbox_env::testkit::spec()
+    };
+    let Some(env) = env_or_skip("wasm_split_bomb", spec).await else {
+        return;
+    };
+    env.write(Path::new("split.wat"), SPLIT_BOMB.as_bytes(), &live())
+        .await
+        .unwrap();
+    let output = run(env.as_ref(), &["split.wat"]).await;
+    assert_eq!(output.limit_hit, Some(LimitKind::Memory), "{output:?}");
+    env.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_up_to_255_come_back_and_a_library_is_not_a_command() {
+    let Some(env) = env_or_skip("wasm_exit_codes", skillbox_env::testkit::spec()).await else {
+        return;
+    };
+    for code in [126, 200, 255] {
+        let module = HELLO.replace("(i32.const 3)", &format!("(i32.const {code})"));
+        env.write(Path::new("code.wat"), module.as_bytes(), &live())
+            .await
+            .unwrap();
+        let output = run(env.as_ref(), &["code.wat"]).await;
+        assert_eq!(output.exit_code, Some(code), "{output:?}");
+    }
+    env.write(Path::new("lib.wat"), LIBRARY.as_bytes(), &live())
+        .await
+        .unwrap();
+    let output = run(env.as_ref(), &["lib.wat"]).await;
+    assert_eq!(output.exit_code, Some(126), "{output:?}");
+    assert!(
+        output.stderr_text().contains("not a WASI command"),
+        "{output:?}"
+    );
+    env.cleanup().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_past_the_cap_is_cut() {
     let Some(env) = env_or_skip("wasm_output_flood", skillbox_env::testkit::spec()).await else {
