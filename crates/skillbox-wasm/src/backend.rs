@@ -198,6 +198,7 @@ fn runner_dir(runner: &Path, runners: &Path) -> EnvResult<PathBuf> {
     if target.is_file() {
         return Ok(dir);
     }
+    prune_runners(runners);
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -232,6 +233,27 @@ fn runner_dir(runner: &Path, runners: &Path) -> EnvResult<PathBuf> {
         Err(e) => {
             let _ = std::fs::remove_dir_all(&temp);
             Err(EnvError::io(&e, "rename", &dir))
+        }
+    }
+}
+
+/// Removes the runner links of builds that are gone: a link whose binary has no other
+/// name left (the build was replaced or removed) and that is over ten minutes old. A
+/// process still running such a build makes its link again from its own executable.
+fn prune_runners(runners: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(runners) else {
+        return;
+    };
+    let old = std::time::SystemTime::now() - Duration::from_secs(600);
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(dir.join("skillbox")) else {
+            continue;
+        };
+        let stale = meta.nlink() == 1 && meta.modified().is_ok_and(|m| m < old);
+        if stale && entry.file_name().to_string_lossy().len() == 16 {
+            let _ = skillbox_env::remove::remove_tree(&dir);
         }
     }
 }
