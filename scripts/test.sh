@@ -146,3 +146,16 @@ if problems:
     sys.exit(f"release binary: {'; '.join(problems)}: {out}")
 print(f"release binary: uid {uid}, wrote /workspace/x, /etc/shadow refused")
 PY
+# wasmtime in the static-pie binary: a CPython guest (from the cache the tests used)
+# prints its answer and cannot read the host's /etc/passwd.
+wasm_out=$("$binary" --data-dir "$scratch/data" exec --backend wasm -- python3 -c \
+  "print(1+1)
+try:
+    open('/etc/passwd').read(); print('ESCAPED')
+except OSError as e:
+    print('refused', type(e).__name__)")
+if [ "$wasm_out" != "$(printf '2\nrefused FileNotFoundError')" ]; then
+  echo "release binary: the wasm guest printed: $wasm_out" >&2
+  exit 1
+fi
+echo "release binary: a wasm CPython guest ran, /etc/passwd refused"
