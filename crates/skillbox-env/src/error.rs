@@ -31,6 +31,8 @@ pub fn errno_code(errno: i32) -> ErrorCode {
         | libc::ENOMEM
         | libc::EAGAIN => ErrorCode::ResourceExhausted,
         libc::ETIMEDOUT => ErrorCode::Timeout,
+        // Nothing listens there (yet): a service that is starting or gone.
+        libc::ECONNREFUSED => ErrorCode::Unavailable,
         libc::ECANCELED | libc::EINTR => ErrorCode::Aborted,
         _ => ErrorCode::Unknown,
     }

@@ -1,12 +1,16 @@
 //! Exec requests and results: what to run, and what came back.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::ExecOutput;
 use crate::error::{EnvError, EnvResult};
@@ -120,17 +124,75 @@ pub enum ExecEvent {
     Exit(ExecOutput),
 }
 
+/// Where a process in a sandbox serves, as the process sees it: a TCP port on the
+/// sandbox's own loopback, or a unix socket at a path in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Port(u16),
+    Socket(PathBuf),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Port(port) => write!(f, "127.0.0.1:{port} (in the sandbox)"),
+            Endpoint::Socket(path) => write!(f, "unix:{} (in the sandbox)", path.display()),
+        }
+    }
+}
+
+/// A byte stream both ways: one connection to a service in a sandbox.
+pub trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
+
+/// Opens connections, from the host side, to what a running exec serves. The sandbox
+/// gets no network for it: the backend reaches into the exec's own network namespace
+/// (a port) or opens its socket beneath the sandbox's directory fd (never a path the
+/// sandbox could point elsewhere).
+#[async_trait]
+pub trait ExecConnector: Send + Sync + fmt::Debug {
+    /// The process that serves, as the host names it (`pid 1234`, a container id).
+    fn process(&self) -> String;
+
+    /// One new connection to `endpoint`; `unavailable` once the exec has ended, and the
+    /// error the sandbox's kernel gave (refused, not found) while nothing listens.
+    async fn connect(
+        &self,
+        endpoint: &Endpoint,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Box<dyn Duplex>>;
+}
+
 /// The events of a running exec. Dropping it does not stop the process; cancel the token.
 #[derive(Debug)]
 pub struct ExecStream {
     events: mpsc::Receiver<EnvResult<ExecEvent>>,
+    connector: Option<Arc<dyn ExecConnector>>,
 }
 
 impl ExecStream {
     /// A stream and the sender a backend feeds it through.
     pub fn channel() -> (mpsc::Sender<EnvResult<ExecEvent>>, ExecStream) {
         let (tx, rx) = mpsc::channel(64);
-        (tx, ExecStream { events: rx })
+        (
+            tx,
+            ExecStream {
+                events: rx,
+                connector: None,
+            },
+        )
+    }
+
+    /// The same stream, with a way to reach what the exec serves.
+    pub fn with_connector(mut self, connector: Arc<dyn ExecConnector>) -> Self {
+        self.connector = Some(connector);
+        self
+    }
+
+    /// How to reach what the exec serves; `None` where the backend cannot (yet).
+    pub fn connector(&self) -> Option<Arc<dyn ExecConnector>> {
+        self.connector.clone()
     }
 
     /// The next event; `None` after `Exit` (or an error).

@@ -22,7 +22,7 @@ pub mod testkit;
 pub use backend::Backend;
 pub use data_dir::{default_data_dir, own_data_dir};
 pub use error::{EnvError, EnvResult, ErrorCode, errno_code};
-pub use exec::{Command, ExecEvent, ExecRequest, ExecStream};
+pub use exec::{Command, Duplex, Endpoint, ExecConnector, ExecEvent, ExecRequest, ExecStream};
 pub use exit::{Ended, Ending};
 pub use fs::{
     DirEntry, FileInfo, FileKind, FileRead, FileSystem, TextLines, WalkEntry, first_lines,
@@ -30,8 +30,8 @@ pub use fs::{
 };
 pub use host::{HostBackend, HostEnv};
 pub use limits::{
-    BYTES_PER_INODE, DiskSplit, Limits, MIN_DISK_BYTES, MIN_DISK_INODES, Mount, SandboxPolicy,
-    SandboxSpec,
+    BYTES_PER_INODE, DiskSplit, Limits, MAX_TIMEOUT, MIN_DISK_BYTES, MIN_DISK_INODES, Mount,
+    SandboxPolicy, SandboxSpec,
 };
 pub use skillbox_protocol::{
     BackendKind, BackendReport, Boundary, ExecOutput, Layer, LimitKind, Truncated,

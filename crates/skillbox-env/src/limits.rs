@@ -170,6 +170,11 @@ pub struct Mount {
 pub struct SandboxPolicy {
     /// Extra read-only mounts (e.g. a runtime's packages).
     pub read_only_mounts: Vec<Mount>,
+    /// TCP ports the code may listen on, on the sandbox's own loopback (a persistent
+    /// service's port). The sandbox still has no network: only skillbox's connector
+    /// reaches them. Nothing else may be bound.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub listen_ports: Vec<u16>,
 }
 
 /// Everything a backend needs to create a sandbox.

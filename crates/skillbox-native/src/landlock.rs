@@ -17,6 +17,7 @@ const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
 const SCOPE_SIGNAL: u64 = 1 << 1;
 const CREATE_RULESET_VERSION: u32 = 1 << 0;
 const RULE_PATH_BENEATH: libc::c_int = 1;
+const RULE_NET_PORT: libc::c_int = 2;
 
 #[repr(C)]
 pub struct RulesetAttr {
@@ -29,6 +30,12 @@ pub struct RulesetAttr {
 pub struct PathBeneathAttr {
     pub allowed_access: u64,
     pub parent_fd: i32,
+}
+
+#[repr(C)]
+pub struct NetPortAttr {
+    pub allowed_access: u64,
+    pub port: u64,
 }
 
 /// The Landlock ABI version the kernel offers, or why there is none.
@@ -68,12 +75,22 @@ pub struct Plan {
     pub handled_net: u64,
     pub scoped: u64,
     pub rules: Vec<Rule>,
+    /// TCP ports that may be bound (where Landlock handles the network: ABI 4+; below
+    /// that nothing is handled and the namespace's lone `lo` is the boundary).
+    pub bind_ports: Vec<u16>,
 }
 
 impl Plan {
     /// Reads and executes everywhere; writes only beneath `writable` paths (and the
-    /// harmless device nodes); no TCP; no abstract sockets or signals out of the sandbox.
-    pub fn sandbox(abi: u32, writable: &[&str], devices: &[&str], ttys: &[&str]) -> Plan {
+    /// harmless device nodes); no TCP but a listener on `bind_ports`; no abstract
+    /// sockets or signals out of the sandbox.
+    pub fn sandbox(
+        abi: u32,
+        writable: &[&str],
+        devices: &[&str],
+        ttys: &[&str],
+        bind_ports: &[u16],
+    ) -> Plan {
         let mut handled_fs = ACCESS_FS_ABI1_ALL;
         if abi >= 2 {
             handled_fs |= ACCESS_FS_REFER;
@@ -126,6 +143,11 @@ impl Plan {
             handled_net,
             scoped,
             rules,
+            bind_ports: if handled_net != 0 {
+                bind_ports.to_vec()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
@@ -188,6 +210,25 @@ pub unsafe fn apply(plan: &Plan) -> Result<(), i32> {
         };
         // SAFETY: closing the fd opened above.
         unsafe { libc::close(fd) };
+        if rc < 0 {
+            return Err(errno());
+        }
+    }
+    for port in &plan.bind_ports {
+        let rule = NetPortAttr {
+            allowed_access: ACCESS_NET_BIND_TCP,
+            port: u64::from(*port),
+        };
+        // SAFETY: `rule` outlives the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset,
+                RULE_NET_PORT,
+                &rule as *const NetPortAttr,
+                0u32,
+            )
+        };
         if rc < 0 {
             return Err(errno());
         }

@@ -390,7 +390,13 @@ pub fn plan(
         seal: vec![cstring("/"), cstring("/dev")],
         hostname: cstring("skillbox"),
         rlimits,
-        landlock: landlock::Plan::sandbox(landlock_abi, WRITABLE, DEVICES, TTYS),
+        landlock: landlock::Plan::sandbox(
+            landlock_abi,
+            WRITABLE,
+            DEVICES,
+            TTYS,
+            &policy.listen_ports,
+        ),
         seccomp,
         workspace_op,
     };
@@ -608,6 +614,7 @@ mod tests {
                 host: extra.path().to_path_buf(),
                 sandbox: sandbox.into(),
             }],
+            ..SandboxPolicy::default()
         };
         let (_dir, root) = planned(&Limits::default(), &policy("/node_modules"));
         let binds = binds(&root.unwrap());

@@ -7,6 +7,7 @@
 
 mod cgroup;
 mod child;
+mod connect;
 mod fs;
 mod idmap;
 mod landlock;

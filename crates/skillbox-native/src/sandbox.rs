@@ -643,6 +643,30 @@ impl Shell for NativeSandbox {
         };
 
         let (tx, stream) = ExecStream::channel();
+        let stream = match init.watch_fd() {
+            Ok(pidfd) => {
+                let workspace = self
+                    .root
+                    .mounts
+                    .iter()
+                    .find(|m| m.sandbox == Path::new(WORKSPACE))
+                    .map(|m| m.fd.clone());
+                // Root joins the exec's network namespace directly; anyone else through
+                // the user namespace their sandbox runs in.
+                // SAFETY: geteuid has no preconditions.
+                let join_user = unsafe { libc::geteuid() } != 0;
+                stream.with_connector(Arc::new(crate::connect::NativeConnector::new(
+                    init.pid(),
+                    pidfd,
+                    join_user,
+                    workspace,
+                )))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "native: no pidfd for the exec's connector");
+                stream
+            }
+        };
         let cap = self.limits.output_bytes;
         let stdout = pipe::Receiver::from_owned_fd(stdout).map_err(pipe_err)?;
         let stderr = pipe::Receiver::from_owned_fd(stderr).map_err(pipe_err)?;

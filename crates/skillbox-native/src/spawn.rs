@@ -65,6 +65,11 @@ impl InitProcess {
         self.reaped
     }
 
+    /// The host pid of init.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
     /// A second fd for the same process, to wait on asynchronously.
     pub fn watch_fd(&self) -> std::io::Result<OwnedFd> {
         self.pidfd.try_clone()

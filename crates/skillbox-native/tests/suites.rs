@@ -110,3 +110,5 @@ async fn policy_mounts_under_workspace_or_tmp_are_refused() {
         skillbox_env::FileSystem::cleanup(&env).await.unwrap();
     }
 }
+
+mod connect;

@@ -376,6 +376,11 @@ impl Backend for WasmBackend {
                 taken.display()
             )));
         }
+        if !spec.policy.listen_ports.is_empty() {
+            return Err(EnvError::invalid(
+                "policy.listenPorts: a WASI guest has no sockets to listen on",
+            ));
+        }
         let mut native = spec;
         for (host, sandbox) in [(runner, BIN), (guests_dir, GUESTS), (cache, CACHE)] {
             native.policy.read_only_mounts.push(Mount {

@@ -1,0 +1,332 @@
+//! Reaching what a running exec serves, from the host side, without giving the sandbox a
+//! network. Each exec has a network namespace of its own with only `lo` in it:
+//!
+//! - a **port** is reached by a short-lived child of skillbox that joins that namespace
+//!   (through the init's pidfd, and its user namespace too when skillbox is not root),
+//!   connects to `127.0.0.1:PORT` there, hands the connected socket back over a socket
+//!   pair and exits. The socket stays in the sandbox's namespace: it can reach nothing
+//!   but the sandbox's own loopback. The child is in the host's pid namespace, which the
+//!   sandbox cannot see, and does nothing else.
+//! - a **unix socket** under `/workspace` is opened `O_PATH` beneath the workspace's
+//!   directory fd (`RESOLVE_BENEATH`, no magic links, a symlink as the last component is
+//!   refused), checked to be a socket, and connected through `/proc/self/fd/N`: the
+//!   inode the sandbox made, never a path it could point at a host socket.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use skillbox_env::{
+    CancellationToken, Duplex, Endpoint, EnvError, EnvResult, ErrorCode, ExecConnector, blocking,
+};
+
+use crate::layout::WORKSPACE;
+
+/// Connects into one exec of a native sandbox.
+#[derive(Debug)]
+pub(crate) struct NativeConnector {
+    pid: i32,
+    /// The exec's init: its namespaces are the exec's.
+    pidfd: Arc<OwnedFd>,
+    /// Not root: joining the network namespace takes joining its user namespace first.
+    join_user: bool,
+    /// The workspace's directory fd, for sockets under `/workspace`.
+    workspace: Option<Arc<OwnedFd>>,
+}
+
+impl NativeConnector {
+    pub(crate) fn new(
+        pid: i32,
+        pidfd: OwnedFd,
+        join_user: bool,
+        workspace: Option<Arc<OwnedFd>>,
+    ) -> Self {
+        NativeConnector {
+            pid,
+            pidfd: Arc::new(pidfd),
+            join_user,
+            workspace,
+        }
+    }
+}
+
+fn refused(endpoint: &Endpoint, e: &io::Error) -> EnvError {
+    let code = match e.raw_os_error() {
+        // The exec is gone: its namespaces with it.
+        Some(libc::ESRCH) => ErrorCode::Unavailable,
+        Some(errno) => skillbox_env::errno_code(errno),
+        None if e.kind() == io::ErrorKind::InvalidInput => ErrorCode::Invalid,
+        None => ErrorCode::Unknown,
+    };
+    let what = if e.raw_os_error() == Some(libc::ESRCH) {
+        "the exec has ended".to_string()
+    } else {
+        e.to_string()
+    };
+    EnvError::new(code, format!("connect to {endpoint}: {what}"))
+}
+
+#[async_trait]
+impl ExecConnector for NativeConnector {
+    fn process(&self) -> String {
+        format!("pid {}", self.pid)
+    }
+
+    async fn connect(
+        &self,
+        endpoint: &Endpoint,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Box<dyn Duplex>> {
+        let shown = endpoint.clone();
+        let stream: Box<dyn Duplex> = match endpoint {
+            Endpoint::Port(port) => {
+                let (pidfd, join_user, port) = (self.pidfd.clone(), self.join_user, *port);
+                let fd = blocking(cancel, "connect", move || {
+                    connect_port(pidfd.as_fd(), join_user, port).map_err(|e| refused(&shown, &e))
+                })
+                .await?;
+                let stream = std::net::TcpStream::from(fd);
+                stream
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::TcpStream::from_std(stream))
+                    .map(|s| Box::new(s) as Box<dyn Duplex>)
+                    .map_err(|e| refused(endpoint, &e))?
+            }
+            Endpoint::Socket(path) => {
+                let relative = under_workspace(path)?;
+                let workspace = self.workspace.clone().ok_or_else(|| {
+                    EnvError::new(
+                        ErrorCode::NotSupported,
+                        format!("connect to {endpoint}: this sandbox has no workspace mount"),
+                    )
+                })?;
+                let stream = blocking(cancel, "connect", move || {
+                    connect_socket(workspace.as_fd(), &relative).map_err(|e| refused(&shown, &e))
+                })
+                .await?;
+                stream
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::UnixStream::from_std(stream))
+                    .map(|s| Box::new(s) as Box<dyn Duplex>)
+                    .map_err(|e| refused(endpoint, &e))?
+            }
+        };
+        Ok(stream)
+    }
+}
+
+/// `path` below `/workspace`, as a relative path without `..`.
+fn under_workspace(path: &Path) -> EnvResult<PathBuf> {
+    let relative = path.strip_prefix(WORKSPACE).map_err(|_| {
+        EnvError::invalid(format!(
+            "socket {}: must be under {WORKSPACE} (each exec's /tmp is its own; the host sees only the workspace)",
+            path.display()
+        ))
+    })?;
+    if relative.as_os_str().is_empty()
+        || relative
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_)))
+    {
+        return Err(EnvError::invalid(format!(
+            "socket {}: give a plain path of a file under {WORKSPACE}",
+            path.display()
+        )));
+    }
+    Ok(relative.to_path_buf())
+}
+
+fn connect_socket(workspace: BorrowedFd<'_>, relative: &Path) -> io::Result<UnixStream> {
+    let fd = rustix::fs::openat2(
+        workspace,
+        relative,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    let stat = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Socket {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a socket (a symlink or a file is never followed)",
+        ));
+    }
+    UnixStream::connect(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// A connected TCP socket to `127.0.0.1:port` in the network namespace of `pidfd`'s
+/// process, made by a forked child that joins it.
+fn connect_port(pidfd: BorrowedFd<'_>, join_user: bool, port: u16) -> io::Result<OwnedFd> {
+    let (ours, theirs) = UnixStream::pair()?;
+    let mut flags = libc::CLONE_NEWNET;
+    if join_user {
+        flags |= libc::CLONE_NEWUSER;
+    }
+    let address = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: the child runs only raw syscalls over memory prepared above (no
+    // allocation, no locks) and ends with `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: in the forked child; see `child_connect`.
+        unsafe { child_connect(pidfd.as_raw_fd(), flags, &address, theirs.as_raw_fd()) }
+    }
+    drop(theirs);
+    let received = receive_fd(&ours);
+    let mut status = 0;
+    // SAFETY: waiting for the child forked above, which exits right after sending.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    received
+}
+
+/// Payload of the one message the child sends: 0 with the socket attached, or an errno.
+type Report = i32;
+
+/// In the forked child: join, connect, send the socket (or the errno) back, exit.
+///
+/// # Safety
+/// Only in a child just forked from [`connect_port`]: it must not return, allocate or
+/// take a lock; `address` and the fds were made before the fork.
+unsafe fn child_connect(pidfd: RawFd, flags: i32, address: &libc::sockaddr_in, out: RawFd) -> ! {
+    // SAFETY (all below): raw syscalls on fds this child owns copies of.
+    unsafe {
+        if libc::setns(pidfd, flags) != 0 {
+            send_report(out, errno(), -1);
+            libc::_exit(1);
+        }
+        let socket = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if socket < 0 {
+            send_report(out, errno(), -1);
+            libc::_exit(1);
+        }
+        let rc = libc::connect(
+            socket,
+            std::ptr::from_ref(address).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        if rc != 0 {
+            send_report(out, errno(), -1);
+            libc::_exit(1);
+        }
+        send_report(out, 0, socket);
+        libc::_exit(0)
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// Room for one `SCM_RIGHTS` fd, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct FdControl([u8; 32]);
+
+/// Sends `report`, with `fd` attached when it is not -1.
+///
+/// # Safety
+/// `out` is an open socket; async-signal-safe (no allocation).
+unsafe fn send_report(out: RawFd, report: Report, fd: RawFd) {
+    let mut payload = report;
+    let mut iov = libc::iovec {
+        iov_base: std::ptr::from_mut(&mut payload).cast(),
+        iov_len: std::mem::size_of::<Report>(),
+    };
+    let mut control = FdControl([0; 32]);
+    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the call.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    if fd >= 0 {
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure; the buffer holds CMSG_SPACE(4) <= 32.
+        unsafe {
+            message.msg_control = control.0.as_mut_ptr().cast();
+            message.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
+            let header = libc::CMSG_FIRSTHDR(&message);
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+        }
+    }
+    // SAFETY: `message` points at live buffers.
+    unsafe { libc::sendmsg(out, &message, libc::MSG_NOSIGNAL) };
+}
+
+/// The child's answer: the connected socket, or its errno as an error.
+fn receive_fd(ours: &UnixStream) -> io::Result<OwnedFd> {
+    let mut payload: Report = -1;
+    let mut iov = libc::iovec {
+        iov_base: std::ptr::from_mut(&mut payload).cast(),
+        iov_len: std::mem::size_of::<Report>(),
+    };
+    let mut control = FdControl([0; 32]);
+    // SAFETY: a zeroed msghdr is valid; the buffers set below outlive the call.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.0.as_mut_ptr().cast();
+    message.msg_controllen = control.0.len() as _;
+    // SAFETY: receiving into the buffers above; MSG_CMSG_CLOEXEC marks a received fd.
+    let n = unsafe { libc::recvmsg(ours.as_raw_fd(), &mut message, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: walking the control messages the kernel filled in.
+    let fd = unsafe {
+        let header = libc::CMSG_FIRSTHDR(&message);
+        if header.is_null()
+            || (*header).cmsg_level != libc::SOL_SOCKET
+            || (*header).cmsg_type != libc::SCM_RIGHTS
+        {
+            None
+        } else {
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
+            Some(OwnedFd::from_raw_fd(fd))
+        }
+    };
+    match (n as usize == std::mem::size_of::<Report>(), payload, fd) {
+        (true, 0, Some(fd)) => Ok(fd),
+        (true, errno, _) if errno > 0 => Err(io::Error::from_raw_os_error(errno)),
+        _ => Err(io::Error::other(
+            "the helper that joins the sandbox's network ended without an answer",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sockets_must_be_plain_paths_under_the_workspace() {
+        assert!(under_workspace(Path::new("/workspace/app.sock")).is_ok());
+        assert_eq!(
+            under_workspace(Path::new("/workspace/run/app.sock")).ok(),
+            Some(PathBuf::from("run/app.sock"))
+        );
+        for bad in [
+            "/tmp/app.sock",
+            "/workspace",
+            "/workspace/../etc/x",
+            "relative.sock",
+        ] {
+            let e = under_workspace(Path::new(bad)).err();
+            assert_eq!(e.map(|e| e.code), Some(ErrorCode::Invalid), "{bad}");
+        }
+    }
+}
