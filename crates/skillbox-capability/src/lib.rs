@@ -13,6 +13,7 @@
 mod manifest;
 mod registry;
 mod router;
+mod services;
 mod trust;
 
 pub use manifest::{
@@ -21,4 +22,8 @@ pub use manifest::{
 };
 pub use registry::{Capability, CapabilityRegistry, MANIFEST};
 pub use router::{CAPABILITY_DIR, CapabilityCall, CapabilityOutcome, run};
+pub use services::{
+    CAP_START, DEFAULT_READY_TIMEOUT, Listen, MAX_CONNECTIONS, Owner, SERVE, ServiceTable,
+    describe_failure, services_dir,
+};
 pub use trust::{Grant, Scope, Standing, TrustError, TrustStore, ceiling};

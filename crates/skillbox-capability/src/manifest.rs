@@ -394,16 +394,33 @@ impl Manifest {
             (Lifecycle::Persistent, Some(_), Some(_)) => {
                 return Err(error("socket", "give port or socket, not both".into()));
             }
-            (Lifecycle::Persistent, Some(0), _) => {
-                return Err(error("port", "0 is not a port".into()));
+            (Lifecycle::Persistent, Some(port), _) if port < 1024 => {
+                return Err(error(
+                    "port",
+                    format!(
+                        "{port}: use a port of 1024 or above (the sandbox has no privilege to bind a lower one)"
+                    ),
+                ));
             }
-            (Lifecycle::Persistent, _, Some(socket)) if !socket.is_absolute() => {
+            (Lifecycle::Persistent, _, Some(socket))
+                if !socket.starts_with("/workspace")
+                    || socket == Path::new("/workspace")
+                    || socket
+                        .components()
+                        .any(|c| matches!(c, Component::ParentDir)) =>
+            {
                 return Err(error(
                     "socket",
                     format!(
-                        "{}: must be an absolute path inside the sandbox",
+                        "{}: must be a path under /workspace, where skillbox can open it (each exec's /tmp is its own)",
                         socket.display()
                     ),
+                ));
+            }
+            (Lifecycle::Persistent, _, _) if self.environment == Environment::Wasm => {
+                return Err(error(
+                    "lifecycle",
+                    "a wasm capability cannot be persistent: a WASI guest has no sockets to serve on".into(),
                 ));
             }
             (Lifecycle::Oneshot | Lifecycle::Ondemand, Some(_), _) => {

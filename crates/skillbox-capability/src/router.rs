@@ -111,29 +111,14 @@ fn outputs(capability: &Capability) -> Result<Option<OutputSelection>, EnvError>
     })
 }
 
-/// Runs `capability` once for `call`, in `project`, if trust allows it.
-pub async fn run(
+/// The sandbox a capability runs in: the declared limits, its own directory read-only
+/// at [`CAPABILITY_DIR`], its volumes read-only; a `host` capability runs in the
+/// project itself.
+pub(crate) fn sandbox_spec(
     capability: &Capability,
-    call: CapabilityCall,
     project: &Path,
-    trust: &TrustStore,
-    backends: &BackendRegistry,
-    cancel: &CancellationToken,
-) -> Result<CapabilityOutcome, EnvError> {
+) -> Result<SandboxSpec, EnvError> {
     let manifest = &capability.manifest;
-    if manifest.lifecycle == Lifecycle::Persistent {
-        return Err(EnvError::new(
-            ErrorCode::NotSupported,
-            format!(
-                "{} is persistent: it is started and reached over its port or socket, not run (`cap start` is not built yet)",
-                capability.name()
-            ),
-        ));
-    }
-    let scope = trust
-        .authorize(capability, project)
-        .map_err(|e| EnvError::new(e.code, e.message))?;
-    let kind = manifest.environment.kind();
     let host = manifest.environment == Environment::Host;
     let mut policy = SandboxPolicy::default();
     if !host {
@@ -154,7 +139,7 @@ pub async fn run(
             });
         }
     }
-    let spec = SandboxSpec {
+    Ok(SandboxSpec {
         // The host runs in the project itself; a sandbox gets a workspace of its own.
         workspace: host.then(|| project.to_path_buf()),
         limits: Limits {
@@ -167,7 +152,55 @@ pub async fn run(
             ..limits(capability)
         },
         policy,
+    })
+}
+
+/// The argv that runs a capability's entry in `kind` (with the manifest's args, not yet
+/// the call's).
+pub(crate) fn entry_argv(capability: &Capability, kind: skillbox_env::BackendKind) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let host = kind == skillbox_env::BackendKind::Host;
+    let entry_host = capability.entry_path();
+    let executable = std::fs::metadata(&entry_host)
+        .map(|m| m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false);
+    let entry = if host {
+        entry_host
+    } else {
+        Path::new(CAPABILITY_DIR).join(&capability.manifest.entry)
     };
+    // A wasm guest runs by its interpreter (or is a module itself), never as a file.
+    let executable = executable && kind != skillbox_env::BackendKind::Wasm;
+    let mut argv = command(&entry, executable);
+    argv.extend(capability.manifest.args.iter().cloned());
+    argv
+}
+
+/// Runs `capability` once for `call`, in `project`, if trust allows it.
+pub async fn run(
+    capability: &Capability,
+    call: CapabilityCall,
+    project: &Path,
+    trust: &TrustStore,
+    backends: &BackendRegistry,
+    cancel: &CancellationToken,
+) -> Result<CapabilityOutcome, EnvError> {
+    let manifest = &capability.manifest;
+    if manifest.lifecycle == Lifecycle::Persistent {
+        return Err(EnvError::new(
+            ErrorCode::NotSupported,
+            format!(
+                "{} is persistent: it is started once and reached over its endpoint (skillbox cap start {0}), not run",
+                capability.name()
+            ),
+        ));
+    }
+    let scope = trust
+        .authorize(capability, project)
+        .map_err(|e| EnvError::new(e.code, e.message))?;
+    let kind = manifest.environment.kind();
+    let host = manifest.environment == Environment::Host;
+    let spec = sandbox_spec(capability, project)?;
     let selection = outputs(capability)?;
     let env = backends.create_one_shot(kind, spec).await?;
     let result = call_in(env.as_ref(), capability, call, host, &selection, cancel).await;
@@ -190,20 +223,7 @@ async fn call_in(
     selection: &Option<OutputSelection>,
     cancel: &CancellationToken,
 ) -> Result<(ExecOutput, Vec<CollectedFile>), EnvError> {
-    use std::os::unix::fs::PermissionsExt;
-    let entry_host = capability.entry_path();
-    let executable = std::fs::metadata(&entry_host)
-        .map(|m| m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false);
-    let entry = if host {
-        entry_host
-    } else {
-        Path::new(CAPABILITY_DIR).join(&capability.manifest.entry)
-    };
-    // A wasm guest runs by its interpreter (or is a module itself), never as a file.
-    let executable = executable && env.kind() != skillbox_env::BackendKind::Wasm;
-    let mut argv = command(&entry, executable);
-    argv.extend(capability.manifest.args.iter().cloned());
+    let mut argv = entry_argv(capability, env.kind());
     argv.extend(call.args);
     let mut inputs = BTreeMap::new();
     if !host {

@@ -128,6 +128,43 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             "only a persistent",
         ),
         (
+            format!(
+                "{}port: 80\n",
+                GOOD.replace("lifecycle: oneshot", "lifecycle: persistent")
+            ),
+            18,
+            "port",
+            "1024 or above",
+        ),
+        (
+            format!(
+                "{}socket: /tmp/app.sock\n",
+                GOOD.replace("lifecycle: oneshot", "lifecycle: persistent")
+            ),
+            18,
+            "socket",
+            "under /workspace",
+        ),
+        (
+            format!(
+                "{}socket: /workspace/../etc/x.sock\n",
+                GOOD.replace("lifecycle: oneshot", "lifecycle: persistent")
+            ),
+            18,
+            "socket",
+            "under /workspace",
+        ),
+        (
+            format!(
+                "{}port: 8080\n",
+                GOOD.replace("lifecycle: oneshot", "lifecycle: persistent")
+                    .replace("environment: native", "environment: wasm")
+            ),
+            5,
+            "lifecycle",
+            "no sockets",
+        ),
+        (
             format!("{GOOD}image: alpine\n"),
             18,
             "image",

@@ -2,7 +2,8 @@
 //! network. Each exec has a network namespace of its own with only `lo` in it:
 //!
 //! - a **port** is reached by a short-lived child of skillbox that joins that namespace
-//!   (through the init's pidfd, and its user namespace too when skillbox is not root),
+//!   (and its user namespace first when skillbox is not root; both opened when the exec
+//!   was made, while its init was still dumpable),
 //!   connects to `127.0.0.1:PORT` there, hands the connected socket back over a socket
 //!   pair and exits. The socket stays in the sandbox's namespace: it can reach nothing
 //!   but the sandbox's own loopback. The child is in the host's pid namespace, which the
@@ -30,10 +31,12 @@ use crate::layout::WORKSPACE;
 #[derive(Debug)]
 pub(crate) struct NativeConnector {
     pid: i32,
-    /// The exec's init: its namespaces are the exec's.
-    pidfd: Arc<OwnedFd>,
+    /// The exec's init: readable once it has exited.
+    pidfd: OwnedFd,
+    /// The exec's network namespace.
+    net: Arc<OwnedFd>,
     /// Not root: joining the network namespace takes joining its user namespace first.
-    join_user: bool,
+    user: Option<Arc<OwnedFd>>,
     /// The workspace's directory fd, for sockets under `/workspace`.
     workspace: Option<Arc<OwnedFd>>,
 }
@@ -42,15 +45,29 @@ impl NativeConnector {
     pub(crate) fn new(
         pid: i32,
         pidfd: OwnedFd,
-        join_user: bool,
+        net: OwnedFd,
+        user: Option<OwnedFd>,
         workspace: Option<Arc<OwnedFd>>,
     ) -> Self {
         NativeConnector {
             pid,
-            pidfd: Arc::new(pidfd),
-            join_user,
+            pidfd,
+            net: Arc::new(net),
+            user: user.map(Arc::new),
             workspace,
         }
+    }
+
+    /// True once the exec's init has exited (its pidfd polls readable).
+    fn ended(&self) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polling one fd we own, without waiting.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        ready != 0
     }
 }
 
@@ -82,11 +99,18 @@ impl ExecConnector for NativeConnector {
         cancel: &CancellationToken,
     ) -> EnvResult<Box<dyn Duplex>> {
         let shown = endpoint.clone();
+        if self.ended() {
+            return Err(refused(
+                endpoint,
+                &io::Error::from_raw_os_error(libc::ESRCH),
+            ));
+        }
         let stream: Box<dyn Duplex> = match endpoint {
             Endpoint::Port(port) => {
-                let (pidfd, join_user, port) = (self.pidfd.clone(), self.join_user, *port);
+                let (net, user, port) = (self.net.clone(), self.user.clone(), *port);
                 let fd = blocking(cancel, "connect", move || {
-                    connect_port(pidfd.as_fd(), join_user, port).map_err(|e| refused(&shown, &e))
+                    connect_port(net.as_fd(), user.as_deref().map(AsFd::as_fd), port)
+                        .map_err(|e| refused(&shown, &e))
                 })
                 .await?;
                 let stream = std::net::TcpStream::from(fd);
@@ -158,14 +182,15 @@ fn connect_socket(workspace: BorrowedFd<'_>, relative: &Path) -> io::Result<Unix
     UnixStream::connect(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
-/// A connected TCP socket to `127.0.0.1:port` in the network namespace of `pidfd`'s
-/// process, made by a forked child that joins it.
-fn connect_port(pidfd: BorrowedFd<'_>, join_user: bool, port: u16) -> io::Result<OwnedFd> {
+/// A connected TCP socket to `127.0.0.1:port` in the network namespace `net`, made by
+/// a forked child that joins it (after `user`, its owner, when given).
+fn connect_port(
+    net: BorrowedFd<'_>,
+    user: Option<BorrowedFd<'_>>,
+    port: u16,
+) -> io::Result<OwnedFd> {
     let (ours, theirs) = UnixStream::pair()?;
-    let mut flags = libc::CLONE_NEWNET;
-    if join_user {
-        flags |= libc::CLONE_NEWUSER;
-    }
+    let user = user.map_or(-1, |fd| fd.as_raw_fd());
     let address = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: port.to_be(),
@@ -182,7 +207,7 @@ fn connect_port(pidfd: BorrowedFd<'_>, join_user: bool, port: u16) -> io::Result
     }
     if pid == 0 {
         // SAFETY: in the forked child; see `child_connect`.
-        unsafe { child_connect(pidfd.as_raw_fd(), flags, &address, theirs.as_raw_fd()) }
+        unsafe { child_connect(user, net.as_raw_fd(), &address, theirs.as_raw_fd()) }
     }
     drop(theirs);
     let received = receive_fd(&ours);
@@ -200,10 +225,14 @@ type Report = i32;
 /// # Safety
 /// Only in a child just forked from [`connect_port`]: it must not return, allocate or
 /// take a lock; `address` and the fds were made before the fork.
-unsafe fn child_connect(pidfd: RawFd, flags: i32, address: &libc::sockaddr_in, out: RawFd) -> ! {
-    // SAFETY (all below): raw syscalls on fds this child owns copies of.
+unsafe fn child_connect(user: RawFd, net: RawFd, address: &libc::sockaddr_in, out: RawFd) -> ! {
+    // SAFETY: raw syscalls (all of this block) on fds this child owns copies of.
     unsafe {
-        if libc::setns(pidfd, flags) != 0 {
+        if user >= 0 && libc::setns(user, libc::CLONE_NEWUSER) != 0 {
+            send_report(out, errno(), -1);
+            libc::_exit(1);
+        }
+        if libc::setns(net, libc::CLONE_NEWNET) != 0 {
             send_report(out, errno(), -1);
             libc::_exit(1);
         }

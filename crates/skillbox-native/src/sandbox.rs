@@ -586,6 +586,7 @@ impl Shell for NativeSandbox {
             stderr,
             error,
             status,
+            namespaces,
         } = if self.one_shot {
             spawn::start_here(plan, self.ids, cgroup.as_deref())
         } else {
@@ -643,8 +644,8 @@ impl Shell for NativeSandbox {
         };
 
         let (tx, stream) = ExecStream::channel();
-        let stream = match init.watch_fd() {
-            Ok(pidfd) => {
+        let stream = match (init.watch_fd(), namespaces.net) {
+            (Ok(pidfd), Some(net)) => {
                 let workspace = self
                     .root
                     .mounts
@@ -654,16 +655,19 @@ impl Shell for NativeSandbox {
                 // Root joins the exec's network namespace directly; anyone else through
                 // the user namespace their sandbox runs in.
                 // SAFETY: geteuid has no preconditions.
-                let join_user = unsafe { libc::geteuid() } != 0;
+                let user = (unsafe { libc::geteuid() } != 0)
+                    .then_some(namespaces.user)
+                    .flatten();
                 stream.with_connector(Arc::new(crate::connect::NativeConnector::new(
                     init.pid(),
                     pidfd,
-                    join_user,
+                    net,
+                    user,
                     workspace,
                 )))
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "native: no pidfd for the exec's connector");
+            _ => {
+                tracing::debug!("native: this exec has no connector");
                 stream
             }
         };

@@ -106,6 +106,14 @@ pub struct Started {
     pub stderr: OwnedFd,
     pub error: OwnedFd,
     pub status: OwnedFd,
+    pub namespaces: ExecNamespaces,
+}
+
+/// The network and user namespaces of one exec (`None` where they could not be opened).
+#[derive(Debug)]
+pub struct ExecNamespaces {
+    pub net: Option<OwnedFd>,
+    pub user: Option<OwnedFd>,
 }
 
 /// The parent's ends plus the child's, until the clone is done.
@@ -331,6 +339,13 @@ fn clone_sandbox(
     if let Err(e) = maps {
         return Err(format!("user_ns: cannot write the uid/gid map: {e}"));
     }
+    // The exec's namespaces, for its connector: opened now, while init still waits for
+    // the go-ahead and is dumpable (it is not once it runs, and then only a process
+    // with CAP_SYS_PTRACE could open them).
+    let namespaces = ExecNamespaces {
+        net: open_namespace(pid, "net"),
+        user: open_namespace(pid, "user"),
+    };
     let go = || {
         // SAFETY: one byte from a stack variable to our own pipe.
         unsafe { libc::write(pipes.sync.as_raw_fd(), [1u8].as_ptr().cast(), 1) == 1 }
@@ -354,5 +369,17 @@ fn clone_sandbox(
         stderr,
         error,
         status,
+        namespaces,
     })
+}
+
+fn open_namespace(pid: i32, kind: &str) -> Option<OwnedFd> {
+    let path = format!("/proc/{pid}/ns/{kind}");
+    match fs::File::open(&path) {
+        Ok(file) => Some(file.into()),
+        Err(e) => {
+            tracing::debug!(path, error = %e, "native: cannot open the exec's namespace");
+            None
+        }
+    }
 }

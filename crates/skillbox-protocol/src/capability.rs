@@ -67,3 +67,81 @@ pub struct CapabilityRun {
     /// What it made that its `write_file` permissions name, stored and downloadable.
     pub files: Vec<ArtifactInfo>,
 }
+
+/// Where a persistent capability stands. It is never restarted by skillbox: `failed`
+/// stays down until it is stopped (which clears it) and started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceState {
+    /// Its process runs; nothing answers at its endpoint yet.
+    Starting,
+    /// Something answers at its endpoint: clients are forwarded to it.
+    Ready,
+    /// It ended by itself, was never ready, or lost its supervisor.
+    Failed,
+    /// Stopped on request (or by skillbox's own shutdown).
+    Stopped,
+}
+
+impl ServiceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceState::Starting => "starting",
+            ServiceState::Ready => "ready",
+            ServiceState::Failed => "failed",
+            ServiceState::Stopped => "stopped",
+        }
+    }
+}
+
+/// How a service's process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub limit_hit: Option<crate::exec::LimitKind>,
+}
+
+/// One persistent capability skillbox started (`skillbox cap status`, `GET /v1/services`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceInfo {
+    pub name: String,
+    pub environment: BackendKind,
+    pub state: ServiceState,
+    /// The process that serves, as the host names it (`pid 1234`); none before it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
+    /// What supervises it and forwards its clients: `skillbox serve (pid 77)`.
+    pub owner: String,
+    /// Milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// Where clients connect, on the host: `unix:PATH` (a socket only its owner may
+    /// open) or `tcp:127.0.0.1:PORT`.
+    pub endpoint: String,
+    /// What it listens on inside its sandbox: `port 8080` or `socket /workspace/app.sock`.
+    pub serves: String,
+    /// How its process ended (`failed`, `stopped`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ServiceExit>,
+    /// Why it failed when that is not only how its process ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The last lines it wrote to stderr (at most 4 KiB).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stderr_tail: String,
+}
+
+/// `GET /v1/services`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceList {
+    /// By name.
+    pub services: Vec<ServiceInfo>,
+}

@@ -28,7 +28,10 @@ pub use agent::{
     Verification,
 };
 pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
-pub use capability::{CapabilityInfo, CapabilityList, CapabilityRun, CapabilityRunRequest};
+pub use capability::{
+    CapabilityInfo, CapabilityList, CapabilityRun, CapabilityRunRequest, ServiceExit, ServiceInfo,
+    ServiceList, ServiceState,
+};
 pub use error::{ApiError, ApiErrorBody, ErrorCode};
 pub use exec::{ExecOutput, LimitKind, Truncated};
 pub use outputs::{InvalidGlob, MAX_GLOB_LEN, MAX_OUTPUT_GLOBS, OutputSelection};

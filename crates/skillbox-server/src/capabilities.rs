@@ -7,6 +7,11 @@
 //! the same ones, and none can be given over HTTP. A `host` capability runs with no
 //! boundary, as the server's user: it is listed, but never run from here, whatever is
 //! granted.
+//!
+//! Persistent capabilities are started here too (`POST /v1/capabilities/{name}/start`)
+//! and supervised by the server until stopped (`POST /v1/services/{name}/stop`) or the
+//! server shuts down; `GET /v1/services` lists them with the records of those the CLI
+//! started in the same project.
 
 use std::path::PathBuf;
 
@@ -19,7 +24,7 @@ use skillbox_capability::{
 use skillbox_env::ExecOutput;
 use skillbox_protocol::{
     ApiError, ArtifactInfo, CapabilityInfo, CapabilityList, CapabilityRun, CapabilityRunRequest,
-    Encoding, ErrorCode,
+    Encoding, ErrorCode, ServiceInfo, ServiceList,
 };
 
 use crate::auth::Tenant;
@@ -139,6 +144,49 @@ fn call_of(request: CapabilityRunRequest) -> Result<CapabilityCall, Failure> {
     })
 }
 
+/// The capability `name` under the server's roots; a host one is refused (before the
+/// trust check, so that a `once` grant meant for the CLI stays).
+async fn sandboxed(
+    config: &CapabilityConfig,
+    name: &str,
+    verb: &str,
+) -> Result<Capability, Failure> {
+    let roots = config.roots.clone();
+    let registry = blocking(move || CapabilityRegistry::load(&roots)).await?;
+    let capability: Capability = registry
+        .get(name)
+        .cloned()
+        .ok_or_else(|| Failure::new(ErrorCode::NotFound, registry.missing(name)))?;
+    if capability.manifest.environment == Environment::Host {
+        let flags = config.cli_flags();
+        return Err(Failure::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "{name} runs on the host, with no boundary, as the server's user: this server \
+                 never runs a host capability over HTTP, whatever is granted; on the server's \
+                 machine, `skillbox cap {flags} grant {name} --scope once` then \
+                 `skillbox cap {flags} {verb} {name}` runs it once"
+            ),
+        ));
+    }
+    Ok(capability)
+}
+
+/// A refusal of the trust check, with where the server's grants come from.
+fn with_grant_hint(e: skillbox_env::EnvError, config: &CapabilityConfig) -> Failure {
+    match e.code {
+        ErrorCode::PermissionDenied => Failure::new(
+            e.code,
+            format!(
+                "{}; this server's grants are those of `skillbox cap {}` on its machine",
+                e.message,
+                config.cli_flags()
+            ),
+        ),
+        _ => e.into(),
+    }
+}
+
 /// Run a capability once (`oneshot`, `ondemand`) in its declared environment, if the
 /// server's project grants it.
 ///
@@ -170,25 +218,7 @@ pub(crate) async fn run(
 ) -> Result<Json<CapabilityRun>, Failure> {
     let (parts, body) = request.into_parts();
     let config = state.config.capabilities.clone();
-    let roots = config.roots.clone();
-    let registry = blocking(move || CapabilityRegistry::load(&roots)).await?;
-    let capability: Capability = registry
-        .get(&name)
-        .cloned()
-        .ok_or_else(|| Failure::new(ErrorCode::NotFound, registry.missing(&name)))?;
-    // Refused before the trust check, so that a `once` grant meant for the CLI stays.
-    if capability.manifest.environment == Environment::Host {
-        let flags = config.cli_flags();
-        return Err(Failure::new(
-            ErrorCode::PermissionDenied,
-            format!(
-                "{name} runs on the host, with no boundary, as the server's user: this server \
-                 never runs a host capability over HTTP, whatever is granted; on the server's \
-                 machine, `skillbox cap {flags} grant {name} --scope once` then \
-                 `skillbox cap {flags} run {name}` runs it once"
-            ),
-        ));
-    }
+    let capability = sandboxed(&config, &name, "run").await?;
     let admission = admit(&state, &tenant, &parts.headers).await?;
     let request: CapabilityRunRequest =
         read_json(body, state.config.body_limit, state.config.body_timeout).await?;
@@ -224,17 +254,7 @@ pub(crate) async fn run(
     let (scope, output, stored): (Scope, ExecOutput, _) = task
         .await
         .map_err(|e| Failure::new(ErrorCode::Unknown, format!("the call failed: {e}")))??
-        .map_err(|e| match e.code {
-            ErrorCode::PermissionDenied => Failure::new(
-                e.code,
-                format!(
-                    "{}; this server's grants are those of `skillbox cap {}` on its machine",
-                    e.message,
-                    config.cli_flags()
-                ),
-            ),
-            _ => e.into(),
-        })?;
+        .map_err(|e| with_grant_hint(e, &config))?;
     let files: Vec<ArtifactInfo> = stored
         .into_iter()
         .map(|a| ArtifactInfo {
@@ -252,4 +272,122 @@ pub(crate) async fn run(
         output,
         files,
     }))
+}
+
+/// Start a persistent capability in its declared environment, if the server's project
+/// grants it, and answer once something answers at its endpoint.
+///
+/// The server supervises it until it is stopped or the server shuts down: its clients
+/// connect to `endpoint`, a unix socket on the server's machine that only the server's
+/// user may open, which the server forwards into the sandbox (which keeps no network
+/// of its own). If it ends by itself it is `failed` and stays down.
+#[utoipa::path(
+    post,
+    path = "/v1/capabilities/{name}/start",
+    params(("name" = String, Path, description = "The capability's name")),
+    responses(
+        (status = 200, description = "It is ready", body = ServiceInfo),
+        (status = 400, description = "Not a persistent capability (it is run instead)", body = ApiError),
+        (status = 403, description = "Not granted in the server's project, denied there, or a host capability", body = ApiError),
+        (status = 404, description = "No such capability; the message says why one of that name did not load", body = ApiError),
+        (status = 409, description = "Already started (by this server or by `skillbox cap start`)", body = ApiError),
+        (status = 429, description = "The server supervises as many services as it takes", body = ApiError),
+        (status = 501, description = "A persistent capability in an environment that cannot serve yet", body = ApiError),
+        (status = 503, description = "It did not become ready (how it ended is in the message and in GET /v1/services/{name}), or its environment is not available here", body = ApiError),
+    )
+)]
+pub(crate) async fn start(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<ServiceInfo>, Failure> {
+    let config = state.config.capabilities.clone();
+    let capability = sandboxed(&config, &name, "start").await?;
+    let running = state
+        .services
+        .list()
+        .iter()
+        .filter(|s| s.owner == state.services_owner())
+        .count();
+    if running >= MAX_SERVICES {
+        return Err(Failure::new(
+            ErrorCode::Overloaded,
+            format!(
+                "this server supervises {running} services, as many as it takes; stop one first"
+            ),
+        ));
+    }
+    let info = state
+        .services
+        .start(
+            &capability,
+            &config.project,
+            &state.trust,
+            state.runner.backends(),
+            None,
+        )
+        .await
+        .map_err(|e| with_grant_hint(e, &config))?;
+    Ok(Json(info))
+}
+
+/// Services one server supervises at once.
+pub(crate) const MAX_SERVICES: usize = 32;
+
+/// The persistent capabilities started in the server's project: this server's, and
+/// those `skillbox cap start` supervises there.
+#[utoipa::path(
+    get,
+    path = "/v1/services",
+    responses(
+        (status = 200, description = "Every service, by name", body = ServiceList),
+    )
+)]
+pub(crate) async fn services(State(state): State<AppState>) -> Result<Json<ServiceList>, Failure> {
+    let table = state.services.clone();
+    let services = blocking(move || table.list()).await?;
+    Ok(Json(ServiceList { services }))
+}
+
+/// One service.
+#[utoipa::path(
+    get,
+    path = "/v1/services/{name}",
+    params(("name" = String, Path, description = "The capability's name")),
+    responses(
+        (status = 200, description = "Where it stands; for a failed one, how it ended and the tail of its stderr", body = ServiceInfo),
+        (status = 404, description = "Not started in this project", body = ApiError),
+    )
+)]
+pub(crate) async fn service(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<ServiceInfo>, Failure> {
+    let table = state.services.clone();
+    let looked = name.clone();
+    blocking(move || table.status(&looked))
+        .await?
+        .map(Json)
+        .ok_or_else(|| {
+            Failure::new(
+                ErrorCode::NotFound,
+                format!("{name} is not started in this server's project"),
+            )
+        })
+}
+
+/// Stop a service and everything it started; a failed one is cleared.
+#[utoipa::path(
+    post,
+    path = "/v1/services/{name}/stop",
+    params(("name" = String, Path, description = "The capability's name")),
+    responses(
+        (status = 200, description = "Stopped (or cleared); as it was last seen", body = ServiceInfo),
+        (status = 404, description = "Not started in this project", body = ApiError),
+    )
+)]
+pub(crate) async fn stop(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<ServiceInfo>, Failure> {
+    Ok(Json(state.services.stop(&name).await?))
 }

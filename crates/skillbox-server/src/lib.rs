@@ -120,6 +120,8 @@ pub async fn serve_on(
     )
     .await;
     state.runs_cancel().cancel();
+    // The services it supervises end with it: nothing it started is left running.
+    state.stop_services().await;
     // Agent runs end on the cancel; give them a moment to record how they ended.
     if let Some(agents) = &config_agents {
         agents.wait(std::time::Duration::from_secs(30)).await;

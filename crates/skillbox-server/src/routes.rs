@@ -24,7 +24,11 @@ use crate::{agents, auth, capabilities, runs};
         agents::create,
         agents::get,
         capabilities::list,
-        capabilities::run
+        capabilities::run,
+        capabilities::start,
+        capabilities::services,
+        capabilities::service,
+        capabilities::stop
     ),
     components(schemas(
         skillbox_protocol::AgentRunRequest,
@@ -44,6 +48,11 @@ use crate::{agents, auth, capabilities, runs};
         skillbox_protocol::CapabilityInfo,
         skillbox_protocol::CapabilityRunRequest,
         skillbox_protocol::CapabilityRun,
+        skillbox_protocol::ServiceList,
+        skillbox_protocol::ServiceInfo,
+        skillbox_protocol::ServiceState,
+        skillbox_protocol::ServiceExit,
+        skillbox_protocol::LimitKind,
         skillbox_protocol::ExecOutput
     ))
 )]
@@ -71,6 +80,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/capabilities", get(capabilities::list))
         .route("/v1/capabilities/schema", get(capability_schema))
         .route("/v1/capabilities/{name}/run", post(capabilities::run))
+        .route("/v1/capabilities/{name}/start", post(capabilities::start))
+        .route("/v1/services", get(capabilities::services))
+        .route("/v1/services/{name}", get(capabilities::service))
+        .route("/v1/services/{name}/stop", post(capabilities::stop))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use skillbox_capability::TrustStore;
+use skillbox_capability::{Owner, SERVE, ServiceTable, TrustStore};
 use skillbox_run::Runner;
 use skillbox_store::ObjectOwners;
 use tokio::sync::Semaphore;
@@ -103,6 +103,8 @@ pub struct AppState {
     /// The capability grants of the data dir (`<data>/trust.json`), shared by every
     /// request so that one `once` grant runs one call.
     pub(crate) trust: Arc<TrustStore>,
+    /// The persistent capabilities this server started, in its capabilities' project.
+    pub(crate) services: Arc<ServiceTable>,
     runs: CancellationToken,
 }
 
@@ -115,6 +117,11 @@ impl AppState {
     ) -> Self {
         AppState {
             trust: Arc::new(TrustStore::open(runner.data_dir())),
+            services: Arc::new(ServiceTable::new(
+                runner.data_dir(),
+                &config.capabilities.project,
+                Owner::this_process(SERVE),
+            )),
             runner,
             slots: Arc::new(Semaphore::new(config.max_concurrency.max(1))),
             body_bytes: Arc::new(Semaphore::new(
@@ -149,6 +156,16 @@ impl AppState {
     /// Cancelled at shutdown: every running run is cancelled and its sandbox removed.
     pub fn runs_cancel(&self) -> &CancellationToken {
         &self.runs
+    }
+
+    /// How this server's services name their owner.
+    pub(crate) fn services_owner(&self) -> String {
+        Owner::this_process(SERVE).to_string()
+    }
+
+    /// Stops every service this server started (at shutdown).
+    pub async fn stop_services(&self) {
+        self.services.stop_all().await;
     }
 
     pub(crate) fn agents(&self) -> Option<&AgentRuns> {

@@ -54,6 +54,39 @@ enum CapCommand {
     Allow { name: String },
     /// The JSON Schema of manifest.yaml.
     Schema,
+    /// Start NAME (persistent) in its declared environment, if granted, and return once
+    /// it answers at its endpoint: a unix socket on the host (only you may open it)
+    /// forwarded into the sandbox, which keeps no network of its own. A supervisor
+    /// keeps it running until `cap stop`; if it ends by itself it is `failed` and stays
+    /// down.
+    Start {
+        name: String,
+        /// Where clients connect: unix:PATH (default: a socket in the data dir, printed)
+        /// or a loopback ADDRESS:PORT (any local user may connect to that).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Supervise from this terminal until Ctrl-C instead of in the background.
+        #[arg(long)]
+        foreground: bool,
+        /// Print the service as JSON.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, hide = true)]
+        detached: bool,
+    },
+    /// Stop NAME and everything it started; a failed one is cleared.
+    Stop {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The services started in this project: state, process, what they serve and where
+    /// to connect; for a failed one, how it ended and the tail of its stderr.
+    Status {
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Run NAME once (oneshot, ondemand) in its declared environment, if granted; the
     /// files its write_file permissions name come back.
     Run {
@@ -126,6 +159,33 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
     };
     match args.command {
         CapCommand::Schema => ExitCode::SUCCESS,
+        CapCommand::Start {
+            name,
+            listen,
+            foreground,
+            json,
+            detached,
+        } => {
+            let capability = match find(&registry, &name) {
+                Ok(c) => c,
+                Err(e) => return usage(&e),
+            };
+            let start = crate::cap_service::Start {
+                name,
+                listen,
+                foreground: foreground || detached,
+                json,
+                detached,
+            };
+            crate::cap_service::start(capability, &project, &args.roots, &trust, data_dir, start)
+                .await
+        }
+        CapCommand::Stop { name, json } => {
+            crate::cap_service::stop(&project, data_dir, &name, json).await
+        }
+        CapCommand::Status { name, json } => {
+            crate::cap_service::status(&project, data_dir, name.as_deref(), json)
+        }
         CapCommand::Run {
             name,
             inputs,

@@ -2,6 +2,7 @@
 
 mod agent;
 mod cap;
+mod cap_service;
 mod doctor;
 mod exec;
 mod image;
@@ -49,7 +50,8 @@ enum Command {
     Agent(agent::AgentArgs),
     /// API keys for `skillbox serve --api-keys`.
     Keys(keys::KeysArgs),
-    /// Capabilities: list, show, and grant or deny them (capabilities/*/manifest.yaml).
+    /// Capabilities: list, show, grant or deny, run, and start or stop the persistent
+    /// ones (capabilities/*/manifest.yaml).
     Cap(cap::CapArgs),
 }
 

@@ -353,3 +353,363 @@ fn an_ondemand_formatter_gets_a_fresh_process_per_call() {
         assert_eq!(json["output"]["stdout"], expected, "{json}");
     }
 }
+
+/// One HTTP/1.0 exchange over the unix socket at `path`: the status line and the body.
+fn http(path: &Path, method: &str, route: &str, body: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(path)
+        .unwrap_or_else(|e| panic!("connect {}: {e}", path.display()));
+    write!(
+        stream,
+        "{method} {route} HTTP/1.0\r\nHost: notes\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+/// The parent of `pid`, from /proc.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The processes under `ancestor` whose command line mentions `needle`.
+fn descendants_running(ancestor: i32, needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .filter(|pid| {
+            let mut at = *pid;
+            for _ in 0..16 {
+                match parent_of(at) {
+                    Some(parent) if parent == ancestor => return true,
+                    Some(parent) if parent > 1 => at = parent,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+/// True once `pid` has exited (gone, or a zombie nobody reaped yet).
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// The pid of the supervisor `cap start` reported.
+fn supervisor_of(info: &Value) -> i32 {
+    info["owner"]
+        .as_str()
+        .unwrap()
+        .rsplit("pid ")
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .parse()
+        .unwrap()
+}
+
+/// Polls `check` every 50 ms for at most 20 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "never: {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn service_status(data: &Path, project: &Path) -> Vec<Value> {
+    let out = cap(data, project, &["status", "--json"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["services"].as_array().unwrap().clone()
+}
+
+/// The persistent example: started once, reached through the socket skillbox forwards
+/// (the sandbox has no network), listed while it runs; killed from outside it is
+/// `failed` with how it ended and its stderr, and stays down; stop clears it, and
+/// stopping a running one leaves nothing running; a killed supervisor takes the
+/// sandbox with it.
+#[test]
+fn a_persistent_service_is_reached_through_its_forwarded_socket_and_stays_down_when_it_crashes() {
+    if !native_or_skip("a_persistent_service") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let (data, project) = (data.path(), project.path());
+    let marker = "/capability/server.py";
+    let refused = cap(data, project, &["start", "http-notes"], &[]);
+    assert_eq!(refused.status.code(), Some(125));
+    assert!(
+        text(&refused.stderr).contains("skillbox cap grant http-notes"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(
+        cap(data, project, &["grant", "http-notes"], &[])
+            .status
+            .success()
+    );
+    let ran = cap(data, project, &["run", "http-notes"], &[]);
+    assert!(
+        text(&ran.stderr).contains("cap start http-notes"),
+        "a persistent capability is started, not run: {}",
+        text(&ran.stderr)
+    );
+
+    let started = cap(data, project, &["start", "http-notes", "--json"], &[]);
+    assert!(started.status.success(), "{}", text(&started.stderr));
+    let info: Value = serde_json::from_slice(&started.stdout).unwrap();
+    assert_eq!(info["state"], "ready", "{info}");
+    assert_eq!(info["serves"], "port 8080");
+    assert_eq!(
+        info["owner"].as_str().unwrap().split(" (").next(),
+        Some("skillbox cap start")
+    );
+    let socket = std::path::PathBuf::from(
+        info["endpoint"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("unix:")
+            .unwrap(),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "only its owner may connect");
+
+    let (status, body) = http(&socket, "POST", "/notes", "buy milk");
+    assert!(status.contains("201"), "{status} {body}");
+    let (_, body) = http(&socket, "GET", "/notes", "");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["notes"],
+        serde_json::json!(["buy milk"])
+    );
+    let twice = cap(data, project, &["start", "http-notes"], &[]);
+    assert_eq!(twice.status.code(), Some(125));
+    assert!(
+        text(&twice.stderr).contains("already ready"),
+        "{}",
+        text(&twice.stderr)
+    );
+
+    let listed = service_status(data, project);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
+    assert!(listed[0]["process"].as_str().unwrap().starts_with("pid "));
+
+    // A crash: the service is killed from outside. It is failed, says how, and stays down.
+    let supervisor = supervisor_of(&info);
+    let servers = descendants_running(supervisor, marker);
+    assert_eq!(servers.len(), 1, "one service process: {servers:?}");
+    unsafe_kill(servers[0], libc::SIGKILL);
+    eventually("the service is failed", || {
+        service_status(data, project)[0]["state"] == "failed"
+    });
+    let failed = &service_status(data, project)[0];
+    assert_eq!(failed["exit"]["signal"], 9, "{failed}");
+    assert!(
+        failed["stderrTail"]
+            .as_str()
+            .unwrap()
+            .contains("POST /notes"),
+        "{failed}"
+    );
+    eventually("the supervisor exits", || gone(supervisor));
+    assert!(!socket.exists(), "the host socket goes with the service");
+    assert_eq!(
+        service_status(data, project)[0]["state"],
+        "failed",
+        "stays down"
+    );
+    let cleared = cap(data, project, &["stop", "http-notes"], &[]);
+    assert!(cleared.status.success(), "{}", text(&cleared.stderr));
+    assert!(
+        text(&cleared.stderr).contains("cleared"),
+        "{}",
+        text(&cleared.stderr)
+    );
+    assert!(service_status(data, project).is_empty());
+
+    // Started again and stopped: nothing left running, nothing listed.
+    let again = cap(data, project, &["start", "http-notes", "--json"], &[]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let info: Value = serde_json::from_slice(&again.stdout).unwrap();
+    let supervisor = supervisor_of(&info);
+    let servers = descendants_running(supervisor, marker);
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    let (_, body) = http(&socket, "GET", "/notes", "");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["notes"],
+        serde_json::json!([]),
+        "a fresh process"
+    );
+    let stopped = cap(data, project, &["stop", "http-notes", "--json"], &[]);
+    assert!(stopped.status.success(), "{}", text(&stopped.stderr));
+    assert!(gone(servers[0]), "the stopped service still runs");
+    assert!(gone(supervisor), "the supervisor still runs");
+    assert!(service_status(data, project).is_empty());
+    assert!(!socket.exists());
+
+    // A killed supervisor (skillbox itself gone) leaves nothing running.
+    let third = cap(data, project, &["start", "http-notes", "--json"], &[]);
+    assert!(third.status.success(), "{}", text(&third.stderr));
+    let info: Value = serde_json::from_slice(&third.stdout).unwrap();
+    let supervisor = supervisor_of(&info);
+    let servers = descendants_running(supervisor, marker);
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    unsafe_kill(supervisor, libc::SIGKILL);
+    eventually("the sandbox dies with its supervisor", || gone(servers[0]));
+    let left = service_status(data, project);
+    assert_eq!(left[0]["state"], "failed", "{left:?}");
+    assert!(
+        left[0]["error"].as_str().unwrap().contains("supervisor"),
+        "{left:?}"
+    );
+    assert!(
+        cap(data, project, &["stop", "http-notes"], &[])
+            .status
+            .success()
+    );
+    assert!(service_status(data, project).is_empty());
+}
+
+fn unsafe_kill(pid: i32, signal: i32) {
+    // SAFETY: signalling a process this test started (through skillbox).
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill {pid}");
+}
+
+/// Without root, reaching the port means joining the sandbox's user namespace first:
+/// the same service, started, reached and stopped as uid 65534.
+#[test]
+fn a_persistent_service_works_for_an_unprivileged_user() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip(
+            "a_persistent_service_works_for_an_unprivileged_user",
+            "needs root to switch to uid 65534",
+        );
+        return;
+    }
+    if !native_or_skip("a_persistent_service_works_for_an_unprivileged_user") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    // Everything nobody needs, where nobody can read it.
+    let place = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = place.path().join("skillbox");
+    std::fs::copy(BIN, &bin).unwrap();
+    let roots = place.path().join("caps");
+    let notes = roots.join("http-notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    for file in ["manifest.yaml", "server.py"] {
+        std::fs::copy(
+            example("capabilities/http-notes").join(file),
+            notes.join(file),
+        )
+        .unwrap();
+    }
+    for dir in [&roots, &notes] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let data = place.path().join("data");
+    let project = place.path().join("project");
+    for dir in [&data, &project] {
+        std::fs::create_dir(dir).unwrap();
+        std::os::unix::fs::chown(dir, Some(65534), Some(65534)).unwrap();
+    }
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["cap", "--project"])
+            .arg(&project)
+            .arg("--root")
+            .arg(&roots)
+            .args(args)
+            .env("HOME", &data)
+            .output()
+            .expect("run setpriv")
+    };
+    let granted = as_nobody(&["grant", "http-notes"]);
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
+    let started = as_nobody(&["start", "http-notes", "--json"]);
+    assert!(started.status.success(), "{}", text(&started.stderr));
+    let info: Value = serde_json::from_slice(&started.stdout).unwrap();
+    let socket = std::path::PathBuf::from(
+        info["endpoint"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("unix:")
+            .unwrap(),
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&socket).unwrap().uid(), 65534);
+    let (status, body) = http(&socket, "POST", "/notes", "from nobody");
+    assert!(status.contains("201"), "{status} {body}");
+    let supervisor = supervisor_of(&info);
+    let stopped = as_nobody(&["stop", "http-notes"]);
+    assert!(stopped.status.success(), "{}", text(&stopped.stderr));
+    assert!(gone(supervisor));
+    assert!(!socket.exists());
+}
+
+/// A persistent capability in an environment that cannot serve yet is refused, named,
+/// and started nowhere else.
+#[test]
+fn a_persistent_docker_capability_is_refused_not_moved() {
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path().join("capabilities/web");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("manifest.yaml"),
+        "name: web\ndescription: a web server in a container\nversion: 0.1.0\nenvironment: docker\nlifecycle: persistent\nentry: web.py\nport: 8080\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("web.py"), "print('hi')\n").unwrap();
+    assert!(
+        cap(data.path(), project.path(), &["grant", "web"], &[])
+            .status
+            .success()
+    );
+    let refused = cap(data.path(), project.path(), &["start", "web"], &[]);
+    assert_eq!(refused.status.code(), Some(125));
+    let stderr = text(&refused.stderr);
+    assert!(
+        stderr.contains("not_supported") && stderr.contains("docker"),
+        "{stderr}"
+    );
+    assert!(service_status(data.path(), project.path()).is_empty());
+}

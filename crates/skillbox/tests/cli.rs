@@ -880,6 +880,7 @@ fn cap_lists_grants_and_holds_the_host_ceiling() {
             "csv-summary",
             "fmt-json",
             "git-report",
+            "http-notes",
             "json-transform",
             "wasm-word-count",
             "word-count"

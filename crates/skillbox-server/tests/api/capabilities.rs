@@ -448,3 +448,142 @@ async fn docker_capability_child() {
         .await;
     println!("CASE_RESULT {status} {body}");
 }
+
+/// One HTTP/1.0 exchange with a service through its forwarded unix socket.
+async fn through(socket: &Path, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer
+}
+
+/// The persistent example over HTTP: refused ungranted, started and listed, reached
+/// through its socket, refused a second start, stopped with nothing left; and a service
+/// still running when the server shuts down ends with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_capability_is_started_listed_and_stopped_and_ends_with_the_server() {
+    if !native_or_skip("a_persistent_capability_over_http") {
+        return;
+    }
+    let served = serve(vec![examples()], None).await;
+    let start = |name: &'static str| {
+        let server = &served.server;
+        async move {
+            server
+                .post(&format!("/v1/capabilities/{name}/start"), &json!({}))
+                .await
+        }
+    };
+    let (status, refused) = start("http-notes").await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(is_error(&refused, "permission_denied"));
+    let (status, refused) = start("word-count").await;
+    assert_eq!(
+        status, 400,
+        "a oneshot capability is run, not started: {refused}"
+    );
+    let (status, refused) = start("git-report").await;
+    assert_eq!(status, 403, "a host capability never over HTTP: {refused}");
+
+    served.grant("http-notes", Scope::Project);
+    let (status, info) = start("http-notes").await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["state"], "ready");
+    assert!(
+        info["owner"]
+            .as_str()
+            .unwrap()
+            .starts_with("skillbox serve (pid")
+    );
+    let socket = PathBuf::from(
+        info["endpoint"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("unix:")
+            .unwrap(),
+    );
+    let added = through(
+        &socket,
+        "POST /notes HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await;
+    assert!(added.starts_with("HTTP/1.0 201"), "{added}");
+    let (status, again) = start("http-notes").await;
+    assert_eq!(status, 409, "{again}");
+
+    let listed: Value = served
+        .server
+        .http
+        .get(format!("{}/v1/services", served.server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["services"][0]["name"], "http-notes", "{listed}");
+    assert_eq!(listed["services"][0]["state"], "ready", "{listed}");
+    let one = served
+        .server
+        .http
+        .get(format!("{}/v1/services/http-notes", served.server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(one.status(), 200);
+    let missing = served
+        .server
+        .http
+        .get(format!("{}/v1/services/nope", served.server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+
+    let init: i32 = info["process"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("pid ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (status, stopped) = served
+        .server
+        .post("/v1/services/http-notes/stop", &json!({}))
+        .await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["state"], "stopped");
+    assert!(
+        !Path::new(&format!("/proc/{init}")).exists(),
+        "the sandbox still runs"
+    );
+    assert!(!socket.exists());
+    let (status, _) = served
+        .server
+        .post("/v1/services/http-notes/stop", &json!({}))
+        .await;
+    assert_eq!(status, 404);
+
+    // Running when the server shuts down: it ends with it.
+    let (status, info) = start("http-notes").await;
+    assert_eq!(status, 200, "{info}");
+    let init: i32 = info["process"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("pid ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    served.server.shutdown.cancel();
+    let started = std::time::Instant::now();
+    while Path::new(&format!("/proc/{init}")).exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the service outlived the server"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(!socket.exists());
+}

@@ -1,0 +1,1056 @@
+//! Persistent capabilities: started once, supervised, and reached by clients through an
+//! endpoint on the host that skillbox forwards into the sandbox. The sandbox keeps no
+//! network of its own: each client connection is opened by the backend's
+//! [`ExecConnector`] (into the exec's own network namespace, or beneath the workspace's
+//! directory fd) and relayed.
+//!
+//! The table of services is kept per project under `<data>/services/<key>/`: for each
+//! started name a record (`NAME.json`, what `cap status` shows), a lock (`NAME.lock`,
+//! held by the process that supervises it for as long as the record is its own) and, by
+//! default, the host endpoint (`NAME.sock`, a unix socket only the owner may open). A
+//! crash marks the service `failed`, with how it ended and the tail of its stderr; it is
+//! never restarted. Stopping it, or ending its supervisor (skillbox's own shutdown, or
+//! a kill: the sandbox dies with the process that made it), ends everything it started;
+//! a record whose lock nobody holds is shown for what it is, and records from an
+//! earlier boot are dropped.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use skillbox_env::{
+    CancellationToken, Duplex, Endpoint, EnvError, ErrorCode, ExecConnector, ExecEvent, ExecOutput,
+    ExecRequest, ExecStream, ExecutionEnv,
+};
+use skillbox_protocol::{ServiceExit, ServiceInfo, ServiceState};
+use skillbox_registry::BackendRegistry;
+use tokio::sync::{Semaphore, watch};
+
+use crate::manifest::{Environment, Lifecycle};
+use crate::registry::Capability;
+use crate::trust::TrustStore;
+
+/// How long a service may take to answer at its endpoint when its manifest gives no
+/// `limits.timeout` (for a persistent capability, the timeout is the time to be ready).
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Clients connected to one service at once; more wait for a place.
+pub const MAX_CONNECTIONS: usize = 256;
+/// What is kept of a service's stderr.
+const STDERR_TAIL: usize = 4096;
+/// How often readiness is checked while a service starts.
+const READY_POLL: Duration = Duration::from_millis(50);
+/// How long `stop` waits for another process's supervisor to let go.
+const STOP_WAIT: Duration = Duration::from_secs(20);
+/// The longest path a unix socket address holds (without its NUL).
+const SUN_PATH_MAX: usize = 107;
+
+/// Where clients reach a service on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// A unix socket, made mode 0600: only its owner (and root) may connect.
+    Unix(PathBuf),
+    /// A TCP port on a loopback address: any local user may connect.
+    Tcp(SocketAddr),
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
+            Listen::Tcp(address) => write!(f, "tcp:{address}"),
+        }
+    }
+}
+
+impl FromStr for Listen {
+    type Err = String;
+
+    /// `unix:PATH`, an absolute `PATH`, or `tcp:ADDR:PORT` / `ADDR:PORT` on loopback.
+    fn from_str(text: &str) -> Result<Listen, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            return unix_listen(Path::new(path));
+        }
+        if text.starts_with('/') {
+            return unix_listen(Path::new(text));
+        }
+        let address = text.strip_prefix("tcp:").unwrap_or(text);
+        let address: SocketAddr = address.parse().map_err(|_| {
+            format!(
+                "{text:?}: give unix:PATH (an absolute path) or a loopback ADDRESS:PORT such as 127.0.0.1:8080"
+            )
+        })?;
+        if !address.ip().is_loopback() {
+            return Err(format!(
+                "{text:?}: only a loopback address (127.0.0.1, ::1): anything wider would let the network reach the service without any check"
+            ));
+        }
+        Ok(Listen::Tcp(address))
+    }
+}
+
+fn unix_listen(path: &Path) -> Result<Listen, String> {
+    if !path.is_absolute() {
+        return Err(format!("{}: give an absolute path", path.display()));
+    }
+    if path.as_os_str().len() > SUN_PATH_MAX - 12 {
+        return Err(format!(
+            "{}: a unix socket path is at most {} bytes here",
+            path.display(),
+            SUN_PATH_MAX - 12
+        ));
+    }
+    Ok(Listen::Unix(path.to_path_buf()))
+}
+
+/// Who supervises a service: the process that holds its lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Owner {
+    pub pid: u32,
+    /// `skillbox serve` or `skillbox cap start`.
+    pub command: String,
+}
+
+impl Owner {
+    /// This process, as `command`.
+    pub fn this_process(command: &str) -> Owner {
+        Owner {
+            pid: std::process::id(),
+            command: command.to_string(),
+        }
+    }
+
+    /// Stopped by a signal (`cap start`'s supervisor), not by asking (`serve`).
+    fn answers_sigterm(&self) -> bool {
+        self.command == CAP_START
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (pid {})", self.command, self.pid)
+    }
+}
+
+/// The owner command of `skillbox cap start`'s supervisor.
+pub const CAP_START: &str = "skillbox cap start";
+/// The owner command of `skillbox serve`.
+pub const SERVE: &str = "skillbox serve";
+
+/// What `NAME.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Record {
+    info: ServiceInfo,
+    owner: Owner,
+    boot_id: String,
+    /// The host socket this service made (removed with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    socket: Option<PathBuf>,
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn io_error(e: &std::io::Error, op: &str, path: &Path) -> EnvError {
+    EnvError::io(e, op, path)
+}
+
+/// The services directory of `project` under `data_dir`.
+pub fn services_dir(data_dir: &Path, project: &Path) -> PathBuf {
+    let key = skillbox_store::sha256_hex(project.as_os_str().as_encoded_bytes());
+    data_dir.join("services").join(&key[..16])
+}
+
+/// An exclusive lock on `NAME.lock`, held for as long as the record is ours.
+#[derive(Debug)]
+struct NameLock {
+    _file: std::fs::File,
+}
+
+fn open_lock(path: &Path) -> Result<std::fs::File, EnvError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io_error(&e, "open", path))
+}
+
+/// Takes `path`'s lock if nobody holds it.
+fn try_lock(path: &Path, exclusive: bool) -> Result<Option<NameLock>, EnvError> {
+    let file = open_lock(path)?;
+    let how = if exclusive {
+        rustix::fs::FlockOperation::NonBlockingLockExclusive
+    } else {
+        rustix::fs::FlockOperation::NonBlockingLockShared
+    };
+    match rustix::fs::flock(file.as_fd(), how) {
+        Ok(()) => Ok(Some(NameLock { _file: file })),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(io_error(&e.into(), "lock", path)),
+    }
+}
+
+/// Writes `record` to `path` whole or not at all.
+fn write_record(path: &Path, record: &Record) -> Result<(), EnvError> {
+    let text = serde_json::to_vec_pretty(record)
+        .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("service record: {e}")))?;
+    let temp = path.with_extension("json.tmp");
+    std::fs::write(&temp, text).map_err(|e| io_error(&e, "write", &temp))?;
+    std::fs::rename(&temp, path).map_err(|e| io_error(&e, "rename", path))
+}
+
+fn read_record(path: &Path) -> Option<Record> {
+    let text = std::fs::read(path).ok()?;
+    match serde_json::from_slice(&text) {
+        Ok(record) => Some(record),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "services: unreadable record");
+            None
+        }
+    }
+}
+
+/// The host side of a service's endpoint.
+#[derive(Debug)]
+enum HostListener {
+    Unix(tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+impl HostListener {
+    async fn accept(&self) -> std::io::Result<Box<dyn Duplex>> {
+        Ok(match self {
+            HostListener::Unix(listener) => Box::new(listener.accept().await?.0),
+            HostListener::Tcp(listener) => Box::new(listener.accept().await?.0),
+        })
+    }
+}
+
+/// Binds `path` as a socket only its owner may open: made under a temporary name, set
+/// 0600, then renamed into place, so no client ever finds it open to all. A socket left
+/// at `path` by a supervisor that is gone is replaced; anything else there is kept.
+fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener, EnvError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(EnvError::new(
+                    ErrorCode::AlreadyExists,
+                    format!(
+                        "{}: something already listens there; stop it or choose another --listen",
+                        path.display()
+                    ),
+                ));
+            }
+            std::fs::remove_file(path).map_err(|e| io_error(&e, "remove", path))?;
+        }
+        Ok(_) => {
+            return Err(EnvError::new(
+                ErrorCode::AlreadyExists,
+                format!(
+                    "{}: exists and is not a socket; choose another --listen",
+                    path.display()
+                ),
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error(&e, "stat", path)),
+    }
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let temp = parent.join(format!(".sbx-{:08x}.sock", rand_u32()));
+    let listener =
+        std::os::unix::net::UnixListener::bind(&temp).map_err(|e| io_error(&e, "bind", &temp))?;
+    let placed = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&temp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&temp);
+        return Err(io_error(&e, "place the socket at", path));
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io_error(&e, "bind", path))?;
+    Ok(listener)
+}
+
+fn rand_u32() -> u32 {
+    let mut bytes = [0u8; 4];
+    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
+    u32::from_ne_bytes(bytes)
+}
+
+/// The last bytes of a stream, cut at a line start when one is in reach.
+#[derive(Debug, Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    fn push(&mut self, chunk: &[u8]) {
+        self.0.extend_from_slice(chunk);
+        if self.0.len() > STDERR_TAIL {
+            let cut = self.0.len() - STDERR_TAIL;
+            let cut = self.0[cut..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(cut, |at| cut + at + 1);
+            self.0.drain(..cut);
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0).into_owned()
+    }
+}
+
+/// How a supervised service came to an end.
+enum Ending {
+    Exited(ExecOutput),
+    NotReady(Duration),
+    Stopped,
+    Broken(EnvError),
+}
+
+/// One service this process supervises.
+#[derive(Debug)]
+struct Service {
+    info: Mutex<ServiceInfo>,
+    state: watch::Sender<ServiceState>,
+    stop: CancellationToken,
+    /// Set once the supervisor has cleaned up everything.
+    finished: watch::Sender<bool>,
+    record: PathBuf,
+    socket: Option<PathBuf>,
+    owner: Owner,
+    boot_id: String,
+    /// Held until the service is cleared from the table (a failed one keeps it).
+    lock: Mutex<Option<NameLock>>,
+}
+
+impl Service {
+    fn snapshot(&self) -> ServiceInfo {
+        self.info
+            .lock()
+            .map(|info| info.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
+    fn update(&self, change: impl FnOnce(&mut ServiceInfo)) {
+        let info = {
+            let mut info = self
+                .info
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            change(&mut info);
+            info.clone()
+        };
+        self.state.send_replace(info.state);
+        let record = Record {
+            info,
+            owner: self.owner.clone(),
+            boot_id: self.boot_id.clone(),
+            socket: self.socket.clone(),
+        };
+        if let Err(e) = write_record(&self.record, &record) {
+            tracing::warn!(error = %e, "services: cannot write the record");
+        }
+    }
+}
+
+/// The persistent capabilities of one project that this process started, and the
+/// records of those other processes started.
+#[derive(Debug)]
+pub struct ServiceTable {
+    dir: PathBuf,
+    owner: Owner,
+    services: Mutex<BTreeMap<String, Arc<Service>>>,
+}
+
+fn table_error(message: String) -> EnvError {
+    EnvError::new(ErrorCode::Unknown, message)
+}
+
+impl ServiceTable {
+    /// The table of `project`'s services under `data_dir`, as `owner`.
+    pub fn new(data_dir: &Path, project: &Path, owner: Owner) -> ServiceTable {
+        ServiceTable {
+            dir: services_dir(data_dir, project),
+            owner,
+            services: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Where this table keeps its records and sockets.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn ensure_dir(&self) -> Result<(), EnvError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+            .map_err(|e| io_error(&e, "create", &self.dir))
+    }
+
+    fn running(&self, name: &str) -> Option<Arc<Service>> {
+        self.services
+            .lock()
+            .ok()
+            .and_then(|services| services.get(name).cloned())
+    }
+
+    fn paths(&self, name: &str) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join(format!("{name}.json")),
+            self.dir.join(format!("{name}.lock")),
+        )
+    }
+
+    /// The default host socket of `name`: `NAME.sock` here, or a shorter name when the
+    /// path would not fit a socket address.
+    fn default_socket(&self, name: &str) -> PathBuf {
+        let named = self.dir.join(format!("{name}.sock"));
+        if named.as_os_str().len() <= SUN_PATH_MAX - 12 {
+            return named;
+        }
+        let hash = skillbox_store::sha256_hex(name.as_bytes());
+        self.dir.join(format!("{}.sock", &hash[..12]))
+    }
+
+    /// Starts `capability` (persistent) in `project` if trust allows it, and returns
+    /// once something answers at its endpoint, or with why it never did (the service
+    /// then stays in the table as `failed`).
+    pub async fn start(
+        &self,
+        capability: &Capability,
+        project: &Path,
+        trust: &TrustStore,
+        backends: &BackendRegistry,
+        listen: Option<Listen>,
+    ) -> Result<ServiceInfo, EnvError> {
+        let manifest = &capability.manifest;
+        let name = capability.name().to_string();
+        if manifest.lifecycle != Lifecycle::Persistent {
+            return Err(EnvError::invalid(format!(
+                "{name} is {}: run it with skillbox cap run {name}; only a persistent capability is started",
+                manifest.lifecycle.as_str()
+            )));
+        }
+        let serves = match (manifest.port, &manifest.socket) {
+            (Some(port), _) => Endpoint::Port(port),
+            (None, Some(socket)) => Endpoint::Socket(socket.clone()),
+            (None, None) => {
+                return Err(EnvError::invalid(format!(
+                    "{}: a persistent capability gives port or socket",
+                    capability.manifest_file().display()
+                )));
+            }
+        };
+        if manifest.environment != Environment::Native {
+            return Err(EnvError::new(
+                ErrorCode::NotSupported,
+                format!(
+                    "{name}: a persistent {} capability is not built yet (persistent capabilities run on native); it is not started anywhere else",
+                    manifest.environment
+                ),
+            ));
+        }
+        self.ensure_dir()?;
+        let (record_path, lock_path) = self.paths(&name);
+        let lock = match try_lock(&lock_path, true)? {
+            Some(lock) => lock,
+            None => {
+                let held = read_record(&record_path);
+                let message = match held {
+                    Some(record) => format!(
+                        "{name} is already {} under {}; stop it first: skillbox cap stop {name}",
+                        record.info.state.as_str(),
+                        record.owner
+                    ),
+                    None => format!("{name} is being started or stopped by another process"),
+                };
+                return Err(EnvError::new(ErrorCode::AlreadyExists, message));
+            }
+        };
+        if self.running(&name).is_some() {
+            return Err(EnvError::new(
+                ErrorCode::AlreadyExists,
+                format!("{name} is already started here; stop it first: skillbox cap stop {name}"),
+            ));
+        }
+        trust
+            .authorize(capability, project)
+            .map_err(|e| EnvError::new(e.code, e.message))?;
+
+        let listen = listen.unwrap_or_else(|| Listen::Unix(self.default_socket(&name)));
+        let (listener, socket) = match &listen {
+            Listen::Unix(path) => {
+                let listener = bind_unix(path)?;
+                let listener = tokio::net::UnixListener::from_std(listener)
+                    .map_err(|e| io_error(&e, "listen", path))?;
+                (HostListener::Unix(listener), Some(path.clone()))
+            }
+            Listen::Tcp(address) => {
+                let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| {
+                    EnvError::new(
+                        skillbox_env::errno_code(e.raw_os_error().unwrap_or(0)),
+                        format!("listen on {address}: {e}"),
+                    )
+                })?;
+                (HostListener::Tcp(listener), None)
+            }
+        };
+        let endpoint = match &listener {
+            HostListener::Tcp(l) => l
+                .local_addr()
+                .map(|a| Listen::Tcp(a).to_string())
+                .unwrap_or_else(|_| listen.to_string()),
+            HostListener::Unix(_) => listen.to_string(),
+        };
+        let remove_socket = || {
+            if let Some(path) = &socket {
+                let _ = std::fs::remove_file(path);
+            }
+        };
+
+        let ready_within = manifest
+            .bounds()
+            .ok()
+            .and_then(|b| b.timeout)
+            .unwrap_or(DEFAULT_READY_TIMEOUT);
+        let mut spec = match crate::router::sandbox_spec(capability, project) {
+            Ok(spec) => spec,
+            Err(e) => {
+                remove_socket();
+                return Err(e);
+            }
+        };
+        // The service runs until stopped (at most the longest exec there is); its output
+        // is streamed and only a tail kept, so nothing is cut off after a cap.
+        spec.limits.timeout_ms = skillbox_env::MAX_TIMEOUT.as_millis() as u64;
+        if let Endpoint::Port(port) = serves {
+            spec.policy.listen_ports.push(port);
+        }
+        spec.limits.output_bytes = u64::MAX;
+        let kind = manifest.environment.kind();
+        let env = match backends.create(kind, spec).await {
+            Ok(env) => env,
+            Err(e) => {
+                remove_socket();
+                return Err(e);
+            }
+        };
+        let exec_cancel = CancellationToken::new();
+        let mut request = ExecRequest::argv(crate::router::entry_argv(capability, kind))
+            .cwd("/workspace")
+            .timeout(skillbox_env::MAX_TIMEOUT);
+        for variable in &manifest.env {
+            if let Ok(value) = std::env::var(variable) {
+                request = request.env(variable, value);
+            }
+        }
+        let started = env.exec_stream(request, &exec_cancel).await;
+        let (stream, connector) = match started {
+            Ok(stream) => match stream.connector() {
+                Some(connector) => (stream, connector),
+                None => {
+                    exec_cancel.cancel();
+                    drop(stream);
+                    let _ = env.cleanup().await;
+                    remove_socket();
+                    return Err(EnvError::new(
+                        ErrorCode::NotSupported,
+                        format!("{name}: the {kind} backend cannot reach what an exec serves"),
+                    ));
+                }
+            },
+            Err(e) => {
+                let _ = env.cleanup().await;
+                remove_socket();
+                return Err(e);
+            }
+        };
+        let info = ServiceInfo {
+            name: name.clone(),
+            environment: kind,
+            state: ServiceState::Starting,
+            process: Some(connector.process()),
+            owner: self.owner.to_string(),
+            started_at_ms: now_ms(),
+            endpoint,
+            serves: match &serves {
+                Endpoint::Port(port) => format!("port {port}"),
+                Endpoint::Socket(path) => format!("socket {}", path.display()),
+            },
+            exit: None,
+            error: None,
+            stderr_tail: String::new(),
+        };
+        let (state, mut watch_state) = watch::channel(ServiceState::Starting);
+        let (finished, _) = watch::channel(false);
+        let service = Arc::new(Service {
+            info: Mutex::new(info),
+            state,
+            stop: CancellationToken::new(),
+            finished,
+            record: record_path,
+            socket,
+            owner: self.owner.clone(),
+            boot_id: boot_id(),
+            lock: Mutex::new(Some(lock)),
+        });
+        service.update(|_| {});
+        if let Ok(mut services) = self.services.lock() {
+            services.insert(name.clone(), service.clone());
+        }
+        tracing::info!(service = %name, process = %connector.process(), "services: started");
+        tokio::spawn(supervise(Supervised {
+            service: service.clone(),
+            env,
+            stream,
+            connector,
+            listener,
+            serves,
+            ready_within,
+            exec_cancel,
+        }));
+        // Ready, or ended before it was.
+        let _ = watch_state
+            .wait_for(|state| *state != ServiceState::Starting)
+            .await;
+        let info = service.snapshot();
+        match info.state {
+            ServiceState::Ready => Ok(info),
+            _ => Err(EnvError::unavailable(format!(
+                "{name} did not start: {}",
+                describe_failure(&info)
+            ))),
+        }
+    }
+
+    /// Every service of this project: the ones this process supervises as they are now,
+    /// and the records of other processes', each checked against its lock.
+    pub fn list(&self) -> Vec<ServiceInfo> {
+        let mut found: BTreeMap<String, ServiceInfo> = BTreeMap::new();
+        if let Ok(services) = self.services.lock() {
+            for (name, service) in services.iter() {
+                found.insert(name.clone(), service.snapshot());
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return found.into_values().collect();
+        };
+        let boot = boot_id();
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            if found.contains_key(name) {
+                continue;
+            }
+            if let Some(info) = self.inspect(name, &boot) {
+                found.insert(name.to_string(), info);
+            }
+        }
+        found.into_values().collect()
+    }
+
+    /// One service, as [`list`](Self::list) shows it.
+    pub fn status(&self, name: &str) -> Option<ServiceInfo> {
+        if let Some(service) = self.running(name) {
+            return Some(service.snapshot());
+        }
+        self.inspect(name, &boot_id())
+    }
+
+    /// A record another process wrote: as it says while its owner holds the lock;
+    /// `failed` (supervisor gone) when nobody does; dropped when from an earlier boot.
+    fn inspect(&self, name: &str, boot: &str) -> Option<ServiceInfo> {
+        let (record_path, lock_path) = self.paths(name);
+        let record = read_record(&record_path)?;
+        let held = match try_lock(&lock_path, false) {
+            Ok(Some(_free)) => false,
+            Ok(None) => true,
+            Err(_) => true,
+        };
+        if held {
+            return Some(record.info);
+        }
+        if record.boot_id != boot {
+            let _ = std::fs::remove_file(&record_path);
+            if let Some(socket) = &record.socket {
+                let _ = std::fs::remove_file(socket);
+            }
+            return None;
+        }
+        let mut info = record.info;
+        if matches!(info.state, ServiceState::Starting | ServiceState::Ready) {
+            info.state = ServiceState::Failed;
+            info.error = Some(format!(
+                "its supervisor, {}, ended without stopping it (its sandbox ended with it)",
+                record.owner
+            ));
+        }
+        Some(info)
+    }
+
+    /// Stops `name` and clears it from the table: a service this process supervises is
+    /// ended here; one `skillbox cap start` supervises is sent SIGTERM and waited for; a
+    /// record nobody holds (failed, or left by a supervisor that is gone) is removed.
+    /// Returns the service as it was last seen.
+    pub async fn stop(&self, name: &str) -> Result<ServiceInfo, EnvError> {
+        if let Some(service) = self.running(name) {
+            service.stop.cancel();
+            let mut finished = service.finished.subscribe();
+            let _ = finished.wait_for(|done| *done).await;
+            let info = service.snapshot();
+            let _ = std::fs::remove_file(&service.record);
+            if let Ok(mut services) = self.services.lock() {
+                services.remove(name);
+            }
+            if let Ok(mut lock) = service.lock.lock() {
+                lock.take();
+            }
+            return Ok(info);
+        }
+        let (record_path, lock_path) = self.paths(name);
+        let Some(record) = read_record(&record_path) else {
+            return Err(EnvError::new(
+                ErrorCode::NotFound,
+                format!(
+                    "{name} is not started in this project (skillbox cap status lists what is)"
+                ),
+            ));
+        };
+        let seen = self
+            .inspect(name, &boot_id())
+            .unwrap_or(record.info.clone());
+        if try_lock(&lock_path, true)?.is_none() {
+            if !record.owner.answers_sigterm() {
+                return Err(EnvError::new(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "{name} is supervised by {}: stop it there (POST /v1/services/{name}/stop)",
+                        record.owner
+                    ),
+                ));
+            }
+            let pid = rustix::process::Pid::from_raw(record.owner.pid as i32)
+                .ok_or_else(|| table_error(format!("{name}: the record has no owner pid")))?;
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let waited = tokio::task::spawn_blocking(move || {
+                let deadline = std::time::Instant::now() + STOP_WAIT;
+                loop {
+                    match try_lock(&lock_path, true) {
+                        Ok(Some(lock)) => return Ok(lock),
+                        Ok(None) if std::time::Instant::now() < deadline => {
+                            std::thread::sleep(READY_POLL);
+                        }
+                        Ok(None) => {
+                            let _ =
+                                rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                            return Err(EnvError::new(
+                                ErrorCode::Timeout,
+                                format!(
+                                    "{} did not stop within {} s of SIGTERM and was killed",
+                                    pid.as_raw_nonzero(),
+                                    STOP_WAIT.as_secs()
+                                ),
+                            ));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+            .await
+            .map_err(|e| table_error(format!("stop {name}: {e}")))??;
+            drop(waited);
+        }
+        // Whoever held it is gone; what it left goes too.
+        let last = read_record(&record_path).map(|r| r.info).unwrap_or(seen);
+        let _ = std::fs::remove_file(&record_path);
+        if let Some(socket) = &record.socket {
+            let _ = std::fs::remove_file(socket);
+        }
+        let mut last = last;
+        if matches!(last.state, ServiceState::Starting | ServiceState::Ready) {
+            last.state = ServiceState::Stopped;
+        }
+        Ok(last)
+    }
+
+    /// Stops every service this process supervises (skillbox's own shutdown).
+    pub async fn stop_all(&self) {
+        let names: Vec<String> = self
+            .services
+            .lock()
+            .map(|services| services.keys().cloned().collect())
+            .unwrap_or_default();
+        for name in names {
+            if let Err(e) = self.stop(&name).await {
+                tracing::warn!(service = %name, error = %e, "services: stop at shutdown failed");
+            }
+        }
+    }
+
+    /// Waits until `name`, supervised here, is no longer `starting` or `ready`.
+    pub async fn ended(&self, name: &str) -> Option<ServiceInfo> {
+        let service = self.running(name)?;
+        let mut state = service.state.subscribe();
+        let _ = state
+            .wait_for(|s| matches!(s, ServiceState::Failed | ServiceState::Stopped))
+            .await;
+        let mut finished = service.finished.subscribe();
+        let _ = finished.wait_for(|done| *done).await;
+        Some(service.snapshot())
+    }
+}
+
+/// One line on why a service is not serving.
+pub fn describe_failure(info: &ServiceInfo) -> String {
+    let mut parts = Vec::new();
+    if let Some(exit) = &info.exit {
+        parts.push(match (exit.timed_out, exit.exit_code, exit.signal) {
+            (true, _, _) => "its time ran out".to_string(),
+            (_, Some(code), _) => format!("it exited with {code}"),
+            (_, _, Some(signal)) => format!("it was killed by signal {signal}"),
+            _ => "it ended".to_string(),
+        });
+        if let Some(limit) = exit.limit_hit {
+            parts.push(format!("limit hit: {}", limit_name(limit)));
+        }
+    }
+    if let Some(error) = &info.error {
+        parts.push(error.clone());
+    }
+    if !info.stderr_tail.is_empty() {
+        let last: Vec<&str> = info.stderr_tail.lines().rev().take(3).collect();
+        let last: Vec<&str> = last.into_iter().rev().collect();
+        parts.push(format!("stderr: {}", last.join(" | ")));
+    }
+    if parts.is_empty() {
+        parts.push(info.state.as_str().to_string());
+    }
+    parts.join("; ")
+}
+
+fn limit_name(limit: skillbox_protocol::LimitKind) -> String {
+    serde_json::to_value(limit)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{limit:?}"))
+}
+
+struct Supervised {
+    service: Arc<Service>,
+    env: Box<dyn ExecutionEnv>,
+    stream: ExecStream,
+    connector: Arc<dyn ExecConnector>,
+    listener: HostListener,
+    serves: Endpoint,
+    ready_within: Duration,
+    exec_cancel: CancellationToken,
+}
+
+/// Watches one service from start to end: its output (a stderr tail), readiness, the
+/// clients it is sent, and how it ends; then cleans up everything it started.
+async fn supervise(supervised: Supervised) {
+    let Supervised {
+        service,
+        env,
+        mut stream,
+        connector,
+        listener,
+        serves,
+        ready_within,
+        exec_cancel,
+    } = supervised;
+    let never = CancellationToken::new();
+    let relays_stop = CancellationToken::new();
+    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut tail = Tail::default();
+    let ready_by = tokio::time::Instant::now() + ready_within;
+    let mut ready = false;
+    let mut poll = tokio::time::interval(READY_POLL);
+    let ending = loop {
+        tokio::select! {
+            event = stream.next() => match event {
+                Some(Ok(ExecEvent::Stderr(chunk))) => tail.push(&chunk),
+                Some(Ok(ExecEvent::Stdout(_))) => {}
+                Some(Ok(ExecEvent::Exit(output))) => break Ending::Exited(output),
+                Some(Err(e)) => break Ending::Broken(e),
+                None => break Ending::Broken(EnvError::new(
+                    ErrorCode::Unknown,
+                    "the exec's stream ended without an exit status",
+                )),
+            },
+            _ = poll.tick(), if !ready => {
+                match connector.connect(&serves, &never).await {
+                    Ok(_) => {
+                        ready = true;
+                        service.update(|info| info.state = ServiceState::Ready);
+                        tracing::info!(service = %service.snapshot().name, "services: ready");
+                    }
+                    Err(e) if tokio::time::Instant::now() >= ready_by => {
+                        tracing::info!(error = %e, "services: not ready in time");
+                        break Ending::NotReady(ready_within);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "services: not ready yet"),
+                }
+            }
+            accepted = listener.accept(), if ready => match accepted {
+                Ok(client) => {
+                    let Ok(place) = places.clone().try_acquire_owned() else {
+                        tracing::warn!("services: {MAX_CONNECTIONS} clients already; one refused");
+                        continue;
+                    };
+                    tokio::spawn(relay(client, connector.clone(), serves.clone(), relays_stop.clone(), place));
+                }
+                Err(e) => tracing::warn!(error = %e, "services: accept failed"),
+            },
+            () = service.stop.cancelled() => break Ending::Stopped,
+        }
+    };
+    // Nothing new comes in; what runs is ended and cleaned up.
+    drop(listener);
+    if let Some(path) = &service.socket {
+        let _ = std::fs::remove_file(path);
+    }
+    relays_stop.cancel();
+    exec_cancel.cancel();
+    while let Some(event) = stream.next().await {
+        if let Ok(ExecEvent::Stderr(chunk)) = event {
+            tail.push(&chunk);
+        }
+    }
+    if let Err(e) = env.cleanup().await {
+        tracing::warn!(error = %e, "services: sandbox cleanup failed");
+    }
+    let stderr_tail = tail.text();
+    service.update(|info| {
+        info.stderr_tail = stderr_tail;
+        match ending {
+            Ending::Stopped => info.state = ServiceState::Stopped,
+            Ending::Exited(output) => {
+                info.state = ServiceState::Failed;
+                info.exit = Some(ServiceExit {
+                    exit_code: output.exit_code,
+                    signal: output.signal,
+                    timed_out: output.timed_out,
+                    limit_hit: output.limit_hit,
+                });
+                if !ready {
+                    info.error = Some("it ended before anything answered at its endpoint".into());
+                }
+            }
+            Ending::NotReady(within) => {
+                info.state = ServiceState::Failed;
+                info.error = Some(format!(
+                    "nothing answered at {} within {} s (limits.timeout is the time a persistent capability has to be ready)",
+                    info.serves,
+                    within.as_secs()
+                ));
+            }
+            Ending::Broken(e) => {
+                info.state = ServiceState::Failed;
+                info.error = Some(e.to_string());
+            }
+        }
+    });
+    tracing::info!(service = %service.snapshot().name, state = service.snapshot().state.as_str(), "services: ended");
+    service.finished.send_replace(true);
+}
+
+/// One client, relayed to a new connection into the sandbox until either side closes.
+async fn relay(
+    mut client: Box<dyn Duplex>,
+    connector: Arc<dyn ExecConnector>,
+    serves: Endpoint,
+    stop: CancellationToken,
+    _place: tokio::sync::OwnedSemaphorePermit,
+) {
+    let mut upstream = match connector.connect(&serves, &stop).await {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            tracing::warn!(error = %e, "services: a client could not be forwarded");
+            return;
+        }
+    };
+    tokio::select! {
+        copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+            if let Err(e) = copied {
+                tracing::debug!(error = %e, "services: a relay ended");
+            }
+        }
+        () = stop.cancelled() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_takes_unix_paths_and_loopback_only() {
+        assert_eq!(
+            "unix:/run/x.sock".parse::<Listen>(),
+            Ok(Listen::Unix("/run/x.sock".into()))
+        );
+        assert_eq!(
+            "/run/x.sock".parse::<Listen>(),
+            Ok(Listen::Unix("/run/x.sock".into()))
+        );
+        assert_eq!(
+            "127.0.0.1:8080".parse::<Listen>(),
+            Ok(Listen::Tcp(
+                "127.0.0.1:8080".parse().unwrap_or_else(|_| unreachable!())
+            ))
+        );
+        assert!("tcp:[::1]:0".parse::<Listen>().is_ok());
+        for bad in [
+            "0.0.0.0:8080",
+            "10.0.0.1:80",
+            "unix:rel.sock",
+            "x.sock",
+            "localhost:80",
+        ] {
+            assert!(bad.parse::<Listen>().is_err(), "{bad}");
+        }
+        let long = format!("/{}", "a".repeat(200));
+        assert!(long.parse::<Listen>().is_err());
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_lines() {
+        let mut tail = Tail::default();
+        for i in 0..2000 {
+            tail.push(format!("line {i}\n").as_bytes());
+        }
+        let text = tail.text();
+        assert!(text.len() <= STDERR_TAIL);
+        assert!(text.starts_with("line "), "{text:.40}");
+        assert!(text.ends_with("line 1999\n"));
+    }
+}
