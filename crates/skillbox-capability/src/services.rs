@@ -801,6 +801,37 @@ impl ServiceTable {
         Ok(last)
     }
 
+    /// Removes the records of `command`'s services whose supervisor is gone: a server
+    /// that starts again starts with an empty table (what the last one started died
+    /// with it). Returns how many it removed.
+    pub fn forget_dead(&self, command: &str) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut forgotten = 0;
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            let (record_path, lock_path) = self.paths(name);
+            let Some(record) = read_record(&record_path) else {
+                continue;
+            };
+            if record.owner.command != command {
+                continue;
+            }
+            if let Ok(Some(_free)) = try_lock(&lock_path, true) {
+                let _ = std::fs::remove_file(&record_path);
+                if let Some(socket) = &record.socket {
+                    let _ = std::fs::remove_file(socket);
+                }
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
+
     /// Stops every service this process supervises (skillbox's own shutdown).
     pub async fn stop_all(&self) {
         let names: Vec<String> = self
@@ -1040,6 +1071,70 @@ mod tests {
         }
         let long = format!("/{}", "a".repeat(200));
         assert!(long.parse::<Listen>().is_err());
+    }
+
+    fn record(name: &str, command: &str, boot: &str) -> Record {
+        Record {
+            info: ServiceInfo {
+                name: name.into(),
+                environment: skillbox_protocol::BackendKind::Native,
+                state: ServiceState::Ready,
+                process: Some("pid 4242".into()),
+                owner: format!("{command} (pid 4241)"),
+                started_at_ms: 1,
+                endpoint: "unix:/nowhere.sock".into(),
+                serves: "port 8080".into(),
+                exit: None,
+                error: None,
+                stderr_tail: String::new(),
+            },
+            owner: Owner {
+                pid: 4241,
+                command: command.into(),
+            },
+            boot_id: boot.into(),
+            socket: None,
+        }
+    }
+
+    #[test]
+    fn records_without_a_supervisor_are_failed_and_a_new_server_forgets_its_own() {
+        let data = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let table = ServiceTable::new(data.path(), Path::new("/p"), Owner::this_process(SERVE));
+        table.ensure_dir().unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str, command: &str, boot: &str| {
+            write_record(&table.paths(name).0, &record(name, command, boot))
+                .unwrap_or_else(|e| panic!("{e}"));
+        };
+        write("from-serve", SERVE, &boot_id());
+        write("from-cli", CAP_START, &boot_id());
+        write("last-boot", CAP_START, "another boot");
+        let listed = table.list();
+        let names: Vec<&str> = listed.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["from-cli", "from-serve"],
+            "an earlier boot's record is dropped"
+        );
+        for info in &listed {
+            assert_eq!(info.state, ServiceState::Failed);
+            assert!(
+                info.error.as_deref().unwrap_or("").contains("supervisor"),
+                "{info:?}"
+            );
+        }
+        // A held lock: the owner is alive, and the record is what it says.
+        let held = try_lock(&table.paths("from-cli").1, true)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("free"));
+        assert_eq!(
+            table.status("from-cli").map(|i| i.state),
+            Some(ServiceState::Ready)
+        );
+        drop(held);
+        assert_eq!(table.forget_dead(SERVE), 1);
+        let names: Vec<String> = table.list().into_iter().map(|i| i.name).collect();
+        assert_eq!(names, ["from-cli"]);
     }
 
     #[test]

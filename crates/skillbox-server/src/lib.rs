@@ -100,6 +100,14 @@ pub async fn serve_on(
     ));
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
     state.hosts = hosts;
+    // A server starts with an empty table: what an earlier one started died with it.
+    let forgotten = state.services.forget_dead(skillbox_capability::SERVE);
+    if forgotten > 0 {
+        tracing::info!(
+            forgotten,
+            "skillbox serve: cleared the records of an earlier server's services"
+        );
+    }
     let app = router(state.clone());
     tracing::info!(%addr, "skillbox serve: listening");
     // Runs in flight are cancelled as soon as shutdown begins (their sandboxes go with
