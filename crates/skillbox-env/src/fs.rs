@@ -71,6 +71,121 @@ pub enum FileRead {
     TooLarge(u64),
 }
 
+/// Most entries one [`Tree`] holds.
+pub const MAX_TREE_ENTRIES: usize = 100_000;
+/// Most file bytes one [`Tree`] holds.
+pub const MAX_TREE_BYTES: u64 = 1 << 30;
+
+/// Directories and files to place beneath one directory in one operation
+/// ([`FileSystem::put_tree`]): what a skills projection or a snapshot restore hands over
+/// as one archive. Every path is relative, made of plain names only (no `..`, `.`, root
+/// or NUL), checked as it is added.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tree {
+    entries: Vec<TreeEntry>,
+    bytes: u64,
+}
+
+/// One entry of a [`Tree`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    pub path: PathBuf,
+    pub kind: TreeKind,
+}
+
+/// A directory, or a file with its content and whether it is executable (0755, else
+/// 0644: never setuid, setgid or sticky).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeKind {
+    Dir,
+    File {
+        data: bytes::Bytes,
+        executable: bool,
+    },
+}
+
+impl Tree {
+    pub fn new() -> Tree {
+        Tree::default()
+    }
+
+    fn check(&self, path: &Path) -> EnvResult<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let plain = !path.as_os_str().is_empty()
+            && !path.as_os_str().as_bytes().contains(&0)
+            && path
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(EnvError::invalid(format!(
+                "tree entry {}: give a relative path of plain names (no `..`, `.` or `/` at the start)",
+                path.display()
+            )));
+        }
+        if self.entries.len() >= MAX_TREE_ENTRIES {
+            return Err(EnvError::new(
+                ErrorCode::ResourceExhausted,
+                format!("a tree holds at most {MAX_TREE_ENTRIES} entries"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds a directory (its parents are made as needed).
+    pub fn dir(&mut self, path: impl Into<PathBuf>) -> EnvResult<()> {
+        let path = path.into();
+        self.check(&path)?;
+        self.entries.push(TreeEntry {
+            path,
+            kind: TreeKind::Dir,
+        });
+        Ok(())
+    }
+
+    /// Adds a file (its parents are made as needed).
+    pub fn file(
+        &mut self,
+        path: impl Into<PathBuf>,
+        data: impl Into<bytes::Bytes>,
+        executable: bool,
+    ) -> EnvResult<()> {
+        let path = path.into();
+        self.check(&path)?;
+        let data = data.into();
+        let bytes = self.bytes + data.len() as u64;
+        if bytes > MAX_TREE_BYTES {
+            return Err(EnvError::new(
+                ErrorCode::ResourceExhausted,
+                format!("a tree holds at most {MAX_TREE_BYTES} bytes of files"),
+            ));
+        }
+        self.bytes = bytes;
+        self.entries.push(TreeEntry {
+            path,
+            kind: TreeKind::File { data, executable },
+        });
+        Ok(())
+    }
+
+    /// In the order they were added.
+    pub fn entries(&self) -> &[TreeEntry] {
+        &self.entries
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Bytes of file content.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
 /// File operations, confined to what the env's processes can see.
 #[async_trait]
 pub trait FileSystem: Send + Sync {
@@ -209,6 +324,21 @@ pub trait FileSystem: Send + Sync {
             }
         }
         Ok(entries)
+    }
+
+    /// Places `tree` beneath the directory `dir` (made, with its parents, if missing),
+    /// in one operation where the backend can (one round trip on docker): each directory
+    /// made, each file created or replaced atomically with the tree's mode (0755 or
+    /// 0644) and owned as the env's own files are. A symlink at a file's path is
+    /// replaced, never written through; nothing is written outside what the env's
+    /// processes may write. A non-directory where a directory goes is `not_directory`,
+    /// a directory where a file goes `is_directory`; what was placed before that stays.
+    async fn put_tree(&self, dir: &Path, tree: &Tree, cancel: &CancellationToken) -> EnvResult<()> {
+        let _ = (dir, tree, cancel);
+        Err(EnvError::new(
+            ErrorCode::NotSupported,
+            "put_tree: this env cannot place a tree of files",
+        ))
     }
 
     /// The content of each of `paths`, read only where it is a regular file of at most

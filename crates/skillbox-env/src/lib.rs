@@ -25,8 +25,8 @@ pub use error::{EnvError, EnvResult, ErrorCode, errno_code};
 pub use exec::{Command, Duplex, Endpoint, ExecConnector, ExecEvent, ExecRequest, ExecStream};
 pub use exit::{Ended, Ending};
 pub use fs::{
-    DirEntry, FileInfo, FileKind, FileRead, FileSystem, TextLines, WalkEntry, first_lines,
-    regular_file, too_many_entries,
+    DirEntry, FileInfo, FileKind, FileRead, FileSystem, MAX_TREE_BYTES, MAX_TREE_ENTRIES,
+    TextLines, Tree, TreeEntry, TreeKind, WalkEntry, first_lines, regular_file, too_many_entries,
 };
 pub use host::{HostBackend, HostEnv};
 pub use limits::{
