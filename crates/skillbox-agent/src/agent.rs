@@ -17,6 +17,7 @@ use skillbox_protocol::{
 use skillbox_run::{RunError, Runner, script_command, script_name};
 use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
 
+use crate::correction::{Correction, CorrectionKind, Streak};
 use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec};
 use crate::skills::Skill;
 
@@ -73,6 +74,8 @@ pub struct AgentOutcome {
     /// The model's last words.
     pub answer: String,
     pub attempts: Vec<Attempt>,
+    /// The turns (or calls) the loop answered with a correction instead of acting on.
+    pub corrections: Vec<Correction>,
     /// The files of the last successful run, stored.
     pub artifacts: Vec<ArtifactInfo>,
     /// Set when the run ended on an error (the model, the sandbox, the store) rather
@@ -230,6 +233,7 @@ struct Session<'a> {
     /// A successful run must leave at least one file with this extension.
     requires: Option<&'static str>,
     attempts: Vec<Attempt>,
+    corrections: Vec<Correction>,
     failed_runs: u32,
     last_good: Option<Vec<CollectedFile>>,
 }
@@ -247,6 +251,7 @@ impl Session<'_> {
             "read_file" => self.read_file(call).await,
             "write_file" => self.write_file(call).await,
             "list_dir" => self.list_dir(call).await,
+            // `Correction::malformed_call` answers calls to other tools before this.
             other => Err(format!(
                 "unknown tool {other:?}; the tools are run_script, read_file, write_file, list_dir"
             )),
@@ -511,6 +516,7 @@ impl Agent {
             deadline: started + config.deadline,
             requires: skill.requires,
             attempts: Vec::new(),
+            corrections: Vec::new(),
             failed_runs: 0,
             last_good: None,
         };
@@ -559,6 +565,7 @@ impl Agent {
             scripted: self.provider.is_scripted(),
             answer,
             attempts: session.attempts,
+            corrections: session.corrections,
             artifacts,
             error,
         })
@@ -582,15 +589,13 @@ impl Agent {
             )
         };
         let mut turn = 0;
+        let mut streak = Streak::default();
         loop {
             if cancel.is_cancelled() {
                 return Err(AgentError::Cancelled);
             }
             if turn >= config.max_turns {
-                return Ok((
-                    AgentStatus::Failed,
-                    format!("the model took {turn} turns without finishing (maxTurns)"),
-                ));
+                return Ok((AgentStatus::Failed, streak.turn_limit_reason(turn)));
             }
             let left = session.deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -609,23 +614,24 @@ impl Agent {
             let calls = reply.message.tool_calls.clone();
             messages.push(reply.message);
             if calls.is_empty() {
-                return Ok(match &session.last_good {
-                    Some(_) => (
+                if session.last_good.is_some() {
+                    return Ok((
                         AgentStatus::Succeeded,
                         "the model stopped after a run that made verified files".to_string(),
-                    ),
-                    None if session.attempts.is_empty() => (
-                        AgentStatus::Failed,
-                        "the model answered without running anything".to_string(),
-                    ),
-                    None => (
-                        AgentStatus::Failed,
-                        "the model stopped without a successful run".to_string(),
-                    ),
-                });
+                    ));
+                }
+                // Prose, often with the script in a code block: say so, and how to run it.
+                let correction =
+                    Correction::no_tool_call(turn, answer, !session.attempts.is_empty(), tools);
+                messages.push(Message::user(correction.message.clone()));
+                session.corrections.push(correction);
+                streak.push(Some(CorrectionKind::NoToolCall));
+                continue;
             }
             // Every call gets an answer (the API wants one per id), but the bounds hold
             // inside a turn too: once one is reached, the rest are skipped.
+            let mut usage = reply.usage;
+            let (mut ran, mut malformed) = (false, false);
             for (i, call) in calls.iter().enumerate() {
                 let skip = if cancel.is_cancelled() {
                     return Err(AgentError::Cancelled);
@@ -638,15 +644,24 @@ impl Agent {
                 } else {
                     None
                 };
-                let content = match skip {
-                    Some(why) => json!({"error": format!("skipped: {why}")}).to_string(),
-                    None => {
-                        let usage = if i == 0 { reply.usage } else { None };
-                        session.tool(call, usage, report).await?
-                    }
+                let content = if let Some(why) = skip {
+                    json!({"error": format!("skipped: {why}")}).to_string()
+                } else if let Some(correction) = Correction::malformed_call(turn, call, tools) {
+                    report(AgentEvent::ToolError {
+                        tool: &call.name,
+                        message: &correction.message,
+                    });
+                    let content = json!({"error": correction.message}).to_string();
+                    session.corrections.push(correction);
+                    malformed = true;
+                    content
+                } else {
+                    ran = true;
+                    session.tool(call, usage.take(), report).await?
                 };
                 messages.push(Message::tool(call.id.clone(), content));
             }
+            streak.push((malformed && !ran).then_some(CorrectionKind::MalformedCall));
             if session.failed_runs >= config.max_attempts {
                 return Ok((
                     AgentStatus::Failed,

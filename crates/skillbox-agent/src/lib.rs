@@ -1,19 +1,23 @@
 //! The agent loop: a model writes a script, skillbox runs it in the sandbox, the exit
 //! code, stdout and stderr go back to the model, and the loop repeats until a run
-//! produces verified artifacts and the model stops, the model answers without a tool
-//! call, or `maxAttempts` runs have failed.
+//! produces verified artifacts and the model stops, or a bound is reached (`maxAttempts`
+//! failed runs, `maxTurns` model turns, the deadline). A turn it cannot act on (no tool
+//! call before a verified run, a tool call with malformed arguments) is answered with a
+//! correction saying what to send instead.
 //!
 //! Measured on a real model: writing a pptxgenjs script once is not reliable (the
 //! first try used `pres.ShapeType.RECTANGLE`, absent in pptxgenjs 4); with the error
 //! fed back, the second try worked. Hence the loop.
 
 mod agent;
+mod correction;
 mod loopback;
 pub mod openai;
 mod provider;
 mod skills;
 
 pub use agent::{Agent, AgentConfig, AgentError, AgentEvent, AgentOutcome};
+pub use correction::{Correction, CorrectionKind};
 pub use loopback::LoopbackProvider;
 pub use provider::{Message, ModelProvider, ProviderError, Reply, Role, ToolCall, ToolSpec};
 pub use skillbox_protocol::{AgentStatus, Attempt, Usage, Verification};

@@ -178,6 +178,7 @@ impl ModelProvider for LoopbackProvider {
                 id: format!("loopback-{}-{}", index + 1, i + 1),
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
+                raw_arguments: None,
             })
             .collect();
         Ok(Reply {

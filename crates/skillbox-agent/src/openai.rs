@@ -426,6 +426,9 @@ impl<'a> From<&'a Message> for WireMessage<'a> {
                     function: WireFunctionOut {
                         name: &c.name,
                         // The API wants the arguments as a JSON string, not an object.
+                        // A call whose arguments did not parse goes back as `{}` (its
+                        // `arguments`), not as the model sent it: vLLM, for one, parses
+                        // the arguments of earlier calls and would refuse the request.
                         arguments: c.arguments.to_string(),
                     },
                 })
@@ -554,7 +557,9 @@ fn parse_answer(bytes: &[u8]) -> Result<Reply, ProviderError> {
     })
 }
 
-/// One tool call, checked: an id, a name, and arguments that are a JSON object.
+/// One tool call, checked: an id and a name, without which it cannot be answered.
+/// Arguments that are not a JSON object are the model's mistake, not the server's: the
+/// call is handed over with them raw, and the loop answers it with a correction.
 fn tool_call(index: usize, call: WireCallIn) -> Result<ToolCall, ProviderError> {
     let name = call
         .function
@@ -574,43 +579,28 @@ fn tool_call(index: usize, call: WireCallIn) -> Result<ToolCall, ProviderError> 
         .filter(|id| !id.is_empty())
         .ok_or_else(|| malformed("has no id"))?;
     let name = name.ok_or_else(|| malformed("has no function name"))?;
-    let arguments = match call.function.and_then(|f| f.arguments) {
-        Some(serde_json::Value::String(text)) => serde_json::from_str::<serde_json::Value>(&text)
-            .map_err(|e| {
-            malformed(&format!(
-                "arguments are not valid JSON ({e}): {}",
-                excerpt(&text)
-            ))
-        })?,
-        // Some compatible servers send the object itself rather than a string.
-        Some(value @ serde_json::Value::Object(_)) => value,
-        Some(other) => {
-            return Err(malformed(&format!(
-                "arguments are {other}, not a JSON string"
-            )));
+    let (arguments, raw_arguments) = match call.function.and_then(|f| f.arguments) {
+        Some(serde_json::Value::String(text)) => {
+            match serde_json::from_str::<serde_json::Value>(&text) {
+                Ok(value @ serde_json::Value::Object(_)) => (value, None),
+                _ => (no_arguments(), Some(text)),
+            }
         }
-        None => return Err(malformed("has no arguments")),
+        // Some compatible servers send the object itself rather than a string.
+        Some(value @ serde_json::Value::Object(_)) => (value, None),
+        Some(other) => (no_arguments(), Some(other.to_string())),
+        None => (no_arguments(), Some(String::new())),
     };
-    if !arguments.is_object() {
-        return Err(malformed(&format!(
-            "arguments must be a JSON object, got {}",
-            excerpt(&arguments.to_string())
-        )));
-    }
     Ok(ToolCall {
         id,
         name,
         arguments,
+        raw_arguments,
     })
 }
 
-fn excerpt(text: &str) -> String {
-    const MAX: usize = 200;
-    if text.chars().count() <= MAX {
-        text.to_string()
-    } else {
-        format!("{}…", text.chars().take(MAX).collect::<String>())
-    }
+fn no_arguments() -> serde_json::Value {
+    serde_json::Value::Object(serde_json::Map::new())
 }
 
 #[cfg(test)]

@@ -15,13 +15,19 @@ pub enum Role {
     Tool,
 }
 
-/// A tool the model asked for. `arguments` is a JSON object.
+/// A tool the model asked for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
+    /// A JSON object; `{}` when the model's arguments were not one (see `raw_arguments`).
     pub arguments: serde_json::Value,
+    /// What the model sent as arguments when it is not a JSON object (text that does
+    /// not parse, an array, nothing at all: empty). A provider hands such a call over
+    /// rather than failing the whole answer, and the loop answers it with a correction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_arguments: Option<String>,
 }
 
 /// One chat message.

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 use skillbox_agent::{
-    Agent, AgentConfig, AgentError, AgentEvent, AgentStatus, LoopbackProvider, Message,
-    ModelProvider, ProviderError, Reply, Skill, ToolSpec, builtin_skill,
+    Agent, AgentConfig, AgentError, AgentEvent, AgentStatus, CorrectionKind, LoopbackProvider,
+    Message, ModelProvider, ProviderError, Reply, Skill, ToolSpec, builtin_skill,
 };
 use skillbox_env::CancellationToken;
 use skillbox_run::{Runner, RunnerConfig};
@@ -21,7 +21,7 @@ fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-agent-tests")
 }
 
-async fn agent(provider: Arc<dyn ModelProvider>) -> Option<(Agent, tempfile::TempDir)> {
+pub(crate) async fn agent(provider: Arc<dyn ModelProvider>) -> Option<(Agent, tempfile::TempDir)> {
     let native = skillbox_native::probe();
     if !native.available {
         skillbox_env::testkit::skip("agent", &native.reason.unwrap_or_default());
@@ -41,10 +41,10 @@ fn run_script(language: &str, script: &str) -> serde_json::Value {
     json!({"name": "run_script", "arguments": {"language": language, "script": script}})
 }
 
-fn quiet(_: AgentEvent<'_>) {}
+pub(crate) fn quiet(_: AgentEvent<'_>) {}
 
 /// A skill that asks for no particular file, for the loop's generic edges.
-const GENERIC: Skill = Skill {
+pub(crate) const GENERIC: Skill = Skill {
     name: "test",
     instructions: "Run scripts in /workspace.",
     transcript: None,
@@ -184,6 +184,23 @@ async fn malformed_tool_calls_are_fed_back_not_fatal() {
         "only run_script with a script is an attempt"
     );
     assert_eq!(outcome.artifacts[0].path, "made.txt");
+    // The unknown tool and the missing argument were corrected; the path with `..` is an
+    // ordinary tool error (the call had the right shape).
+    let corrected: Vec<(u32, Option<&str>)> = outcome
+        .corrections
+        .iter()
+        .map(|c| (c.turn, c.tool.as_deref()))
+        .collect();
+    assert_eq!(
+        corrected,
+        [(1, Some("launch_missiles")), (2, Some("run_script"))]
+    );
+    assert!(
+        outcome
+            .corrections
+            .iter()
+            .all(|c| c.kind == CorrectionKind::MalformedCall)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,7 +290,7 @@ async fn a_provider_that_never_answers_is_bounded_by_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_prompt_and_a_model_that_never_runs_anything() {
-    let provider = loopback(json!([{"text": "I would rather not."}]));
+    let provider = loopback(json!([{"text": "I would rather not."}, {"text": "Still no."}]));
     let Some((agent, _objects)) = agent(provider).await else {
         return;
     };
@@ -289,22 +306,22 @@ async fn an_empty_prompt_and_a_model_that_never_runs_anything() {
         .await
         .unwrap_err();
     assert!(matches!(err, AgentError::EmptyPrompt), "{err:?}");
+    let config = AgentConfig {
+        max_turns: 2,
+        ..AgentConfig::default()
+    };
     let outcome = agent
-        .run(
-            "go",
-            &skill,
-            &AgentConfig::default(),
-            &CancellationToken::new(),
-            &quiet,
-        )
+        .run("go", &skill, &config, &CancellationToken::new(), &quiet)
         .await
         .unwrap();
     assert_eq!(outcome.status, AgentStatus::Failed);
-    assert!(
-        outcome.reason.contains("without running anything"),
-        "{}",
-        outcome.reason
+    assert_eq!(outcome.error, None, "{outcome:?}");
+    assert_eq!(
+        outcome.reason,
+        "the model did not call a tool in 2 turns (maxTurns)"
     );
+    assert_eq!(outcome.corrections.len(), 2);
+    assert_eq!(outcome.answer, "Still no.");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,19 +333,38 @@ async fn the_pptx_skill_needs_a_verified_pptx_to_succeed() {
     let Some((agent, _objects)) = agent(provider).await else {
         return;
     };
+    let config = AgentConfig {
+        max_turns: 2,
+        ..AgentConfig::default()
+    };
     let outcome = agent
         .run(
             "go",
             &builtin_skill("pptx").unwrap(),
-            &AgentConfig::default(),
+            &config,
             &CancellationToken::new(),
             &quiet,
         )
         .await
         .unwrap();
     assert_eq!(outcome.status, AgentStatus::Failed, "{outcome:?}");
+    assert_eq!(outcome.error, None, "{outcome:?}");
     assert!(!outcome.attempts[0].succeeded);
     assert!(outcome.artifacts.is_empty());
+    // "done" without a verified file is not the end: it is corrected.
+    assert_eq!(outcome.corrections.len(), 1);
+    assert!(
+        outcome.corrections[0]
+            .message
+            .contains("No run has made verified files yet"),
+        "{}",
+        outcome.corrections[0].message
+    );
+    assert!(
+        outcome.reason.ends_with("it called no tool in the last 1"),
+        "{}",
+        outcome.reason
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,14 +464,13 @@ async fn read_file_cannot_follow_a_symlink_out_of_the_workspace() {
     let Some((agent, _objects)) = agent(provider).await else {
         return;
     };
+    // The run made no file, so "done" is corrected: the turn limit ends it there.
+    let config = AgentConfig {
+        max_turns: 4,
+        ..AgentConfig::default()
+    };
     let outcome = agent
-        .run(
-            "go",
-            &GENERIC,
-            &AgentConfig::default(),
-            &CancellationToken::new(),
-            &quiet,
-        )
+        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
         .await
         .unwrap();
     // The transcript's expectations (both reads answered permission_denied) held:

@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 const GUARD: Duration = Duration::from_secs(20);
 
 /// What the loopback server does with the next request.
-enum Answer {
+pub(crate) enum Answer {
     Reply {
         status: u16,
         retry_after: Option<&'static str>,
@@ -31,7 +31,7 @@ enum Answer {
     Hang,
 }
 
-fn ok(body: Value) -> Answer {
+pub(crate) fn ok(body: Value) -> Answer {
     Answer::Reply {
         status: 200,
         retry_after: None,
@@ -49,10 +49,10 @@ fn status(status: u16, retry_after: Option<&'static str>, body: &str) -> Answer 
 
 /// A request as the server saw it.
 #[derive(Debug)]
-struct Seen {
+pub(crate) struct Seen {
     authorization: Option<String>,
     content_type: Option<String>,
-    body: Value,
+    pub(crate) body: Value,
 }
 
 #[derive(Default)]
@@ -62,13 +62,15 @@ struct Script {
     hit: Notify,
 }
 
-struct Server {
+/// A scripted OpenAI-compatible server on loopback: it answers requests in order and
+/// keeps what it received.
+pub(crate) struct Server {
     base_url: String,
     script: Arc<Script>,
 }
 
 impl Server {
-    async fn start(answers: Vec<Answer>) -> Server {
+    pub(crate) async fn start(answers: Vec<Answer>) -> Server {
         let script = Arc::new(Script {
             answers: Mutex::new(answers.into()),
             ..Script::default()
@@ -95,11 +97,11 @@ impl Server {
         }
     }
 
-    fn provider(&self, max_retries: u32) -> OpenAiProvider {
+    pub(crate) fn provider(&self, max_retries: u32) -> OpenAiProvider {
         OpenAiProvider::new(self.config(max_retries)).unwrap()
     }
 
-    fn seen(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
+    pub(crate) fn seen(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
         self.script.seen.lock().unwrap()
     }
 }
@@ -135,7 +137,7 @@ async fn chat(State(script): State<Arc<Script>>, headers: HeaderMap, body: Bytes
     }
 }
 
-fn completion(message: Value) -> Value {
+pub(crate) fn completion(message: Value) -> Value {
     json!({
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -202,6 +204,7 @@ async fn tool_call_is_parsed_and_request_has_the_wire_shape() {
                 id: "call_1".to_string(),
                 name: "write_file".to_string(),
                 arguments: json!({"path": "a.js", "content": "x"}),
+                raw_arguments: None,
             }],
             tool_call_id: None,
         },
@@ -220,6 +223,7 @@ async fn tool_call_is_parsed_and_request_has_the_wire_shape() {
             id: "call_2".to_string(),
             name: "write_file".to_string(),
             arguments: json!({"path": "deck.js", "content": "console.log(1)"}),
+            raw_arguments: None,
         }]
     );
     assert_eq!(reply.usage, None);
@@ -394,48 +398,82 @@ async fn a_400_is_not_retried_and_its_body_is_cut_to_500_chars() {
     assert_eq!(server.seen().len(), 1);
 }
 
+// Arguments that are not a JSON object are the model's mistake: the call comes through,
+// with what was sent, for the loop to correct; the rest of the answer is not lost.
 #[tokio::test]
-async fn unparsable_arguments_are_malformed_naming_the_call() {
-    let server = Server::start(vec![ok(tool_call_answer(
-        json!("call_9"),
-        json!(r#"{"path": "#),
-    ))])
+async fn unparsable_arguments_are_handed_over_raw_and_go_back_as_an_empty_object() {
+    let raw = r#"{"path": "deck.js", "content": "say "hi""}"#;
+    let server = Server::start(vec![
+        ok(tool_call_answer(json!("call_9"), json!(raw))),
+        ok(completion(json!({"role": "assistant", "content": "ok"}))),
+    ])
     .await;
+    let provider = server.provider(0);
 
-    let error = complete(
-        &server.provider(0),
-        &[Message::user("hi")],
-        &[write_file_tool()],
-    )
-    .await
-    .unwrap_err();
+    let reply = complete(&provider, &[Message::user("hi")], &[write_file_tool()])
+        .await
+        .unwrap();
 
-    let ProviderError::Malformed(message) = error else {
-        panic!("expected Malformed, got {error:?}")
-    };
-    assert!(message.contains("write_file"), "{message}");
-    assert!(message.contains("call_9"), "{message}");
-    assert!(message.contains("not valid JSON"), "{message}");
+    assert_eq!(
+        reply.message.tool_calls,
+        vec![ToolCall {
+            id: "call_9".to_string(),
+            name: "write_file".to_string(),
+            arguments: json!({}),
+            raw_arguments: Some(raw.to_string()),
+        }]
+    );
+    // Sent back in the history, the call carries `{}`: servers that parse earlier
+    // calls' arguments (vLLM) would refuse the request over the model's broken JSON.
+    let history = vec![
+        Message::user("hi"),
+        reply.message,
+        Message::tool("call_9", "corrected"),
+    ];
+    complete(&provider, &history, &[write_file_tool()])
+        .await
+        .unwrap();
+    let seen = server.seen();
+    let call = &seen[1].body["messages"][1]["tool_calls"][0];
+    assert_eq!(call["id"], "call_9");
+    assert_eq!(call["function"]["arguments"], "{}");
 }
 
 #[tokio::test]
-async fn arguments_that_are_not_an_object_are_malformed() {
-    let server = Server::start(vec![ok(tool_call_answer(json!("call_3"), json!("[1, 2]")))]).await;
+async fn arguments_that_are_not_an_object_or_missing_are_handed_over_raw() {
+    let mut answer = tool_call_answer(json!("call_3"), json!("[1, 2]"));
+    answer["choices"][0]["message"]["tool_calls"]
+        .as_array_mut()
+        .unwrap()
+        .extend([
+            json!({"id": "call_4", "type": "function", "function": {"name": "write_file", "arguments": 7}}),
+            json!({"id": "call_5", "type": "function", "function": {"name": "write_file"}}),
+            json!({"id": "call_6", "type": "function", "function": {"name": "write_file", "arguments": {"path": "a"}}}),
+        ]);
+    let server = Server::start(vec![ok(answer)]).await;
 
-    let error = complete(
+    let reply = complete(
         &server.provider(0),
         &[Message::user("hi")],
         &[write_file_tool()],
     )
     .await
-    .unwrap_err();
+    .unwrap();
 
-    let ProviderError::Malformed(message) = error else {
-        panic!("expected Malformed, got {error:?}")
-    };
-    assert!(
-        message.contains("call_3") && message.contains("JSON object"),
-        "{message}"
+    let calls: Vec<(&str, &Value, Option<&str>)> = reply
+        .message
+        .tool_calls
+        .iter()
+        .map(|c| (c.id.as_str(), &c.arguments, c.raw_arguments.as_deref()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("call_3", &json!({}), Some("[1, 2]")),
+            ("call_4", &json!({}), Some("7")),
+            ("call_5", &json!({}), Some("")),
+            ("call_6", &json!({"path": "a"}), None),
+        ]
     );
 }
 
