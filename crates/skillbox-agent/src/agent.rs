@@ -17,7 +17,7 @@ use skillbox_protocol::{
 use skillbox_run::{RunError, Runner, script_command, script_name};
 use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
 
-use crate::correction::{Correction, CorrectionKind, Streak};
+use crate::correction::{Correction, CorrectionKind, Corrects, Streak};
 use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec};
 use crate::skills::Skill;
 
@@ -595,6 +595,17 @@ impl Agent {
                 return Err(AgentError::Cancelled);
             }
             if turn >= config.max_turns {
+                // The last allowed turn ran a script that made verified files: that is
+                // the run's result, though the model had no turn left to say so.
+                if session.last_good.is_some() {
+                    return Ok((
+                        AgentStatus::Succeeded,
+                        format!(
+                            "the last run made verified files; the model had no turn left after it (maxTurns {})",
+                            config.max_turns
+                        ),
+                    ));
+                }
                 return Ok((AgentStatus::Failed, streak.turn_limit_reason(turn)));
             }
             let left = session.deadline.saturating_duration_since(Instant::now());

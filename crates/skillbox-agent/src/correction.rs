@@ -4,7 +4,6 @@
 //! told what was wrong and what to send, it usually sends it. Each correction is
 //! recorded, and maxTurns bounds them.
 
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::provider::{ToolCall, ToolSpec};
@@ -18,40 +17,17 @@ const PARSER_ERROR_CHARS: usize = 200;
 /// Characters of unparsable arguments quoted back on each side of where parsing failed.
 const CONTEXT_CHARS: usize = 40;
 
-/// What was wrong with a corrected turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CorrectionKind {
-    /// No tool call, before any run made verified files. Answered with a user message.
-    NoToolCall,
-    /// A tool call that cannot run: arguments that are not a JSON object, a required
-    /// argument missing or of the wrong type or value, an unknown tool. Answered as that
-    /// call's result, under its id.
-    MalformedCall,
-}
+pub use skillbox_protocol::{Correction, CorrectionKind};
 
-/// A model turn (or one call of it) the loop could not act on, and what it sent back.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Correction {
-    /// The model turn, from 1.
-    pub turn: u32,
-    pub kind: CorrectionKind,
-    /// For `malformed_call`: the tool named and the call's id.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    /// What the model sent: its text, or the call's arguments as sent (cut).
-    pub received: String,
-    /// What the loop answered. On the turn that reaches maxTurns no request follows, so
-    /// that one never reaches the model.
-    pub message: String,
-}
-
-impl Correction {
+/// How the loop answers a turn it cannot act on.
+pub(crate) trait Corrects: Sized {
     /// The correction for a turn with no tool call; `ran` when a run has been tried.
-    pub(crate) fn no_tool_call(turn: u32, text: &str, ran: bool, tools: &[ToolSpec]) -> Self {
+    fn no_tool_call(turn: u32, text: &str, ran: bool, tools: &[ToolSpec]) -> Self;
+    fn malformed_call(turn: u32, call: &ToolCall, tools: &[ToolSpec]) -> Option<Self>;
+}
+
+impl Corrects for Correction {
+    fn no_tool_call(turn: u32, text: &str, ran: bool, tools: &[ToolSpec]) -> Self {
         let what = if text.trim().is_empty() {
             "You sent an empty answer and called no tool, so nothing ran."
         } else if text.contains("```") {
@@ -86,7 +62,7 @@ impl Correction {
     /// The correction for a call that cannot run, or `None` when it can: its tool
     /// exists and its arguments are a JSON object with each required property, of the
     /// schema's type and, for an enum, one of its values.
-    pub(crate) fn malformed_call(turn: u32, call: &ToolCall, tools: &[ToolSpec]) -> Option<Self> {
+    fn malformed_call(turn: u32, call: &ToolCall, tools: &[ToolSpec]) -> Option<Self> {
         let message = match tools.iter().find(|t| t.name == call.name) {
             None => format!(
                 "unknown tool {:?}; nothing ran. The tools, each with its arguments as one JSON object: {}.",

@@ -132,4 +132,40 @@ pub struct AgentRun {
     /// than by its own bounds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// The turns the loop could not act on, and what it answered (older records: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub corrections: Vec<Correction>,
+}
+
+/// What was wrong with a corrected turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionKind {
+    /// No tool call, before any run made verified files. Answered with a user message.
+    NoToolCall,
+    /// A tool call that cannot run: arguments that are not a JSON object, a required
+    /// argument missing or of the wrong type or value, an unknown tool. Answered as that
+    /// call's result, under its id.
+    MalformedCall,
+}
+
+/// A model turn (or one call of it) the loop could not act on, and what it sent back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Correction {
+    /// The model turn, from 1.
+    pub turn: u32,
+    pub kind: CorrectionKind,
+    /// For `malformed_call`: the tool named and the call's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// What the model sent: its text, or the call's arguments as sent (cut).
+    pub received: String,
+    /// What the loop answered. On the turn that reaches maxTurns no request follows, so
+    /// that one never reaches the model.
+    pub message: String,
 }

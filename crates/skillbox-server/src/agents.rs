@@ -133,6 +133,7 @@ pub(crate) async fn create(
         attempts: Vec::new(),
         artifacts: Vec::new(),
         error: None,
+        corrections: Vec::new(),
     };
     let body = serde_json::to_string(&record)
         .map_err(|e| Failure::new(ErrorCode::Unknown, e.to_string()))?;
@@ -198,6 +199,7 @@ pub(crate) async fn create(
                         record.attempts = outcome.attempts;
                         record.artifacts = outcome.artifacts;
                         record.error = outcome.error;
+                        record.corrections = outcome.corrections;
                     }
                     Err(error) => {
                         record.status = AgentStatus::Failed;

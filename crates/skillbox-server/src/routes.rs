@@ -34,6 +34,8 @@ use crate::{agents, auth, capabilities, runs};
         skillbox_protocol::AgentRunRequest,
         skillbox_protocol::AgentRunCreated,
         skillbox_protocol::AgentRun,
+        skillbox_protocol::Correction,
+        skillbox_protocol::CorrectionKind,
         skillbox_protocol::RunRequest,
         skillbox_protocol::RunResult,
         skillbox_protocol::ApiError,

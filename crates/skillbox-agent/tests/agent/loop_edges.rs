@@ -478,3 +478,29 @@ async fn read_file_cannot_follow_a_symlink_out_of_the_workspace() {
     assert_eq!(outcome.error, None, "{outcome:?}");
     assert_eq!(outcome.answer, "done");
 }
+
+/// A good run on the last allowed turn is the run's result: the model had no turn left
+/// to say it was done, and the run still succeeds with its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_run_on_the_last_turn_succeeds() {
+    let provider = loopback(json!([
+        {"text": "Let me think."},
+        {"toolCalls": [run_script("sh", "echo done > result.txt")]},
+        {"text": "never asked"},
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let config = AgentConfig {
+        max_turns: 2,
+        ..AgentConfig::default()
+    };
+    let outcome = agent
+        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
+        .await
+        .unwrap();
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:?}");
+    assert!(outcome.reason.contains("no turn left"), "{}", outcome.reason);
+    assert_eq!(outcome.artifacts.len(), 1, "{outcome:?}");
+    assert_eq!(outcome.artifacts[0].path, "result.txt");
+}
