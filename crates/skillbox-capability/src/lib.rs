@@ -23,7 +23,7 @@ pub use manifest::{
 pub use registry::{Capability, CapabilityRegistry, MANIFEST};
 pub use router::{CAPABILITY_DIR, CapabilityCall, CapabilityOutcome, run};
 pub use services::{
-    CAP_START, DEFAULT_READY_TIMEOUT, Listen, MAX_CONNECTIONS, Owner, SERVE, ServiceTable,
-    describe_failure, services_dir,
+    CAP_START, DEFAULT_READY_TIMEOUT, Listen, MAX_CONNECTIONS, Owner, SERVE, ServiceBounds,
+    ServiceTable, describe_failure, services_dir,
 };
 pub use trust::{Grant, Scope, Standing, TrustError, TrustStore, ceiling};

@@ -45,6 +45,8 @@ pub const MAX_CONNECTIONS: usize = 256;
 const STDERR_TAIL: usize = 4096;
 /// How often readiness is checked while a service starts.
 const READY_POLL: Duration = Duration::from_millis(50);
+/// The pause after a failed accept (no fd left, say), so a supervisor never spins.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How long `stop` waits for another process's supervisor to let go.
 const STOP_WAIT: Duration = Duration::from_secs(20);
 /// The longest path a unix socket address holds (without its NUL).
@@ -94,15 +96,20 @@ impl FromStr for Listen {
     }
 }
 
+/// Bytes the private directory a socket is bound in adds to its parent's path.
+const BIND_EXTRA: usize = "/.sbx-00000000/s".len();
+
 fn unix_listen(path: &Path) -> Result<Listen, String> {
     if !path.is_absolute() {
         return Err(format!("{}: give an absolute path", path.display()));
     }
-    if path.as_os_str().len() > SUN_PATH_MAX - 12 {
+    let parent = path.parent().map_or(0, |p| p.as_os_str().len());
+    if path.as_os_str().len() > SUN_PATH_MAX || parent + BIND_EXTRA > SUN_PATH_MAX {
         return Err(format!(
-            "{}: a unix socket path is at most {} bytes here",
+            "{}: too long for a unix socket here (at most {} bytes, and its directory at most {})",
             path.display(),
-            SUN_PATH_MAX - 12
+            SUN_PATH_MAX,
+            SUN_PATH_MAX - BIND_EXTRA
         ));
     }
     Ok(Listen::Unix(path.to_path_buf()))
@@ -115,15 +122,38 @@ pub struct Owner {
     pub pid: u32,
     /// `skillbox serve` or `skillbox cap start`.
     pub command: String,
+    /// When the process started (clock ticks after boot, `/proc/<pid>/stat`), so a pid
+    /// used again by another process is not taken for it.
+    #[serde(default)]
+    pub started: u64,
+}
+
+/// When `pid` started, in clock ticks after boot; none when there is no such process.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: count from the last `)`.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()
 }
 
 impl Owner {
     /// This process, as `command`.
     pub fn this_process(command: &str) -> Owner {
+        let pid = std::process::id();
         Owner {
-            pid: std::process::id(),
+            pid,
             command: command.to_string(),
+            started: start_time(pid).unwrap_or(0),
         }
+    }
+
+    /// The owner is still the process that wrote the record.
+    fn alive(&self) -> bool {
+        self.started != 0 && start_time(self.pid) == Some(self.started)
     }
 
     /// Stopped by a signal (`cap start`'s supervisor), not by asking (`serve`).
@@ -278,20 +308,58 @@ fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener, EnvError> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_error(&e, "stat", path)),
     }
+    // Bound in a directory only we can enter, set 0600 there, then moved into place: no
+    // client can reach it before its mode is set, and no link can be swapped in.
     let parent = path.parent().unwrap_or(Path::new("/"));
-    let temp = parent.join(format!(".sbx-{:08x}.sock", rand_u32()));
-    let listener =
-        std::os::unix::net::UnixListener::bind(&temp).map_err(|e| io_error(&e, "bind", &temp))?;
-    let placed = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&temp, path));
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(&temp);
-        return Err(io_error(&e, "place the socket at", path));
+    let private = parent.join(format!(".sbx-{:08x}", rand_u32()));
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&private)
+            .map_err(|e| io_error(&e, "create", &private))?;
     }
+    let temp = private.join("s");
+    let bound = std::os::unix::net::UnixListener::bind(&temp)
+        .map_err(|e| io_error(&e, "bind", &temp))
+        .and_then(|listener| {
+            std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600))
+                .and_then(|()| std::fs::rename(&temp, path))
+                .map_err(|e| io_error(&e, "place the socket at", path))
+                .map(|()| listener)
+        });
+    let _ = std::fs::remove_file(&temp);
+    let _ = std::fs::remove_dir(&private);
+    let listener = bound?;
     listener
         .set_nonblocking(true)
         .map_err(|e| io_error(&e, "bind", path))?;
     Ok(listener)
+}
+
+/// Removes `path` if it is a socket (never anything else a record might name).
+fn remove_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Removes a socket this process bound if what made it is dropped before handing it on.
+struct SocketGuard(Option<PathBuf>);
+
+impl SocketGuard {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            remove_socket(path);
+        }
+    }
 }
 
 fn rand_u32() -> u32 {
@@ -383,6 +451,41 @@ pub struct ServiceTable {
     dir: PathBuf,
     owner: Owner,
     services: Mutex<BTreeMap<String, Arc<Service>>>,
+    bounds: ServiceBounds,
+    /// The tenant of each start under way (counted with the running ones).
+    starting: Mutex<Vec<Option<String>>>,
+}
+
+/// How many services one table runs at once: in all, and for one tenant.
+#[derive(Debug, Clone, Copy)]
+pub struct ServiceBounds {
+    pub total: usize,
+    pub per_tenant: usize,
+}
+
+impl Default for ServiceBounds {
+    fn default() -> Self {
+        ServiceBounds {
+            total: 32,
+            per_tenant: 8,
+        }
+    }
+}
+
+/// A place taken for a start; given back when the start ends, however it ends.
+struct Reservation<'a> {
+    table: &'a ServiceTable,
+    tenant: Option<String>,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut starting) = self.table.starting.lock()
+            && let Some(at) = starting.iter().position(|t| *t == self.tenant)
+        {
+            starting.remove(at);
+        }
+    }
 }
 
 fn table_error(message: String) -> EnvError {
@@ -396,7 +499,55 @@ impl ServiceTable {
             dir: services_dir(data_dir, project),
             owner,
             services: Mutex::new(BTreeMap::new()),
+            bounds: ServiceBounds::default(),
+            starting: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same table, running at most `bounds` at once.
+    pub fn with_bounds(mut self, bounds: ServiceBounds) -> ServiceTable {
+        self.bounds = bounds;
+        self
+    }
+
+    /// Takes a place for a start by `tenant`, or says why there is none.
+    fn reserve(&self, tenant: Option<&str>) -> Result<Reservation<'_>, EnvError> {
+        let running: Vec<Option<String>> = self
+            .services
+            .lock()
+            .map(|services| {
+                services
+                    .values()
+                    .map(|s| s.snapshot())
+                    .filter(|i| matches!(i.state, ServiceState::Starting | ServiceState::Ready))
+                    .map(|i| i.tenant)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut starting = self
+            .starting
+            .lock()
+            .map_err(|_| table_error("the table of starts is poisoned".into()))?;
+        let all = running.len() + starting.len();
+        let theirs = running
+            .iter()
+            .chain(starting.iter())
+            .filter(|t| t.as_deref() == tenant)
+            .count();
+        if all >= self.bounds.total || theirs >= self.bounds.per_tenant {
+            return Err(EnvError::new(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "{} services run here ({theirs} of them yours): at most {} in all and {} each; stop one first",
+                    all, self.bounds.total, self.bounds.per_tenant
+                ),
+            ));
+        }
+        starting.push(tenant.map(str::to_string));
+        Ok(Reservation {
+            table: self,
+            tenant: tenant.map(str::to_string),
+        })
     }
 
     /// Where this table keeps its records and sockets.
@@ -420,6 +571,23 @@ impl ServiceTable {
             .and_then(|services| services.get(name).cloned())
     }
 
+    /// A service is named as its capability is: nothing else reaches a path here.
+    fn check_name(name: &str) -> Result<(), EnvError> {
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && !name.starts_with('-')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if ok {
+            Ok(())
+        } else {
+            Err(EnvError::invalid(format!(
+                "service {name:?}: a service is named as its capability (a-z, 0-9 and -)"
+            )))
+        }
+    }
+
     fn paths(&self, name: &str) -> (PathBuf, PathBuf) {
         (
             self.dir.join(format!("{name}.json")),
@@ -431,7 +599,9 @@ impl ServiceTable {
     /// path would not fit a socket address.
     fn default_socket(&self, name: &str) -> PathBuf {
         let named = self.dir.join(format!("{name}.sock"));
-        if named.as_os_str().len() <= SUN_PATH_MAX - 12 {
+        if named.as_os_str().len() <= SUN_PATH_MAX
+            && self.dir.as_os_str().len() + BIND_EXTRA <= SUN_PATH_MAX
+        {
             return named;
         }
         let hash = skillbox_store::sha256_hex(name.as_bytes());
@@ -448,9 +618,11 @@ impl ServiceTable {
         trust: &TrustStore,
         backends: &BackendRegistry,
         listen: Option<Listen>,
+        tenant: Option<&str>,
     ) -> Result<ServiceInfo, EnvError> {
         let manifest = &capability.manifest;
         let name = capability.name().to_string();
+        Self::check_name(&name)?;
         if manifest.lifecycle != Lifecycle::Persistent {
             return Err(EnvError::invalid(format!(
                 "{name} is {}: run it with skillbox cap run {name}; only a persistent capability is started",
@@ -477,6 +649,7 @@ impl ServiceTable {
             ));
         }
         self.ensure_dir()?;
+        let _reservation = self.reserve(tenant)?;
         let (record_path, lock_path) = self.paths(&name);
         let lock = match try_lock(&lock_path, true)? {
             Some(lock) => lock,
@@ -528,11 +701,8 @@ impl ServiceTable {
                 .unwrap_or_else(|_| listen.to_string()),
             HostListener::Unix(_) => listen.to_string(),
         };
-        let remove_socket = || {
-            if let Some(path) = &socket {
-                let _ = std::fs::remove_file(path);
-            }
-        };
+        // Whatever ends this start before the supervisor has the socket removes it.
+        let mut socket_guard = SocketGuard(socket.clone());
 
         let ready_within = manifest
             .bounds()
@@ -542,7 +712,6 @@ impl ServiceTable {
         let mut spec = match crate::router::sandbox_spec(capability, project) {
             Ok(spec) => spec,
             Err(e) => {
-                remove_socket();
                 return Err(e);
             }
         };
@@ -557,7 +726,6 @@ impl ServiceTable {
         let env = match backends.create(kind, spec).await {
             Ok(env) => env,
             Err(e) => {
-                remove_socket();
                 return Err(e);
             }
         };
@@ -578,7 +746,6 @@ impl ServiceTable {
                     exec_cancel.cancel();
                     drop(stream);
                     let _ = env.cleanup().await;
-                    remove_socket();
                     return Err(EnvError::new(
                         ErrorCode::NotSupported,
                         format!("{name}: the {kind} backend cannot reach what an exec serves"),
@@ -587,7 +754,6 @@ impl ServiceTable {
             },
             Err(e) => {
                 let _ = env.cleanup().await;
-                remove_socket();
                 return Err(e);
             }
         };
@@ -606,6 +772,7 @@ impl ServiceTable {
             exit: None,
             error: None,
             stderr_tail: String::new(),
+            tenant: tenant.map(str::to_string),
         };
         let (state, mut watch_state) = watch::channel(ServiceState::Starting);
         let (finished, _) = watch::channel(false);
@@ -625,6 +792,7 @@ impl ServiceTable {
             services.insert(name.clone(), service.clone());
         }
         tracing::info!(service = %name, process = %connector.process(), "services: started");
+        socket_guard.disarm();
         tokio::spawn(supervise(Supervised {
             service: service.clone(),
             env,
@@ -667,7 +835,7 @@ impl ServiceTable {
             let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
-            if found.contains_key(name) {
+            if found.contains_key(name) || Self::check_name(name).is_err() {
                 continue;
             }
             if let Some(info) = self.inspect(name, &boot) {
@@ -677,8 +845,10 @@ impl ServiceTable {
         found.into_values().collect()
     }
 
-    /// One service, as [`list`](Self::list) shows it.
+    /// One service, as [`list`](Self::list) shows it (none for a name no service can
+    /// have).
     pub fn status(&self, name: &str) -> Option<ServiceInfo> {
+        Self::check_name(name).ok()?;
         if let Some(service) = self.running(name) {
             return Some(service.snapshot());
         }
@@ -701,7 +871,7 @@ impl ServiceTable {
         if record.boot_id != boot {
             let _ = std::fs::remove_file(&record_path);
             if let Some(socket) = &record.socket {
-                let _ = std::fs::remove_file(socket);
+                remove_socket(socket);
             }
             return None;
         }
@@ -721,18 +891,8 @@ impl ServiceTable {
     /// record nobody holds (failed, or left by a supervisor that is gone) is removed.
     /// Returns the service as it was last seen.
     pub async fn stop(&self, name: &str) -> Result<ServiceInfo, EnvError> {
-        if let Some(service) = self.running(name) {
-            service.stop.cancel();
-            let mut finished = service.finished.subscribe();
-            let _ = finished.wait_for(|done| *done).await;
-            let info = service.snapshot();
-            let _ = std::fs::remove_file(&service.record);
-            if let Ok(mut services) = self.services.lock() {
-                services.remove(name);
-            }
-            if let Ok(mut lock) = service.lock.lock() {
-                lock.take();
-            }
+        Self::check_name(name)?;
+        if let Some(info) = self.stop_own(name).await {
             return Ok(info);
         }
         let (record_path, lock_path) = self.paths(name);
@@ -747,56 +907,44 @@ impl ServiceTable {
         let seen = self
             .inspect(name, &boot_id())
             .unwrap_or(record.info.clone());
-        if try_lock(&lock_path, true)?.is_none() {
-            if !record.owner.answers_sigterm() {
+        let owner = record.owner.clone();
+        let stopped_it = owner.alive() && try_lock(&lock_path, true)?.is_none();
+        if stopped_it {
+            if !owner.answers_sigterm() {
                 return Err(EnvError::new(
                     ErrorCode::PermissionDenied,
                     format!(
-                        "{name} is supervised by {}: stop it there (POST /v1/services/{name}/stop)",
-                        record.owner
+                        "{name} is supervised by {owner}: stop it there (POST /v1/services/{name}/stop)"
                     ),
                 ));
             }
-            let pid = rustix::process::Pid::from_raw(record.owner.pid as i32)
-                .ok_or_else(|| table_error(format!("{name}: the record has no owner pid")))?;
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-            let waited = tokio::task::spawn_blocking(move || {
-                let deadline = std::time::Instant::now() + STOP_WAIT;
-                loop {
-                    match try_lock(&lock_path, true) {
-                        Ok(Some(lock)) => return Ok(lock),
-                        Ok(None) if std::time::Instant::now() < deadline => {
-                            std::thread::sleep(READY_POLL);
-                        }
-                        Ok(None) => {
-                            let _ =
-                                rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                            return Err(EnvError::new(
-                                ErrorCode::Timeout,
-                                format!(
-                                    "{} did not stop within {} s of SIGTERM and was killed",
-                                    pid.as_raw_nonzero(),
-                                    STOP_WAIT.as_secs()
-                                ),
-                            ));
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+            let lock_path = lock_path.clone();
+            tokio::task::spawn_blocking(move || stop_supervisor(&owner, &lock_path))
+                .await
+                .map_err(|e| table_error(format!("stop {name}: {e}")))??;
+        } else {
+            // Its supervisor is gone; a reader may hold the lock for a moment.
+            let lock_path = lock_path.clone();
+            tokio::task::spawn_blocking(move || {
+                wait_for_lock(&lock_path, Duration::from_secs(2)).map(drop)
             })
             .await
             .map_err(|e| table_error(format!("stop {name}: {e}")))??;
-            drop(waited);
         }
         // Whoever held it is gone; what it left goes too.
         let last = read_record(&record_path).map(|r| r.info).unwrap_or(seen);
         let _ = std::fs::remove_file(&record_path);
         if let Some(socket) = &record.socket {
-            let _ = std::fs::remove_file(socket);
+            remove_socket(socket);
         }
         let mut last = last;
         if matches!(last.state, ServiceState::Starting | ServiceState::Ready) {
-            last.state = ServiceState::Stopped;
+            // Stopped by us, or found without its supervisor (which `inspect` says).
+            last.state = if stopped_it {
+                ServiceState::Stopped
+            } else {
+                ServiceState::Failed
+            };
         }
         Ok(last)
     }
@@ -814,6 +962,9 @@ impl ServiceTable {
             let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
+            if Self::check_name(name).is_err() {
+                continue;
+            }
             let (record_path, lock_path) = self.paths(name);
             let Some(record) = read_record(&record_path) else {
                 continue;
@@ -824,12 +975,30 @@ impl ServiceTable {
             if let Ok(Some(_free)) = try_lock(&lock_path, true) {
                 let _ = std::fs::remove_file(&record_path);
                 if let Some(socket) = &record.socket {
-                    let _ = std::fs::remove_file(socket);
+                    remove_socket(socket);
                 }
                 forgotten += 1;
             }
         }
         forgotten
+    }
+
+    /// Stops `name` if this process supervises it, and clears it from the table;
+    /// `None` when it does not (nothing is sent to anyone else).
+    pub async fn stop_own(&self, name: &str) -> Option<ServiceInfo> {
+        let service = self.running(name)?;
+        service.stop.cancel();
+        let mut finished = service.finished.subscribe();
+        let _ = finished.wait_for(|done| *done).await;
+        let info = service.snapshot();
+        let _ = std::fs::remove_file(&service.record);
+        if let Ok(mut services) = self.services.lock() {
+            services.remove(name);
+        }
+        if let Ok(mut lock) = service.lock.lock() {
+            lock.take();
+        }
+        Some(info)
     }
 
     /// Stops every service this process supervises (skillbox's own shutdown).
@@ -856,6 +1025,61 @@ impl ServiceTable {
         let mut finished = service.finished.subscribe();
         let _ = finished.wait_for(|done| *done).await;
         Some(service.snapshot())
+    }
+}
+
+/// Takes `lock_path`'s lock within `within`, polling; `timeout` if it stays held.
+fn wait_for_lock(lock_path: &Path, within: Duration) -> Result<NameLock, EnvError> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(lock) = try_lock(lock_path, true)? {
+            return Ok(lock);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(EnvError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "{} stayed locked for {} s",
+                    lock_path.display(),
+                    within.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(READY_POLL);
+    }
+}
+
+/// Sends SIGTERM to `owner` (a `cap start` supervisor) through a pidfd opened while its
+/// start time still matches, waits for it to let go of its lock, and kills it past
+/// [`STOP_WAIT`].
+fn stop_supervisor(owner: &Owner, lock_path: &Path) -> Result<(), EnvError> {
+    let Some(pid) = rustix::process::Pid::from_raw(owner.pid as i32) else {
+        return Err(table_error(format!("{owner}: not a pid")));
+    };
+    let pidfd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        // Gone since it was checked.
+        Err(rustix::io::Errno::SRCH) => return wait_for_lock(lock_path, STOP_WAIT).map(drop),
+        Err(e) => return Err(io_error(&e.into(), "pidfd_open", Path::new("/proc"))),
+    };
+    // The pidfd names one process for good: check it is still the owner, then signal.
+    if !owner.alive() {
+        return wait_for_lock(lock_path, STOP_WAIT).map(drop);
+    }
+    let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::TERM);
+    match wait_for_lock(lock_path, STOP_WAIT) {
+        Ok(_) => Ok(()),
+        Err(_) => {
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+            wait_for_lock(lock_path, Duration::from_secs(5)).map(drop)?;
+            Err(EnvError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "{owner} did not stop within {} s of SIGTERM and was killed",
+                    STOP_WAIT.as_secs()
+                ),
+            ))
+        }
     }
 }
 
@@ -918,13 +1142,13 @@ async fn supervise(supervised: Supervised) {
         ready_within,
         exec_cancel,
     } = supervised;
-    let never = CancellationToken::new();
     let relays_stop = CancellationToken::new();
     let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut tail = Tail::default();
     let ready_by = tokio::time::Instant::now() + ready_within;
     let mut ready = false;
     let mut poll = tokio::time::interval(READY_POLL);
+    let mut accept_errors: u64 = 0;
     let ending = loop {
         tokio::select! {
             event = stream.next() => match event {
@@ -938,7 +1162,8 @@ async fn supervise(supervised: Supervised) {
                 )),
             },
             _ = poll.tick(), if !ready => {
-                match connector.connect(&serves, &never).await {
+                // A stop cuts the probe short; each connect is bounded by the backend.
+                match connector.connect(&serves, &service.stop).await {
                     Ok(_) => {
                         ready = true;
                         service.update(|info| info.state = ServiceState::Ready);
@@ -959,7 +1184,14 @@ async fn supervise(supervised: Supervised) {
                     };
                     tokio::spawn(relay(client, connector.clone(), serves.clone(), relays_stop.clone(), place));
                 }
-                Err(e) => tracing::warn!(error = %e, "services: accept failed"),
+                Err(e) => {
+                    // Out of fds, say: back off rather than spin, and say so now and then.
+                    accept_errors += 1;
+                    if accept_errors.is_power_of_two() {
+                        tracing::warn!(error = %e, count = accept_errors, "services: accept failed");
+                    }
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
             },
             () = service.stop.cancelled() => break Ending::Stopped,
         }
@@ -967,7 +1199,7 @@ async fn supervise(supervised: Supervised) {
     // Nothing new comes in; what runs is ended and cleaned up.
     drop(listener);
     if let Some(path) = &service.socket {
-        let _ = std::fs::remove_file(path);
+        remove_socket(path);
     }
     relays_stop.cancel();
     exec_cancel.cancel();
@@ -1087,10 +1319,12 @@ mod tests {
                 exit: None,
                 error: None,
                 stderr_tail: String::new(),
+                tenant: None,
             },
             owner: Owner {
                 pid: 4241,
                 command: command.into(),
+                started: 1,
             },
             boot_id: boot.into(),
             socket: None,

@@ -27,6 +27,16 @@ use skillbox_env::{
 
 use crate::layout::WORKSPACE;
 
+/// The longest a connect to a port waits for the sandbox's loopback to answer.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Port connects at once, in this process.
+pub const CONCURRENT_PORT_CONNECTS: usize = 32;
+
+fn port_connects() -> &'static tokio::sync::Semaphore {
+    static PLACES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PLACES.get_or_init(|| tokio::sync::Semaphore::new(CONCURRENT_PORT_CONNECTS))
+}
+
 /// Connects into one exec of a native sandbox.
 #[derive(Debug)]
 pub(crate) struct NativeConnector {
@@ -67,22 +77,26 @@ impl NativeConnector {
         };
         // SAFETY: polling one fd we own, without waiting.
         let ready = unsafe { libc::poll(&mut poll, 1, 0) };
-        ready != 0
+        ready > 0
     }
 }
 
 fn refused(endpoint: &Endpoint, e: &io::Error) -> EnvError {
     let code = match e.raw_os_error() {
-        // The exec is gone: its namespaces with it.
-        Some(libc::ESRCH) => ErrorCode::Unavailable,
+        // The exec is gone (its namespaces with it), or it does not accept.
+        Some(libc::ESRCH | libc::EAGAIN) => ErrorCode::Unavailable,
         Some(errno) => skillbox_env::errno_code(errno),
         None if e.kind() == io::ErrorKind::InvalidInput => ErrorCode::Invalid,
         None => ErrorCode::Unknown,
     };
-    let what = if e.raw_os_error() == Some(libc::ESRCH) {
-        "the exec has ended".to_string()
-    } else {
-        e.to_string()
+    let what = match e.raw_os_error() {
+        Some(libc::ESRCH) => "the exec has ended".to_string(),
+        Some(libc::EAGAIN) => "its queue of connections is full (it does not accept)".to_string(),
+        Some(libc::ETIMEDOUT) => format!(
+            "no answer within {} s (it does not accept)",
+            CONNECT_TIMEOUT.as_secs()
+        ),
+        _ => e.to_string(),
     };
     EnvError::new(code, format!("connect to {endpoint}: {what}"))
 }
@@ -107,6 +121,12 @@ impl ExecConnector for NativeConnector {
         }
         let stream: Box<dyn Duplex> = match endpoint {
             Endpoint::Port(port) => {
+                let _place = tokio::select! {
+                    place = port_connects().acquire() => place.map_err(|_| {
+                        EnvError::new(ErrorCode::Unknown, "connect: the connect places are gone")
+                    })?,
+                    () = cancel.cancelled() => return Err(EnvError::aborted("connect")),
+                };
                 let (net, user, port) = (self.net.clone(), self.user.clone(), *port);
                 let fd = blocking(cancel, "connect", move || {
                     connect_port(net.as_fd(), user.as_deref().map(AsFd::as_fd), port)
@@ -179,18 +199,27 @@ fn connect_socket(workspace: BorrowedFd<'_>, relative: &Path) -> io::Result<Unix
             "not a socket (a symlink or a file is never followed)",
         ));
     }
-    UnixStream::connect(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+    // Non-blocking: a socket whose queue is full answers EAGAIN at once instead of
+    // holding this thread until the service accepts.
+    let socket = rustix::net::socket_with(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::STREAM,
+        rustix::net::SocketFlags::CLOEXEC | rustix::net::SocketFlags::NONBLOCK,
+        None,
+    )?;
+    let address = rustix::net::SocketAddrUnix::new(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    rustix::net::connect(&socket, &address)?;
+    Ok(UnixStream::from(socket))
 }
 
-/// A connected TCP socket to `127.0.0.1:port` in the network namespace `net`, made by
-/// a forked child that joins it (after `user`, its owner, when given).
+/// A connected TCP socket to `127.0.0.1:port` in the network namespace `net`: joined by
+/// a thread of its own as root, else by a forked child that joins `user` (its owner)
+/// first.
 fn connect_port(
     net: BorrowedFd<'_>,
     user: Option<BorrowedFd<'_>>,
     port: u16,
 ) -> io::Result<OwnedFd> {
-    let (ours, theirs) = UnixStream::pair()?;
-    let user = user.map_or(-1, |fd| fd.as_raw_fd());
     let address = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: port.to_be(),
@@ -198,6 +227,33 @@ fn connect_port(
             s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
         },
         sin_zero: [0; 8],
+    };
+    let timeout_ms = CONNECT_TIMEOUT.as_millis() as i32;
+    let Some(user) = user else {
+        let net = net.try_clone_to_owned()?;
+        // setns moves only the calling thread: this one, which ends after the connect.
+        return std::thread::Builder::new()
+            .name("skillbox-connect".into())
+            .spawn(move || {
+                // SAFETY: joining a network namespace from a thread that does nothing
+                // else and then exits.
+                if unsafe { libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: raw socket calls on memory this thread owns.
+                unsafe { connect_loopback(&address, timeout_ms) }
+                    .map_err(io::Error::from_raw_os_error)
+                    // SAFETY: a fresh fd the connect handed us.
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the connect thread panicked"))?;
+    };
+    let (ours, theirs) = UnixStream::pair()?;
+    let fds = ChildFds {
+        user: user.as_raw_fd(),
+        net: net.as_raw_fd(),
+        out: theirs.as_raw_fd(),
     };
     // SAFETY: the child runs only raw syscalls over memory prepared above (no
     // allocation, no locks) and ends with `_exit`.
@@ -207,51 +263,140 @@ fn connect_port(
     }
     if pid == 0 {
         // SAFETY: in the forked child; see `child_connect`.
-        unsafe { child_connect(user, net.as_raw_fd(), &address, theirs.as_raw_fd()) }
+        unsafe { child_connect(&fds, &address, timeout_ms) }
     }
     drop(theirs);
     let received = receive_fd(&ours);
     let mut status = 0;
-    // SAFETY: waiting for the child forked above, which exits right after sending.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
+    loop {
+        // SAFETY: waiting for the child forked above, which exits right after sending.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break;
+        }
+    }
     received
+}
+
+/// The fds the forked child keeps: every other is closed before it joins anything.
+#[derive(Debug)]
+struct ChildFds {
+    user: RawFd,
+    net: RawFd,
+    out: RawFd,
 }
 
 /// Payload of the one message the child sends: 0 with the socket attached, or an errno.
 type Report = i32;
 
-/// In the forked child: join, connect, send the socket (or the errno) back, exit.
+/// A non-blocking connect to `address`, waited for at most `timeout_ms`; the fd, or
+/// the errno. Raw syscalls only (safe in a forked child).
 ///
 /// # Safety
-/// Only in a child just forked from [`connect_port`]: it must not return, allocate or
-/// take a lock; `address` and the fds were made before the fork.
-unsafe fn child_connect(user: RawFd, net: RawFd, address: &libc::sockaddr_in, out: RawFd) -> ! {
-    // SAFETY: raw syscalls (all of this block) on fds this child owns copies of.
+/// `address` is a valid `sockaddr_in`.
+unsafe fn connect_loopback(address: &libc::sockaddr_in, timeout_ms: i32) -> Result<RawFd, i32> {
+    // SAFETY: raw socket calls; the fd is closed on every error path.
     unsafe {
-        if user >= 0 && libc::setns(user, libc::CLONE_NEWUSER) != 0 {
-            send_report(out, errno(), -1);
-            libc::_exit(1);
-        }
-        if libc::setns(net, libc::CLONE_NEWNET) != 0 {
-            send_report(out, errno(), -1);
-            libc::_exit(1);
-        }
-        let socket = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if socket < 0 {
-            send_report(out, errno(), -1);
-            libc::_exit(1);
+        let fd = libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        );
+        if fd < 0 {
+            return Err(errno());
         }
         let rc = libc::connect(
-            socket,
+            fd,
             std::ptr::from_ref(address).cast(),
             std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
         );
         if rc != 0 {
-            send_report(out, errno(), -1);
+            let e = errno();
+            if e != libc::EINPROGRESS {
+                libc::close(fd);
+                return Err(e);
+            }
+            let mut poll = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            let ready = loop {
+                let ready = libc::poll(&mut poll, 1, timeout_ms);
+                if ready >= 0 || errno() != libc::EINTR {
+                    break ready;
+                }
+            };
+            if ready <= 0 {
+                let e = if ready == 0 { libc::ETIMEDOUT } else { errno() };
+                libc::close(fd);
+                return Err(e);
+            }
+            let mut error: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                std::ptr::from_mut(&mut error).cast(),
+                &mut len,
+            );
+            if error != 0 {
+                libc::close(fd);
+                return Err(error);
+            }
+        }
+        Ok(fd)
+    }
+}
+
+/// Closes every fd of this process but `keep` (sorted).
+///
+/// # Safety
+/// Async-signal-safe; only in the forked child.
+unsafe fn close_all_but(keep: &[RawFd; 3]) {
+    let mut next: libc::c_uint = 0;
+    for &fd in keep {
+        let fd = fd as libc::c_uint;
+        if fd > next {
+            // SAFETY: closing a range of our own fds.
+            unsafe { libc::syscall(libc::SYS_close_range, next, fd - 1, 0u32) };
+        }
+        next = fd + 1;
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, next, libc::c_uint::MAX, 0u32) };
+}
+
+/// In the forked child: keep three fds, die with skillbox, join, connect, send the
+/// socket (or the errno) back, exit.
+///
+/// # Safety
+/// Only in a child just forked from [`connect_port`]: it must not return, allocate or
+/// take a lock; `address` and the fds were made before the fork.
+unsafe fn child_connect(fds: &ChildFds, address: &libc::sockaddr_in, timeout_ms: i32) -> ! {
+    // SAFETY: raw syscalls (all of this block) on fds this child owns copies of.
+    unsafe {
+        let mut keep = [fds.user, fds.net, fds.out];
+        keep.sort_unstable();
+        close_all_but(&keep);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        if libc::setns(fds.user, libc::CLONE_NEWUSER) != 0
+            || libc::setns(fds.net, libc::CLONE_NEWNET) != 0
+        {
+            send_report(fds.out, errno(), -1);
             libc::_exit(1);
         }
-        send_report(out, 0, socket);
-        libc::_exit(0)
+        match connect_loopback(address, timeout_ms) {
+            Ok(socket) => {
+                send_report(fds.out, 0, socket);
+                libc::_exit(0)
+            }
+            Err(e) => {
+                send_report(fds.out, e, -1);
+                libc::_exit(1)
+            }
+        }
     }
 }
 

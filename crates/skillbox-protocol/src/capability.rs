@@ -135,6 +135,9 @@ pub struct ServiceInfo {
     /// The last lines it wrote to stderr (at most 4 KiB).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stderr_tail: String,
+    /// The tenant that started it over HTTP (none from the command line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// `GET /v1/services`.

@@ -24,8 +24,8 @@ mod run;
 pub mod units;
 
 pub use agent::{
-    AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, Attempt, Correction,
-    CorrectionKind, ErrorInfo, Usage, Verification,
+    AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, Attempt, Correction, CorrectionKind,
+    ErrorInfo, Usage, Verification,
 };
 pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
 pub use capability::{

@@ -291,31 +291,18 @@ pub(crate) async fn run(
         (status = 403, description = "Not granted in the server's project, denied there, or a host capability", body = ApiError),
         (status = 404, description = "No such capability; the message says why one of that name did not load", body = ApiError),
         (status = 409, description = "Already started (by this server or by `skillbox cap start`)", body = ApiError),
-        (status = 429, description = "The server supervises as many services as it takes", body = ApiError),
+        (status = 429, description = "The server runs as many services as it takes, in all (32) or for this tenant (8)", body = ApiError),
         (status = 501, description = "A persistent capability in an environment that cannot serve yet", body = ApiError),
         (status = 503, description = "It did not become ready (how it ended is in the message and in GET /v1/services/{name}), or its environment is not available here", body = ApiError),
     )
 )]
 pub(crate) async fn start(
     State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
     Path(name): Path<String>,
 ) -> Result<Json<ServiceInfo>, Failure> {
     let config = state.config.capabilities.clone();
     let capability = sandboxed(&config, &name, "start").await?;
-    let running = state
-        .services
-        .list()
-        .iter()
-        .filter(|s| s.owner == state.services_owner())
-        .count();
-    if running >= MAX_SERVICES {
-        return Err(Failure::new(
-            ErrorCode::Overloaded,
-            format!(
-                "this server supervises {running} services, as many as it takes; stop one first"
-            ),
-        ));
-    }
     let info = state
         .services
         .start(
@@ -324,17 +311,24 @@ pub(crate) async fn start(
             &state.trust,
             state.runner.backends(),
             None,
+            Some(tenant.as_str()),
         )
         .await
-        .map_err(|e| with_grant_hint(e, &config))?;
+        .map_err(|e| match e.code {
+            // The server's bound on services, in all or for this tenant.
+            ErrorCode::ResourceExhausted => Failure::new(ErrorCode::Overloaded, e.message),
+            _ => with_grant_hint(e, &config),
+        })?;
     Ok(Json(info))
 }
 
-/// Services one server supervises at once.
-pub(crate) const MAX_SERVICES: usize = 32;
+/// What a tenant may see of a service: only one this server started for it (the CLI's
+/// and other tenants' are not its business, and their stderr may hold secrets).
+fn theirs(state: &AppState, tenant: &Tenant, info: &ServiceInfo) -> bool {
+    info.owner == state.services_owner() && info.tenant.as_deref() == Some(tenant.as_str())
+}
 
-/// The persistent capabilities started in the server's project: this server's, and
-/// those `skillbox cap start` supervises there.
+/// The persistent capabilities this server started for the calling tenant.
 #[utoipa::path(
     get,
     path = "/v1/services",
@@ -342,9 +336,16 @@ pub(crate) const MAX_SERVICES: usize = 32;
         (status = 200, description = "Every service, by name", body = ServiceList),
     )
 )]
-pub(crate) async fn services(State(state): State<AppState>) -> Result<Json<ServiceList>, Failure> {
+pub(crate) async fn services(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+) -> Result<Json<ServiceList>, Failure> {
     let table = state.services.clone();
-    let services = blocking(move || table.list()).await?;
+    let services = blocking(move || table.list())
+        .await?
+        .into_iter()
+        .filter(|info| theirs(&state, &tenant, info))
+        .collect();
     Ok(Json(ServiceList { services }))
 }
 
@@ -360,12 +361,14 @@ pub(crate) async fn services(State(state): State<AppState>) -> Result<Json<Servi
 )]
 pub(crate) async fn service(
     State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
     Path(name): Path<String>,
 ) -> Result<Json<ServiceInfo>, Failure> {
     let table = state.services.clone();
     let looked = name.clone();
     blocking(move || table.status(&looked))
         .await?
+        .filter(|info| theirs(&state, &tenant, info))
         .map(Json)
         .ok_or_else(|| {
             Failure::new(
@@ -387,7 +390,26 @@ pub(crate) async fn service(
 )]
 pub(crate) async fn stop(
     State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
     Path(name): Path<String>,
 ) -> Result<Json<ServiceInfo>, Failure> {
-    Ok(Json(state.services.stop(&name).await?))
+    let not_found = || {
+        Failure::new(
+            ErrorCode::NotFound,
+            format!("{name} is not started in this server's project"),
+        )
+    };
+    let table = state.services.clone();
+    let looked = name.clone();
+    let seen = blocking(move || table.status(&looked)).await?;
+    if !seen.is_some_and(|info| theirs(&state, &tenant, &info)) {
+        return Err(not_found());
+    }
+    // Only what this server supervises: never a signal to another process.
+    state
+        .services
+        .stop_own(&name)
+        .await
+        .map(Json)
+        .ok_or_else(not_found)
 }

@@ -100,9 +100,19 @@ pub async fn start(
             Ok(signal) => signal,
             Err(e) => return failed(&format!("cannot watch for SIGTERM: {e}")),
         };
-    let started = table
-        .start(capability, project, trust, &backends, listen)
-        .await;
+    // A stop (SIGTERM) or Ctrl-C while it starts ends the start and whatever it made.
+    let started = tokio::select! {
+        started = table.start(capability, project, trust, &backends, listen, None) => started,
+        _ = terminate.recv() => {
+            // Cut short, it may have registered the service already: end that one.
+            let _ = table.stop_own(capability.name()).await;
+            Err(skillbox_env::EnvError::aborted("start (stopped while it started)"))
+        }
+        _ = tokio::signal::ctrl_c() => {
+            let _ = table.stop_own(capability.name()).await;
+            Err(skillbox_env::EnvError::aborted("start (interrupted)"))
+        }
+    };
     let name = capability.name();
     match &started {
         Ok(info) if start.detached => {

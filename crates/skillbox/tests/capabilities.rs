@@ -574,7 +574,8 @@ fn a_persistent_service_is_reached_through_its_forwarded_socket_and_stays_down_w
     let stopped = cap(data, project, &["stop", "http-notes", "--json"], &[]);
     assert!(stopped.status.success(), "{}", text(&stopped.stderr));
     assert!(gone(servers[0]), "the stopped service still runs");
-    assert!(gone(supervisor), "the supervisor still runs");
+    // The lock goes before the supervisor's last breath.
+    eventually("the supervisor exits", || gone(supervisor));
     assert!(service_status(data, project).is_empty());
     assert!(!socket.exists());
 
@@ -681,7 +682,7 @@ fn a_persistent_service_works_for_an_unprivileged_user() {
     let supervisor = supervisor_of(&info);
     let stopped = as_nobody(&["stop", "http-notes"]);
     assert!(stopped.status.success(), "{}", text(&stopped.stderr));
-    assert!(gone(supervisor));
+    eventually("the supervisor exits", || gone(supervisor));
     assert!(!socket.exists());
 }
 
@@ -712,4 +713,72 @@ fn a_persistent_docker_capability_is_refused_not_moved() {
         "{stderr}"
     );
     assert!(service_status(data.path(), project.path()).is_empty());
+}
+
+/// A service that never accepts (its socket's queue filled by itself) cannot hold the
+/// start, stop or status: the start fails at its ready timeout, naming why.
+#[test]
+fn a_service_that_never_accepts_fails_at_its_timeout_without_hanging() {
+    if !native_or_skip("a_service_that_never_accepts") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path().join("capabilities/stuck");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("manifest.yaml"),
+        "name: stuck\ndescription: listens, never accepts\nversion: 0.1.0\nenvironment: native\nlifecycle: persistent\nentry: stuck.py\nsocket: /workspace/app.sock\nlimits:\n  timeout: 3s\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("stuck.py"),
+        "import os, socket, time\ns = socket.socket(socket.AF_UNIX)\ns.bind('/workspace/app.tmp')\ns.listen(0)\nfor _ in range(4):\n    c = socket.socket(socket.AF_UNIX)\n    c.setblocking(False)\n    try:\n        c.connect('/workspace/app.tmp')\n    except OSError:\n        pass\nos.rename('/workspace/app.tmp', '/workspace/app.sock')\ntime.sleep(600)\n",
+    )
+    .unwrap();
+    assert!(
+        cap(data.path(), project.path(), &["grant", "stuck"], &[])
+            .status
+            .success()
+    );
+    let started = std::time::Instant::now();
+    let refused = cap(data.path(), project.path(), &["start", "stuck"], &[]);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "the start hung: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(refused.status.code(), Some(125));
+    let stderr = text(&refused.stderr);
+    assert!(
+        stderr.contains("nothing answered at socket /workspace/app.sock within 3 s"),
+        "{stderr}"
+    );
+    let listed = service_status(data.path(), project.path());
+    assert_eq!(listed[0]["state"], "failed", "{listed:?}");
+    assert!(
+        cap(data.path(), project.path(), &["stop", "stuck"], &[])
+            .status
+            .success()
+    );
+    assert!(service_status(data.path(), project.path()).is_empty());
+}
+
+/// A name is a capability's name: a path through it is refused, never followed.
+#[test]
+fn a_service_name_that_is_a_path_is_refused() {
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let victim = project.path().join("victim.txt");
+    std::fs::write(&victim, "keep me").unwrap();
+    for name in ["../../x", "a/b", "..", "UPPER"] {
+        let out = cap(data.path(), project.path(), &["stop", name], &[]);
+        assert_eq!(out.status.code(), Some(125), "{name}");
+        assert!(
+            text(&out.stderr).contains("a service is named as its capability"),
+            "{name}: {}",
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
 }

@@ -500,7 +500,11 @@ async fn a_verified_run_on_the_last_turn_succeeds() {
         .await
         .unwrap();
     assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:?}");
-    assert!(outcome.reason.contains("no turn left"), "{}", outcome.reason);
+    assert!(
+        outcome.reason.contains("no turn left"),
+        "{}",
+        outcome.reason
+    );
     assert_eq!(outcome.artifacts.len(), 1, "{outcome:?}");
     assert_eq!(outcome.artifacts[0].path, "result.txt");
 }

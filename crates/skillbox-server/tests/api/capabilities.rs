@@ -587,3 +587,89 @@ async fn a_persistent_capability_is_started_listed_and_stopped_and_ends_with_the
     }
     assert!(!socket.exists());
 }
+
+/// Tenants see and stop only the services they started; a name that is a path is never
+/// followed (a record planted outside the table is neither read nor deleted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_belong_to_their_tenant_and_names_are_never_paths() {
+    if !native_or_skip("services_belong_to_their_tenant") {
+        return;
+    }
+    let tokens = ["ana-token-0123456789abcdef", "bob-token-0123456789abcdef"];
+    let keys =
+        Arc::new(ApiKeys::from_pairs(&format!("ana={},bob={}", tokens[0], tokens[1])).unwrap());
+    let served = serve(vec![examples()], Some(keys)).await;
+    served.grant("http-notes", Scope::Project);
+    let as_tenant = |token: &str, method: reqwest::Method, path: &str| {
+        served
+            .server
+            .http
+            .request(method, format!("{}{path}", served.server.base))
+            .bearer_auth(token)
+            .json(&json!({}))
+            .send()
+    };
+    let started = as_tenant(
+        tokens[0],
+        reqwest::Method::POST,
+        "/v1/capabilities/http-notes/start",
+    )
+    .await
+    .unwrap();
+    assert_eq!(started.status(), 200);
+    let info: Value = started.json().await.unwrap();
+    assert_eq!(info["tenant"], "ana");
+    let bobs: Value = as_tenant(tokens[1], reqwest::Method::GET, "/v1/services")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(bobs["services"], json!([]), "bob sees ana's service");
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/services/http-notes"),
+        (reqwest::Method::POST, "/v1/services/http-notes/stop"),
+    ] {
+        let answer = as_tenant(tokens[1], method, path).await.unwrap();
+        assert_eq!(answer.status(), 404, "{path}");
+    }
+    let anas: Value = as_tenant(tokens[0], reqwest::Method::GET, "/v1/services")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(anas["services"][0]["name"], "http-notes", "{anas}");
+
+    // A record planted outside the table, named through an encoded path.
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("victim.txt");
+    std::fs::write(&victim, "keep me").unwrap();
+    std::fs::write(outside.path().join("rec.json"), "{}").unwrap();
+    let traversal = format!(
+        "/v1/services/..%2F..%2F..%2F..%2F..%2F..%2F..%2F..{}%2Frec",
+        outside.path().display().to_string().replace('/', "%2F")
+    );
+    for (method, path) in [
+        (reqwest::Method::GET, traversal.clone()),
+        (reqwest::Method::POST, format!("{traversal}/stop")),
+    ] {
+        let answer = as_tenant(tokens[0], method, &path).await.unwrap();
+        assert_eq!(answer.status(), 404, "{path}");
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    assert!(outside.path().join("rec.json").exists());
+    assert!(
+        !outside.path().join("rec.lock").exists(),
+        "a lock was made outside the table"
+    );
+
+    let stopped = as_tenant(
+        tokens[0],
+        reqwest::Method::POST,
+        "/v1/services/http-notes/stop",
+    )
+    .await
+    .unwrap();
+    assert_eq!(stopped.status(), 200);
+}
