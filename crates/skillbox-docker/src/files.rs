@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skillbox_env::{
     CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, FileInfo, FileKind, FileRead,
-    FileSystem, TextLines, WalkEntry, first_lines, too_many_entries,
+    FileSystem, TextLines, Tree, TreeKind, WalkEntry, first_lines, too_many_entries,
 };
 
 use crate::daemon::{Collected, MAX_READ_BYTES, collect_exec};
@@ -83,11 +83,16 @@ impl DockerSandbox {
                     .as_ref()
                     .and_then(|v| v["msg"].as_str().map(str::to_string))
                     .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned());
+                // A batch operation names the entry below `path` that failed.
+                let failed = match parsed.as_ref().and_then(|v| v["entry"].as_str()) {
+                    Some(entry) => path.join(entry),
+                    None => path.to_path_buf(),
+                };
                 Err(EnvError::new(
                     skillbox_env::errno_code(errno),
-                    format!("{op} {}: {msg}", path.display()),
+                    format!("{op} {}: {msg}", failed.display()),
                 )
-                .with_path(path))
+                .with_path(failed))
             }
             other => Err(EnvError::new(
                 ErrorCode::Unknown,
@@ -323,6 +328,15 @@ impl FileSystem for DockerSandbox {
         Ok(read)
     }
 
+    /// One helper run for the whole tree (see [`tree_input`]).
+    async fn put_tree(&self, dir: &Path, tree: &Tree, cancel: &CancellationToken) -> EnvResult<()> {
+        let dir = self.absolute(dir);
+        let stdin = tree_input(&dir, tree)?;
+        self.fs_op("puttree", &[self.arg(&dir)], Some(stdin), &dir, cancel)
+            .await
+            .map(drop)
+    }
+
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
         self.fs_op("read", &[self.arg(path)], None, path, cancel)
             .await
@@ -404,6 +418,39 @@ impl FileSystem for DockerSandbox {
     }
 }
 
+/// What the helper's `puttree` reads on stdin: one JSON line listing the entries in
+/// order (`[path, "dir"]` or `[path, "file", executable, size]`, paths `/`-separated),
+/// then the content of every file back to back, in the same order.
+fn tree_input(dir: &Path, tree: &Tree) -> EnvResult<Vec<u8>> {
+    let mut listed = Vec::with_capacity(tree.len());
+    for entry in tree.entries() {
+        let parts: Option<Vec<&str>> = entry.path.iter().map(|c| c.to_str()).collect();
+        let Some(parts) = parts else {
+            return Err(EnvError::invalid(format!(
+                "put_tree {}: the name is not UTF-8, which the file helper cannot be given",
+                dir.join(&entry.path).display()
+            )));
+        };
+        let path = parts.join("/");
+        listed.push(match &entry.kind {
+            TreeKind::Dir => serde_json::json!([path, "dir"]),
+            TreeKind::File { data, executable } => {
+                serde_json::json!([path, "file", executable, data.len()])
+            }
+        });
+    }
+    let mut input = serde_json::to_vec(&listed)
+        .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("put_tree: {e}")))?;
+    input.push(b'\n');
+    input.reserve_exact(usize::try_from(tree.bytes()).unwrap_or(0));
+    for entry in tree.entries() {
+        if let TreeKind::File { data, .. } = &entry.kind {
+            input.extend_from_slice(data);
+        }
+    }
+    Ok(input)
+}
+
 async fn temp_entry(
     sandbox: &DockerSandbox,
     kind: &str,
@@ -448,6 +495,83 @@ mod tests {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{out:?}");
         out.stdout
+    }
+
+    /// Runs the file helper's `puttree` here, on the host, into `dir`.
+    fn puttree(dir: &Path, input: &[u8]) -> std::process::Output {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("python3")
+            .args(["-I", "-S", "-c", FS_PY, "puttree"])
+            .arg(dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The helper may stop reading early (a failure), so a broken pipe is fine.
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    }
+
+    /// The helper reads what `tree_input` frames: every file with its bytes and mode,
+    /// however the paths were spelled in the tree.
+    #[test]
+    fn puttree_places_what_tree_input_frames() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("skills");
+        let mut tree = Tree::new();
+        tree.file("a/./run.sh", &b"#!/bin/sh\n"[..], true).unwrap();
+        tree.dir("empty/").unwrap();
+        tree.file("a//b/data.bin", vec![0u8, 10, 255, 10], false)
+            .unwrap();
+        tree.file("top.txt", &b""[..], false).unwrap();
+        let out = puttree(&base, &tree_input(&base, &tree).unwrap());
+        assert!(out.status.success(), "{out:?}");
+        let mode = |p: &str| {
+            std::fs::metadata(base.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(
+            std::fs::read(base.join("a/run.sh")).unwrap(),
+            b"#!/bin/sh\n"
+        );
+        assert_eq!(mode("a/run.sh"), 0o755);
+        assert_eq!(
+            std::fs::read(base.join("a/b/data.bin")).unwrap(),
+            [0, 10, 255, 10]
+        );
+        assert_eq!(mode("a/b/data.bin"), 0o644);
+        assert_eq!(std::fs::read(base.join("top.txt")).unwrap(), b"");
+        assert!(base.join("empty").is_dir());
+    }
+
+    /// The helper checks every path again (a `Tree` never holds such a one, but the
+    /// helper trusts nothing on its stdin) and names the entry that failed; what came
+    /// before it stays, nothing is made outside its directory, and input that ends
+    /// before a file does is an error, not a short file.
+    #[test]
+    fn puttree_rechecks_every_path_and_names_the_entry_that_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("in");
+        for bad in ["../out", "/abs", "a/../../out", "a//b", "./a", "", "a/"] {
+            let input = format!("[[\"ok.txt\",\"file\",false,2],[{bad:?},\"file\",false,1]]\nokX");
+            let out = puttree(&base, input.as_bytes());
+            assert_eq!(out.status.code(), Some(1), "{bad:?}: {out:?}");
+            let failed: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+            assert_eq!(failed["errno"], libc::EINVAL, "{bad:?}");
+            assert_eq!(failed["entry"], bad, "{bad:?}");
+            assert_eq!(std::fs::read(base.join("ok.txt")).unwrap(), b"ok");
+        }
+        assert!(!dir.path().join("out").exists());
+        let out = puttree(&base, b"[[\"short.txt\",\"file\",true,10]]\nonly5");
+        let failed: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+        assert_eq!(failed["errno"], libc::EIO, "{out:?}");
+        assert_eq!(failed["entry"], "short.txt");
+        assert!(!base.join("short.txt").exists());
     }
 
     /// Past its byte budget the helper stops with "later", and the next run picks up

@@ -17,7 +17,9 @@ use tokio::task::JoinHandle;
 use crate::error::{EnvError, EnvResult};
 use crate::exec::{ExecEvent, ExecRequest, ExecStream, StreamKind, pump_output};
 use crate::exit::{Ended, Ending};
-use crate::fs::{DirEntry, FileInfo, FileKind, FileSystem, TextLines, first_lines, regular_file};
+use crate::fs::{
+    DirEntry, FileInfo, FileKind, FileSystem, TextLines, Tree, TreeKind, first_lines, regular_file,
+};
 use crate::limits::{Limits, SandboxSpec};
 use crate::path::temp_name;
 use crate::{
@@ -188,24 +190,51 @@ impl FileSystem for HostEnv {
             let name = p.file_name().ok_or_else(|| {
                 EnvError::invalid(format!("write {}: not a file path", p.display()))
             })?;
-            let tmp = dir.join(temp_name(&format!(".{}.", name.to_string_lossy())));
             // Replacing a file keeps its permissions (an edited script stays executable).
             let kept = std::fs::metadata(&p)
                 .ok()
                 .filter(|m| m.is_file())
                 .map(|m| m.permissions());
-            let result = (|| {
-                let mut file = std::fs::File::create_new(&tmp)?;
-                file.write_all(&data)?;
-                if let Some(permissions) = kept {
-                    file.set_permissions(permissions)?;
+            replace_file(dir, name, &data, kept).map_err(|e| EnvError::io(&e, "write", &p))
+        })
+        .await
+    }
+
+    /// Each directory made once (`create_dir_all`), each file through [`replace_file`]
+    /// with the tree's mode.
+    async fn put_tree(&self, dir: &Path, tree: &Tree, cancel: &CancellationToken) -> EnvResult<()> {
+        let base = self.absolute(dir);
+        let tree = tree.clone();
+        let stop = cancel.clone();
+        blocking(cancel, "put_tree", move || {
+            let mut made = HashSet::new();
+            make_tree_dir(&base, &mut made)?;
+            for entry in tree.entries() {
+                if stop.is_cancelled() {
+                    return Err(EnvError::aborted("put_tree"));
                 }
-                std::fs::rename(&tmp, &p)
-            })();
-            result.map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                EnvError::io(&e, "write", &p)
-            })
+                let p = base.join(&entry.path);
+                let TreeKind::File { data, executable } = &entry.kind else {
+                    make_tree_dir(&p, &mut made)?;
+                    continue;
+                };
+                let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+                    return Err(EnvError::invalid(format!(
+                        "put_tree {}: not a file path",
+                        p.display()
+                    )));
+                };
+                make_tree_dir(parent, &mut made)?;
+                let mode = if *executable { 0o755 } else { 0o644 };
+                replace_file(
+                    parent,
+                    name,
+                    data,
+                    Some(std::fs::Permissions::from_mode(mode)),
+                )
+                .map_err(|e| EnvError::io(&e, "put_tree", &p))?;
+            }
+            Ok(())
         })
         .await
     }
@@ -593,6 +622,49 @@ impl Backend for HostBackend {
             HostEnv::new(cwd, &self.temp_root).with_limits(spec.limits),
         ))
     }
+}
+
+/// Creates or replaces the file `name` in `dir`: written under a temp name (with
+/// `permissions`, else the default for a new file) and renamed over it, so a reader sees
+/// the old content or the new, and a symlink at the path is replaced, never followed.
+fn replace_file(
+    dir: &Path,
+    name: &std::ffi::OsStr,
+    data: &[u8],
+    permissions: Option<std::fs::Permissions>,
+) -> std::io::Result<()> {
+    let tmp = dir.join(temp_name(&format!(".{}.", name.to_string_lossy())));
+    let result = (|| {
+        let mut file = std::fs::File::create_new(&tmp)?;
+        file.write_all(data)?;
+        if let Some(permissions) = permissions {
+            file.set_permissions(permissions)?;
+        }
+        std::fs::rename(&tmp, dir.join(name))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Makes the directory `p` of a tree with its parents, once per `put_tree` (`made`).
+/// Something else already there is `not_directory`.
+fn make_tree_dir(p: &Path, made: &mut HashSet<PathBuf>) -> EnvResult<()> {
+    if made.contains(p) {
+        return Ok(());
+    }
+    match std::fs::create_dir_all(p) {
+        Ok(()) => {}
+        // `create_dir_all` says "exists" only when the last component is not a directory.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let e = std::io::Error::from_raw_os_error(libc::ENOTDIR);
+            return Err(EnvError::io(&e, "put_tree", p));
+        }
+        Err(e) => return Err(EnvError::io(&e, "put_tree", p)),
+    }
+    made.insert(p.to_path_buf());
+    Ok(())
 }
 
 /// Opens `path` to read (or to append, creating it) without waiting on a FIFO, and

@@ -3,6 +3,7 @@
 //! mount's directory fd with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, so no
 //! symlink or `..` can lead out; writes only where the sandbox may write.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -14,7 +15,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use skillbox_env::{
     CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, FileInfo, FileKind, FileSystem,
-    TextLines, blocking,
+    TextLines, Tree, TreeKind, blocking,
 };
 
 use crate::layout::WORKSPACE;
@@ -105,6 +106,46 @@ impl Located {
             )
             .with_path(&self.shown))
         }
+    }
+
+    /// `rel` below this path, as its own `Located` (named in messages as such).
+    fn below(&self, rel: &Path) -> Located {
+        Located {
+            relative: self.relative.join(rel),
+            shown: self.shown.join(rel),
+            ..self.clone()
+        }
+    }
+
+    /// Creates or replaces the file `name` in `dir` (opened beneath the mount) with
+    /// `data` and the permission bits `mode`: written under a temp name, chowned, and
+    /// renamed over `name`, so a reader sees the old content or the new, and a symlink at
+    /// `name` is replaced, never followed.
+    fn replace_file(&self, dir: &OwnedFd, name: &Path, data: &[u8], mode: u32) -> EnvResult<()> {
+        let tmp = PathBuf::from(skillbox_env::path::temp_name(&format!(
+            ".{}.",
+            name.display()
+        )));
+        let fd = rustix::fs::openat(
+            dir,
+            &tmp,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )
+        .map_err(|e| self.err(e, "write"))?;
+        let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777));
+        let mut file = std::fs::File::from(fd);
+        let written = file.write_all(data).and_then(|()| file.flush());
+        drop(file);
+        if let Err(e) = written {
+            let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
+            return Err(EnvError::io(&e, "write", &self.shown));
+        }
+        self.chown(dir, &tmp);
+        rustix::fs::renameat(dir, &tmp, dir, name).map_err(|e| {
+            let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
+            self.err(e, "write")
+        })
     }
 
     fn chown(&self, dir: &OwnedFd, name: &Path) {
@@ -221,6 +262,22 @@ fn list(dir: OwnedFd) -> Result<Vec<DirEntry>, Errno> {
     }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(entries)
+}
+
+/// The directory `loc` of a tree, made with its parents unless this `put_tree` made it
+/// already (`made`), opened beneath the mount. Something else there (a file, a symlink
+/// to one) is `not_directory`; a symlink out of the mount, `permission_denied`.
+fn tree_dir(loc: &Located, made: &mut HashSet<PathBuf>) -> EnvResult<OwnedFd> {
+    if !made.contains(&loc.relative) {
+        NativeSandbox::make_dirs(loc, &loc.relative)?;
+        made.extend(loc.relative.ancestors().map(Path::to_path_buf));
+    }
+    loc.open(
+        &loc.relative,
+        OFlags::PATH | OFlags::DIRECTORY,
+        Mode::empty(),
+        "put_tree",
+    )
 }
 
 #[async_trait]
@@ -398,30 +455,49 @@ impl FileSystem for NativeSandbox {
                 }
                 _ => 0o644,
             };
-            let tmp = PathBuf::from(skillbox_env::path::temp_name(&format!(
-                ".{}.",
-                name.display()
-            )));
-            let fd = rustix::fs::openat(
-                &dir,
-                &tmp,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(0o644),
-            )
-            .map_err(|e| loc.err(e, "write"))?;
-            let _ = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o777));
-            let mut file = std::fs::File::from(fd);
-            let written = file.write_all(&data).and_then(|()| file.flush());
-            drop(file);
-            if let Err(e) = written {
-                let _ = rustix::fs::unlinkat(&dir, &tmp, AtFlags::empty());
-                return Err(EnvError::io(&e, "write", &loc.shown));
+            loc.replace_file(&dir, &name, &data, mode)
+        })
+        .await
+    }
+
+    /// In one blocking task: each directory made once ([`NativeSandbox::make_dirs`],
+    /// beneath the mount like `create_dir`), each file through [`Located::replace_file`]
+    /// like `write` but with the tree's mode, in a directory opened beneath the mount
+    /// once for the files that follow in it.
+    async fn put_tree(&self, dir: &Path, tree: &Tree, cancel: &CancellationToken) -> EnvResult<()> {
+        let base = self.locate(dir)?;
+        base.require_writable("put_tree")?;
+        let tree = tree.clone();
+        let stop = cancel.clone();
+        blocking(cancel, "put_tree", move || {
+            let mut made = HashSet::new();
+            let mut open = (PathBuf::new(), tree_dir(&base, &mut made)?);
+            for entry in tree.entries() {
+                if stop.is_cancelled() {
+                    return Err(EnvError::aborted("put_tree"));
+                }
+                let TreeKind::File { data, executable } = &entry.kind else {
+                    tree_dir(&base.below(&entry.path), &mut made)?;
+                    continue;
+                };
+                let (Some(parent), Some(name)) = (entry.path.parent(), entry.path.file_name())
+                else {
+                    return Err(EnvError::invalid(format!(
+                        "put_tree {}: not a file path",
+                        base.below(&entry.path).shown.display()
+                    )));
+                };
+                if open.0 != parent {
+                    open = (
+                        parent.to_path_buf(),
+                        tree_dir(&base.below(parent), &mut made)?,
+                    );
+                }
+                let mode = if *executable { 0o755 } else { 0o644 };
+                base.below(&entry.path)
+                    .replace_file(&open.1, Path::new(name), data, mode)?;
             }
-            loc.chown(&dir, &tmp);
-            rustix::fs::renameat(&dir, &tmp, &dir, &name).map_err(|e| {
-                let _ = rustix::fs::unlinkat(&dir, &tmp, AtFlags::empty());
-                loc.err(e, "write")
-            })
+            Ok(())
         })
         .await
     }

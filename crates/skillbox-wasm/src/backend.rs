@@ -14,7 +14,7 @@ use bytes::Bytes;
 use skillbox_env::{
     Backend, BackendKind, BackendReport, CancellationToken, Command, DirEntry, EnvError, EnvResult,
     ExecEvent, ExecOutput, ExecRequest, ExecStream, ExecutionEnv, FileInfo, FileRead, FileSystem,
-    Layer, LimitKind, Mount, SandboxSpec, Shell, TextLines, WalkEntry,
+    Layer, LimitKind, Mount, SandboxSpec, Shell, TextLines, Tree, WalkEntry,
 };
 use tokio::sync::Mutex;
 
@@ -717,6 +717,10 @@ impl FileSystem for WasmSandbox {
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<FileRead>> {
         self.inner.read_files(paths, max_bytes, cancel).await
+    }
+
+    async fn put_tree(&self, dir: &Path, tree: &Tree, cancel: &CancellationToken) -> EnvResult<()> {
+        self.inner.put_tree(dir, tree, cancel).await
     }
 }
 

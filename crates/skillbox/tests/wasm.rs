@@ -56,6 +56,10 @@ mod conformance {
         [
             write_then_read_round_trips,
             write_replaces_the_whole_file,
+            put_tree_places_dirs_and_files_with_their_modes,
+            put_tree_replaces_files_with_the_tree_s_mode,
+            put_tree_refuses_what_is_in_the_way,
+            put_tree_places_many_files_in_one_call,
             append_creates_then_appends,
             read_text_lines_stops_at_max,
             rename_moves_and_replaces,

@@ -1,7 +1,7 @@
 # skillbox's file helper in a docker sandbox: one operation per run, as the sandbox's
 # user, so it sees exactly what the sandbox's processes see. Reads write the content to
 # stdout; other operations print one JSON value. Failures print {"errno", "msg"} to
-# stderr and exit 1.
+# stderr (and "entry", the entry of a batch that failed) and exit 1.
 import ctypes, errno, json, os, stat, sys, tempfile
 
 # Not dumpable: the sandbox's code runs as the same uid and may be running right now;
@@ -86,7 +86,23 @@ def remove_tree(path):
     os.rmdir(path)
 
 
-def write(path, data, append):
+def temp_file(parent):
+    """A new empty file (0600) under a fresh name in parent, opened to write: (fd, path).
+    What tempfile.mkstemp does, at a third of its cost under gVisor (it matters for a
+    tree of thousands of files)."""
+    for _ in range(100):
+        tmp = os.path.join(parent, '.skillbox-write-' + os.urandom(8).hex())
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(tmp, flags, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, 'no free temporary name')
+
+
+def write(path, data, append, mode=None):
+    """Appends, or creates or replaces the file at path atomically; with mode (the
+    permission bits to give it) instead of those of the file it replaces."""
     if append:
         fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
@@ -99,17 +115,18 @@ def write(path, data, append):
     # Replacing a regular file keeps its permission bits (an edited script stays
     # executable), never setuid, setgid or sticky, as native does. A symlink there is
     # replaced, not followed: its target's mode (a setuid binary's) is not copied.
-    mode = 0o644
+    kept = 0o644
     try:
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(21, 'Is a directory')
         if stat.S_ISREG(st.st_mode):
-            mode = stat.S_IMODE(st.st_mode) & 0o777
+            kept = stat.S_IMODE(st.st_mode) & 0o777
     except FileNotFoundError:
         pass
+    mode = kept if mode is None else mode
     parent = os.path.dirname(path) or '/'
-    fd, tmp = tempfile.mkstemp(prefix='.skillbox-write-', dir=parent)
+    fd, tmp = temp_file(parent)
     try:
         view = memoryview(data)
         while view:
@@ -126,6 +143,51 @@ def write(path, data, append):
         except OSError:
             pass
         raise
+
+
+def plain(rel):
+    """A relative path of plain names: no root, no empty, '.' or '..' component."""
+    return bool(rel) and '\0' not in rel and all(
+        part not in ('', '.', '..') for part in rel.split('/'))
+
+
+def put_tree(base, stream):
+    """The tree on stream beneath base: a JSON line listing the entries in order
+    ([path, 'dir'] or [path, 'file', executable, size]), then each file's bytes, back to
+    back. Each directory is made with its parents (something else there is 'not a
+    directory'), each file written as `write` does (a symlink there replaced, never
+    followed) with 0755 or 0644. A failure names its entry; what came before it stays."""
+    made = set()
+
+    def makedirs(path):
+        if path in made:
+            return
+        try:
+            os.makedirs(path, exist_ok=True)
+        except FileExistsError:
+            # makedirs says "exists" when what is there is not a directory.
+            raise NotADirectoryError(errno.ENOTDIR, 'Not a directory')
+        made.add(path)
+
+    makedirs(base)
+    for entry in json.loads(stream.readline()):
+        rel = entry[0]
+        try:
+            if not isinstance(rel, str) or not plain(rel):
+                raise OSError(errno.EINVAL, 'not a relative path of plain names')
+            path = os.path.join(base, rel)
+            if entry[1] == 'dir':
+                makedirs(path)
+                continue
+            size = entry[3]
+            data = stream.read(size)
+            if len(data) != size:
+                raise OSError(errno.EIO, 'the input ended before this file did')
+            makedirs(os.path.dirname(path))
+            write(path, data, False, 0o755 if entry[2] else 0o644)
+        except OSError as e:
+            e.entry = rel
+            raise
 
 
 def resolve(path):
@@ -247,6 +309,9 @@ def main(op, args):
     if op == 'write' or op == 'append':
         write(args[0], sys.stdin.buffer.read(), op == 'append')
         return True
+    if op == 'puttree':
+        put_tree(args[0], sys.stdin.buffer)
+        return True
     if op == 'rename':
         os.rename(args[0], args[1])
         return True
@@ -282,5 +347,9 @@ try:
         sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
 except OSError as e:
-    sys.stderr.write(json.dumps({'errno': e.errno or 0, 'msg': e.strerror or str(e)}))
+    failed = {'errno': e.errno or 0, 'msg': e.strerror or str(e)}
+    # The entry of a batch (below the path given) that failed.
+    if getattr(e, 'entry', None) is not None:
+        failed['entry'] = e.entry
+    sys.stderr.write(json.dumps(failed))
     sys.exit(1)

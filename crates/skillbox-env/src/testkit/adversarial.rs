@@ -2171,3 +2171,82 @@ pub async fn workspace_symlink_write(env: &dyn ExecutionEnv) {
         .await;
     assert_host_absent(&guards.iter().collect::<Vec<_>>(), test, &out);
 }
+
+/// Symlinked directories planted in a tree's path (`/`, `/etc`, `/tmp`, and `..` up out
+/// of the workspace) never take a `put_tree` to the host. Native refuses each with
+/// `permission_denied` (every path is opened beneath the workspace's mount); docker and
+/// gvisor place the tree inside the container as the sandbox user, so `/etc` is refused
+/// (a read-only root) and `/tmp` is the container's own, which that user may write
+/// anyway. Either way the host is unchanged.
+pub async fn workspace_symlink_put_tree(env: &dyn ExecutionEnv) {
+    let test = "workspace_symlink_put_tree";
+    let names: Vec<String> = (0..5).map(|i| marker(&format!("{test}{i}"))).collect();
+    let guards = [
+        HostPath::new(Path::new("/etc").join(&names[0])),
+        HostPath::new(Path::new("/etc").join(&names[1])),
+        HostPath::new(Path::new("/etc").join(&names[2])),
+        HostPath::new(Path::new("/tmp").join(&names[3])),
+        HostPath::new(Path::new("/etc").join(&names[4])),
+    ];
+    let out = sh(
+        env,
+        "ln -s / rootlink && ln -s /etc etclink && ln -s /tmp tmplink && \
+         ln -s ../../../../../../etc uplink && mkdir skills && ln -s /etc skills/linked && \
+         echo LINKED",
+        test,
+    )
+    .await;
+    assert!(
+        out.stdout_text().contains("LINKED"),
+        "{test}: could not create symlinks in the workspace\n{}",
+        describe(&out)
+    );
+    let file = |name: &str| {
+        let mut tree = crate::Tree::new();
+        tree.file(name, &b"pwned by skillbox adversarial test\n"[..], true)
+            .unwrap_or_else(|e| panic!("{test}: tree entry {name}: {e}"));
+        tree
+    };
+    let mut dir_tree = crate::Tree::new();
+    dir_tree
+        .dir(Path::new(&names[1]).join("sub"))
+        .unwrap_or_else(|e| panic!("{test}: tree entry: {e}"));
+    let host_etc = [
+        ("rootlink/etc", file(&names[0])),
+        ("etclink", dir_tree),
+        ("uplink", file(&names[2])),
+        ("skills", file(&format!("linked/{}", names[4]))),
+    ];
+    let cancel = CancellationToken::new();
+    let native = env.kind() == crate::BackendKind::Native;
+    for (dir, tree) in &host_etc {
+        let result = env.put_tree(Path::new(dir), tree, &cancel).await;
+        if native {
+            assert_refused(result, ErrorCode::PermissionDenied, test, dir);
+        } else {
+            // The container's /etc: its read-only root, not writable by the sandbox user.
+            assert!(result.is_err(), "{test}: put_tree through {dir} wrote /etc");
+        }
+    }
+    let tmp = env
+        .put_tree(Path::new("tmplink"), &file(&names[3]), &cancel)
+        .await;
+    if native {
+        assert_refused(tmp, ErrorCode::PermissionDenied, test, "tmplink");
+    } else if tmp.is_ok() {
+        // The container's own /tmp, where the sandbox user writes anyway.
+        let seen = sh(env, &format!("test -f /tmp/{}", names[3]), test).await;
+        assert!(
+            seen.success(),
+            "{test}: the tree placed through tmplink is not in the sandbox's /tmp"
+        );
+    }
+    assert_host_absent(&guards.iter().collect::<Vec<_>>(), test, &out);
+}
+
+fn assert_refused(result: EnvResult<()>, expected: ErrorCode, test: &str, what: &str) {
+    match result {
+        Ok(()) => panic!("{test}: put_tree through {what} succeeded"),
+        Err(e) => assert_eq!(e.code, expected, "{test}: put_tree through {what}: {e}"),
+    }
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::path::fill_random;
 use crate::{
     CancellationToken, EnvResult, ErrorCode, ExecEvent, ExecOutput, ExecRequest, ExecStream,
-    ExecutionEnv, FileKind, FileRead, LimitKind,
+    ExecutionEnv, FileKind, FileRead, LimitKind, Tree,
 };
 
 /// Longest a test waits for one thing (an event, a file, a process to die) before it
@@ -733,6 +733,309 @@ pub async fn temp_entries_are_distinct_and_visible_to_exec(env: &dyn ExecutionEn
             .stdout_text(),
         "in a temp file"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// put_tree
+
+fn tree(entries: &[(&str, Option<(&str, bool)>)]) -> Tree {
+    let mut tree = Tree::new();
+    for (p, file) in entries {
+        match file {
+            None => tree.dir(*p),
+            Some((data, executable)) => tree.file(*p, data.as_bytes().to_vec(), *executable),
+        }
+        .unwrap_or_else(|e| panic!("tree entry {p}: {e}"));
+    }
+    tree
+}
+
+async fn put_tree(env: &dyn ExecutionEnv, dir: &str, tree: &Tree) {
+    env.put_tree(path(dir), tree, &live())
+        .await
+        .unwrap_or_else(|e| panic!("put_tree {dir}: {e}"));
+}
+
+async fn mode(env: &dyn ExecutionEnv, p: &str) -> u32 {
+    let info = env
+        .file_info(path(p), &live())
+        .await
+        .unwrap_or_else(|e| panic!("file_info {p}: {e}"));
+    assert_eq!(info.kind, FileKind::File, "{p}");
+    info.mode & 0o7777
+}
+
+/// Directories (an empty one too) and files with their content and modes, beneath a
+/// directory made with its parents; nothing else left there (no temp names).
+pub async fn put_tree_places_dirs_and_files_with_their_modes(env: &dyn ExecutionEnv) {
+    let binary: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let mut placed = tree(&[
+        ("SKILL.md", Some(("# a skill\n", false))),
+        ("scripts/run.sh", Some(("#!/bin/sh\necho ran\n", true))),
+        ("scripts/lib/data.json", Some(("{}", false))),
+        ("empty/inner", None),
+    ]);
+    placed
+        .file("bin/tool", binary.clone(), true)
+        .expect("tree entry");
+    put_tree(env, "skills/one", &placed).await;
+    assert_eq!(read(env, "skills/one/SKILL.md").await, "# a skill\n");
+    assert_eq!(
+        read(env, "skills/one/scripts/run.sh").await,
+        "#!/bin/sh\necho ran\n"
+    );
+    assert_eq!(read(env, "skills/one/scripts/lib/data.json").await, "{}");
+    let tool = env
+        .read_bytes(path("skills/one/bin/tool"), &live())
+        .await
+        .expect("read_bytes");
+    assert_eq!(tool, binary);
+    for (p, expected) in [
+        ("skills/one/SKILL.md", 0o644),
+        ("skills/one/scripts/run.sh", 0o755),
+        ("skills/one/scripts/lib/data.json", 0o644),
+        ("skills/one/bin/tool", 0o755),
+    ] {
+        assert_eq!(mode(env, p).await, expected, "mode of {p}");
+    }
+    let walked = env
+        .walk(path("skills"), &[], 100, &live())
+        .await
+        .expect("walk");
+    let shown: Vec<(&str, FileKind)> = walked.iter().map(|e| (e.path.as_str(), e.kind)).collect();
+    assert_eq!(
+        shown,
+        vec![
+            ("one", FileKind::Dir),
+            ("one/SKILL.md", FileKind::File),
+            ("one/bin", FileKind::Dir),
+            ("one/empty", FileKind::Dir),
+            ("one/scripts", FileKind::Dir),
+            ("one/bin/tool", FileKind::File),
+            ("one/empty/inner", FileKind::Dir),
+            ("one/scripts/lib", FileKind::Dir),
+            ("one/scripts/run.sh", FileKind::File),
+            ("one/scripts/lib/data.json", FileKind::File),
+        ]
+    );
+    // An empty tree still makes its directory.
+    put_tree(env, "skills/none", &Tree::new()).await;
+    assert!(listing(env, "skills/none").await.is_empty());
+}
+
+/// Placing a tree again replaces its files, with the new tree's modes (not those of the
+/// files replaced), and leaves what the tree does not name.
+pub async fn put_tree_replaces_files_with_the_tree_s_mode(env: &dyn ExecutionEnv) {
+    let first = tree(&[
+        ("a.sh", Some(("a first version that is longer\n", true))),
+        ("d/b.txt", Some(("b one\n", false))),
+    ]);
+    put_tree(env, "t", &first).await;
+    write(env, "t/d/kept.txt", "not in the tree").await;
+    let second = tree(&[
+        ("a.sh", Some(("second\n", false))),
+        ("d/b.txt", Some(("b two\n", true))),
+    ]);
+    put_tree(env, "t", &second).await;
+    assert_eq!(read(env, "t/a.sh").await, "second\n");
+    assert_eq!(read(env, "t/d/b.txt").await, "b two\n");
+    assert_eq!(mode(env, "t/a.sh").await, 0o644);
+    assert_eq!(mode(env, "t/d/b.txt").await, 0o755);
+    assert_eq!(read(env, "t/d/kept.txt").await, "not in the tree");
+    assert_eq!(
+        listing(env, "t/d").await,
+        vec![
+            entry("b.txt", FileKind::File),
+            entry("kept.txt", FileKind::File)
+        ]
+    );
+}
+
+/// An executable file of a tree runs by its path, as a skill's script would.
+pub async fn put_tree_scripts_run_by_their_path(env: &dyn ExecutionEnv) {
+    let placed = tree(&[
+        (
+            "bin/greet.sh",
+            Some(("#!/bin/sh\necho \"hello $1\"\n", true)),
+        ),
+        ("notes.txt", Some(("not a program\n", false))),
+    ]);
+    put_tree(env, "tools", &placed).await;
+    let output = run(env, ExecRequest::argv(["tools/bin/greet.sh", "tree"])).await;
+    assert!(output.success(), "run by a relative path: {output:?}");
+    assert_eq!(output.stdout_text(), "hello tree\n");
+    let absolute = env.absolute(path("tools/bin/greet.sh"));
+    let shown = absolute.to_string_lossy().into_owned();
+    let output = run(env, ExecRequest::argv([shown.as_str(), "again"])).await;
+    assert!(output.success(), "run by its absolute path: {output:?}");
+    assert_eq!(output.stdout_text(), "hello again\n");
+    let output = run(env, ExecRequest::argv(["test", "-x", "tools/notes.txt"])).await;
+    assert!(
+        !output.success(),
+        "a 0644 file is not executable: {output:?}"
+    );
+}
+
+/// A symlink at a file's path (to a file the host made outside the env, and to a file
+/// of the workspace) is replaced by the file; neither target changes.
+pub async fn put_tree_replaces_a_symlink_never_writes_through(env: &dyn ExecutionEnv) {
+    let outside = std::env::temp_dir().join(crate::path::temp_name("skillbox-put-tree-"));
+    std::fs::write(&outside, "the host's own\n").expect("write a host file");
+    let script = format!(
+        "mkdir -p t/d && echo keep > keep.txt && ln -s '{}' t/out && ln -s ../../keep.txt t/d/in",
+        outside.display()
+    );
+    let planted = run(env, ExecRequest::shell(script)).await;
+    let placed = tree(&[
+        ("out", Some(("new out\n", false))),
+        ("d/in", Some(("new in\n", true))),
+    ]);
+    let result = env.put_tree(path("t"), &placed, &live()).await;
+    let host = std::fs::read_to_string(&outside);
+    let _ = std::fs::remove_file(&outside);
+    assert!(
+        planted.success(),
+        "planting the links failed: {}",
+        planted.stderr_text()
+    );
+    result.unwrap_or_else(|e| panic!("put_tree over symlinks: {e}"));
+    assert_eq!(
+        host.expect("the host file is still there"),
+        "the host's own\n",
+        "the host file was written through a symlink"
+    );
+    assert_eq!(
+        read(env, "keep.txt").await,
+        "keep\n",
+        "written through a link"
+    );
+    for (p, text, expected) in [("t/out", "new out\n", 0o644), ("t/d/in", "new in\n", 0o755)] {
+        assert_eq!(
+            mode(env, p).await,
+            expected,
+            "{p} is a file now, of the tree's mode"
+        );
+        assert_eq!(read(env, p).await, text);
+    }
+}
+
+/// What is in the way refuses the tree with the right code, and what was placed before
+/// it stays: a file where a directory goes is `not_directory` (also for the tree's own
+/// directory), a directory where a file goes `is_directory`. A cancelled call places
+/// nothing.
+pub async fn put_tree_refuses_what_is_in_the_way(env: &dyn ExecutionEnv) {
+    mkdir(env, "w/dir").await;
+    write(env, "w/file", "x").await;
+    let cases = [
+        (
+            "w",
+            tree(&[
+                ("first.txt", Some(("placed", false))),
+                ("file/inner.txt", Some(("y", false))),
+            ]),
+            ErrorCode::NotDirectory,
+            "a file where a file's parent goes",
+        ),
+        (
+            "w",
+            tree(&[("file", None)]),
+            ErrorCode::NotDirectory,
+            "a file where a directory goes",
+        ),
+        (
+            "w",
+            tree(&[("file/sub", None)]),
+            ErrorCode::NotDirectory,
+            "a file where a directory's parent goes",
+        ),
+        (
+            "w/file",
+            tree(&[("a.txt", Some(("y", false)))]),
+            ErrorCode::NotDirectory,
+            "a file where the tree goes",
+        ),
+        (
+            "w",
+            tree(&[("dir", Some(("y", false)))]),
+            ErrorCode::IsDirectory,
+            "a directory where a file goes",
+        ),
+    ];
+    for (dir, placed, code, what) in cases {
+        assert_code(env.put_tree(path(dir), &placed, &live()).await, code, what);
+    }
+    assert_eq!(
+        read(env, "w/first.txt").await,
+        "placed",
+        "what came first stays"
+    );
+    let later = tree(&[("cancelled.txt", Some(("z", false)))]);
+    assert_code(
+        env.put_tree(path("w"), &later, &cancelled()).await,
+        ErrorCode::Aborted,
+        "put_tree cancelled",
+    );
+    assert_eq!(read(env, "w/file").await, "x");
+    assert_eq!(
+        listing(env, "w").await,
+        vec![
+            entry("dir", FileKind::Dir),
+            entry("file", FileKind::File),
+            entry("first.txt", FileKind::File),
+        ],
+        "nothing else was left (a cancelled call places nothing)"
+    );
+    assert!(listing(env, "w/dir").await.is_empty());
+}
+
+/// 2,000 files in 20 directories, in one call; the time it took is printed.
+pub async fn put_tree_places_many_files_in_one_call(env: &dyn ExecutionEnv) {
+    const FILES: usize = 2_000;
+    let mut many = Tree::new();
+    for i in 0..FILES {
+        let content = format!("file {i}\n").repeat(1 + i % 7);
+        many.file(format!("d{:02}/f{i:04}.txt", i % 20), content, i % 10 == 0)
+            .expect("tree entry");
+    }
+    let started = std::time::Instant::now();
+    within(
+        "put_tree of 2,000 files",
+        env.put_tree(path("many"), &many, &live()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("put_tree of {FILES} files: {e}"));
+    eprintln!(
+        "put_tree: {FILES} files ({} bytes) on {} in {:?}",
+        many.bytes(),
+        env.kind(),
+        started.elapsed()
+    );
+    let walked = env
+        .walk(path("many"), &[], 3 * FILES, &live())
+        .await
+        .expect("walk");
+    assert_eq!(
+        walked.len(),
+        FILES + 20,
+        "every file and directory, nothing else"
+    );
+    let paths: Vec<PathBuf> = many
+        .entries()
+        .iter()
+        .map(|e| env.absolute(&Path::new("many").join(&e.path)))
+        .collect();
+    let read = env
+        .read_files(&paths, 1024, &live())
+        .await
+        .expect("read_files");
+    for (i, (got, entry)) in read.iter().zip(many.entries()).enumerate() {
+        let crate::TreeKind::File { data, .. } = &entry.kind else {
+            panic!("only files were added");
+        };
+        assert_eq!(got, &FileRead::Content(data.to_vec()), "file {i}");
+    }
+    assert_eq!(mode(env, "many/d00/f0000.txt").await, 0o755);
+    assert_eq!(mode(env, "many/d01/f0001.txt").await, 0o644);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -109,6 +109,12 @@ macro_rules! conformance_suite {
                     list_dir_is_sorted_and_does_not_follow_symlinks,
                     walk_lists_the_tree_without_following_symlinks,
                     read_files_reads_only_regular_files_within_the_cap,
+                    put_tree_places_dirs_and_files_with_their_modes,
+                    put_tree_replaces_files_with_the_tree_s_mode,
+                    put_tree_scripts_run_by_their_path,
+                    put_tree_replaces_a_symlink_never_writes_through,
+                    put_tree_refuses_what_is_in_the_way,
+                    put_tree_places_many_files_in_one_call,
                     reads_and_appends_refuse_a_fifo_at_once,
                     file_info_reports_kind_and_size,
                     rename_moves_and_replaces,
@@ -201,6 +207,7 @@ macro_rules! adversarial_suite {
                     privileges_dropped,
                     workspace_symlink_read,
                     workspace_symlink_write,
+                    workspace_symlink_put_tree,
                 ]
             );
         }
