@@ -53,6 +53,91 @@ impl Skill {
             .and_then(|n| n.to_str())
             .unwrap_or_default()
     }
+
+    /// Its folder in a sandbox whose workspace root (where projection places the roots)
+    /// is `root`.
+    pub fn sandbox_dir(&self, root: &Path) -> PathBuf {
+        root.join(&self.projected)
+    }
+
+    /// The command that runs `script` (a file in the skill's folder) with `args` in a
+    /// sandbox whose workspace root is `root`: by its interpreter when its extension
+    /// names one (`.py` python3, `.js`/`.mjs`/`.cjs` node, `.sh`/`.bash` sh), else the
+    /// file itself, which must then be executable. The script is looked up on the host,
+    /// in the skill's own folder; a path that leaves it is refused.
+    pub fn script_command(
+        &self,
+        script: &str,
+        args: &[String],
+        root: &Path,
+    ) -> Result<Vec<String>, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let relative = Path::new(script);
+        let plain = !relative.as_os_str().is_empty()
+            && relative
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(format!(
+                "{script}: give the script's path inside the skill's folder (e.g. scripts/run.sh)"
+            ));
+        }
+        let host = self.dir.join(relative);
+        let meta = std::fs::symlink_metadata(&host).map_err(|e| {
+            let scripts = self.scripts().join(", ");
+            format!(
+                "skill {} has no {script} ({e}); its scripts: {}",
+                self.meta.name,
+                if scripts.is_empty() { "none" } else { &scripts }
+            )
+        })?;
+        if !meta.is_file() {
+            return Err(format!("{}: {script} is not a file", self.meta.name));
+        }
+        let path = self.sandbox_dir(root).join(relative).display().to_string();
+        let interpreter = match relative.extension().and_then(|e| e.to_str()) {
+            Some("py") => Some("python3"),
+            Some("js" | "mjs" | "cjs") => Some("node"),
+            Some("sh" | "bash") => Some("sh"),
+            _ => None,
+        };
+        let mut argv = match interpreter {
+            Some(program) => vec![program.to_string(), path],
+            None if meta.permissions().mode() & 0o111 != 0 => vec![path],
+            None => {
+                return Err(format!(
+                    "{}: {script} has no extension that names an interpreter and is not executable",
+                    self.meta.name
+                ));
+            }
+        };
+        argv.extend(args.iter().cloned());
+        Ok(argv)
+    }
+
+    /// The files under `scripts/` (or at the top of the folder) that look runnable.
+    pub fn scripts(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for (dir, prefix) in [
+            (self.dir.join("scripts"), "scripts/"),
+            (self.dir.clone(), ""),
+        ] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let runnable = [".py", ".js", ".mjs", ".cjs", ".sh", ".bash"]
+                    .iter()
+                    .any(|ext| name.ends_with(ext));
+                if runnable && entry.file_type().is_ok_and(|t| t.is_file()) {
+                    found.push(format!("{prefix}{name}"));
+                }
+            }
+        }
+        found.sort();
+        found
+    }
 }
 
 /// Where to look.

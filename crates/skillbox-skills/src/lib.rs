@@ -9,11 +9,15 @@
 //! - [`projection`]: the workspace's skill roots placed in a sandbox as one tree, and
 //!   not again while nothing changed.
 
+pub mod projection;
 pub mod skill;
 
 mod catalog;
 mod stage;
 
 pub use catalog::{SKILLS_CACHE, Skill, SkillSet, Source, Sources, USER_SOURCE, WORKSPACE_SKILLS};
+pub use projection::{
+    Applied, DEFAULT_ROOTS, HashCache, Projection, ProjectionConfig, apply, fingerprint_in, plan,
+};
 pub use skill::{SKILL_FILE, SkillDoc, SkillError, SkillMeta};
 pub use stage::{Archive, StageError, StageLimits, StageReport, stage};

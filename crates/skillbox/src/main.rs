@@ -10,6 +10,7 @@ mod keys;
 mod local;
 mod run;
 mod serve;
+mod skills;
 mod units;
 
 use std::path::PathBuf;
@@ -53,6 +54,9 @@ enum Command {
     /// Capabilities: list, show, grant or deny, run, and start or stop the persistent
     /// ones (capabilities/*/manifest.yaml).
     Cap(cap::CapArgs),
+    /// Skills: list and show them (no sandbox needed), stage a marketplace archive,
+    /// project them into a sandbox, run one's script there.
+    Skills(skills::SkillsArgs),
 }
 
 /// Exit status for skillbox's own failures (the sandbox could not be set up), as
@@ -70,6 +74,24 @@ fn data_dir(flag: Option<PathBuf>) -> Result<PathBuf, skillbox_env::EnvError> {
     };
     skillbox_env::own_data_dir(&dir)?;
     Ok(dir)
+}
+
+/// Raises this process's soft limit on open files toward its hard limit.
+fn raise_open_files() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reading and then setting our own limit through a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            let wanted = limit.rlim_max.min(65536);
+            if wanted > limit.rlim_cur {
+                limit.rlim_cur = wanted;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            }
+        }
+    }
 }
 
 /// Folds clap's multi-line error into one line: the error, plus the valid values.
@@ -128,6 +150,11 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_SETUP_FAILED);
         }
     };
+    // A server, or a supervisor forwarding clients to a service, holds two fds a
+    // connection: the soft limit goes up to the hard one (at most 65536).
+    if matches!(cli.command, Command::Serve(_) | Command::Cap(_)) {
+        raise_open_files();
+    }
     // One thread is fastest for a single exec or run; the server wants every core.
     let mut builder = if matches!(cli.command, Command::Serve(_)) {
         tokio::runtime::Builder::new_multi_thread()
@@ -152,6 +179,7 @@ fn main() -> ExitCode {
             Command::Agent(args) => agent::run(args, &data_dir).await,
             Command::Keys(args) => keys::run(args),
             Command::Cap(args) => cap::run(args, &data_dir).await,
+            Command::Skills(args) => skills::run(args, &data_dir).await,
         }
     })
 }

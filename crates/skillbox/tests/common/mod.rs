@@ -83,3 +83,20 @@ pub fn wasm_guests_or_skip(test: &str) -> bool {
     }
     ok && native_or_skip(test)
 }
+
+/// True when `doctor` says `backend` works here; otherwise skips (or fails under
+/// SKILLBOX_REQUIRE_ALL=1) with doctor's reason.
+pub fn backend_or_skip(backend: &str, test: &str) -> bool {
+    let data = tempfile::tempdir().expect("a temp dir");
+    let out = skillbox(data.path(), &["doctor", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor's JSON");
+    let entry = json["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["name"] == backend).cloned())
+        .unwrap_or_default();
+    if entry["available"] == true {
+        return true;
+    }
+    skillbox_env::testkit::skip(test, entry["reason"].as_str().unwrap_or("unavailable"));
+    false
+}

@@ -1,0 +1,363 @@
+//! `skillbox skills` through the real binary: skills read from the host, a marketplace
+//! archive staged, the workspace projected into a sandbox once (and not again while
+//! nothing changed), and a skill's script run by name through its projected path on
+//! every backend.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+mod common;
+
+use common::{BIN, native_or_skip, text, wasm_guests_or_skip, wasm_home};
+
+fn skills(data: &Path, workspace: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["skills", "--workspace"])
+        .arg(workspace)
+        .args(args)
+        .env("SKILLBOX_WASM_HOME", wasm_home())
+        .env_remove("SKILLBOX_USER")
+        .output()
+        .unwrap()
+}
+
+fn json(out: &Output) -> Value {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
+fn write(path: &Path, content: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, content).unwrap();
+}
+
+/// A workspace with a `report` skill (a shell script, a Python and a JS one, and a data
+/// file they read next to them), a broken skill, and a file of the user's own.
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    write(
+        &ws.join("skills/report/SKILL.md"),
+        "---\nname: report\ndescription: >\n  Writes a short report.\n  Use it for reports.\nallowed-tools: Bash\n---\n# report\nRun scripts/run.sh.\n",
+    );
+    write(
+        &ws.join("skills/report/scripts/run.sh"),
+        "here=$(dirname \"$0\")\necho \"report from $0: $(cat \"$here/../data.txt\") $*\"\n",
+    );
+    write(
+        &ws.join("skills/report/scripts/total.py"),
+        "import os, sys\nhere = os.path.dirname(os.path.abspath(sys.argv[0]))\nprint('total', sys.argv[0], sum(int(a) for a in sys.argv[1:]), open(os.path.join(here, '..', 'data.txt')).read().strip())\n",
+    );
+    write(
+        &ws.join("skills/report/scripts/shout.js"),
+        "console.log('shout ' + scriptArgs.slice(1).join(' ').toUpperCase());\n",
+    );
+    write(&ws.join("skills/report/data.txt"), "42 apples");
+    write(&ws.join("skills/broken/SKILL.md"), "---\nname: broken\n");
+    write(&ws.join("AGENTS.md"), "# agents\n");
+    write(&ws.join("mine.txt"), "not projected");
+    dir
+}
+
+#[test]
+fn skills_are_listed_from_the_host_and_a_bad_one_is_named() {
+    let data = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    let user = data.path().join("users/local/skills/notes");
+    write(
+        &user.join("SKILL.md"),
+        "---\nname: notes\ndescription: Keeps notes.\n---\n",
+    );
+    let listed = skills(data.path(), ws.path(), &["list", "--json"]);
+    let listed = json(&listed);
+    let names: Vec<&str> = listed["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["notes", "report"], "{listed}");
+    assert_eq!(listed["skills"][1]["projected"], "skills/report");
+    assert_eq!(
+        listed["skills"][1]["description"],
+        "Writes a short report. Use it for reports."
+    );
+    assert_eq!(listed["skills"][0]["projected"], ".skills-cache/user/notes");
+    let errors = listed["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 1, "{listed}");
+    assert!(
+        errors[0].as_str().unwrap().contains(
+            "skills/broken/SKILL.md:1: the front matter opened on line 1 is never closed"
+        ),
+        "{listed}"
+    );
+    let shown = json(&skills(
+        data.path(),
+        ws.path(),
+        &["show", "report", "--json"],
+    ));
+    assert_eq!(shown["sandboxDir"], "/workspace/skills/report");
+    assert_eq!(
+        shown["scripts"],
+        serde_json::json!(["scripts/run.sh", "scripts/shout.js", "scripts/total.py"])
+    );
+    let missing = skills(data.path(), ws.path(), &["show", "nope"]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(text(&missing.stderr).contains("there are: notes, report"));
+}
+
+#[test]
+fn a_skill_script_runs_by_name_through_its_projected_path_and_a_staged_one_too() {
+    if !native_or_skip("a_skill_script_runs_by_name") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    let ran = skills(
+        data.path(),
+        ws.path(),
+        &["run", "report", "scripts/run.sh", "--", "in", "a box"],
+    );
+    assert!(ran.status.success(), "{}", text(&ran.stderr));
+    assert_eq!(
+        text(&ran.stdout),
+        "report from /workspace/skills/report/scripts/run.sh: 42 apples in a box\n"
+    );
+    let ran = json(&skills(
+        data.path(),
+        ws.path(),
+        &[
+            "run",
+            "report",
+            "scripts/total.py",
+            "--json",
+            "--",
+            "1",
+            "2",
+        ],
+    ));
+    assert_eq!(
+        ran["output"]["stdout"],
+        "total /workspace/skills/report/scripts/total.py 3 42 apples\n"
+    );
+    assert_eq!(
+        ran["command"],
+        serde_json::json!([
+            "python3",
+            "/workspace/skills/report/scripts/total.py",
+            "1",
+            "2"
+        ])
+    );
+    let outside = skills(data.path(), ws.path(), &["run", "report", "../../mine.txt"]);
+    assert_eq!(outside.status.code(), Some(2), "{}", text(&outside.stderr));
+
+    // A marketplace archive, staged, then run by name the same way.
+    let pack = tempfile::tempdir().unwrap();
+    write(
+        &pack.path().join("lint/SKILL.md"),
+        "---\nname: lint\ndescription: Lints.\n---\n",
+    );
+    write(
+        &pack.path().join("lint/check.py"),
+        "import sys\nprint('lint ok', sys.argv[0])\n",
+    );
+    let archive = pack.path().join("pack.tar.gz");
+    let tarred = Command::new("tar")
+        .arg("-C")
+        .arg(pack.path())
+        .args(["-czf"])
+        .arg(&archive)
+        .arg("lint")
+        .output()
+        .unwrap();
+    assert!(tarred.status.success());
+    let staged = json(&skills(
+        data.path(),
+        ws.path(),
+        &["stage", "acme", archive.to_str().unwrap(), "--json"],
+    ));
+    assert_eq!(staged["skills"], serde_json::json!(["lint"]));
+    assert_eq!(staged["written"].as_array().unwrap().len(), 2);
+    let again = json(&skills(
+        data.path(),
+        ws.path(),
+        &["stage", "acme", archive.to_str().unwrap(), "--json"],
+    ));
+    assert_eq!(
+        again["written"],
+        serde_json::json!([]),
+        "a re-stage writes nothing"
+    );
+    let ran = skills(data.path(), ws.path(), &["run", "lint", "check.py"]);
+    assert!(ran.status.success(), "{}", text(&ran.stderr));
+    assert_eq!(
+        text(&ran.stdout),
+        "lint ok /workspace/.skills-cache/acme/lint/check.py\n"
+    );
+}
+
+/// Projected into a kept workdir twice: the second time nothing is copied; a changed
+/// skill file is copied again; what the workdir holds besides is never touched.
+#[test]
+fn an_unchanged_projection_copies_nothing_and_a_changed_one_only_the_tree() {
+    if !native_or_skip("an_unchanged_projection_copies_nothing") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    let workdir = tempfile::tempdir().unwrap();
+    // As root, the workdir must belong to an ordinary user (the sandbox runs as it).
+    std::os::unix::fs::chown(workdir.path(), Some(65534), Some(65534)).unwrap();
+    write(&workdir.path().join("results.txt"), "the run's own");
+    let project = || {
+        json(&skills(
+            data.path(),
+            ws.path(),
+            &[
+                "project",
+                "--workdir",
+                workdir.path().to_str().unwrap(),
+                "--json",
+            ],
+        ))
+    };
+    let first = project();
+    assert_eq!(first["copied"], true, "{first}");
+    assert_eq!(first["files"], 7, "{first}");
+    let run_sh = workdir.path().join("skills/report/scripts/run.sh");
+    assert_eq!(
+        std::fs::read_to_string(&run_sh).unwrap(),
+        std::fs::read_to_string(ws.path().join("skills/report/scripts/run.sh")).unwrap()
+    );
+    assert!(workdir.path().join("AGENTS.md").is_file());
+    assert!(
+        !workdir.path().join("mine.txt").exists(),
+        "only the configured roots"
+    );
+    let second = project();
+    assert_eq!(second["copied"], false, "{second}");
+    assert_eq!(second["fingerprint"], first["fingerprint"]);
+
+    write(&ws.path().join("skills/report/data.txt"), "43 apples");
+    // The run changed a projected file and made one of its own: the skill's own wins,
+    // the run's file stays.
+    write(
+        &workdir.path().join("skills/report/scripts/run.sh"),
+        "edited by the run",
+    );
+    write(
+        &workdir.path().join("skills/report/made-by-run.txt"),
+        "mine",
+    );
+    let third = project();
+    assert_eq!(third["copied"], true, "{third}");
+    assert_ne!(third["fingerprint"], first["fingerprint"]);
+    assert_eq!(
+        std::fs::read_to_string(workdir.path().join("skills/report/data.txt")).unwrap(),
+        "43 apples"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workdir.path().join("results.txt")).unwrap(),
+        "the run's own"
+    );
+    assert_eq!(
+        std::fs::read_to_string(workdir.path().join("skills/report/made-by-run.txt")).unwrap(),
+        "mine"
+    );
+}
+
+/// The same script, by name, in every other sandbox: docker, gvisor (shell and Python)
+/// and wasm (Python and JavaScript guests).
+#[test]
+fn a_skill_script_runs_by_name_on_docker_gvisor_and_wasm() {
+    let data = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    for backend in ["docker", "gvisor"] {
+        if !common::backend_or_skip(backend, "a_skill_script_runs_by_name_on_containers") {
+            continue;
+        }
+        let ran = skills(
+            data.path(),
+            ws.path(),
+            &[
+                "run",
+                "report",
+                "scripts/run.sh",
+                "--backend",
+                backend,
+                "--",
+                "x",
+            ],
+        );
+        assert!(ran.status.success(), "{backend}: {}", text(&ran.stderr));
+        assert_eq!(
+            text(&ran.stdout),
+            "report from /workspace/skills/report/scripts/run.sh: 42 apples x\n",
+            "{backend}"
+        );
+        let ran = skills(
+            data.path(),
+            ws.path(),
+            &[
+                "run",
+                "report",
+                "scripts/total.py",
+                "--backend",
+                backend,
+                "--",
+                "5",
+                "6",
+            ],
+        );
+        assert!(ran.status.success(), "{backend}: {}", text(&ran.stderr));
+        assert_eq!(
+            text(&ran.stdout),
+            "total /workspace/skills/report/scripts/total.py 11 42 apples\n",
+            "{backend}"
+        );
+    }
+    if wasm_guests_or_skip("a_skill_script_runs_by_name_on_wasm") {
+        let ran = skills(
+            data.path(),
+            ws.path(),
+            &[
+                "run",
+                "report",
+                "scripts/total.py",
+                "--backend",
+                "wasm",
+                "--",
+                "7",
+                "8",
+            ],
+        );
+        assert!(ran.status.success(), "wasm: {}", text(&ran.stderr));
+        assert_eq!(
+            text(&ran.stdout),
+            "total /workspace/skills/report/scripts/total.py 15 42 apples\n"
+        );
+        let ran = skills(
+            data.path(),
+            ws.path(),
+            &[
+                "run",
+                "report",
+                "scripts/shout.js",
+                "--backend",
+                "wasm",
+                "--",
+                "hi",
+                "there",
+            ],
+        );
+        assert!(ran.status.success(), "wasm: {}", text(&ran.stderr));
+        assert_eq!(text(&ran.stdout), "shout HI THERE\n");
+    }
+}
