@@ -273,6 +273,7 @@ impl FileSystem for DockerSandbox {
                     path: e.get(0)?.as_str()?.to_string(),
                     kind: kind_of(e.get(1)?.as_str()?),
                     size: e.get(2)?.as_u64()?,
+                    executable: e.get(3).and_then(|x| x.as_bool()).unwrap_or(false),
                 })
             })
             .collect::<Option<Vec<_>>>()

@@ -57,6 +57,8 @@ pub struct WalkEntry {
     pub kind: FileKind,
     /// Bytes, for a regular file when it was listed (0 for anything else).
     pub size: u64,
+    /// A regular file with an execute bit (false for anything else).
+    pub executable: bool,
 }
 
 /// What [`FileSystem::read_files`] found at one path.
@@ -298,9 +300,9 @@ pub trait FileSystem: Send + Sync {
                     format!("{rel_dir}/{}", entry.name)
                 };
                 let abs = dir.join(&entry.name);
-                let size = match entry.kind {
+                let (size, executable) = match entry.kind {
                     FileKind::File => match self.file_info(&abs, cancel).await {
-                        Ok(info) => info.size,
+                        Ok(info) => (info.size, info.mode & 0o111 != 0),
                         // Gone since the listing.
                         Err(e) if e.code == ErrorCode::NotFound => continue,
                         Err(e) => return Err(e),
@@ -309,14 +311,15 @@ pub trait FileSystem: Send + Sync {
                         if !prune.contains(&path.as_str()) {
                             pending.push_back((abs, path.clone()));
                         }
-                        0
+                        (0, false)
                     }
-                    FileKind::Symlink | FileKind::Other => 0,
+                    FileKind::Symlink | FileKind::Other => (0, false),
                 };
                 entries.push(WalkEntry {
                     path,
                     kind: entry.kind,
                     size,
+                    executable,
                 });
                 if entries.len() > max_entries {
                     return Err(too_many_entries(&root, max_entries));

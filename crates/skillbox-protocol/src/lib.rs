@@ -36,5 +36,6 @@ pub use error::{ApiError, ApiErrorBody, ErrorCode};
 pub use exec::{ExecOutput, LimitKind, Truncated};
 pub use outputs::{InvalidGlob, MAX_GLOB_LEN, MAX_OUTPUT_GLOBS, OutputSelection};
 pub use run::{
-    ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, RunLimits, RunRequest, RunResult,
+    ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, PlacedSkill, RunLimits,
+    RunRequest, RunResult, SkillsPlaced, SnapshotReport,
 };

@@ -86,6 +86,15 @@ pub struct RunRequest {
     /// Tighter bounds than the server's own (never looser).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
+    /// Skills placed in `/workspace` first, by name: the workspace's (`skills/<name>`),
+    /// the staged ones (`.skills-cache/<source>/<name>`) and the tenant's own
+    /// (`.skills-cache/user/<name>`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<String>,
+    /// Start from this scope's last snapshot of `/workspace` (what an earlier run with
+    /// the same key installed or built), and save a new one after the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_key: Option<String>,
 }
 
 /// Bounds a run may ask for, each at most the server's.
@@ -111,6 +120,8 @@ impl RunRequest {
             backend: None,
             outputs: Vec::new(),
             limits: None,
+            skills: Vec::new(),
+            scope_key: None,
         }
     }
 }
@@ -143,6 +154,58 @@ pub struct RunResult {
     pub duration_ms: u64,
     pub truncated: Truncated,
     pub files: Vec<ArtifactInfo>,
+    /// The skills placed in `/workspace`, when the request named some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skills: Option<SkillsPlaced>,
+    /// The scope's snapshots, when the request gave a `scopeKey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotReport>,
+}
+
+/// What a run's skills projection placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SkillsPlaced {
+    /// By name, each with its folder in the sandbox.
+    pub skills: Vec<PlacedSkill>,
+    pub files: usize,
+    pub bytes: u64,
+    /// False when the workspace already had them (restored with a snapshot): nothing
+    /// was copied.
+    pub copied: bool,
+    pub fingerprint: String,
+}
+
+/// One skill a run could use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlacedSkill {
+    pub name: String,
+    /// `/workspace/skills/report`.
+    pub path: String,
+}
+
+/// What a run did with its scope's snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotReport {
+    /// The snapshot it started from (none: the scope had none yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<String>,
+    /// The snapshot it left, now the scope's latest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved: Option<String>,
+    /// Files and bytes in the saved one.
+    #[serde(default)]
+    pub files: usize,
+    #[serde(default)]
+    pub bytes: u64,
+    /// Why none was saved (the previous one stays the latest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl RunResult {

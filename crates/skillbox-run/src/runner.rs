@@ -13,11 +13,14 @@ use skillbox_env::{
     SandboxPolicy, SandboxSpec,
 };
 use skillbox_protocol::{
-    ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, OutputSelection, RunRequest,
-    RunResult,
+    ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, OutputSelection, PlacedSkill,
+    RunRequest, RunResult, SkillsPlaced, SnapshotReport,
 };
 use skillbox_registry::{BackendRegistry, RegistryConfig};
-use skillbox_store::{ArtifactStore, CollectLimits, collect_artifacts, store_all};
+use skillbox_skills::{HashCache, Projection, ProjectionConfig, SkillSet, Sources};
+use skillbox_store::{
+    ArtifactStore, CollectLimits, SnapshotLimits, Snapshots, collect_artifacts, store_all,
+};
 
 use crate::runtime::NodeRuntime;
 
@@ -82,6 +85,11 @@ pub struct RunnerConfig {
     /// Started containers the docker and gvisor backends keep ready, each (once that
     /// backend has been used), so a run skips the container's create and start. 0: none.
     pub warm_containers: usize,
+    /// The host directory whose `skills/` and `.skills-cache/` a run's `skills` name
+    /// (the server's `--project`, the CLI's current directory); none: runs name none.
+    pub skills_workspace: Option<PathBuf>,
+    /// What one scope's snapshot may hold, and how many are kept.
+    pub snapshots: SnapshotLimits,
 }
 
 impl RunnerConfig {
@@ -95,6 +103,8 @@ impl RunnerConfig {
                 max_file_bytes: 128 * 1024 * 1024,
             },
             warm_containers: 0,
+            skills_workspace: None,
+            snapshots: SnapshotLimits::default(),
         }
     }
 }
@@ -115,6 +125,8 @@ pub struct Runner {
     /// serves native runs.
     backends: Arc<BackendRegistry>,
     node: NodeRuntime,
+    /// The scopes' snapshots, opened on first use.
+    snapshots: std::sync::OnceLock<Result<Snapshots, String>>,
 }
 
 /// A request that passed validation.
@@ -125,6 +137,17 @@ struct Checked {
     files: Vec<(PathBuf, Bytes)>,
     outputs: OutputSelection,
     limits: Option<skillbox_protocol::RunLimits>,
+    skills: Vec<String>,
+    scope_key: Option<String>,
+}
+
+/// Most skills one run may name.
+const MAX_SKILLS: usize = 64;
+
+/// The skills a run uses, planned, and where they go.
+struct Skills {
+    placed: Vec<PlacedSkill>,
+    projection: Projection,
 }
 
 fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
@@ -201,6 +224,25 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
     let outputs = OutputSelection::new(&request.outputs)
         .map_err(|e| RunError::Invalid(format!("outputs: {e}")))?;
     let files = check_files(request.files, request.script.len())?;
+    if request.skills.len() > MAX_SKILLS {
+        return Err(RunError::Invalid(format!(
+            "skills: {} names, at most {MAX_SKILLS}",
+            request.skills.len()
+        )));
+    }
+    for (i, name) in request.skills.iter().enumerate() {
+        if !skillbox_skills::skill::valid_name(name) {
+            return Err(RunError::Invalid(format!(
+                "skills[{i}]: {name:?} is not a skill's name (letters, digits, -, _ and .)"
+            )));
+        }
+    }
+    if let Some(scope) = &request.scope_key {
+        skillbox_store::check_scope_key(scope).map_err(RunError::Invalid)?;
+    }
+    let mut skills = request.skills;
+    skills.sort();
+    skills.dedup();
     Ok(Checked {
         language: request.language,
         script: request.script,
@@ -208,6 +250,8 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
         files,
         outputs,
         limits: request.limits,
+        skills,
+        scope_key: request.scope_key,
     })
 }
 
@@ -310,7 +354,68 @@ impl Runner {
             backends: Arc::new(BackendRegistry::new(registry)),
             config,
             store,
+            snapshots: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The scopes' snapshots of this data dir (`<data>/snapshots.sqlite`).
+    pub fn snapshots(&self) -> Result<&Snapshots, RunError> {
+        self.snapshots
+            .get_or_init(|| {
+                Snapshots::open(&self.config.data_dir.join("snapshots.sqlite"))
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| RunError::Unavailable(format!("snapshots: {e}")))
+    }
+
+    /// The skills `names` of `tenant`, found and planned (on a blocking thread: it
+    /// hashes files).
+    async fn skills(&self, names: &[String], tenant: &str) -> Result<Option<Skills>, RunError> {
+        if names.is_empty() {
+            return Ok(None);
+        }
+        let Some(workspace) = self.config.skills_workspace.clone() else {
+            return Err(RunError::Invalid(
+                "skills: this runner has no skills workspace (skillbox serve --project DIR, or run from the workspace)".into(),
+            ));
+        };
+        let data_dir = self.config.data_dir.clone();
+        let tenant = tenant.to_string();
+        let names = names.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let user = skillbox_skills::skill::valid_name(&tenant)
+                .then(|| (tenant.clone(), Sources::user_dir(&data_dir, &tenant)));
+            let set = SkillSet::load(&Sources {
+                workspace: Some(workspace),
+                user,
+            });
+            let mut chosen = Vec::new();
+            for (i, name) in names.iter().enumerate() {
+                let skill = set.get(name).ok_or_else(|| {
+                    RunError::Invalid(format!("skills[{i}]: {}", set.missing(name)))
+                })?;
+                chosen.push(skill);
+            }
+            let cache_dir = data_dir.join("skills");
+            let _ = std::fs::create_dir_all(&cache_dir);
+            let mut cache = HashCache::open(&cache_dir.join("hash-cache.json"));
+            let projection =
+                skillbox_skills::plan_skills(&chosen, &mut cache).map_err(RunError::from_env)?;
+            let placed = chosen
+                .iter()
+                .map(|skill| PlacedSkill {
+                    name: skill.meta.name.clone(),
+                    path: skill
+                        .sandbox_dir(Path::new(WORKSPACE))
+                        .display()
+                        .to_string(),
+                })
+                .collect();
+            Ok(Some(Skills { placed, projection }))
+        })
+        .await
+        .map_err(|e| RunError::Internal(format!("planning the skills failed: {e}")))?
     }
 
     /// The registry runs take their sandboxes from (the agent takes its own from it too).
@@ -326,6 +431,11 @@ impl Runner {
     /// The data dir runs keep their state in.
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
+    }
+
+    /// The workspace whose skills runs may name, if any.
+    pub fn skills_workspace(&self) -> Option<&Path> {
+        self.config.skills_workspace.as_deref()
     }
 
     pub fn store(&self) -> &ArtifactStore {
@@ -350,6 +460,17 @@ impl Runner {
         request: RunRequest,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
+        self.run_as(request, skillbox_store::LOCAL_TENANT, cancel)
+            .await
+    }
+
+    /// [`run`](Self::run) for `tenant`: its own skills, its own scopes.
+    pub async fn run_as(
+        &self,
+        request: RunRequest,
+        tenant: &str,
+        cancel: &CancellationToken,
+    ) -> Result<RunResult, RunError> {
         let kind = request.backend.unwrap_or(BackendKind::Native);
         if kind == BackendKind::Host {
             return Err(RunError::Invalid(
@@ -367,6 +488,14 @@ impl Runner {
         if checked.language == Language::Node {
             self.runtime_mount(kind, &mut policy).await?;
         }
+        let skills = self.skills(&checked.skills, tenant).await?;
+        let scope = match &checked.scope_key {
+            Some(key) => Some((
+                self.snapshots()?.clone(),
+                skillbox_store::scope_id(tenant, key),
+            )),
+            None => None,
+        };
         let base = &self.config.limits;
         let asked = checked.limits.clone().unwrap_or_default();
         let limits = Limits {
@@ -395,7 +524,9 @@ impl Runner {
             .create(kind, spec)
             .await
             .map_err(RunError::from_env)?;
-        let result = self.run_in(env.as_ref(), checked, cancel).await;
+        let result = self
+            .run_in(env.as_ref(), checked, skills, scope, cancel)
+            .await;
         if let Err(e) = env.cleanup().await {
             tracing::warn!(error = %e, "run: sandbox cleanup failed");
         }
@@ -426,10 +557,60 @@ impl Runner {
         &self,
         env: &dyn ExecutionEnv,
         checked: Checked,
+        skills: Option<Skills>,
+        scope: Option<(Snapshots, String)>,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
         let workspace = Path::new(WORKSPACE);
         let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
+        let mut snapshot = None;
+        // The scope's last workspace first, then the skills over it: changed skill code
+        // wins, what the earlier runs installed stays.
+        if let Some((snapshots, scope)) = &scope {
+            let restored = skillbox_store::restore_snapshot(
+                env,
+                workspace,
+                &self.store,
+                snapshots,
+                scope,
+                cancel,
+            )
+            .await
+            .map_err(|e| match e.code() {
+                ErrorCode::Aborted => RunError::Aborted,
+                _ => RunError::Unavailable(format!(
+                    "scopeKey: the scope's last snapshot could not be restored: {e}"
+                )),
+            })?;
+            snapshot = Some(SnapshotReport {
+                restored: restored.as_ref().map(|r| r.summary.id.clone()),
+                ..SnapshotReport::default()
+            });
+            if let Some(restored) = restored {
+                inputs.extend(restored.files);
+            }
+        }
+        let placed = match &skills {
+            Some(skills) => {
+                let applied = skillbox_skills::apply(
+                    env,
+                    &skills.projection,
+                    &ProjectionConfig::default(),
+                    cancel,
+                )
+                .await
+                .map_err(RunError::from_env)?;
+                inputs.extend(skills.projection.inputs());
+                Some(SkillsPlaced {
+                    skills: skills.placed.clone(),
+                    files: applied.files,
+                    bytes: applied.bytes,
+                    copied: applied.copied,
+                    fingerprint: applied.fingerprint,
+                })
+            }
+            None => None,
+        };
         for (index, (path, bytes)) in checked.files.iter().enumerate() {
             // A clash between inputs (`a` and `a/b`, a file over a dir) is the request's fault.
             let input_error = |e: EnvError| match e.code {
@@ -488,6 +669,27 @@ impl Runner {
         let stored = store_all(&self.store, collected)
             .await
             .map_err(|e| RunError::Internal(e.to_string()))?;
+        if let (Some((snapshots, scope)), Some(report)) = (&scope, snapshot.as_mut()) {
+            match skillbox_store::save_snapshot(
+                env,
+                workspace,
+                &self.store,
+                snapshots,
+                scope,
+                self.config.snapshots,
+                cancel,
+            )
+            .await
+            {
+                Ok(saved) => {
+                    report.saved = Some(saved.id);
+                    report.files = saved.files;
+                    report.bytes = saved.bytes;
+                }
+                Err(e) if e.code() == ErrorCode::Aborted => return Err(RunError::Aborted),
+                Err(e) => report.error = Some(e.to_string()),
+            }
+        }
         let files = stored
             .into_iter()
             .map(|a| ArtifactInfo {
@@ -508,6 +710,8 @@ impl Runner {
             duration_ms: output.duration_ms,
             truncated: output.truncated,
             files,
+            skills: placed,
+            snapshot,
         })
     }
 }

@@ -13,6 +13,7 @@ mod listen;
 mod metrics;
 mod routes;
 mod runs;
+mod skills;
 mod state;
 
 pub use agent_runs::{AgentModel, AgentRuns};
@@ -92,6 +93,7 @@ pub async fn serve_on(
     let (header_timeout, max_connections) = (config.header_timeout, config.max_connections);
     tokio::spawn(keep_within_retention(
         runner.store().clone(),
+        runner.snapshots().ok().cloned(),
         owners.clone(),
         config.agents.clone(),
         config.retention,
@@ -141,9 +143,11 @@ pub async fn serve_on(
 const RETENTION_EVERY: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 
 /// Removes what is past retention, now and then every [`RETENTION_EVERY`], until shutdown:
-/// old objects (and their owners, so a download is a clean 404) and old agent records.
+/// old objects (and their owners, so a download is a clean 404; never what a kept
+/// workspace snapshot needs) and old agent records.
 async fn keep_within_retention(
     store: skillbox_store::ArtifactStore,
+    snapshots: Option<skillbox_store::Snapshots>,
     owners: ObjectOwners,
     agents: Option<AgentRuns>,
     retention: skillbox_store::Retention,
@@ -151,7 +155,23 @@ async fn keep_within_retention(
     shutdown: CancellationToken,
 ) {
     loop {
-        match store.prune(retention).await {
+        // What a kept workspace snapshot needs stays, whatever its age.
+        let keep = match snapshots
+            .as_ref()
+            .map(skillbox_store::Snapshots::referenced)
+        {
+            Some(Ok(keep)) => keep,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "retention: cannot list the snapshots' objects; nothing removed this pass");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(RETENTION_EVERY) => {}
+                }
+                continue;
+            }
+            None => std::collections::HashSet::new(),
+        };
+        match store.prune_keeping(retention, &keep).await {
             Ok(pruned) => {
                 if let Err(e) = owners.forget(&pruned.removed) {
                     tracing::warn!(error = %e, "retention: cannot forget removed objects");

@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 
 use crate::error::{method_not_allowed, not_found};
 use crate::state::AppState;
-use crate::{agents, auth, capabilities, runs};
+use crate::{agents, auth, capabilities, runs, skills};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -28,7 +28,8 @@ use crate::{agents, auth, capabilities, runs};
         capabilities::start,
         capabilities::services,
         capabilities::service,
-        capabilities::stop
+        capabilities::stop,
+        skills::list
     ),
     components(schemas(
         skillbox_protocol::AgentRunRequest,
@@ -51,6 +52,11 @@ use crate::{agents, auth, capabilities, runs};
         skillbox_protocol::CapabilityRunRequest,
         skillbox_protocol::CapabilityRun,
         skillbox_protocol::ServiceList,
+        skills::SkillList,
+        skills::SkillInfo,
+        skillbox_protocol::SkillsPlaced,
+        skillbox_protocol::PlacedSkill,
+        skillbox_protocol::SnapshotReport,
         skillbox_protocol::ServiceInfo,
         skillbox_protocol::ServiceState,
         skillbox_protocol::ServiceExit,
@@ -83,6 +89,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/capabilities/schema", get(capability_schema))
         .route("/v1/capabilities/{name}/run", post(capabilities::run))
         .route("/v1/capabilities/{name}/start", post(capabilities::start))
+        .route("/v1/skills", get(skills::list))
         .route("/v1/services", get(capabilities::services))
         .route("/v1/services/{name}", get(capabilities::service))
         .route("/v1/services/{name}/stop", post(capabilities::stop))

@@ -48,10 +48,11 @@ pub(crate) async fn run(
     let _cancel_on_drop = cancel.clone().drop_guard();
     let runner = state.runner.clone();
     let task_metrics = state.metrics.clone();
+    let task_tenant = tenant.clone();
     let task = tokio::spawn(async move {
         let _running = Gauge::up(&task_metrics.in_flight);
         let started = Instant::now();
-        let result = runner.run(request, &cancel).await;
+        let result = runner.run_as(request, task_tenant.as_str(), &cancel).await;
         drop(admission);
         task_metrics
             .run_millis_total

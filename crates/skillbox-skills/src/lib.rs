@@ -18,6 +18,7 @@ mod stage;
 pub use catalog::{SKILLS_CACHE, Skill, SkillSet, Source, Sources, USER_SOURCE, WORKSPACE_SKILLS};
 pub use projection::{
     Applied, DEFAULT_ROOTS, HashCache, Projection, ProjectionConfig, apply, fingerprint_in, plan,
+    plan_skills,
 };
 pub use skill::{SKILL_FILE, SkillDoc, SkillError, SkillMeta};
 pub use stage::{Archive, StageError, StageLimits, StageReport, stage};

@@ -338,6 +338,23 @@ fn inside_target(root: &Path, link: &Path) -> Option<PathBuf> {
     resolved.starts_with(root).then_some(resolved)
 }
 
+/// Plans the projection of some skills only: each one's folder, at its projected path.
+pub fn plan_skills(skills: &[&crate::Skill], cache: &mut HashCache) -> EnvResult<Projection> {
+    let mut planner = Planner {
+        cache,
+        projection: Projection::default(),
+    };
+    for skill in skills {
+        for parent in skill.projected.ancestors().skip(1) {
+            if !parent.as_os_str().is_empty() {
+                planner.projection.dirs.push(parent.to_path_buf());
+            }
+        }
+        planner.walk(&skill.dir, &skill.dir, skill.projected.clone())?;
+    }
+    Ok(finish(planner.projection, cache))
+}
+
 /// Plans the projection of `workspace`'s roots (and the user's skills, when given).
 pub fn plan(
     workspace: Option<&Path>,
@@ -374,7 +391,11 @@ pub fn plan(
             planner.walk(user, user, to)?;
         }
     }
-    let mut projection = planner.projection;
+    Ok(finish(planner.projection, cache))
+}
+
+/// Sorts what was planned, and fingerprints it.
+fn finish(mut projection: Projection, cache: &mut HashCache) -> Projection {
     projection.files.sort_by(|a, b| a.path.cmp(&b.path));
     projection.files.dedup_by(|a, b| a.path == b.path);
     projection.dirs.sort();
@@ -394,7 +415,7 @@ pub fn plan(
     }
     projection.fingerprint = hex(&hasher.finalize());
     cache.save(&projection.files);
-    Ok(projection)
+    projection
 }
 
 /// The fingerprint of what was last projected into `env` at `root`, if any.

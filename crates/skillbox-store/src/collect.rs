@@ -18,7 +18,7 @@ use crate::error::{CollectLimit, StoreError};
 use crate::store::{ArtifactStore, sha256_hex};
 
 /// The env's scratch area at the top of the workspace: never an artifact.
-const SCRATCH_DIR: &str = ".tmp";
+pub(crate) const SCRATCH_DIR: &str = ".tmp";
 
 /// Entries (files, directories, links) a workspace may hold for a collection to list it.
 const MAX_ENTRIES: usize = 100_000;

@@ -103,6 +103,10 @@ pub enum StoreError {
     /// The run records database failed.
     #[error("run records: {op}: {detail}")]
     Records { op: String, detail: String },
+
+    /// A workspace snapshot could not be saved or restored; the message says why.
+    #[error("snapshot: {0}")]
+    Snapshot(String),
 }
 
 impl StoreError {
@@ -119,7 +123,7 @@ impl StoreError {
             StoreError::Backend { source, .. } => backend_code(source),
             StoreError::Io { source, .. } => io_code(source),
             StoreError::Env(e) => e.code,
-            StoreError::Records { .. } => ErrorCode::Unknown,
+            StoreError::Records { .. } | StoreError::Snapshot(_) => ErrorCode::Unknown,
         }
     }
 

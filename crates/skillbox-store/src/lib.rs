@@ -8,6 +8,7 @@ mod error;
 mod owners;
 mod records;
 mod retention;
+mod snapshots;
 mod store;
 
 pub use collect::{
@@ -17,4 +18,9 @@ pub use error::{CollectLimit, StoreError};
 pub use owners::{ObjectOwners, OwnedObject};
 pub use records::{LOCAL_TENANT, RunRecord, RunRecords};
 pub use retention::{GRACE, Pruned, Retention};
+pub use snapshots::{
+    Manifest as SnapshotManifest, Restored as RestoredSnapshot, SnapshotEntry, SnapshotLimits,
+    SnapshotSummary, Snapshots, check_scope_key, restore as restore_snapshot,
+    save as save_snapshot, scope_id,
+};
 pub use store::{ArtifactStore, ArtifactStream, is_sha256_hex, sha256_hex};

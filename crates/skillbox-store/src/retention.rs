@@ -60,6 +60,17 @@ impl RecentPuts {
 impl ArtifactStore {
     /// Removes objects past `retention`, oldest first, never one in its grace time.
     pub async fn prune(&self, retention: Retention) -> Result<Pruned, StoreError> {
+        self.prune_keeping(retention, &std::collections::HashSet::new())
+            .await
+    }
+
+    /// As [`prune`](Self::prune), never removing an object in `keep` (what a kept
+    /// workspace snapshot needs).
+    pub async fn prune_keeping(
+        &self,
+        retention: Retention,
+        keep: &std::collections::HashSet<String>,
+    ) -> Result<Pruned, StoreError> {
         let mut objects: Vec<(SystemTime, String, u64)> = self
             .inner()
             .list(Some(&self.objects_prefix()))
@@ -79,7 +90,7 @@ impl ArtifactStore {
             let age = now.duration_since(modified).unwrap_or_default();
             let over_age = retention.max_age.is_some_and(|max| age > max);
             let over_budget = retention.max_bytes.is_some_and(|max| total > max);
-            let in_grace = age < GRACE || self.recent().holds(&sha256);
+            let in_grace = age < GRACE || self.recent().holds(&sha256) || keep.contains(&sha256);
             if (over_age || over_budget) && !in_grace {
                 match self.inner().delete(&self.object_path(&sha256)).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {

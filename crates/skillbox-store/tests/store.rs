@@ -400,6 +400,14 @@ impl FileSystem for Tripwire {
     async fn cleanup(&self) -> EnvResult<()> {
         self.inner.cleanup().await
     }
+    async fn put_tree(
+        &self,
+        dir: &Path,
+        tree: &skillbox_env::Tree,
+        cancel: &CancellationToken,
+    ) -> EnvResult<()> {
+        self.inner.put_tree(dir, tree, cancel).await
+    }
 }
 
 #[async_trait]
@@ -888,4 +896,167 @@ async fn changed_inputs_are_read_in_chunks_not_all_at_once() {
     let read = ws.env.bytes_read.load(std::sync::atomic::Ordering::SeqCst);
     // One chunk (64 MiB as listed, so 7 of the 10 MiB files), not all 300 MiB.
     assert!(read <= 70 * mib, "read {read} bytes");
+}
+
+// ---------------------------------------------------------------------------------------
+// Snapshots
+
+/// A scope's snapshot is saved and restored through the env: files with their content
+/// and modes, empty directories, no symlink; the last `keep` are kept, and retention
+/// spares every object they need.
+#[tokio::test]
+async fn a_snapshot_is_saved_restored_and_kept_from_retention() {
+    use skillbox_store::{SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let never = CancellationToken::new();
+    let first = Workspace::new();
+    first.write("deps/lib.py", b"VALUE = 1\n");
+    first.write("build/out.bin", &[0u8, 1, 2, 255]);
+    first.write("run.sh", b"#!/bin/sh\necho hi\n");
+    std::fs::set_permissions(
+        first.root.join("run.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::create_dir_all(first.root.join("empty/inner")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", first.root.join("link")).unwrap();
+    let limits = SnapshotLimits::default();
+    let saved = save_snapshot(
+        &first.env,
+        &first.root,
+        &store,
+        &snapshots,
+        "scope-a",
+        limits,
+        &never,
+    )
+    .await
+    .unwrap();
+    assert_eq!(saved.files, 3);
+    assert_eq!(snapshots.latest("scope-a").unwrap(), Some(saved.clone()));
+    assert_eq!(snapshots.latest("scope-b").unwrap(), None);
+
+    let second = Workspace::new();
+    second.write("deps/lib.py", b"stale");
+    let restored = restore_snapshot(
+        &second.env,
+        &second.root,
+        &store,
+        &snapshots,
+        "scope-a",
+        &never,
+    )
+    .await
+    .unwrap()
+    .expect("a snapshot");
+    assert_eq!(restored.summary, saved);
+    assert_eq!(
+        std::fs::read(second.root.join("deps/lib.py")).unwrap(),
+        b"VALUE = 1\n"
+    );
+    assert_eq!(
+        std::fs::read(second.root.join("build/out.bin")).unwrap(),
+        [0u8, 1, 2, 255]
+    );
+    let mode = std::fs::metadata(second.root.join("run.sh")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o755
+    );
+    assert!(second.root.join("empty/inner").is_dir());
+    assert!(
+        !second.root.join("link").exists(),
+        "a symlink is never saved"
+    );
+    assert_eq!(restored.files.len(), 3);
+    assert!(restored.files.contains_key(Path::new("deps/lib.py")));
+
+    // Kept from retention however old; forgotten past `keep`.
+    let referenced = snapshots.referenced().unwrap();
+    assert!(referenced.contains(&saved.id));
+    assert_eq!(referenced.len(), 4, "the manifest and three distinct files");
+    let pruned = store
+        .prune_keeping(
+            skillbox_store::Retention {
+                max_bytes: Some(0),
+                max_age: None,
+            },
+            &referenced,
+        )
+        .await
+        .unwrap();
+    assert!(pruned.removed.is_empty());
+    let keep_one = SnapshotLimits { keep: 1, ..limits };
+    for round in 0..3 {
+        first.write("deps/lib.py", format!("VALUE = {round}").as_bytes());
+        save_snapshot(
+            &first.env,
+            &first.root,
+            &store,
+            &snapshots,
+            "scope-a",
+            keep_one,
+            &never,
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(snapshots.count("scope-a").unwrap(), 1);
+    assert!(!snapshots.referenced().unwrap().contains(&saved.id));
+}
+
+/// A save cut short (here: a read fails halfway, as a killed run's would stop) stores
+/// some objects but never makes itself the latest: the previous snapshot still is.
+#[tokio::test]
+async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
+    use skillbox_store::{SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let never = CancellationToken::new();
+    let ws = Workspace::forbidding(&["c.txt"]);
+    ws.write("a.txt", b"one");
+    let before = save_snapshot(
+        &ws.env,
+        &ws.root,
+        &store,
+        &snapshots,
+        "s",
+        SnapshotLimits::default(),
+        &never,
+    )
+    .await
+    .unwrap();
+    ws.write("a.txt", b"two");
+    ws.write("b.txt", b"three");
+    ws.write("c.txt", b"never read");
+    // One file a batch: a.txt and b.txt are stored before c.txt's read fails.
+    let limits = SnapshotLimits {
+        batch_bytes: 1,
+        ..SnapshotLimits::default()
+    };
+    let cut = save_snapshot(&ws.env, &ws.root, &store, &snapshots, "s", limits, &never)
+        .await
+        .expect_err("the read of c.txt fails");
+    assert!(cut.to_string().contains("tripwire"), "{cut}");
+    assert_eq!(ws.env.tripped(), [ws.root.join("c.txt")]);
+    assert!(
+        store
+            .head(&skillbox_store::sha256_hex(b"three"))
+            .await
+            .unwrap()
+            .is_some(),
+        "b.txt was stored before the failure"
+    );
+    assert_eq!(snapshots.latest("s").unwrap(), Some(before.clone()));
+    let fresh = Workspace::new();
+    restore_snapshot(&fresh.env, &fresh.root, &store, &snapshots, "s", &never)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(fresh.root.join("a.txt")).unwrap(), b"one");
+    assert!(!fresh.root.join("b.txt").exists());
 }

@@ -38,15 +38,15 @@ pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Run
 }
 
 impl LocalSandbox {
-    /// The runner on `data_dir`, its limits changed by `limits` (the CLI's flags).
+    /// The runner on `data_dir`, its config changed by `configure` (the CLI's flags).
     pub async fn open(
         data_dir: &Path,
         install_node: bool,
-        limits: impl FnOnce(&mut skillbox_env::Limits),
+        configure: impl FnOnce(&mut RunnerConfig),
         cancel: CancellationToken,
     ) -> Result<Self, ClientError> {
         let mut config = RunnerConfig::new(data_dir);
-        limits(&mut config.limits);
+        configure(&mut config);
         let runner = Arc::new(runner_with(config, install_node).await?);
         let interrupt = cancel.clone();
         tokio::spawn(async move {

@@ -51,6 +51,18 @@ pub struct RunArgs {
     /// server may refuse more than its own bound]
     #[arg(long, value_parser = parse_size)]
     disk: Option<u64>,
+    /// Place the skill NAME in /workspace first (repeatable): the workspace's
+    /// skills/NAME, a staged .skills-cache/SOURCE/NAME, or the user's own.
+    #[arg(long = "skill", value_name = "NAME")]
+    skills: Vec<String>,
+    /// Start from this scope's last snapshot of /workspace (what earlier runs with the
+    /// same KEY installed or built) and save a new one after the run.
+    #[arg(long = "scope", value_name = "KEY")]
+    scope: Option<String>,
+    /// The workspace whose skills --skill names [default: the current directory; with
+    /// --remote, the server's --project]
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
     /// Print the RunResult JSON (the same object as POST /v1/run).
     #[arg(long)]
     json: bool,
@@ -120,6 +132,8 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     request.timeout_ms = Some(args.timeout.as_millis() as u64);
     request.backend = Some(args.backend);
     request.outputs = args.outputs.clone();
+    request.skills = args.skills.clone();
+    request.scope_key = args.scope.clone();
     if let Some(disk) = args.disk {
         request.limits = Some(skillbox_client::RunLimits {
             disk_bytes: Some(disk),
@@ -139,10 +153,14 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             data_dir,
             // Container backends carry the runtime in their image.
             language == Language::Node && args.backend == BackendKind::Native,
-            |limits| {
+            |config| {
                 if let Some(disk) = args.disk {
-                    limits.disk_bytes = Some(disk);
+                    config.limits.disk_bytes = Some(disk);
                 }
+                config.skills_workspace = match &args.workspace {
+                    Some(dir) => Some(dir.clone()),
+                    None => std::env::current_dir().ok(),
+                };
             },
             CancellationToken::new(),
         )

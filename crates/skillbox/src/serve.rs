@@ -76,10 +76,11 @@ pub struct ServeArgs {
     /// in order) at /v1/capabilities. None by default.
     #[arg(long = "capabilities", value_name = "DIR")]
     capability_roots: Vec<PathBuf>,
-    /// The project whose grants those capabilities run under, as `skillbox cap
-    /// --project` names it (grant them there with `skillbox cap`) [default: the current
-    /// directory]
-    #[arg(long, value_name = "DIR", requires = "capability_roots")]
+    /// The project: whose grants the capabilities run under (as `skillbox cap --project`
+    /// names it; grant them there with `skillbox cap`), and whose skills (skills/,
+    /// .skills-cache/) a run's `skills` may name [default for capabilities: the current
+    /// directory; without it, runs name no workspace skill]
+    #[arg(long, value_name = "DIR")]
     project: Option<PathBuf>,
 }
 
@@ -216,6 +217,18 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         ..skillbox_run::RunnerConfig::new(data_dir)
     };
     runner_config.limits.disk_bytes = Some(args.disk);
+    if let Some(project) = &args.project {
+        match project.canonicalize() {
+            Ok(dir) if dir.is_dir() => runner_config.skills_workspace = Some(dir),
+            _ => {
+                eprintln!(
+                    "skillbox serve: --project {}: not a directory",
+                    project.display()
+                );
+                return ExitCode::from(crate::EXIT_USAGE);
+            }
+        }
+    }
     runner_config.limits.disk_inodes = args.inodes;
     if let Err(e) = runner_config.limits.validate() {
         eprintln!("skillbox serve: --disk/--inodes: {e}");

@@ -361,3 +361,118 @@ fn a_skill_script_runs_by_name_on_docker_gvisor_and_wasm() {
         assert_eq!(text(&ran.stdout), "shout HI THERE\n");
     }
 }
+
+/// `skillbox run --skill --scope`: the skill is placed at its path, the scope's last
+/// workspace comes back first (what the run "installed" stays), changed skill code wins
+/// over the restored copy, an unchanged one is not copied again, and restored files that
+/// the run leaves as they were do not come back as its outputs.
+#[test]
+fn runs_use_skills_and_start_from_their_scopes_snapshot() {
+    if !native_or_skip("runs_use_skills_and_start_from_their_scopes_snapshot") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    let script = ws.path().join("use.py");
+    write(
+        &script,
+        "import os, subprocess, sys\n\
+         out = subprocess.run([sys.executable, '/workspace/skills/report/scripts/total.py', '1', '2'], capture_output=True, text=True)\n\
+         print(out.stdout.strip() or out.stderr)\n\
+         p = '/workspace/deps/installed.txt'\n\
+         print('had', open(p).read() if os.path.exists(p) else 'nothing')\n\
+         os.makedirs('/workspace/deps', exist_ok=True)\n\
+         open(p, 'w').write('pkg 1.0')\n",
+    );
+    let run = |scope: &str| {
+        let out = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(data.path())
+            .args([
+                "run",
+                script.to_str().unwrap(),
+                "--skill",
+                "report",
+                "--scope",
+                scope,
+                "--json",
+            ])
+            .current_dir(ws.path())
+            .output()
+            .unwrap();
+        json(&out)
+    };
+    let first = run("build");
+    assert_eq!(
+        first["stdout"],
+        "total /workspace/skills/report/scripts/total.py 3 42 apples\nhad nothing\n",
+        "{first}"
+    );
+    assert_eq!(
+        first["skills"]["skills"][0]["path"],
+        "/workspace/skills/report"
+    );
+    assert_eq!(first["skills"]["copied"], true);
+    assert!(first["snapshot"].get("restored").is_none(), "{first}");
+    let saved = first["snapshot"]["saved"].as_str().unwrap().to_string();
+    let files: Vec<&str> = first["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        ["deps/installed.txt"],
+        "skill files are inputs, not outputs: {first}"
+    );
+
+    write(&ws.path().join("skills/report/data.txt"), "43 apples");
+    let second = run("build");
+    assert_eq!(
+        second["stdout"],
+        "total /workspace/skills/report/scripts/total.py 3 43 apples\nhad pkg 1.0\n",
+        "{second}"
+    );
+    assert_eq!(second["snapshot"]["restored"], saved.as_str());
+    assert_eq!(
+        second["skills"]["copied"], true,
+        "the changed skill is placed over the restored one"
+    );
+    assert_eq!(
+        second["files"],
+        serde_json::json!([]),
+        "restored and unchanged: no output"
+    );
+
+    let third = run("build");
+    assert_eq!(
+        third["skills"]["copied"], false,
+        "the restored workspace had this very skill"
+    );
+    assert_eq!(
+        third["stdout"].as_str().unwrap().lines().nth(1),
+        Some("had pkg 1.0")
+    );
+
+    let other = run("another");
+    assert_eq!(
+        other["stdout"].as_str().unwrap().lines().nth(1),
+        Some("had nothing")
+    );
+    assert!(other["snapshot"].get("restored").is_none());
+
+    let missing = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["run", script.to_str().unwrap(), "--skill", "nope"])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains("skills[0]: no skill nope (there are: report)"),
+        "{}",
+        text(&missing.stderr)
+    );
+}

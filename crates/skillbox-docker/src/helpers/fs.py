@@ -244,7 +244,8 @@ def main(op, args):
                     continue
                 what = kind(st.st_mode)
                 path = rel + '/' + entry.name if rel else entry.name
-                found.append([path, what, st.st_size if what == 'file' else 0])
+                found.append([path, what, st.st_size if what == 'file' else 0,
+                              what == 'file' and bool(st.st_mode & 0o111)])
                 if len(found) > limit:
                     return found
                 if what == 'dir' and path not in prune:

@@ -802,21 +802,25 @@ pub async fn put_tree_places_dirs_and_files_with_their_modes(env: &dyn Execution
         .walk(path("skills"), &[], 100, &live())
         .await
         .expect("walk");
-    let shown: Vec<(&str, FileKind)> = walked.iter().map(|e| (e.path.as_str(), e.kind)).collect();
+    let shown: Vec<(&str, FileKind, bool)> = walked
+        .iter()
+        .map(|e| (e.path.as_str(), e.kind, e.executable))
+        .collect();
     assert_eq!(
         shown,
         vec![
-            ("one", FileKind::Dir),
-            ("one/SKILL.md", FileKind::File),
-            ("one/bin", FileKind::Dir),
-            ("one/empty", FileKind::Dir),
-            ("one/scripts", FileKind::Dir),
-            ("one/bin/tool", FileKind::File),
-            ("one/empty/inner", FileKind::Dir),
-            ("one/scripts/lib", FileKind::Dir),
-            ("one/scripts/run.sh", FileKind::File),
-            ("one/scripts/lib/data.json", FileKind::File),
-        ]
+            ("one", FileKind::Dir, false),
+            ("one/SKILL.md", FileKind::File, false),
+            ("one/bin", FileKind::Dir, false),
+            ("one/empty", FileKind::Dir, false),
+            ("one/scripts", FileKind::Dir, false),
+            ("one/bin/tool", FileKind::File, true),
+            ("one/empty/inner", FileKind::Dir, false),
+            ("one/scripts/lib", FileKind::Dir, false),
+            ("one/scripts/run.sh", FileKind::File, true),
+            ("one/scripts/lib/data.json", FileKind::File, false),
+        ],
+        "walk says which files are executable"
     );
     // An empty tree still makes its directory.
     put_tree(env, "skills/none", &Tree::new()).await;
