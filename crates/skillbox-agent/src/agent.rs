@@ -1,4 +1,6 @@
-//! The loop, its tools (implemented only over `ExecutionEnv`) and what it records.
+//! The loop, its tools (implemented only over `ExecutionEnv`) and what it records: the
+//! run's skills placed first (over its scope's last snapshot), listed in the system
+//! prompt, read and run by name; the scope saved after.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -12,9 +14,10 @@ use skillbox_env::{
     SandboxPolicy, SandboxSpec,
 };
 use skillbox_protocol::{
-    AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, OutputSelection, Usage, Verification,
+    AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, OutputSelection, SkillsPlaced,
+    SnapshotReport, Usage, Verification,
 };
-use skillbox_run::{RunError, Runner, script_command, script_name};
+use skillbox_run::{PlannedSkills, RunError, Runner, Scope, script_command, script_name};
 use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
 
 use crate::correction::{Correction, CorrectionKind, Corrects, Streak};
@@ -26,8 +29,12 @@ const WORKSPACE: &str = "/workspace";
 const MAX_CALLS_PER_TURN: usize = 8;
 /// The largest file `read_file` hands to the model.
 const MAX_READ_BYTES: u64 = 256 * 1024;
+/// Characters of a skill's description in the system prompt's listing.
+const DESCRIPTION_CHARS: usize = 300;
+/// Characters of a SKILL.md body `read_skill` hands to the model (the head is kept).
+const SKILL_BODY_CHARS: usize = 32_000;
 
-/// Bounds of one agent run.
+/// Bounds of one agent run, and what its sandbox starts with.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// Failed script runs (non-zero exit, timeout, or an artifact that fails
@@ -43,6 +50,15 @@ pub struct AgentConfig {
     pub output_budget: usize,
     /// Which sandbox the scripts run in.
     pub backend: BackendKind,
+    /// Skills placed in `/workspace` before the loop, by name (the runner's skills
+    /// workspace and the tenant's own, as a run's `skills`): listed in the system prompt,
+    /// read with `read_skill`, run with `run_skill`.
+    pub skills: Vec<String>,
+    /// The scope whose last snapshot of `/workspace` the sandbox starts from; a new one
+    /// is saved after the loop.
+    pub scope_key: Option<String>,
+    /// Whose user skills and scopes these are.
+    pub tenant: String,
 }
 
 impl Default for AgentConfig {
@@ -57,6 +73,9 @@ impl Default for AgentConfig {
             },
             output_budget: 4000,
             backend: BackendKind::Native,
+            skills: Vec::new(),
+            scope_key: None,
+            tenant: skillbox_store::LOCAL_TENANT.to_string(),
         }
     }
 }
@@ -82,6 +101,13 @@ pub struct AgentOutcome {
     /// than by its own bounds; the attempts made until then are kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
+    /// The skills placed before the loop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placed: Option<SkillsPlaced>,
+    /// With a scope: the snapshot the run started from and the one it left (or why none
+    /// was saved).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotReport>,
 }
 
 /// What the loop reports as it goes (for live output).
@@ -105,6 +131,10 @@ pub enum AgentError {
     Runtime(String),
     #[error("artifacts: {0}")]
     Store(String),
+    /// The run's skills or scope could not be set up (a name that is not there, a
+    /// snapshot that cannot be restored); the message names the field.
+    #[error("{0}")]
+    Workspace(RunError),
     #[error("cancelled")]
     Cancelled,
 }
@@ -125,8 +155,15 @@ impl AgentError {
             AgentError::Sandbox(e) => e.code,
             AgentError::Runtime(_) => ErrorCode::Unavailable,
             AgentError::Store(_) => ErrorCode::Unknown,
+            AgentError::Workspace(e) => e.code(),
         }
     }
+}
+
+/// What a run's sandbox starts with, found before it is made.
+struct Setup {
+    skills: Option<PlannedSkills>,
+    scope: Option<Scope>,
 }
 
 /// Runs agent sessions: a model, and a sandbox per session from the runner's backends,
@@ -137,8 +174,10 @@ pub struct Agent {
     runner: Arc<Runner>,
 }
 
-fn tools() -> Vec<ToolSpec> {
-    vec![
+/// The tools; `read_skill` and `run_skill` only when the run has skills, their names
+/// the schema's enum (a call naming another is corrected against it).
+fn tools(skills: &[skillbox_skills::Skill]) -> Vec<ToolSpec> {
+    let mut tools = vec![
         ToolSpec {
             name: "run_script".into(),
             description: "Run a script in the sandbox (cwd /workspace). Returns exitCode, stdout, stderr, the files in /workspace and, for .pptx files, a verification.".into(),
@@ -162,7 +201,75 @@ fn tools() -> Vec<ToolSpec> {
             description: "List a directory of /workspace.".into(),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false}),
         },
-    ]
+    ];
+    if !skills.is_empty() {
+        let names: Vec<&str> = skills.iter().map(|s| s.meta.name.as_str()).collect();
+        tools.push(ToolSpec {
+            name: "read_skill".into(),
+            description: "Read a skill's SKILL.md (its front matter and instructions), its folder in the sandbox and its scripts. Read a skill before using it.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "name": {"type": "string", "enum": names}
+            }, "required": ["name"], "additionalProperties": false}),
+        });
+        tools.push(ToolSpec {
+            name: "run_skill".into(),
+            description: "Run one of a skill's scripts (its path inside the skill's folder, e.g. scripts/run.py) with arguments, cwd /workspace. Returns what run_script returns.".into(),
+            parameters: json!({"type": "object", "properties": {
+                "skill": {"type": "string", "enum": names},
+                "script": {"type": "string"},
+                "args": {"type": "array", "items": {"type": "string"}}
+            }, "required": ["skill", "script"], "additionalProperties": false}),
+        });
+    }
+    tools
+}
+
+/// The system prompt: the built-in skill's instructions, then the run's skills, each
+/// by name, folder and description (cut); their SKILL.md bodies are read on demand.
+fn system_prompt(instructions: &str, skills: &[skillbox_skills::Skill]) -> String {
+    if skills.is_empty() {
+        return instructions.to_string();
+    }
+    let mut prompt = format!(
+        "{}\n\n## Skills\n\nThese skills are in the sandbox, each in its folder. Before using one, call read_skill with its name to read its SKILL.md. To run one of its scripts, call run_skill with the skill, the script's path inside the skill's folder and its arguments.\n\n",
+        instructions.trim_end()
+    );
+    for skill in skills {
+        let description = skill
+            .meta
+            .description
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        prompt.push_str(&format!(
+            "- {} ({}): {}\n",
+            skill.meta.name,
+            skill.sandbox_dir(Path::new(WORKSPACE)).display(),
+            head(&description, DESCRIPTION_CHARS)
+        ));
+    }
+    prompt
+}
+
+/// The first `budget` characters of `text`, marked when cut.
+fn head(text: &str, budget: usize) -> String {
+    if text.chars().count() <= budget {
+        return text.to_string();
+    }
+    format!("{}…", text.chars().take(budget).collect::<String>())
+}
+
+/// `word` as sh reads it back: bare when plain, else in single quotes.
+fn sh_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// The last `budget` characters of `text`, marked when cut.
@@ -228,6 +335,11 @@ struct Session<'a> {
     env: &'a dyn ExecutionEnv,
     config: &'a AgentConfig,
     cancel: &'a CancellationToken,
+    /// The run's skills (placed in the sandbox).
+    skills: &'a [skillbox_skills::Skill],
+    /// Files placed before the loop (restored, skills) by path and SHA-256: collection
+    /// leaves them out unless a run changed them.
+    inputs: BTreeMap<PathBuf, String>,
     /// When the whole run must end.
     deadline: Instant,
     /// A successful run must leave at least one file with this extension.
@@ -251,9 +363,18 @@ impl Session<'_> {
             "read_file" => self.read_file(call).await,
             "write_file" => self.write_file(call).await,
             "list_dir" => self.list_dir(call).await,
+            "read_skill" if !self.skills.is_empty() => self.read_skill(call).await,
+            "run_skill" if !self.skills.is_empty() => {
+                return self.run_skill(call, usage, report).await;
+            }
             // `Correction::malformed_call` answers calls to other tools before this.
             other => Err(format!(
-                "unknown tool {other:?}; the tools are run_script, read_file, write_file, list_dir"
+                "unknown tool {other:?}; the tools are {}",
+                tools(self.skills)
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
         };
         Ok(match outcome {
@@ -358,20 +479,134 @@ impl Session<'_> {
             .write(&script_path, script.as_bytes(), self.cancel)
             .await
             .map_err(AgentError::Sandbox)?;
-        let request = ExecRequest::argv(script_command(
+        let argv = script_command(
             self.env.kind(),
             language,
             &script_path.display().to_string(),
-        ))
-        .cwd(WORKSPACE)
-        // Never past the run's deadline.
-        .timeout(
-            self.config
-                .limits
-                .timeout()
-                .min(self.deadline.saturating_duration_since(Instant::now()))
-                .max(Duration::from_millis(1)),
         );
+        self.attempt(argv, language, script, usage, report).await
+    }
+
+    /// The skill of a tool call's argument `field`, or an error naming the skills there are.
+    fn skill(&self, call: &ToolCall, field: &str) -> Result<&skillbox_skills::Skill, String> {
+        let name = string_arg(call, field)?;
+        self.skills
+            .iter()
+            .find(|s| s.meta.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.skills.iter().map(|s| s.meta.name.as_str()).collect();
+                format!(
+                    "{}: no skill {name:?}; the skills: {}",
+                    call.name,
+                    names.join(", ")
+                )
+            })
+    }
+
+    async fn read_skill(&self, call: &ToolCall) -> Result<String, String> {
+        let skill = self.skill(call, "name")?.clone();
+        let folder = skill.sandbox_dir(Path::new(WORKSPACE));
+        let (doc, scripts) = tokio::task::spawn_blocking(move || {
+            (skillbox_skills::skill::read(&skill.dir), skill.scripts())
+        })
+        .await
+        .map_err(|e| format!("read_skill: reading the skill failed: {e}"))?;
+        let doc = doc.map_err(|e| format!("read_skill: {e}"))?;
+        let mut body = head(&doc.body, SKILL_BODY_CHARS);
+        if doc.body.chars().count() > SKILL_BODY_CHARS {
+            body.push_str(&format!(
+                "\n[… cut at {SKILL_BODY_CHARS} characters; the whole file is {}/SKILL.md]",
+                folder.display()
+            ));
+        }
+        Ok(json!({
+            "name": doc.meta.name,
+            "folder": folder.display().to_string(),
+            "frontMatter": doc.meta,
+            "body": body,
+            "scripts": scripts,
+        })
+        .to_string())
+    }
+
+    /// A skill's script by name, run through its path in the sandbox and recorded as an
+    /// attempt whose script is the command line (language `sh`: it reads the same).
+    async fn run_skill(
+        &mut self,
+        call: &ToolCall,
+        usage: Option<Usage>,
+        report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
+    ) -> Result<String, AgentError> {
+        match self.skill_command(call).await {
+            Ok((argv, line)) => self.attempt(argv, Language::Sh, line, usage, report).await,
+            Err(message) => {
+                report(AgentEvent::ToolError {
+                    tool: &call.name,
+                    message: &message,
+                });
+                Ok(json!({"error": message}).to_string())
+            }
+        }
+    }
+
+    /// The argv of a `run_skill` call, and its command line as sh would read it.
+    async fn skill_command(&self, call: &ToolCall) -> Result<(Vec<String>, String), String> {
+        let skill = self.skill(call, "skill")?.clone();
+        let script = string_arg(call, "script")?;
+        let args: Vec<String> = match call.arguments.get("args") {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(value) => value
+                .as_array()
+                .and_then(|items| {
+                    items
+                        .iter()
+                        .map(|item| item.as_str().map(str::to_string))
+                        .collect()
+                })
+                .ok_or("run_skill: argument \"args\" must be an array of strings")?,
+        };
+        let name = skill.meta.name.clone();
+        let argv = {
+            let script = script.clone();
+            tokio::task::spawn_blocking(move || {
+                skill.script_command(&script, &args, Path::new(WORKSPACE))
+            })
+            .await
+            .map_err(|e| format!("run_skill: finding the script failed: {e}"))?
+            .map_err(|e| format!("run_skill: {e}"))?
+        };
+        let line = format!(
+            "# run_skill {name} {}\n{}\n",
+            sh_quote(&script),
+            argv.iter()
+                .map(|w| sh_quote(w))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        Ok((argv, line))
+    }
+
+    /// Runs `argv` in `/workspace` as one attempt: the timeout rule, collection (inputs
+    /// left out), verification and the count of failed runs. `script` is what the record
+    /// shows.
+    async fn attempt(
+        &mut self,
+        argv: Vec<String>,
+        language: Language,
+        script: String,
+        usage: Option<Usage>,
+        report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
+    ) -> Result<String, AgentError> {
+        let request = ExecRequest::argv(argv)
+            .cwd(WORKSPACE)
+            // Never past the run's deadline.
+            .timeout(
+                self.config
+                    .limits
+                    .timeout()
+                    .min(self.deadline.saturating_duration_since(Instant::now()))
+                    .max(Duration::from_millis(1)),
+            );
         let output = self
             .env
             .exec(request, self.cancel)
@@ -384,7 +619,7 @@ impl Session<'_> {
         let (files, collect_error) = match collect_artifacts(
             self.env,
             Path::new(WORKSPACE),
-            &BTreeMap::new(),
+            &self.inputs,
             &OutputSelection::visible(),
             CollectLimits::default(),
             self.cancel,
@@ -469,6 +704,21 @@ impl Agent {
         if prompt.trim().is_empty() {
             return Err(AgentError::EmptyPrompt);
         }
+        // Found and planned before a sandbox is made: a name that is not there ends the
+        // run here.
+        let setup = Setup {
+            skills: self
+                .runner
+                .plan_skills(&config.skills, &config.tenant)
+                .await
+                .map_err(AgentError::Workspace)?,
+            scope: config
+                .scope_key
+                .as_deref()
+                .map(|key| self.runner.scope(&config.tenant, key))
+                .transpose()
+                .map_err(AgentError::Workspace)?,
+        };
         let mut policy = SandboxPolicy::default();
         self.runner
             .runtime_mount(config.backend, &mut policy)
@@ -489,7 +739,7 @@ impl Agent {
             .await
             .map_err(AgentError::Sandbox)?;
         let result = self
-            .session(env.as_ref(), prompt, skill, config, cancel, report)
+            .session(env.as_ref(), prompt, skill, config, &setup, cancel, report)
             .await;
         if let Err(e) = env.cleanup().await {
             tracing::warn!(error = %e, "agent: sandbox cleanup failed");
@@ -497,22 +747,62 @@ impl Agent {
         result
     }
 
+    /// Restores the scope, places the skills, runs the loop, stores what the last good
+    /// run made and saves the scope.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the run's parts, each borrowed from Agent::run"
+    )]
     async fn session(
         &self,
         env: &dyn ExecutionEnv,
         prompt: &str,
         skill: &Skill,
         config: &AgentConfig,
+        setup: &Setup,
         cancel: &CancellationToken,
         report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
     ) -> Result<AgentOutcome, AgentError> {
         let started = Instant::now();
-        let tools = tools();
-        let mut messages = vec![Message::system(skill.instructions), Message::user(prompt)];
+        let setup_error = |e: RunError| match e {
+            RunError::Aborted => AgentError::Cancelled,
+            other => AgentError::Workspace(other),
+        };
+        let mut inputs = BTreeMap::new();
+        // The scope's last workspace first, then the skills over it, as a run does.
+        let mut snapshot = None;
+        if let Some(scope) = &setup.scope {
+            let (restored, files) = self
+                .runner
+                .restore_scope(env, scope, cancel)
+                .await
+                .map_err(setup_error)?;
+            snapshot = Some(restored);
+            inputs.extend(files);
+        }
+        let (placed, skills) = match &setup.skills {
+            Some(planned) => {
+                let placed = self
+                    .runner
+                    .place_skills(env, planned, cancel)
+                    .await
+                    .map_err(setup_error)?;
+                inputs.extend(planned.projection.inputs());
+                (Some(placed), planned.skills.as_slice())
+            }
+            None => (None, &[][..]),
+        };
+        let tools = tools(skills);
+        let mut messages = vec![
+            Message::system(system_prompt(skill.instructions, skills)),
+            Message::user(prompt),
+        ];
         let mut session = Session {
             env,
             config,
             cancel,
+            skills,
+            inputs,
             deadline: started + config.deadline,
             requires: skill.requires,
             attempts: Vec::new(),
@@ -558,6 +848,12 @@ impl Agent {
                 .collect(),
             None => Vec::new(),
         };
+        if let (Some(scope), Some(report)) = (&setup.scope, snapshot.as_mut()) {
+            self.runner
+                .save_scope(env, scope, report, cancel)
+                .await
+                .map_err(setup_error)?;
+        }
         Ok(AgentOutcome {
             status,
             reason,
@@ -568,6 +864,8 @@ impl Agent {
             corrections: session.corrections,
             artifacts,
             error,
+            placed,
+            snapshot,
         })
     }
 

@@ -3,7 +3,9 @@
 //! produces verified artifacts and the model stops, or a bound is reached (`maxAttempts`
 //! failed runs, `maxTurns` model turns, the deadline). A turn it cannot act on (no tool
 //! call before a verified run, a tool call with malformed arguments) is answered with a
-//! correction saying what to send instead.
+//! correction saying what to send instead. A run may name skills (placed in the sandbox
+//! first, listed in the system prompt, read and run by name) and a scope (its last
+//! snapshot of `/workspace` restored first, a new one saved after).
 //!
 //! Measured on a real model: writing a pptxgenjs script once is not reliable (the
 //! first try used `pres.ShapeType.RECTANGLE`, absent in pptxgenjs 4); with the error

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::BackendKind;
 use crate::error::ErrorCode;
-use crate::run::{ArtifactInfo, Language};
+use crate::run::{ArtifactInfo, Language, SkillsPlaced, SnapshotReport};
 
 /// `POST /v1/agent/runs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,6 +22,14 @@ pub struct AgentRunRequest {
     /// Which sandbox the scripts run in (default `native`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<BackendKind>,
+    /// Skills placed in `/workspace` first, by name, as `POST /v1/run`'s: listed in the
+    /// system prompt, read with `read_skill` and run with `run_skill`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<String>,
+    /// Start from this scope's last snapshot of `/workspace`, and save a new one after
+    /// the run (the tenant's scope, as `POST /v1/run`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_key: Option<String>,
 }
 
 /// The answer to `POST /v1/agent/runs` (202).
@@ -116,6 +124,11 @@ pub struct AgentRun {
     /// Records older than this field read as `native`, the only backend they could use.
     #[serde(default)]
     pub backend: BackendKind,
+    /// The skills asked for (`skills` of the request).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_key: Option<String>,
     pub model: String,
     /// True when a scripted (loopback) model is in use.
     pub scripted: bool,
@@ -135,6 +148,13 @@ pub struct AgentRun {
     /// The turns the loop could not act on, and what it answered (older records: none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub corrections: Vec<Correction>,
+    /// What was placed of `skills`, once the sandbox had them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed: Option<SkillsPlaced>,
+    /// With a `scopeKey`: the snapshot the run started from and the one it left (or
+    /// why none was saved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotReport>,
 }
 
 /// What was wrong with a corrected turn.

@@ -7,7 +7,7 @@ mod runner;
 mod runtime;
 
 pub use runner::{
-    NODE_MODULES, RunError, Runner, RunnerConfig, check_files, object_url, registry_config,
-    script_command, script_name,
+    NODE_MODULES, PlannedSkills, RunError, Runner, RunnerConfig, Scope, check_files,
+    check_skill_names, object_url, registry_config, script_command, script_name,
 };
 pub use runtime::{NodeRuntime, RuntimeError};

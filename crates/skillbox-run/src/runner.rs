@@ -17,7 +17,7 @@ use skillbox_protocol::{
     RunRequest, RunResult, SkillsPlaced, SnapshotReport,
 };
 use skillbox_registry::{BackendRegistry, RegistryConfig};
-use skillbox_skills::{HashCache, Projection, ProjectionConfig, SkillSet, Sources};
+use skillbox_skills::{HashCache, Projection, ProjectionConfig, Skill, SkillSet, Sources};
 use skillbox_store::{
     ArtifactStore, CollectLimits, SnapshotLimits, Snapshots, collect_artifacts, store_all,
 };
@@ -107,6 +107,36 @@ impl RunnerConfig {
             snapshots: SnapshotLimits::default(),
         }
     }
+
+    /// The skills `names` (checked as a request's `skills`) of the skills workspace and
+    /// of `tenant`'s own, by name; a name that is not there is `Invalid`, naming those
+    /// that are. Reads each SKILL.md from the host: blocking, and no sandbox needed.
+    pub fn find_skills(&self, names: &[String], tenant: &str) -> Result<Vec<Skill>, RunError> {
+        let names = check_skill_names(names)?;
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(workspace) = self.skills_workspace.clone() else {
+            return Err(RunError::Invalid(NO_SKILLS_WORKSPACE.into()));
+        };
+        let user = skillbox_skills::skill::valid_name(tenant).then(|| {
+            (
+                tenant.to_string(),
+                Sources::user_dir(&self.data_dir, tenant),
+            )
+        });
+        let set = SkillSet::load(&Sources {
+            workspace: Some(workspace),
+            user,
+        });
+        let missing =
+            |i: usize, name: &str| RunError::Invalid(format!("skills[{i}]: {}", set.missing(name)));
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| set.get(name).cloned().ok_or_else(|| missing(i, name)))
+            .collect()
+    }
 }
 
 /// The registry every sandbox of `data_dir` comes from: its backends run the image
@@ -141,13 +171,40 @@ struct Checked {
     scope_key: Option<String>,
 }
 
+/// Why a runner without a skills workspace refuses `skills`.
+const NO_SKILLS_WORKSPACE: &str = "skills: this runner has no skills workspace (skillbox serve --project DIR, or run from the workspace)";
 /// Most skills one run may name.
 const MAX_SKILLS: usize = 64;
 
-/// The skills a run uses, planned, and where they go.
-struct Skills {
-    placed: Vec<PlacedSkill>,
-    projection: Projection,
+/// Skills found and planned for a sandbox: which, and the tree that places them.
+#[derive(Debug, Clone)]
+pub struct PlannedSkills {
+    /// By name.
+    pub skills: Vec<Skill>,
+    pub projection: Projection,
+}
+
+impl PlannedSkills {
+    /// Each skill with its folder in the sandbox.
+    pub fn placed(&self) -> Vec<PlacedSkill> {
+        self.skills
+            .iter()
+            .map(|skill| PlacedSkill {
+                name: skill.meta.name.clone(),
+                path: skill
+                    .sandbox_dir(Path::new(WORKSPACE))
+                    .display()
+                    .to_string(),
+            })
+            .collect()
+    }
+}
+
+/// One tenant's scope: where its snapshots are kept, and its id there.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    snapshots: Snapshots,
+    id: String,
 }
 
 fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
@@ -224,25 +281,10 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
     let outputs = OutputSelection::new(&request.outputs)
         .map_err(|e| RunError::Invalid(format!("outputs: {e}")))?;
     let files = check_files(request.files, request.script.len())?;
-    if request.skills.len() > MAX_SKILLS {
-        return Err(RunError::Invalid(format!(
-            "skills: {} names, at most {MAX_SKILLS}",
-            request.skills.len()
-        )));
-    }
-    for (i, name) in request.skills.iter().enumerate() {
-        if !skillbox_skills::skill::valid_name(name) {
-            return Err(RunError::Invalid(format!(
-                "skills[{i}]: {name:?} is not a skill's name (letters, digits, -, _ and .)"
-            )));
-        }
-    }
+    let skills = check_skill_names(&request.skills)?;
     if let Some(scope) = &request.scope_key {
         skillbox_store::check_scope_key(scope).map_err(RunError::Invalid)?;
     }
-    let mut skills = request.skills;
-    skills.sort();
-    skills.dedup();
     Ok(Checked {
         language: request.language,
         script: request.script,
@@ -253,6 +295,28 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
         skills,
         scope_key: request.scope_key,
     })
+}
+
+/// A request's `skills`: at most 64, each a skill's name; sorted, without repeats. An
+/// error names the field (`skills[2]`).
+pub fn check_skill_names(names: &[String]) -> Result<Vec<String>, RunError> {
+    if names.len() > MAX_SKILLS {
+        return Err(RunError::Invalid(format!(
+            "skills: {} names, at most {MAX_SKILLS}",
+            names.len()
+        )));
+    }
+    for (i, name) in names.iter().enumerate() {
+        if !skillbox_skills::skill::valid_name(name) {
+            return Err(RunError::Invalid(format!(
+                "skills[{i}]: {name:?} is not a skill's name (letters, digits, -, _ and .)"
+            )));
+        }
+    }
+    let mut names = names.to_vec();
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 /// A request's input `files`, checked and decoded: at most 1000, each path relative to
@@ -369,53 +433,148 @@ impl Runner {
             .map_err(|e| RunError::Unavailable(format!("snapshots: {e}")))
     }
 
-    /// The skills `names` of `tenant`, found and planned (on a blocking thread: it
-    /// hashes files).
-    async fn skills(&self, names: &[String], tenant: &str) -> Result<Option<Skills>, RunError> {
+    /// The skills `names` of `tenant` ([`RunnerConfig::find_skills`]), planned for a
+    /// sandbox (on a blocking thread: it hashes files); `None` when there are none.
+    pub async fn plan_skills(
+        &self,
+        names: &[String],
+        tenant: &str,
+    ) -> Result<Option<PlannedSkills>, RunError> {
         if names.is_empty() {
             return Ok(None);
         }
-        let Some(workspace) = self.config.skills_workspace.clone() else {
-            return Err(RunError::Invalid(
-                "skills: this runner has no skills workspace (skillbox serve --project DIR, or run from the workspace)".into(),
-            ));
-        };
-        let data_dir = self.config.data_dir.clone();
+        let config = self.config.clone();
         let tenant = tenant.to_string();
         let names = names.to_vec();
         tokio::task::spawn_blocking(move || {
-            let user = skillbox_skills::skill::valid_name(&tenant)
-                .then(|| (tenant.clone(), Sources::user_dir(&data_dir, &tenant)));
-            let set = SkillSet::load(&Sources {
-                workspace: Some(workspace),
-                user,
-            });
-            let mut chosen = Vec::new();
-            for (i, name) in names.iter().enumerate() {
-                let skill = set.get(name).ok_or_else(|| {
-                    RunError::Invalid(format!("skills[{i}]: {}", set.missing(name)))
-                })?;
-                chosen.push(skill);
-            }
-            let cache_dir = data_dir.join("skills");
+            let skills = config.find_skills(&names, &tenant)?;
+            let cache_dir = config.data_dir.join("skills");
             let _ = std::fs::create_dir_all(&cache_dir);
             let mut cache = HashCache::open(&cache_dir.join("hash-cache.json"));
+            let chosen: Vec<&Skill> = skills.iter().collect();
             let projection =
                 skillbox_skills::plan_skills(&chosen, &mut cache).map_err(RunError::from_env)?;
-            let placed = chosen
-                .iter()
-                .map(|skill| PlacedSkill {
-                    name: skill.meta.name.clone(),
-                    path: skill
-                        .sandbox_dir(Path::new(WORKSPACE))
-                        .display()
-                        .to_string(),
-                })
-                .collect();
-            Ok(Some(Skills { placed, projection }))
+            Ok(Some(PlannedSkills { skills, projection }))
         })
         .await
         .map_err(|e| RunError::Internal(format!("planning the skills failed: {e}")))?
+    }
+
+    /// The skills `names` of `tenant`, found without a sandbox (on a blocking thread):
+    /// a request naming one that is not there can be refused before anything starts.
+    pub async fn find_skills(
+        &self,
+        names: &[String],
+        tenant: &str,
+    ) -> Result<Vec<Skill>, RunError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let config = self.config.clone();
+        let tenant = tenant.to_string();
+        let names = names.to_vec();
+        tokio::task::spawn_blocking(move || config.find_skills(&names, &tenant))
+            .await
+            .map_err(|e| RunError::Internal(format!("reading the skills failed: {e}")))?
+    }
+
+    /// `tenant`'s scope `key` (1 to 128 printable ASCII characters): another tenant's
+    /// key of the same name is another scope.
+    pub fn scope(&self, tenant: &str, key: &str) -> Result<Scope, RunError> {
+        skillbox_store::check_scope_key(key).map_err(RunError::Invalid)?;
+        Ok(Scope {
+            snapshots: self.snapshots()?.clone(),
+            id: skillbox_store::scope_id(tenant, key),
+        })
+    }
+
+    /// Places the scope's last snapshot of `/workspace` in `env` (nothing when it has
+    /// none). Returns the report to fill in when saving, and the restored files by path
+    /// and SHA-256: inputs, so they come back as outputs only when changed.
+    pub async fn restore_scope(
+        &self,
+        env: &dyn ExecutionEnv,
+        scope: &Scope,
+        cancel: &CancellationToken,
+    ) -> Result<(SnapshotReport, BTreeMap<PathBuf, String>), RunError> {
+        let restored = skillbox_store::restore_snapshot(
+            env,
+            Path::new(WORKSPACE),
+            &self.store,
+            &scope.snapshots,
+            &scope.id,
+            cancel,
+        )
+        .await
+        .map_err(|e| match e.code() {
+            ErrorCode::Aborted => RunError::Aborted,
+            _ => RunError::Unavailable(format!(
+                "scopeKey: the scope's last snapshot could not be restored: {e}"
+            )),
+        })?;
+        let report = SnapshotReport {
+            restored: restored.as_ref().map(|r| r.summary.id.clone()),
+            ..SnapshotReport::default()
+        };
+        Ok((report, restored.map(|r| r.files).unwrap_or_default()))
+    }
+
+    /// Saves `/workspace` of `env` as the scope's new latest snapshot, into `report`. A
+    /// save that fails leaves the previous one the latest and says why in
+    /// `report.error`; only a cancel is an error.
+    pub async fn save_scope(
+        &self,
+        env: &dyn ExecutionEnv,
+        scope: &Scope,
+        report: &mut SnapshotReport,
+        cancel: &CancellationToken,
+    ) -> Result<(), RunError> {
+        match skillbox_store::save_snapshot(
+            env,
+            Path::new(WORKSPACE),
+            &self.store,
+            &scope.snapshots,
+            &scope.id,
+            self.config.snapshots,
+            cancel,
+        )
+        .await
+        {
+            Ok(saved) => {
+                report.saved = Some(saved.id);
+                report.files = saved.files;
+                report.bytes = saved.bytes;
+            }
+            Err(e) if e.code() == ErrorCode::Aborted => return Err(RunError::Aborted),
+            Err(e) => report.error = Some(e.to_string()),
+        }
+        Ok(())
+    }
+
+    /// Places planned skills in `/workspace` of `env` as one tree (nothing is copied
+    /// when the workspace already has them). Their files are inputs:
+    /// `skills.projection.inputs()`.
+    pub async fn place_skills(
+        &self,
+        env: &dyn ExecutionEnv,
+        skills: &PlannedSkills,
+        cancel: &CancellationToken,
+    ) -> Result<SkillsPlaced, RunError> {
+        let applied = skillbox_skills::apply(
+            env,
+            &skills.projection,
+            &ProjectionConfig::default(),
+            cancel,
+        )
+        .await
+        .map_err(RunError::from_env)?;
+        Ok(SkillsPlaced {
+            skills: skills.placed(),
+            files: applied.files,
+            bytes: applied.bytes,
+            copied: applied.copied,
+            fingerprint: applied.fingerprint,
+        })
     }
 
     /// The registry runs take their sandboxes from (the agent takes its own from it too).
@@ -488,12 +647,9 @@ impl Runner {
         if checked.language == Language::Node {
             self.runtime_mount(kind, &mut policy).await?;
         }
-        let skills = self.skills(&checked.skills, tenant).await?;
+        let skills = self.plan_skills(&checked.skills, tenant).await?;
         let scope = match &checked.scope_key {
-            Some(key) => Some((
-                self.snapshots()?.clone(),
-                skillbox_store::scope_id(tenant, key),
-            )),
+            Some(key) => Some(self.scope(tenant, key)?),
             None => None,
         };
         let base = &self.config.limits;
@@ -557,8 +713,8 @@ impl Runner {
         &self,
         env: &dyn ExecutionEnv,
         checked: Checked,
-        skills: Option<Skills>,
-        scope: Option<(Snapshots, String)>,
+        skills: Option<PlannedSkills>,
+        scope: Option<Scope>,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
         let workspace = Path::new(WORKSPACE);
@@ -566,48 +722,16 @@ impl Runner {
         let mut snapshot = None;
         // The scope's last workspace first, then the skills over it: changed skill code
         // wins, what the earlier runs installed stays.
-        if let Some((snapshots, scope)) = &scope {
-            let restored = skillbox_store::restore_snapshot(
-                env,
-                workspace,
-                &self.store,
-                snapshots,
-                scope,
-                cancel,
-            )
-            .await
-            .map_err(|e| match e.code() {
-                ErrorCode::Aborted => RunError::Aborted,
-                _ => RunError::Unavailable(format!(
-                    "scopeKey: the scope's last snapshot could not be restored: {e}"
-                )),
-            })?;
-            snapshot = Some(SnapshotReport {
-                restored: restored.as_ref().map(|r| r.summary.id.clone()),
-                ..SnapshotReport::default()
-            });
-            if let Some(restored) = restored {
-                inputs.extend(restored.files);
-            }
+        if let Some(scope) = &scope {
+            let (report, restored) = self.restore_scope(env, scope, cancel).await?;
+            snapshot = Some(report);
+            inputs.extend(restored);
         }
         let placed = match &skills {
             Some(skills) => {
-                let applied = skillbox_skills::apply(
-                    env,
-                    &skills.projection,
-                    &ProjectionConfig::default(),
-                    cancel,
-                )
-                .await
-                .map_err(RunError::from_env)?;
+                let placed = self.place_skills(env, skills, cancel).await?;
                 inputs.extend(skills.projection.inputs());
-                Some(SkillsPlaced {
-                    skills: skills.placed.clone(),
-                    files: applied.files,
-                    bytes: applied.bytes,
-                    copied: applied.copied,
-                    fingerprint: applied.fingerprint,
-                })
+                Some(placed)
             }
             None => None,
         };
@@ -669,26 +793,8 @@ impl Runner {
         let stored = store_all(&self.store, collected)
             .await
             .map_err(|e| RunError::Internal(e.to_string()))?;
-        if let (Some((snapshots, scope)), Some(report)) = (&scope, snapshot.as_mut()) {
-            match skillbox_store::save_snapshot(
-                env,
-                workspace,
-                &self.store,
-                snapshots,
-                scope,
-                self.config.snapshots,
-                cancel,
-            )
-            .await
-            {
-                Ok(saved) => {
-                    report.saved = Some(saved.id);
-                    report.files = saved.files;
-                    report.bytes = saved.bytes;
-                }
-                Err(e) if e.code() == ErrorCode::Aborted => return Err(RunError::Aborted),
-                Err(e) => report.error = Some(e.to_string()),
-            }
+        if let (Some(scope), Some(report)) = (&scope, snapshot.as_mut()) {
+            self.save_scope(env, scope, report, cancel).await?;
         }
         let files = stored
             .into_iter()

@@ -95,6 +95,15 @@ pub(crate) async fn create(
             "backend: host runs code with no boundary; agent runs use native, docker or gvisor",
         ));
     }
+    // The tenant's skills and scope, as POST /v1/run's: a name that is not there is 400
+    // now, naming those that are, rather than a failed record later.
+    state
+        .runner
+        .find_skills(&request.skills, tenant.as_str())
+        .await?;
+    if let Some(key) = &request.scope_key {
+        skillbox_store::check_scope_key(key).map_err(|e| Failure::new(ErrorCode::Invalid, e))?;
+    }
     let provider = agents
         .provider(&skill)
         .map_err(|e| Failure::new(ErrorCode::Unavailable, format!("model: {e}")))?;
@@ -126,6 +135,8 @@ pub(crate) async fn create(
         skill: skill_name,
         max_attempts,
         backend,
+        skills: request.skills.clone(),
+        scope_key: request.scope_key.clone(),
         model: provider.name(),
         scripted: provider.is_scripted(),
         reason: None,
@@ -134,6 +145,8 @@ pub(crate) async fn create(
         artifacts: Vec::new(),
         error: None,
         corrections: Vec::new(),
+        placed: None,
+        snapshot: None,
     };
     let body = serde_json::to_string(&record)
         .map_err(|e| Failure::new(ErrorCode::Unknown, e.to_string()))?;
@@ -153,6 +166,7 @@ pub(crate) async fn create(
     let runner = state.runner.clone();
     let tracker = agents.tasks.clone();
     let state = state.clone();
+    let tenant_name = tenant.as_str().to_string();
     tracker.spawn(async move {
         let _tenant_run = tenant_run;
         // The work runs in its own task, so a panic there still ends the record.
@@ -173,6 +187,9 @@ pub(crate) async fn create(
                 let config = AgentConfig {
                     max_attempts,
                     backend,
+                    skills: request.skills.clone(),
+                    scope_key: request.scope_key.clone(),
+                    tenant: tenant_name,
                     ..AgentConfig::default()
                 };
                 // Each attempt is saved as it happens, so GET shows progress.
@@ -200,6 +217,8 @@ pub(crate) async fn create(
                         record.artifacts = outcome.artifacts;
                         record.error = outcome.error;
                         record.corrections = outcome.corrections;
+                        record.placed = outcome.placed;
+                        record.snapshot = outcome.snapshot;
                     }
                     Err(error) => {
                         record.status = AgentStatus::Failed;

@@ -12,6 +12,8 @@ use skillbox_agent::{
 };
 use skillbox_client::outdir::{ExportOptions, Exported, OutDir};
 use skillbox_env::{BackendKind, CancellationToken};
+use skillbox_run::RunnerConfig;
+use skillbox_store::LOCAL_TENANT;
 
 use crate::units::backend_parser;
 
@@ -27,9 +29,22 @@ pub enum Model {
 pub struct AgentArgs {
     /// What to make.
     prompt: String,
-    /// The skill (its SKILL.md is the system prompt).
-    #[arg(long, default_value = "pptx")]
-    skill: String,
+    /// The built-in skill (its SKILL.md is the system prompt).
+    #[arg(long, value_name = "NAME", default_value = "pptx")]
+    builtin: String,
+    /// Place the skill NAME in /workspace first (repeatable): the workspace's
+    /// skills/NAME, a staged .skills-cache/SOURCE/NAME, or the user's own. The system
+    /// prompt lists it; the model reads it with read_skill and runs its scripts with
+    /// run_skill.
+    #[arg(long = "skill", value_name = "NAME")]
+    skills: Vec<String>,
+    /// Start from this scope's last snapshot of /workspace (what earlier runs with the
+    /// same KEY installed or built) and save a new one after the run.
+    #[arg(long = "scope", value_name = "KEY")]
+    scope: Option<String>,
+    /// The workspace whose skills --skill names [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
     /// The model.
     #[arg(long, value_enum, default_value = "loopback")]
     model: Model,
@@ -117,15 +132,29 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
     if args.prompt.trim().is_empty() {
         return usage("PROMPT: empty; say what to make");
     }
-    let Some(skill) = builtin_skill(&args.skill) else {
+    let Some(skill) = builtin_skill(&args.builtin) else {
         return usage(&format!(
-            "--skill {}: no such skill (have: {})",
-            args.skill,
+            "--builtin {}: no such built-in skill (have: {})",
+            args.builtin,
             SKILL_NAMES.join(", ")
         ));
     };
     if args.max_attempts == 0 {
         return usage("--max-attempts: must be at least 1");
+    }
+    let mut runner_config = RunnerConfig::new(data_dir);
+    runner_config.skills_workspace = match &args.workspace {
+        Some(dir) => Some(dir.clone()),
+        None => std::env::current_dir().ok(),
+    };
+    // Read from the host, before anything starts: a name that is not there is bad usage.
+    if let Err(e) = runner_config.find_skills(&args.skills, LOCAL_TENANT) {
+        return usage(&e.to_string());
+    }
+    if let Some(key) = &args.scope
+        && let Err(e) = skillbox_store::check_scope_key(key)
+    {
+        return usage(&format!("--scope: {e}"));
     }
     let mut out = match &args.out {
         Some(path) => {
@@ -155,15 +184,19 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         return usage("--backend host: agent scripts always run behind a boundary");
     }
     // Container backends carry the Node runtime in their image.
-    let runner = match crate::local::runner(data_dir, args.backend == BackendKind::Native).await {
-        Ok(runner) => Arc::new(runner),
-        Err(e) => return failed(&e.to_string()),
-    };
+    let runner =
+        match crate::local::runner_with(runner_config, args.backend == BackendKind::Native).await {
+            Ok(runner) => Arc::new(runner),
+            Err(e) => return failed(&e.to_string()),
+        };
     let store = runner.store().clone();
     let agent = Agent::new(provider, runner);
     let config = AgentConfig {
         max_attempts: args.max_attempts,
         backend: args.backend,
+        skills: args.skills.clone(),
+        scope_key: args.scope.clone(),
+        tenant: LOCAL_TENANT.to_string(),
         ..AgentConfig::default()
     };
     let cancel = CancellationToken::new();

@@ -822,7 +822,8 @@ fn agent_bad_input_is_one_line_and_exit_2() {
     std::fs::write(bad_transcript.path(), "{ not json").unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["agent", "  "], "PROMPT"),
-        (vec!["agent", "x", "--skill", "excel"], "excel"),
+        (vec!["agent", "x", "--builtin", "excel"], "excel"),
+        (vec!["agent", "x", "--skill", "excel"], "no skill excel"),
         (vec!["agent", "x", "--max-attempts", "0"], "max-attempts"),
         (
             vec![

@@ -1,7 +1,7 @@
 //! `skillbox skills` through the real binary: skills read from the host, a marketplace
 //! archive staged, the workspace projected into a sandbox once (and not again while
-//! nothing changed), and a skill's script run by name through its projected path on
-//! every backend.
+//! nothing changed), a skill's script run by name through its projected path on every
+//! backend, and skills and scopes in `run` and `agent`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -475,4 +475,122 @@ fn runs_use_skills_and_start_from_their_scopes_snapshot() {
         "{}",
         text(&missing.stderr)
     );
+}
+
+/// `skillbox agent --skill --scope --workspace`: the skill is placed, the model runs its
+/// script by name (`run_skill`) and the deck it makes comes back (no file of the skill's
+/// own does); a second run with the same scope, from the workspace itself (the default
+/// `--workspace`), sees what the first left; a name that is not there, or a bad key, is
+/// bad usage.
+#[test]
+fn agent_runs_use_skills_by_name_and_keep_their_scope() {
+    if !native_or_skip("agent_runs_use_skills_by_name_and_keep_their_scope") {
+        return;
+    }
+    // Where the CLI tests keep the Node runtime, installed once.
+    let data = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-cli-tests");
+    let ws = workspace();
+    write(
+        &ws.path().join("skills/deck/SKILL.md"),
+        "---\nname: deck\ndescription: Makes a one-slide deck titled by its arguments.\n---\nRun scripts/make.js TITLE.\n",
+    );
+    write(
+        &ws.path().join("skills/deck/scripts/make.js"),
+        "const pptxgen = require(\"pptxgenjs\");\nconst pres = new pptxgen();\npres.addSlide().addText(process.argv.slice(2).join(\" \"), { x: 0.5, y: 0.5, w: 9, h: 1, fontSize: 32 });\npres.writeFile({ fileName: \"/workspace/deck.pptx\" }).then((name) => console.log(\"wrote \" + name));\n",
+    );
+    let key = format!("cli-{}", ws.path().file_name().unwrap().to_str().unwrap());
+    let elsewhere = tempfile::tempdir().unwrap();
+    let agent = |turns: Value, cwd: &Path, extra: &[&str]| {
+        let transcript = elsewhere.path().join("transcript.json");
+        std::fs::write(&transcript, serde_json::json!({"turns": turns}).to_string()).unwrap();
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["agent", "Make a deck", "--transcript"])
+            .arg(&transcript)
+            .args(["--skill", "deck", "--scope", &key, "--json"])
+            .args(extra)
+            .current_dir(cwd)
+            .env_remove("SKILLBOX_USER")
+            .output()
+            .unwrap()
+    };
+    let deck = |title: &str| serde_json::json!({"name": "run_skill", "arguments": {"skill": "deck", "script": "scripts/make.js", "args": [title]}});
+
+    let first = agent(
+        serde_json::json!([
+            {"toolCalls": [deck("First"), {"name": "run_script", "arguments": {"language": "sh", "script": "echo kept > stamp.txt"}}]},
+            {"expect": {"exitCode": 0, "filesInclude": "stamp.txt"}, "text": "Made deck.pptx."}
+        ]),
+        elsewhere.path(),
+        &["--workspace", ws.path().to_str().unwrap()],
+    );
+    let first = json(&first);
+    assert_eq!(first["status"], "succeeded", "{first}");
+    assert_eq!(
+        first["placed"]["skills"],
+        serde_json::json!([{"name": "deck", "path": "/workspace/skills/deck"}]),
+        "{first}"
+    );
+    assert_eq!(
+        first["attempts"][0]["script"],
+        "# run_skill deck scripts/make.js\nnode /workspace/skills/deck/scripts/make.js First\n",
+        "{first}"
+    );
+    let mut made: Vec<&str> = first["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    made.sort();
+    assert_eq!(made, ["deck.pptx", "stamp.txt"], "{first}");
+    let saved = first["snapshot"]["saved"].as_str().unwrap().to_string();
+
+    let second = agent(
+        serde_json::json!([
+            {"toolCalls": [deck("Second"), {"name": "run_script", "arguments": {"language": "sh", "script": "cat stamp.txt"}}]},
+            {"expect": {"exitCode": 0, "resultContains": "kept"}, "text": "Made it again."}
+        ]),
+        ws.path(),
+        &[],
+    );
+    let second = json(&second);
+    assert_eq!(second["status"], "succeeded", "{second}");
+    assert_eq!(second["snapshot"]["restored"], saved.as_str(), "{second}");
+    assert_eq!(second["attempts"][1]["stdout"], "kept\n", "{second}");
+    let made: Vec<&str> = second["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        made,
+        ["deck.pptx"],
+        "the restored stamp.txt is an input: {second}"
+    );
+
+    for (args, needle) in [
+        (
+            vec!["--skill", "nope"],
+            "skills[0]: no skill nope (there are: deck, report)",
+        ),
+        (vec!["--scope", "has space"], "--scope"),
+        (vec!["--builtin", "excel"], "--builtin excel"),
+    ] {
+        let out = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["agent", "x"])
+            .args(&args)
+            .current_dir(ws.path())
+            .env_remove("SKILLBOX_USER")
+            .output()
+            .unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
 }

@@ -17,7 +17,7 @@ use skillbox_run::{Runner, RunnerConfig};
 use skillbox_store::ArtifactStore;
 
 /// The Node runtime is installed once for these tests, not per test.
-fn data_dir() -> PathBuf {
+pub(crate) fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-agent-tests")
 }
 

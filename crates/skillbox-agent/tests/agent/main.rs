@@ -5,3 +5,4 @@
 mod corrections;
 mod loop_edges;
 mod openai;
+mod skills;
