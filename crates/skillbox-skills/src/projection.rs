@@ -11,13 +11,13 @@
 //! copy it saves, so file hashes are cached by what `stat` says (device, inode, size,
 //! mtime, ctime), as git's index does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use skillbox_env::{
     CancellationToken, EnvError, EnvResult, ErrorCode, ExecutionEnv, MAX_TREE_BYTES,
@@ -113,22 +113,41 @@ fn io_error(e: &std::io::Error, op: &str, path: &Path) -> EnvError {
 }
 
 /// File hashes by what `stat` says of the file, kept between runs.
-#[derive(Debug, Default, Serialize, Deserialize)]
+///
+/// Kept as one line a file (`sha256 dev ino size mtime_ns ctime_ns path`, tab-separated,
+/// the path escaped), which loads in a few milliseconds for tens of thousands of files:
+/// an unchanged projection costs a walk and this, not a read of every file.
+#[derive(Debug, Default)]
 pub struct HashCache {
-    entries: BTreeMap<PathBuf, Cached>,
-    #[serde(skip)]
+    entries: HashMap<PathBuf, Cached>,
     path: Option<PathBuf>,
-    #[serde(skip)]
     changed: bool,
+    /// An entry whose ctime is this late or later may have changed again within the
+    /// same clock tick after it was hashed (file times are coarse): it is hashed again,
+    /// as git does with a "racy" index entry.
+    racy_from_ns: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Entries kept at most; past it, those not seen by the last plan go.
+const CACHE_MAX_ENTRIES: usize = 200_000;
+const CACHE_HEADER: &str = "skillbox-hash-cache 2";
+/// How far before the cache's writing a ctime still counts as racy.
+const RACY_NS: i64 = 2_000_000_000;
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Cached {
     dev: u64,
     ino: u64,
     size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
+    mtime_ns: i64,
+    ctime_ns: i64,
     sha256: String,
 }
 
@@ -138,21 +157,104 @@ impl Cached {
             dev: meta.dev(),
             ino: meta.ino(),
             size: meta.size(),
-            mtime_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-            ctime_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+            mtime_ns: meta.mtime().saturating_mul(1_000_000_000) + meta.mtime_nsec(),
+            ctime_ns: meta.ctime().saturating_mul(1_000_000_000) + meta.ctime_nsec(),
             sha256,
         }
     }
+
+    fn same_file(&self, meta: &std::fs::Metadata) -> bool {
+        self.ino == meta.ino()
+            && self.size == meta.size()
+            && self.mtime_ns == meta.mtime().saturating_mul(1_000_000_000) + meta.mtime_nsec()
+            && self.ctime_ns == meta.ctime().saturating_mul(1_000_000_000) + meta.ctime_nsec()
+            && self.dev == meta.dev()
+    }
+}
+
+/// A path on one line: `\`, tab, newline and carriage return escaped.
+fn escape(path: &Path) -> String {
+    let mut out = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn unescape(text: &str) -> String {
+    if !text.contains('\\') {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push('\t'),
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some(other) => out.push(other),
+            None => {}
+        }
+    }
+    out
+}
+
+fn parse_line(line: &str) -> Option<(PathBuf, Cached)> {
+    let mut fields = line.splitn(7, '\t');
+    let sha256 = fields.next()?.to_string();
+    if sha256.len() != 64 {
+        return None;
+    }
+    let dev = fields.next()?.parse().ok()?;
+    let ino = fields.next()?.parse().ok()?;
+    let size = fields.next()?.parse().ok()?;
+    let mtime_ns = fields.next()?.parse().ok()?;
+    let ctime_ns = fields.next()?.parse().ok()?;
+    let path = PathBuf::from(unescape(fields.next()?));
+    Some((
+        path,
+        Cached {
+            dev,
+            ino,
+            size,
+            mtime_ns,
+            ctime_ns,
+            sha256,
+        },
+    ))
 }
 
 impl HashCache {
     /// The cache kept at `path` (empty when there is none, or it cannot be read).
     pub fn open(path: &Path) -> HashCache {
-        let mut cache: HashCache = std::fs::read(path)
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default();
-        cache.path = Some(path.to_path_buf());
+        let mut cache = HashCache {
+            path: Some(path.to_path_buf()),
+            ..HashCache::default()
+        };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return cache;
+        };
+        let mut lines = text.lines();
+        let saved_at = lines
+            .next()
+            .and_then(|header| header.strip_prefix(CACHE_HEADER))
+            .and_then(|rest| rest.trim().parse::<i64>().ok());
+        let Some(saved_at) = saved_at else {
+            return cache;
+        };
+        cache.racy_from_ns = saved_at - RACY_NS;
+        cache.entries = HashMap::with_capacity(text.len() / 100);
+        cache.entries.extend(lines.filter_map(parse_line));
         cache
     }
 
@@ -163,7 +265,8 @@ impl HashCache {
 
     fn hash(&mut self, path: &Path, meta: &std::fs::Metadata) -> std::io::Result<String> {
         if let Some(cached) = self.entries.get(path)
-            && *cached == Cached::of(meta, cached.sha256.clone())
+            && cached.same_file(meta)
+            && cached.ctime_ns < self.racy_from_ns
         {
             return Ok(cached.sha256.clone());
         }
@@ -184,22 +287,38 @@ impl HashCache {
         Ok(sha256)
     }
 
-    /// Keeps only the files seen this time, and writes the cache back (through a temp
-    /// file) when it changed.
+    /// Writes the cache back (through a temp file) when it changed; past
+    /// `CACHE_MAX_ENTRIES`, only the files `seen` this time stay.
     pub fn save(&mut self, seen: &[ProjectedFile]) {
-        let before = self.entries.len();
-        let keep: std::collections::BTreeSet<&Path> =
-            seen.iter().map(|f| f.host.as_path()).collect();
-        self.entries.retain(|path, _| keep.contains(path.as_path()));
-        if !self.changed && self.entries.len() == before {
+        if self.entries.len() > CACHE_MAX_ENTRIES {
+            let keep: std::collections::HashSet<&Path> =
+                seen.iter().map(|f| f.host.as_path()).collect();
+            self.entries.retain(|path, _| keep.contains(path.as_path()));
+            self.changed = true;
+        }
+        if !self.changed {
             return;
         }
         let Some(path) = &self.path else {
             return;
         };
-        let Ok(text) = serde_json::to_vec(self) else {
-            return;
-        };
+        let mut text = String::with_capacity(self.entries.len() * 160);
+        text.push_str(CACHE_HEADER);
+        text.push_str(&format!(" {}\n", now_ns()));
+        for (file, cached) in &self.entries {
+            use std::fmt::Write;
+            let _ = writeln!(
+                text,
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                cached.sha256,
+                cached.dev,
+                cached.ino,
+                cached.size,
+                cached.mtime_ns,
+                cached.ctime_ns,
+                escape(file)
+            );
+        }
         let temp = path.with_extension("tmp");
         if std::fs::write(&temp, text)
             .and_then(|()| std::fs::rename(&temp, path))
@@ -208,6 +327,7 @@ impl HashCache {
             let _ = std::fs::remove_file(&temp);
             tracing::debug!(path = %path.display(), "projection: the hash cache was not saved");
         }
+        self.changed = false;
     }
 }
 
@@ -272,6 +392,17 @@ impl Planner<'_> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(io_error(&e, "stat", host)),
         };
+        self.visit(root_host, host, &meta, to)
+    }
+
+    /// One entry whose `lstat` is `meta`.
+    fn visit(
+        &mut self,
+        root_host: &Path,
+        host: &Path,
+        meta: &std::fs::Metadata,
+        to: PathBuf,
+    ) -> EnvResult<()> {
         let file_type = meta.file_type();
         if file_type.is_symlink() {
             // A link to a file inside the same root is projected as that file.
@@ -292,16 +423,28 @@ impl Planner<'_> {
                 )),
             }
         } else if file_type.is_file() {
-            self.file(host, &meta, to)?;
+            self.file(host, meta, to)?;
         } else if file_type.is_dir() {
             self.projection.dirs.push(to.clone());
-            let mut names: Vec<_> = std::fs::read_dir(host)
-                .map_err(|e| io_error(&e, "list", host))?
-                .filter_map(|e| e.ok().map(|e| e.file_name()))
-                .collect();
-            names.sort();
-            for name in names {
-                self.walk(root_host, &host.join(&name), to.join(&name))?;
+            // Each entry is stat'ed relative to the directory's fd (as the listing
+            // gives it), not by walking its whole path again: an unchanged projection
+            // is mostly this.
+            let mut entries: Vec<(std::ffi::OsString, std::fs::DirEntry)> =
+                std::fs::read_dir(host)
+                    .map_err(|e| io_error(&e, "list", host))?
+                    .filter_map(Result::ok)
+                    .map(|entry| (entry.file_name(), entry))
+                    .collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for (name, entry) in entries {
+                let path = entry.path();
+                let meta = match entry.metadata() {
+                    Ok(meta) => meta,
+                    // Gone since the listing.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io_error(&e, "stat", &path)),
+                };
+                self.visit(root_host, &path, &meta, to.join(&name))?;
                 if let Some(e) = self.too_large(root_host) {
                     return Err(e);
                 }
@@ -396,7 +539,10 @@ pub fn plan(
 
 /// Sorts what was planned, and fingerprints it.
 fn finish(mut projection: Projection, cache: &mut HashCache) -> Projection {
-    projection.files.sort_by(|a, b| a.path.cmp(&b.path));
+    // The walk visits names in order, so this is usually sorted already.
+    if !projection.files.is_sorted_by(|a, b| a.path <= b.path) {
+        projection.files.sort_by(|a, b| a.path.cmp(&b.path));
+    }
     projection.files.dedup_by(|a, b| a.path == b.path);
     projection.dirs.sort();
     projection.dirs.dedup();
@@ -481,4 +627,65 @@ pub async fn apply(
         millis: started.elapsed().as_millis() as u64,
         ..unchanged
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hash_cache_keeps_odd_paths_and_notices_a_change() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let odd = dir.path().join("a\tb\\c\nd.txt");
+        std::fs::write(&odd, "one").unwrap_or_else(|e| panic!("{e}"));
+        let cache_path = dir.path().join("cache");
+        let mut cache = HashCache::open(&cache_path);
+        let meta = std::fs::metadata(&odd).unwrap_or_else(|e| panic!("{e}"));
+        let first = cache.hash(&odd, &meta).unwrap_or_else(|e| panic!("{e}"));
+        cache.save(&[]);
+        let mut again = HashCache::open(&cache_path);
+        assert_eq!(again.entries.len(), 1);
+        assert_eq!(again.entries[&odd].sha256, first);
+        assert!(again.entries[&odd].same_file(&meta));
+        // Same size, new content, maybe within the same clock tick (so with the same
+        // ctime): hashed again, since its ctime is too close to the cache's writing.
+        std::fs::write(&odd, "two").unwrap_or_else(|e| panic!("{e}"));
+        let meta = std::fs::metadata(&odd).unwrap_or_else(|e| panic!("{e}"));
+        let second = again.hash(&odd, &meta).unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(first, second);
+        assert_eq!(second, hex(&Sha256::digest(b"two")));
+    }
+}
+
+#[cfg(test)]
+mod racy_tests {
+    use super::*;
+
+    #[test]
+    fn an_old_enough_entry_is_trusted_without_reading_the_file() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("f");
+        std::fs::write(&file, "content").unwrap_or_else(|e| panic!("{e}"));
+        let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{e}"));
+        let cache_path = dir.path().join("cache");
+        // A cache written long after the file's ctime: its entry is not racy.
+        let line = format!(
+            "{CACHE_HEADER} {}\n{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            now_ns() + 10 * RACY_NS,
+            "ab".repeat(32),
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+            escape(&file)
+        );
+        std::fs::write(&cache_path, line).unwrap_or_else(|e| panic!("{e}"));
+        let mut cache = HashCache::open(&cache_path);
+        // The cached (deliberately wrong) hash is what comes back: the file was not read.
+        assert_eq!(cache.hash(&file, &meta).unwrap_or_else(|e| panic!("{e}")), "ab".repeat(32));
+        // A header it does not know: nothing trusted.
+        std::fs::write(&cache_path, "something else\n").unwrap_or_else(|e| panic!("{e}"));
+        assert!(HashCache::open(&cache_path).entries.is_empty());
+    }
 }
