@@ -21,7 +21,12 @@ mod error;
 mod exec;
 mod outputs;
 mod run;
+mod session;
 pub mod units;
+pub use session::{
+    SessionCreateRequest, SessionExecEvent, SessionExecRequest, SessionFileEntry, SessionInfo,
+    SessionLimits, SessionList, SessionListing,
+};
 
 pub use agent::{
     AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, Attempt, Correction, CorrectionKind,

@@ -450,7 +450,7 @@ impl Runner {
             let skills = config.find_skills(&names, &tenant)?;
             let cache_dir = config.data_dir.join("skills");
             let _ = std::fs::create_dir_all(&cache_dir);
-            let mut cache = HashCache::open(&cache_dir.join("hash-cache.json"));
+            let mut cache = HashCache::open(&cache_dir.join("hash-cache"));
             let chosen: Vec<&Skill> = skills.iter().collect();
             let projection =
                 skillbox_skills::plan_skills(&chosen, &mut cache).map_err(RunError::from_env)?;
@@ -590,6 +590,11 @@ impl Runner {
     /// The data dir runs keep their state in.
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
+    }
+
+    /// The limits every run starts from.
+    pub fn limits(&self) -> &Limits {
+        &self.config.limits
     }
 
     /// The workspace whose skills runs may name, if any.

@@ -13,6 +13,7 @@ mod listen;
 mod metrics;
 mod routes;
 mod runs;
+mod sessions;
 mod skills;
 mod state;
 
@@ -21,6 +22,7 @@ pub use auth::{ApiKeys, LOCAL_TENANT, Tenant};
 pub use capabilities::CapabilityConfig;
 pub use error::status_of;
 pub use routes::{ApiDoc, router};
+pub use sessions::SessionConfig;
 pub use state::{AppState, ServerConfig};
 
 use std::net::SocketAddr;
@@ -110,6 +112,7 @@ pub async fn serve_on(
             "skillbox serve: cleared the records of an earlier server's services"
         );
     }
+    tokio::spawn(sessions::reap(state.clone(), shutdown.clone()));
     let app = router(state.clone());
     tracing::info!(%addr, "skillbox serve: listening");
     // Runs in flight are cancelled as soon as shutdown begins (their sandboxes go with
@@ -130,6 +133,8 @@ pub async fn serve_on(
     )
     .await;
     state.runs_cancel().cancel();
+    // Every session ends with it: nothing of one is left behind.
+    sessions::close_all(&state).await;
     // The services it supervises end with it: nothing it started is left running.
     state.stop_services().await;
     // Agent runs end on the cancel; give them a moment to record how they ended.

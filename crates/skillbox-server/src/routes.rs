@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 
 use crate::error::{method_not_allowed, not_found};
 use crate::state::AppState;
-use crate::{agents, auth, capabilities, runs, skills};
+use crate::{agents, auth, capabilities, runs, sessions, skills};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -29,7 +29,17 @@ use crate::{agents, auth, capabilities, runs, skills};
         capabilities::services,
         capabilities::service,
         capabilities::stop,
-        skills::list
+        skills::list,
+        sessions::create,
+        sessions::list,
+        sessions::get,
+        sessions::delete,
+        sessions::exec,
+        sessions::cancel,
+        sessions::read_file,
+        sessions::write_file,
+        sessions::remove_file,
+        sessions::ls
     ),
     components(schemas(
         skillbox_protocol::AgentRunRequest,
@@ -53,6 +63,14 @@ use crate::{agents, auth, capabilities, runs, skills};
         skillbox_protocol::CapabilityRun,
         skillbox_protocol::ServiceList,
         skills::SkillList,
+        skillbox_protocol::SessionCreateRequest,
+        skillbox_protocol::SessionLimits,
+        skillbox_protocol::SessionInfo,
+        skillbox_protocol::SessionList,
+        skillbox_protocol::SessionExecRequest,
+        skillbox_protocol::SessionExecEvent,
+        skillbox_protocol::SessionFileEntry,
+        skillbox_protocol::SessionListing,
         skills::SkillInfo,
         skillbox_protocol::SkillsPlaced,
         skillbox_protocol::PlacedSkill,
@@ -90,6 +108,23 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/capabilities/{name}/run", post(capabilities::run))
         .route("/v1/capabilities/{name}/start", post(capabilities::start))
         .route("/v1/skills", get(skills::list))
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::get).delete(sessions::delete),
+        )
+        .route("/v1/sessions/{id}/exec", post(sessions::exec))
+        .route(
+            "/v1/sessions/{id}/execs/{exec_id}/cancel",
+            post(sessions::cancel),
+        )
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(sessions::read_file)
+                .put(sessions::write_file)
+                .delete(sessions::remove_file),
+        )
+        .route("/v1/sessions/{id}/ls", get(sessions::ls))
         .route("/v1/services", get(capabilities::services))
         .route("/v1/services/{name}", get(capabilities::service))
         .route("/v1/services/{name}/stop", post(capabilities::stop))

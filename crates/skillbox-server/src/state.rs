@@ -54,6 +54,8 @@ pub struct ServerConfig {
     pub records_max_age: Option<Duration>,
     /// The capabilities of `/v1/capabilities` (none by default).
     pub capabilities: CapabilityConfig,
+    /// How many sessions stay open, and for how long.
+    pub sessions: crate::sessions::SessionConfig,
 }
 
 impl Default for ServerConfig {
@@ -81,6 +83,7 @@ impl Default for ServerConfig {
             },
             records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
             capabilities: CapabilityConfig::default(),
+            sessions: crate::sessions::SessionConfig::default(),
         }
     }
 }
@@ -105,6 +108,8 @@ pub struct AppState {
     pub(crate) trust: Arc<TrustStore>,
     /// The persistent capabilities this server started, in its capabilities' project.
     pub(crate) services: Arc<ServiceTable>,
+    /// The sessions open on this server.
+    pub(crate) sessions: Arc<crate::sessions::Sessions>,
     runs: CancellationToken,
 }
 
@@ -117,6 +122,7 @@ impl AppState {
     ) -> Self {
         AppState {
             trust: Arc::new(TrustStore::open(runner.data_dir())),
+            sessions: Arc::new(crate::sessions::Sessions::new(config.sessions)),
             services: Arc::new(ServiceTable::new(
                 runner.data_dir(),
                 &config.capabilities.project,

@@ -6,6 +6,7 @@
 
 mod capabilities;
 mod doors;
+mod sessions;
 mod skills;
 
 use std::net::{SocketAddr, TcpListener as StdListener};

@@ -1,0 +1,1136 @@
+//! Sessions: one sandbox kept open across many steps, as agent frameworks drive one
+//! (write a file, run, read the error, fix, run again).
+//!
+//! A session belongs to the tenant that opened it (another tenant gets 404, as for a
+//! session that is not there). Everything goes through its `ExecutionEnv`: no host path
+//! is ever touched for it. Exec output is streamed as NDJSON while the command runs; a
+//! client that goes away cancels its exec (the whole process tree dies), and so does
+//! `POST …/execs/{execId}/cancel`. A session ends when it is deleted, after its idle
+//! timeout (no call and nothing running), past its lifetime, or when the server shuts
+//! down; its sandbox goes with it, and with a `scopeKey` its workspace is saved first
+//! (not at shutdown).
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine;
+use serde::Deserialize;
+use skillbox_env::{
+    BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, FileKind,
+    Limits, SandboxPolicy, SandboxSpec,
+};
+use skillbox_protocol::{
+    ApiError, Encoding, ErrorCode, SessionCreateRequest, SessionExecEvent, SessionExecRequest,
+    SessionFileEntry, SessionInfo, SessionList, SessionListing, SkillsPlaced, SnapshotReport,
+};
+use skillbox_run::{RunError, Scope};
+
+use crate::auth::Tenant;
+use crate::error::Failure;
+use crate::runs::read_json;
+use crate::state::AppState;
+
+const WORKSPACE: &str = "/workspace";
+/// Execs running at once in one session.
+const MAX_EXECS: usize = 4;
+/// The largest file `GET …/files/{path}` hands out.
+const MAX_READ_BYTES: u64 = 256 * 1024 * 1024;
+/// How often the reaper looks.
+const REAP_EVERY: Duration = Duration::from_secs(2);
+
+/// How many sessions a server keeps open, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionConfig {
+    pub max_total: usize,
+    pub max_per_tenant: usize,
+    pub default_idle: Duration,
+    pub max_idle: Duration,
+    pub default_lifetime: Duration,
+    pub max_lifetime: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            max_total: 64,
+            max_per_tenant: 8,
+            default_idle: Duration::from_secs(600),
+            max_idle: Duration::from_secs(3600),
+            default_lifetime: Duration::from_secs(3600),
+            max_lifetime: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    let _ = getrandom(&mut bytes);
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("ses_{hex}")
+}
+
+fn getrandom(bytes: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(bytes)
+}
+
+/// One open session.
+pub(crate) struct Session {
+    id: String,
+    tenant: Arc<str>,
+    backend: BackendKind,
+    env: Box<dyn ExecutionEnv>,
+    created: Instant,
+    created_ms: u64,
+    open_ms: u64,
+    idle_timeout: Duration,
+    max_lifetime: Duration,
+    last_used: Mutex<(Instant, u64)>,
+    running: AtomicUsize,
+    /// The cancel of each running exec, by id.
+    execs: Mutex<HashMap<String, CancellationToken>>,
+    /// Cancelled when the session ends: every exec with it.
+    ending: CancellationToken,
+    scope: Option<Scope>,
+    skills: Option<SkillsPlaced>,
+    snapshot: Mutex<Option<SnapshotReport>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field("tenant", &self.tenant)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    fn touch(&self) {
+        if let Ok(mut last) = self.last_used.lock() {
+            *last = (Instant::now(), now_ms());
+        }
+    }
+
+    fn info(&self) -> SessionInfo {
+        let last_ms = self
+            .last_used
+            .lock()
+            .map(|l| l.1)
+            .unwrap_or(self.created_ms);
+        SessionInfo {
+            id: self.id.clone(),
+            backend: self.backend,
+            created_at_ms: self.created_ms,
+            last_used_at_ms: last_ms,
+            expires_at_ms: self.created_ms + self.max_lifetime.as_millis() as u64,
+            idle_timeout_ms: self.idle_timeout.as_millis() as u64,
+            execs_running: self.running.load(Ordering::SeqCst),
+            open_ms: self.open_ms,
+            skills: self.skills.clone(),
+            snapshot: self.snapshot.lock().ok().and_then(|s| s.clone()),
+        }
+    }
+
+    /// Why the reaper should end it now, if it should.
+    fn expired(&self) -> Option<&'static str> {
+        if self.created.elapsed() >= self.max_lifetime {
+            return Some("its lifetime is over");
+        }
+        let idle_since = self.last_used.lock().map(|l| l.0).unwrap_or(self.created);
+        if self.running.load(Ordering::SeqCst) == 0 && idle_since.elapsed() >= self.idle_timeout {
+            return Some("it was idle too long");
+        }
+        None
+    }
+}
+
+/// The open sessions of a server.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    table: Mutex<HashMap<String, Arc<Session>>>,
+    /// Sessions being opened, by tenant (counted against the bounds).
+    opening: Mutex<HashMap<Arc<str>, usize>>,
+    config: SessionConfig,
+}
+
+struct Opening<'a> {
+    sessions: &'a Sessions,
+    tenant: Arc<str>,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut opening) = self.sessions.opening.lock()
+            && let Some(n) = opening.get_mut(&self.tenant)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+impl Sessions {
+    pub fn new(config: SessionConfig) -> Sessions {
+        Sessions {
+            table: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
+            config,
+        }
+    }
+
+    fn get(&self, tenant: &Tenant, id: &str) -> Result<Arc<Session>, Failure> {
+        let session = self
+            .table
+            .lock()
+            .ok()
+            .and_then(|table| table.get(id).cloned())
+            .filter(|s| *s.tenant == *tenant.as_str());
+        session.ok_or_else(|| {
+            Failure::new(
+                ErrorCode::NotFound,
+                format!("no session {id} (it ended, or it never was yours)"),
+            )
+        })
+    }
+
+    /// Takes a place for a new session of `tenant`, or says why there is none.
+    fn reserve(&self, tenant: &Tenant) -> Result<Opening<'_>, Failure> {
+        let (total, theirs) = self
+            .table
+            .lock()
+            .map(|table| {
+                let theirs = table
+                    .values()
+                    .filter(|s| *s.tenant == *tenant.as_str())
+                    .count();
+                (table.len(), theirs)
+            })
+            .unwrap_or((0, 0));
+        let mut opening = self
+            .opening
+            .lock()
+            .map_err(|_| Failure::new(ErrorCode::Unknown, "the session table is poisoned"))?;
+        let opening_all: usize = opening.values().sum();
+        let opening_theirs = opening.get(tenant.as_str()).copied().unwrap_or(0);
+        if total + opening_all >= self.config.max_total {
+            return Err(Failure::overloaded(
+                format!(
+                    "{} sessions are open on this server, as many as it takes; delete one or retry later",
+                    self.config.max_total
+                ),
+                5,
+            ));
+        }
+        if theirs + opening_theirs >= self.config.max_per_tenant {
+            return Err(Failure::overloaded(
+                format!(
+                    "tenant {} has {} sessions open, as many as one tenant may; delete one first",
+                    tenant.as_str(),
+                    self.config.max_per_tenant
+                ),
+                5,
+            ));
+        }
+        *opening.entry(tenant.0.clone()).or_insert(0) += 1;
+        Ok(Opening {
+            sessions: self,
+            tenant: tenant.0.clone(),
+        })
+    }
+
+    fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        self.table.lock().ok().and_then(|mut t| t.remove(id))
+    }
+
+    /// Every session past its idle timeout or lifetime, taken out of the table.
+    fn expired(&self) -> Vec<(Arc<Session>, &'static str)> {
+        let Ok(mut table) = self.table.lock() else {
+            return Vec::new();
+        };
+        let ended: Vec<(String, &'static str)> = table
+            .iter()
+            .filter_map(|(id, s)| s.expired().map(|why| (id.clone(), why)))
+            .collect();
+        ended
+            .into_iter()
+            .filter_map(|(id, why)| table.remove(&id).map(|s| (s, why)))
+            .collect()
+    }
+
+    /// Takes every session out (the server shutting down).
+    fn drain(&self) -> Vec<Arc<Session>> {
+        self.table
+            .lock()
+            .map(|mut t| t.drain().map(|(_, s)| s).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Ends `session`: its execs cancelled, its workspace saved to its scope when `save`,
+/// its sandbox removed.
+async fn close(state: &AppState, session: Arc<Session>, save: bool, why: &str) -> SessionInfo {
+    session.ending.cancel();
+    // The execs' tasks end on the cancel; their sandbox calls return promptly.
+    let wait = Instant::now();
+    while session.running.load(Ordering::SeqCst) > 0 && wait.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if save && let Some(scope) = &session.scope {
+        let mut report = session
+            .snapshot
+            .lock()
+            .ok()
+            .and_then(|s| s.clone())
+            .unwrap_or_default();
+        let cancel = CancellationToken::new();
+        if let Err(e) = state
+            .runner
+            .save_scope(session.env.as_ref(), scope, &mut report, &cancel)
+            .await
+        {
+            report.error = Some(e.to_string());
+        }
+        if let Ok(mut snapshot) = session.snapshot.lock() {
+            *snapshot = Some(report);
+        }
+    }
+    if let Err(e) = session.env.cleanup().await {
+        tracing::warn!(session = %session.id, error = %e, "sessions: cleanup failed");
+    }
+    tracing::info!(session = %session.id, why, "sessions: ended");
+    session.info()
+}
+
+/// Ends idle and expired sessions every [`REAP_EVERY`] until `shutdown`; then every one.
+pub async fn reap(state: AppState, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(REAP_EVERY) => {}
+        }
+        for (session, why) in state.sessions.expired() {
+            close(&state, session, true, why).await;
+        }
+    }
+}
+
+/// Ends every session (the server shutting down): nothing is left behind.
+pub async fn close_all(state: &AppState) {
+    for session in state.sessions.drain() {
+        close(state, session, false, "the server is shutting down").await;
+    }
+}
+
+fn run_failure(e: RunError) -> Failure {
+    Failure::new(e.code(), e.to_string())
+}
+
+fn env_failure(e: EnvError) -> Failure {
+    e.into()
+}
+
+/// A bound the request asks for: within the server's, never looser.
+fn tighter(
+    field: &str,
+    asked: Option<u64>,
+    server: Option<u64>,
+    least: u64,
+) -> Result<Option<u64>, Failure> {
+    let Some(asked) = asked else {
+        return Ok(server);
+    };
+    if asked < least {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            format!("limits.{field}: {asked} is below the least a sandbox can use ({least})"),
+        ));
+    }
+    match server {
+        Some(max) if asked > max => Err(Failure::new(
+            ErrorCode::Invalid,
+            format!("limits.{field}: {asked} is over this server's bound ({max}); ask for less"),
+        )),
+        _ => Ok(Some(asked)),
+    }
+}
+
+fn duration_field(
+    field: &str,
+    asked: Option<u64>,
+    default: Duration,
+    max: Duration,
+) -> Result<Duration, Failure> {
+    match asked {
+        None => Ok(default),
+        Some(0) => Err(Failure::new(
+            ErrorCode::Invalid,
+            format!("{field}: must be more than 0"),
+        )),
+        Some(ms) if Duration::from_millis(ms) > max => Err(Failure::new(
+            ErrorCode::Invalid,
+            format!("{field}: at most {} on this server", max.as_millis()),
+        )),
+        Some(ms) => Ok(Duration::from_millis(ms)),
+    }
+}
+
+/// Open a session: a sandbox kept until it is deleted, idle too long or past its
+/// lifetime.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    request_body = SessionCreateRequest,
+    responses(
+        (status = 201, description = "Open", body = SessionInfo),
+        (status = 400, description = "Bad request: the message names the field", body = ApiError),
+        (status = 429, description = "As many sessions open as the server or this tenant may have", body = ApiError),
+        (status = 503, description = "The backend, or the scope's snapshot, is not available", body = ApiError),
+    )
+)]
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    request: Request,
+) -> Result<(StatusCode, Json<SessionInfo>), Failure> {
+    let started = Instant::now();
+    let request: SessionCreateRequest =
+        read_json(request.into_body(), 64 * 1024, state.config.body_timeout).await?;
+    let kind = request.backend.unwrap_or(BackendKind::Native);
+    if kind == BackendKind::Host {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            "backend: host runs code with no boundary; sessions use native, docker, gvisor or wasm",
+        ));
+    }
+    let config = state.sessions.config;
+    let idle = duration_field(
+        "idleTimeoutMs",
+        request.idle_timeout_ms,
+        config.default_idle,
+        config.max_idle,
+    )?;
+    let lifetime = duration_field(
+        "maxLifetimeMs",
+        request.max_lifetime_ms,
+        config.default_lifetime,
+        config.max_lifetime,
+    )?;
+    let base = state.runner.limits().clone();
+    let asked = request.limits.clone().unwrap_or_default();
+    let timeout_ms = match asked.timeout_ms {
+        None => base.timeout_ms,
+        Some(ms) if ms == 0 || Duration::from_millis(ms) > skillbox_env::MAX_TIMEOUT => {
+            return Err(Failure::new(
+                ErrorCode::Invalid,
+                "limits.timeoutMs: between 1 and 86400000",
+            ));
+        }
+        Some(ms) => ms,
+    };
+    let limits = Limits {
+        timeout_ms,
+        memory_bytes: tighter(
+            "memoryBytes",
+            asked.memory_bytes,
+            base.memory_bytes,
+            16 * 1024 * 1024,
+        )?,
+        pids: tighter(
+            "pids",
+            asked.pids.map(u64::from),
+            base.pids.map(u64::from),
+            1,
+        )?
+        .map(|p| p as u32),
+        disk_bytes: tighter(
+            "diskBytes",
+            asked.disk_bytes,
+            base.disk_bytes,
+            skillbox_env::MIN_DISK_BYTES,
+        )?,
+        ..base
+    };
+    let opening = state.sessions.reserve(&tenant)?;
+    let skills = state
+        .runner
+        .plan_skills(&request.skills, tenant.as_str())
+        .await
+        .map_err(run_failure)?;
+    let scope = match &request.scope_key {
+        Some(key) => Some(
+            state
+                .runner
+                .scope(tenant.as_str(), key)
+                .map_err(run_failure)?,
+        ),
+        None => None,
+    };
+    let mut policy = SandboxPolicy::default();
+    state
+        .runner
+        .runtime_mount(kind, &mut policy)
+        .await
+        .map_err(run_failure)?;
+    let spec = SandboxSpec {
+        workspace: None,
+        limits,
+        policy,
+    };
+    let env = state
+        .runner
+        .backends()
+        .create(kind, spec)
+        .await
+        .map_err(env_failure)?;
+    let cancel = CancellationToken::new();
+    let prepared = async {
+        let mut snapshot = None;
+        if let Some(scope) = &scope {
+            let (report, _restored) = state
+                .runner
+                .restore_scope(env.as_ref(), scope, &cancel)
+                .await?;
+            snapshot = Some(report);
+        }
+        let placed = match &skills {
+            Some(skills) => Some(
+                state
+                    .runner
+                    .place_skills(env.as_ref(), skills, &cancel)
+                    .await?,
+            ),
+            None => None,
+        };
+        Ok::<_, RunError>((snapshot, placed))
+    }
+    .await;
+    let (snapshot, placed) = match prepared {
+        Ok(done) => done,
+        Err(e) => {
+            let _ = env.cleanup().await;
+            return Err(run_failure(e));
+        }
+    };
+    let created_ms = now_ms();
+    let session = Arc::new(Session {
+        id: new_id(),
+        tenant: tenant.0.clone(),
+        backend: kind,
+        env,
+        created: Instant::now(),
+        created_ms,
+        open_ms: started.elapsed().as_millis() as u64,
+        idle_timeout: idle,
+        max_lifetime: lifetime,
+        last_used: Mutex::new((Instant::now(), created_ms)),
+        running: AtomicUsize::new(0),
+        execs: Mutex::new(HashMap::new()),
+        ending: CancellationToken::new(),
+        scope,
+        skills: placed,
+        snapshot: Mutex::new(snapshot),
+    });
+    let info = session.info();
+    if let Ok(mut table) = state.sessions.table.lock() {
+        table.insert(session.id.clone(), session);
+    }
+    drop(opening);
+    tracing::info!(session = %info.id, backend = %kind.as_str(), open_ms = info.open_ms, "sessions: opened");
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// This tenant's open sessions.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    responses((status = 200, description = "This tenant's open sessions", body = SessionList))
+)]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+) -> Json<SessionList> {
+    let mut sessions: Vec<SessionInfo> = state
+        .sessions
+        .table
+        .lock()
+        .map(|table| {
+            table
+                .values()
+                .filter(|s| *s.tenant == *tenant.as_str())
+                .map(|s| s.info())
+                .collect()
+        })
+        .unwrap_or_default();
+    sessions.sort_by_key(|s| s.created_at_ms);
+    Json(SessionList { sessions })
+}
+
+/// One session.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session", body = SessionInfo),
+        (status = 404, description = "No such session of this tenant", body = ApiError),
+    )
+)]
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<SessionInfo>, Failure> {
+    Ok(Json(state.sessions.get(&tenant, &id)?.info()))
+}
+
+/// End a session: its execs cancelled, its workspace saved to its scope (if it has
+/// one), its sandbox removed.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "Ended; the snapshot saved, if it has a scope", body = SessionInfo),
+        (status = 404, description = "No such session of this tenant", body = ApiError),
+    )
+)]
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<SessionInfo>, Failure> {
+    let session = state.sessions.get(&tenant, &id)?;
+    let Some(session) = state.sessions.remove(&session.id) else {
+        return Err(Failure::new(
+            ErrorCode::NotFound,
+            format!("no session {id}"),
+        ));
+    };
+    Ok(Json(close(&state, session, true, "deleted").await))
+}
+
+/// Text from output chunks, never splitting a UTF-8 character between two events.
+#[derive(Default)]
+struct Utf8Carry(Vec<u8>);
+
+impl Utf8Carry {
+    fn push(&mut self, chunk: &[u8]) -> String {
+        self.0.extend_from_slice(chunk);
+        let cut = match std::str::from_utf8(&self.0) {
+            Ok(_) => self.0.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.0.len(),
+        };
+        let rest = self.0.split_off(cut);
+        let text = String::from_utf8_lossy(&self.0).into_owned();
+        self.0 = rest;
+        text
+    }
+
+    fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.0).into_owned();
+        self.0.clear();
+        text
+    }
+}
+
+fn ndjson(event: &SessionExecEvent) -> Bytes {
+    let mut line = serde_json::to_vec(event).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// Counts a running exec while alive.
+struct Running(Arc<Session>, String);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(mut execs) = self.0.execs.lock() {
+            execs.remove(&self.1);
+        }
+        self.0.touch();
+    }
+}
+
+fn workspace_path(raw: &str, field: &str) -> Result<PathBuf, Failure> {
+    let relative = raw.trim_start_matches('/');
+    let relative = relative.strip_prefix("workspace/").unwrap_or(relative);
+    let relative = if relative == "workspace" {
+        ""
+    } else {
+        relative
+    };
+    let path = Path::new(relative);
+    if relative.contains('\0')
+        || path
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            format!("{field}: {raw:?}: give a path inside /workspace, without `..`"),
+        ));
+    }
+    Ok(Path::new(WORKSPACE).join(path))
+}
+
+/// Run a command in the session, streaming its output as NDJSON.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/exec",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = SessionExecRequest,
+    responses(
+        (status = 200, description = "NDJSON, one SessionExecEvent a line: started, stdout/stderr chunks as they come, then exit (or error)", body = SessionExecEvent, content_type = "application/x-ndjson"),
+        (status = 400, description = "Bad request: the message names the field", body = ApiError),
+        (status = 404, description = "No such session of this tenant", body = ApiError),
+        (status = 429, description = "As many execs running in this session as it takes", body = ApiError),
+    )
+)]
+pub(crate) async fn exec(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath(id): UrlPath<String>,
+    request: Request,
+) -> Result<Response, Failure> {
+    let session = state.sessions.get(&tenant, &id)?;
+    let request: SessionExecRequest = read_json(
+        request.into_body(),
+        state.config.body_limit,
+        state.config.body_timeout,
+    )
+    .await?;
+    let mut exec = match (request.command.is_empty(), &request.shell) {
+        (false, None) => ExecRequest::argv(request.command.clone()),
+        (true, Some(script)) => ExecRequest::shell(script.clone()),
+        _ => {
+            return Err(Failure::new(
+                ErrorCode::Invalid,
+                "give exactly one of command (an argv) and shell (a script for /bin/sh -c)",
+            ));
+        }
+    };
+    exec.cwd = Some(match &request.cwd {
+        Some(cwd) => workspace_path(cwd, "cwd")?,
+        None => PathBuf::from(WORKSPACE),
+    });
+    exec.env = request.env.clone();
+    if let Some(stdin) = request.stdin {
+        exec.stdin = Some(match request.stdin_encoding {
+            Encoding::Utf8 => stdin.into_bytes(),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(stdin.trim())
+                .map_err(|e| {
+                    Failure::new(ErrorCode::Invalid, format!("stdin: not valid base64: {e}"))
+                })?,
+        });
+    }
+    if let Some(ms) = request.timeout_ms {
+        exec.timeout = Some(Duration::from_millis(ms));
+    }
+    exec.validate().map_err(env_failure)?;
+    if session.running.fetch_add(1, Ordering::SeqCst) >= MAX_EXECS {
+        session.running.fetch_sub(1, Ordering::SeqCst);
+        return Err(Failure::overloaded(
+            format!("{MAX_EXECS} execs are running in this session; wait for one to end"),
+            1,
+        ));
+    }
+    session.touch();
+    let exec_id = format!("exe_{}", &new_id()[4..20]);
+    let running = Running(session.clone(), exec_id.clone());
+    let cancel = session.ending.child_token();
+    if let Ok(mut execs) = session.execs.lock() {
+        execs.insert(exec_id.clone(), cancel.clone());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    tokio::spawn(async move {
+        let _running = running;
+        // The client going away drops the body, and with it the receiver: the exec is
+        // cancelled then, its whole process tree with it.
+        let send = |bytes: Bytes| {
+            let tx = tx.clone();
+            let cancel = cancel.clone();
+            async move {
+                if tx.send(Ok(bytes)).await.is_err() {
+                    cancel.cancel();
+                }
+            }
+        };
+        send(ndjson(&SessionExecEvent::Started {
+            exec_id: exec_id.clone(),
+        }))
+        .await;
+        let env = &session.env;
+        let mut stream = match env.exec_stream(exec, &cancel).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                send(ndjson(&SessionExecEvent::Error {
+                    code: e.code.as_str().to_string(),
+                    message: e.to_string(),
+                }))
+                .await;
+                return;
+            }
+        };
+        let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(ExecEvent::Stdout(chunk)) => {
+                    let data = out.push(&chunk);
+                    if !data.is_empty() {
+                        send(ndjson(&SessionExecEvent::Stdout { data })).await;
+                    }
+                }
+                Ok(ExecEvent::Stderr(chunk)) => {
+                    let data = err.push(&chunk);
+                    if !data.is_empty() {
+                        send(ndjson(&SessionExecEvent::Stderr { data })).await;
+                    }
+                }
+                Ok(ExecEvent::Exit(output)) => {
+                    for (carry, stdout) in [(&mut out, true), (&mut err, false)] {
+                        let data = carry.finish();
+                        if !data.is_empty() {
+                            let event = if stdout {
+                                SessionExecEvent::Stdout { data }
+                            } else {
+                                SessionExecEvent::Stderr { data }
+                            };
+                            send(ndjson(&event)).await;
+                        }
+                    }
+                    send(ndjson(&SessionExecEvent::Exit {
+                        exit_code: output.exit_code,
+                        signal: output.signal,
+                        timed_out: output.timed_out,
+                        limit_hit: output.limit_hit,
+                        duration_ms: output.duration_ms,
+                        truncated: output.truncated,
+                        cancelled: false,
+                    }))
+                    .await;
+                    return;
+                }
+                Err(e) if e.code == ErrorCode::Aborted => {
+                    send(ndjson(&SessionExecEvent::Exit {
+                        exit_code: None,
+                        signal: Some(libc_sigkill()),
+                        timed_out: false,
+                        limit_hit: None,
+                        duration_ms: 0,
+                        truncated: skillbox_protocol::Truncated::default(),
+                        cancelled: true,
+                    }))
+                    .await;
+                    return;
+                }
+                Err(e) => {
+                    send(ndjson(&SessionExecEvent::Error {
+                        code: e.code.as_str().to_string(),
+                        message: e.to_string(),
+                    }))
+                    .await;
+                    return;
+                }
+            }
+        }
+    });
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }));
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    Ok(response)
+}
+
+fn libc_sigkill() -> i32 {
+    9
+}
+
+/// Cancel one running exec: its whole process tree inside the sandbox dies.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/execs/{exec_id}/cancel",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("exec_id" = String, Path, description = "The exec's id, from its `started` event"),
+    ),
+    responses(
+        (status = 200, description = "Cancelled (its stream ends with exit, cancelled true)"),
+        (status = 404, description = "No such session of this tenant, or no such exec running", body = ApiError),
+    )
+)]
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath((id, exec_id)): UrlPath<(String, String)>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let session = state.sessions.get(&tenant, &id)?;
+    session.touch();
+    let token = session
+        .execs
+        .lock()
+        .ok()
+        .and_then(|execs| execs.get(&exec_id).cloned())
+        .ok_or_else(|| {
+            Failure::new(
+                ErrorCode::NotFound,
+                format!("no exec {exec_id} running in session {id}"),
+            )
+        })?;
+    token.cancel();
+    Ok(Json(serde_json::json!({"cancelled": exec_id})))
+}
+
+/// Read a file of the session's `/workspace`.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to /workspace"),
+    ),
+    responses(
+        (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
+        (status = 404, description = "No such session, or no such file", body = ApiError),
+    )
+)]
+pub(crate) async fn read_file(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath((id, path)): UrlPath<(String, String)>,
+) -> Result<Response, Failure> {
+    let session = state.sessions.get(&tenant, &id)?;
+    session.touch();
+    let path = workspace_path(&path, "path")?;
+    let cancel = session.ending.child_token();
+    let info = session
+        .env
+        .file_info(&path, &cancel)
+        .await
+        .map_err(env_failure)?;
+    if info.kind != FileKind::File {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            format!(
+                "{}: not a regular file (list a directory with GET /v1/sessions/{id}/ls)",
+                path.display()
+            ),
+        ));
+    }
+    if info.size > MAX_READ_BYTES {
+        return Err(Failure::new(
+            ErrorCode::ResourceExhausted,
+            format!(
+                "{}: {} bytes, more than the {MAX_READ_BYTES} a read hands out",
+                path.display(),
+                info.size
+            ),
+        ));
+    }
+    let bytes = session
+        .env
+        .read_bytes(&path, &cancel)
+        .await
+        .map_err(env_failure)?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        )],
+        bytes,
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct PutQuery {
+    #[serde(default)]
+    executable: bool,
+}
+
+/// Write a file of the session's `/workspace` (its directories made as needed): the
+/// request body is its content.
+#[utoipa::path(
+    put,
+    path = "/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to /workspace"),
+        ("executable" = Option<bool>, Query, description = "Mode 0755 instead of 0644"),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 200, description = "Written"),
+        (status = 404, description = "No such session of this tenant", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+    )
+)]
+pub(crate) async fn write_file(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath((id, path)): UrlPath<(String, String)>,
+    Query(query): Query<PutQuery>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let session = state.sessions.get(&tenant, &id)?;
+    session.touch();
+    let absolute = workspace_path(&path, "path")?;
+    let relative = absolute
+        .strip_prefix(WORKSPACE)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    if relative.as_os_str().is_empty() {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            "path: names /workspace itself; give a file",
+        ));
+    }
+    let mut tree = skillbox_env::Tree::new();
+    let size = body.len();
+    tree.file(relative, body, query.executable)
+        .map_err(env_failure)?;
+    let cancel = session.ending.child_token();
+    session
+        .env
+        .put_tree(Path::new(WORKSPACE), &tree, &cancel)
+        .await
+        .map_err(env_failure)?;
+    Ok(Json(
+        serde_json::json!({"written": absolute, "bytes": size}),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct DeleteQuery {
+    #[serde(default)]
+    recursive: bool,
+}
+
+/// Remove a file (or, with `recursive=true`, a directory tree) of the session's
+/// `/workspace`.
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}/files/{path}",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "Relative to /workspace"),
+        ("recursive" = Option<bool>, Query, description = "Remove a directory and all it holds"),
+    ),
+    responses(
+        (status = 200, description = "Removed"),
+        (status = 404, description = "No such session, or no such file", body = ApiError),
+    )
+)]
+pub(crate) async fn remove_file(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath((id, path)): UrlPath<(String, String)>,
+    Query(query): Query<DeleteQuery>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    let session = state.sessions.get(&tenant, &id)?;
+    session.touch();
+    let path = workspace_path(&path, "path")?;
+    if path == Path::new(WORKSPACE) {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            "path: names /workspace itself",
+        ));
+    }
+    let cancel = session.ending.child_token();
+    session
+        .env
+        .remove(&path, query.recursive, &cancel)
+        .await
+        .map_err(env_failure)?;
+    Ok(Json(serde_json::json!({"removed": path})))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LsQuery {
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// List a directory of the session's `/workspace` (symlinks listed, never followed).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/ls",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("path" = Option<String>, Query, description = "Relative to /workspace (default: /workspace itself)"),
+    ),
+    responses(
+        (status = 200, description = "The entries, by name", body = SessionListing),
+        (status = 404, description = "No such session, or no such directory", body = ApiError),
+    )
+)]
+pub(crate) async fn ls(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    UrlPath(id): UrlPath<String>,
+    Query(query): Query<LsQuery>,
+) -> Result<Json<SessionListing>, Failure> {
+    let session = state.sessions.get(&tenant, &id)?;
+    session.touch();
+    let path = workspace_path(query.path.as_deref().unwrap_or(""), "path")?;
+    let cancel = session.ending.child_token();
+    let listed = session
+        .env
+        .list_dir(&path, &cancel)
+        .await
+        .map_err(env_failure)?;
+    let mut entries = Vec::with_capacity(listed.len());
+    for entry in listed {
+        let size = if entry.kind == FileKind::File {
+            session
+                .env
+                .file_info(&path.join(&entry.name), &cancel)
+                .await
+                .ok()
+                .map(|i| i.size)
+        } else {
+            None
+        };
+        entries.push(SessionFileEntry {
+            name: entry.name,
+            kind: match entry.kind {
+                FileKind::File => "file",
+                FileKind::Dir => "dir",
+                FileKind::Symlink => "symlink",
+                FileKind::Other => "other",
+            }
+            .to_string(),
+            size,
+        });
+    }
+    let shown = path
+        .strip_prefix(WORKSPACE)
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    Ok(Json(SessionListing {
+        path: shown,
+        entries,
+    }))
+}

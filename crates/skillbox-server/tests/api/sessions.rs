@@ -1,0 +1,369 @@
+//! Sessions over real HTTP: open one, write a file, stream a command's output while it
+//! runs, cancel a long command (nothing left running), read a produced file back,
+//! delete it; the idle reaper ends an abandoned one; tenants see only their own; the
+//! bounds answer 429.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use skillbox_run::{Runner, RunnerConfig};
+use skillbox_server::{ApiKeys, ServerConfig, SessionConfig};
+use skillbox_store::ArtifactStore;
+use tokio_util::sync::CancellationToken;
+
+const ANA: &str = "ana-token-0123456789abcdef";
+const BOB: &str = "bob-token-0123456789abcdef";
+
+struct Served {
+    base: String,
+    http: reqwest::Client,
+    shutdown: CancellationToken,
+    _data: tempfile::TempDir,
+    _objects: tempfile::TempDir,
+}
+
+async fn serve(sessions: SessionConfig) -> Option<Served> {
+    let native = skillbox_native::probe();
+    if !native.available {
+        skillbox_env::testkit::skip("sessions over http", &native.reason.unwrap_or_default());
+        return None;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let runner = Runner::new(RunnerConfig::new(data.path()), store);
+    let keys = ApiKeys::from_pairs(&format!("ana={ANA},bob={BOB}")).unwrap();
+    let config = ServerConfig {
+        keys: Some(Arc::new(keys)),
+        sessions,
+        ..ServerConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(skillbox_server::serve_on(
+        listener,
+        config,
+        Arc::new(runner),
+        shutdown.clone(),
+    ));
+    Some(Served {
+        base,
+        http: reqwest::Client::new(),
+        shutdown,
+        _data: data,
+        _objects: objects,
+    })
+}
+
+impl Served {
+    async fn create(&self, token: &str, body: Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}/v1/sessions", self.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, token: &str, path: &str) -> reqwest::Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn put(&self, token: &str, path: &str, body: &'static [u8]) -> reqwest::Response {
+        self.http
+            .put(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Starts an exec; its NDJSON events come one at a time from the returned reader.
+    async fn exec(&self, token: &str, id: &str, body: Value) -> Events {
+        let response = self
+            .http
+            .post(format!("{}/v1/sessions/{id}/exec", self.base))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+        Events {
+            response,
+            buffer: Vec::new(),
+        }
+    }
+}
+
+/// The lines of an NDJSON response, read as they arrive.
+struct Events {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+}
+
+impl Events {
+    async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(at) = self.buffer.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=at).collect();
+                return Some(serde_json::from_slice(&line).unwrap());
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(30), self.response.chunk())
+                .await
+                .expect("an event within 30 s")
+                .unwrap()?;
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
+
+    /// Every remaining event, through `exit` or `error`.
+    async fn rest(&mut self) -> Vec<Value> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next().await {
+            events.push(event);
+        }
+        events
+    }
+}
+
+/// True once no host process's command line holds `needle`.
+fn gone(needle: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| !String::from_utf8_lossy(&c).contains(needle))
+            .unwrap_or(true)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
+    let Some(served) = serve(SessionConfig::default()).await else {
+        return;
+    };
+    let (status, session) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    assert_eq!(session["backend"], "native");
+
+    // Write a file, then run a command that reads it, says it is ready, and waits for a
+    // second file the test writes only after it has seen that line: the output is
+    // streamed while the command runs, or this never ends.
+    let written = served
+        .put(
+            ANA,
+            &format!("/v1/sessions/{id}/files/in/name.txt"),
+            b"skillbox",
+        )
+        .await;
+    assert_eq!(written.status(), 200);
+    let mut events = served
+        .exec(
+            ANA,
+            &id,
+            json!({"shell": "echo \"hello $(cat in/name.txt)\"; echo ready; while [ ! -e go ]; do sleep 0.05; done; echo done > out.txt; echo finished >&2"}),
+        )
+        .await;
+    let started = events.next().await.unwrap();
+    assert_eq!(started["type"], "started", "{started}");
+    let mut seen = String::new();
+    while !seen.contains("ready\n") {
+        let event = events.next().await.expect("more output");
+        assert_eq!(event["type"], "stdout", "{event}");
+        seen.push_str(event["data"].as_str().unwrap());
+    }
+    assert_eq!(seen, "hello skillbox\nready\n");
+    let go = served
+        .put(ANA, &format!("/v1/sessions/{id}/files/go"), b"")
+        .await;
+    assert_eq!(go.status(), 200);
+    let rest = events.rest().await;
+    assert_eq!(rest.last().unwrap()["type"], "exit", "{rest:?}");
+    assert_eq!(rest.last().unwrap()["exitCode"], 0, "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|e| e["type"] == "stderr" && e["data"] == "finished\n"),
+        "{rest:?}"
+    );
+    let out = served
+        .get(ANA, &format!("/v1/sessions/{id}/files/out.txt"))
+        .await;
+    assert_eq!(out.status(), 200);
+    assert_eq!(out.text().await.unwrap(), "done\n");
+    let listing: Value = served
+        .get(ANA, &format!("/v1/sessions/{id}/ls"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["go", "in", "out.txt"], "{listing}");
+
+    // Cancel a long command: its whole process tree dies.
+    let marker = format!("{}", 970_000_000 + std::process::id());
+    let mut long = served
+        .exec(
+            ANA,
+            &id,
+            json!({"shell": format!("sleep {marker} & sleep {marker}; echo never")}),
+        )
+        .await;
+    let started = long.next().await.unwrap();
+    let exec_id = started["execId"].as_str().unwrap().to_string();
+    let began = Instant::now();
+    while gone(&marker) {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled = served
+        .http
+        .post(format!(
+            "{}/v1/sessions/{id}/execs/{exec_id}/cancel",
+            served.base
+        ))
+        .bearer_auth(ANA)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 200);
+    let rest = long.rest().await;
+    let exit = rest.last().unwrap();
+    assert_eq!(exit["type"], "exit", "{rest:?}");
+    assert_eq!(exit["cancelled"], true, "{rest:?}");
+    let began = Instant::now();
+    while !gone(&marker) {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the cancelled command still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The session goes on after a cancel.
+    let mut again = served
+        .exec(ANA, &id, json!({"command": ["cat", "out.txt"]}))
+        .await;
+    let rest = again.rest().await;
+    assert!(rest.iter().any(|e| e["data"] == "done\n"), "{rest:?}");
+
+    // Another tenant sees nothing of it.
+    assert_eq!(
+        served
+            .get(BOB, &format!("/v1/sessions/{id}"))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        served
+            .get(BOB, &format!("/v1/sessions/{id}/files/out.txt"))
+            .await
+            .status(),
+        404
+    );
+    let bobs: Value = served.get(BOB, "/v1/sessions").await.json().await.unwrap();
+    assert_eq!(bobs["sessions"], json!([]));
+    // Paths stay in /workspace.
+    let escaped = served
+        .get(
+            ANA,
+            &format!("/v1/sessions/{id}/files/..%2F..%2Fetc%2Fpasswd"),
+        )
+        .await;
+    assert_eq!(escaped.status(), 400);
+
+    let deleted = served
+        .http
+        .delete(format!("{}/v1/sessions/{id}", served.base))
+        .bearer_auth(ANA)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    assert_eq!(
+        served
+            .get(ANA, &format!("/v1/sessions/{id}"))
+            .await
+            .status(),
+        404
+    );
+    served.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_session_is_reaped_and_the_bounds_answer_429() {
+    let config = SessionConfig {
+        max_per_tenant: 2,
+        ..SessionConfig::default()
+    };
+    let Some(served) = serve(config).await else {
+        return;
+    };
+    let (status, short) = served.create(ANA, json!({"idleTimeoutMs": 300})).await;
+    assert_eq!(status, 201, "{short}");
+    let short = short["id"].as_str().unwrap().to_string();
+    let (status, kept) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{kept}");
+    let (status, refused) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 429, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ana"),
+        "{refused}"
+    );
+    let (status, _) = served.create(BOB, json!({})).await;
+    assert_eq!(status, 201, "another tenant has its own bound");
+
+    let began = Instant::now();
+    while served
+        .get(ANA, &format!("/v1/sessions/{short}"))
+        .await
+        .status()
+        != 404
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the idle session was never reaped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its place is free again.
+    let (status, _) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201);
+    for (body, words) in [
+        (json!({"backend": "host"}), "host"),
+        (json!({"idleTimeoutMs": 0}), "idleTimeoutMs"),
+        (json!({"limits": {"diskBytes": 10}}), "diskBytes"),
+        (json!({"nope": 1}), "nope"),
+    ] {
+        let (status, error) = served.create(BOB, body.clone()).await;
+        assert_eq!(status, 400, "{body}: {error}");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(words),
+            "{body}: {error}"
+        );
+    }
+    served.shutdown.cancel();
+}
