@@ -429,12 +429,11 @@ impl Planner<'_> {
             // Each entry is stat'ed relative to the directory's fd (as the listing
             // gives it), not by walking its whole path again: an unchanged projection
             // is mostly this.
-            let mut entries: Vec<(std::ffi::OsString, std::fs::DirEntry)> =
-                std::fs::read_dir(host)
-                    .map_err(|e| io_error(&e, "list", host))?
-                    .filter_map(Result::ok)
-                    .map(|entry| (entry.file_name(), entry))
-                    .collect();
+            let mut entries: Vec<(std::ffi::OsString, std::fs::DirEntry)> = std::fs::read_dir(host)
+                .map_err(|e| io_error(&e, "list", host))?
+                .filter_map(Result::ok)
+                .map(|entry| (entry.file_name(), entry))
+                .collect();
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
             for (name, entry) in entries {
                 let path = entry.path();
@@ -683,7 +682,10 @@ mod racy_tests {
         std::fs::write(&cache_path, line).unwrap_or_else(|e| panic!("{e}"));
         let mut cache = HashCache::open(&cache_path);
         // The cached (deliberately wrong) hash is what comes back: the file was not read.
-        assert_eq!(cache.hash(&file, &meta).unwrap_or_else(|e| panic!("{e}")), "ab".repeat(32));
+        assert_eq!(
+            cache.hash(&file, &meta).unwrap_or_else(|e| panic!("{e}")),
+            "ab".repeat(32)
+        );
         // A header it does not know: nothing trusted.
         std::fs::write(&cache_path, "something else\n").unwrap_or_else(|e| panic!("{e}"));
         assert!(HashCache::open(&cache_path).entries.is_empty());

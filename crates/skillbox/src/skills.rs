@@ -362,7 +362,7 @@ async fn project_into(
     let started = Instant::now();
     let cache_dir = data_dir.join("skills");
     let _ = std::fs::create_dir_all(&cache_dir);
-    let mut cache = HashCache::open(&cache_dir.join("hash-cache.json"));
+    let mut cache = HashCache::open(&cache_dir.join("hash-cache"));
     let projection =
         plan(Some(workspace), user_skills, &config, &mut cache).map_err(|e| e.to_string())?;
     let planned_ms = started.elapsed().as_millis() as u64;
