@@ -8,6 +8,6 @@ mod runtime;
 
 pub use runner::{
     NODE_MODULES, PlannedSkills, RunError, Runner, RunnerConfig, Scope, check_files,
-    check_skill_names, object_url, registry_config, script_command, script_name,
+    check_skill_names, object_url, registry_config, script_command, script_name, tighter,
 };
 pub use runtime::{NodeRuntime, RuntimeError};

@@ -244,7 +244,7 @@ fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
 
 /// A bound the request asks for: within the server's (`None` there: no bound to stay
 /// under), and not below the least a sandbox can use.
-fn tighter(
+pub fn tighter(
     field: &str,
     asked: Option<u64>,
     server: Option<u64>,

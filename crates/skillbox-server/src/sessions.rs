@@ -345,29 +345,14 @@ fn env_failure(e: EnvError) -> Failure {
     e.into()
 }
 
-/// A bound the request asks for: within the server's, never looser.
+/// A bound the request asks for: within the server's, never looser (the runner's rule).
 fn tighter(
     field: &str,
     asked: Option<u64>,
     server: Option<u64>,
     least: u64,
 ) -> Result<Option<u64>, Failure> {
-    let Some(asked) = asked else {
-        return Ok(server);
-    };
-    if asked < least {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            format!("limits.{field}: {asked} is below the least a sandbox can use ({least})"),
-        ));
-    }
-    match server {
-        Some(max) if asked > max => Err(Failure::new(
-            ErrorCode::Invalid,
-            format!("limits.{field}: {asked} is over this server's bound ({max}); ask for less"),
-        )),
-        _ => Ok(Some(asked)),
-    }
+    skillbox_run::tighter(field, asked, server, least).map_err(run_failure)
 }
 
 fn duration_field(
