@@ -776,7 +776,21 @@ pub(crate) async fn exec(
             }
         };
         let (mut out, mut err) = (Utf8Carry::default(), Utf8Carry::default());
-        while let Some(event) = stream.next().await {
+        // A command that writes nothing never learns from a send that its client went
+        // away: the receiver's drop (the body's) cancels it too.
+        let mut watching = true;
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                () = tx.closed(), if watching => {
+                    watching = false;
+                    cancel.cancel();
+                    continue;
+                }
+            };
+            let Some(event) = event else {
+                return;
+            };
             match event {
                 Ok(ExecEvent::Stdout(chunk)) => {
                     let data = out.push(&chunk);

@@ -311,6 +311,62 @@ async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_cancels_an_exec_that_writes_nothing() {
+    let Some(served) = serve(SessionConfig::default()).await else {
+        return;
+    };
+    let (status, session) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    // Silent: the server never sends after `started`, so only the connection's close
+    // can tell it the client left.
+    let marker = format!("{}", 972_000_000 + std::process::id());
+    let mut silent = served
+        .exec(
+            ANA,
+            &id,
+            json!({"shell": format!("sleep {marker} & sleep {marker}")}),
+        )
+        .await;
+    assert_eq!(silent.next().await.unwrap()["type"], "started");
+    let began = Instant::now();
+    while gone(&marker) {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(silent);
+    let began = Instant::now();
+    while !gone(&marker) {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the command of a client that went away still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let began = Instant::now();
+    loop {
+        let info: Value = served
+            .get(ANA, &format!("/v1/sessions/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if info["execsRunning"] == 0 {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the exec is still counted: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    served.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_session_is_reaped_and_the_bounds_answer_429() {
     let config = SessionConfig {
         max_per_tenant: 2,
