@@ -121,6 +121,37 @@ else
   cargo test --workspace --all-features --no-fail-fast
 fi
 
+# The Python client (clients/python): ruff (format and lint) and mypy --strict over the
+# package and its tests, then pytest against a real `skillbox serve` that the tests start
+# (target/debug/skillbox). The tools and the package (editable) go into a venv under
+# target/. Without Python 3.11+ or pip this says so and goes on; under
+# SKILLBOX_REQUIRE_ALL=1 that fails.
+say "python client (clients/python: ruff, mypy, pytest)"
+python_client() {
+  local venv=$PWD/target/python-client-venv bin=$PWD/target/debug/skillbox
+  if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "python client: no python3 >= 3.11 here: its tests did not run" >&2
+    return 2
+  fi
+  if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv"; then
+    rm -rf "$venv"
+    echo "python client: python3 -m venv failed (no venv or pip; apt-get install python3-venv): its tests did not run" >&2
+    return 2
+  fi
+  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "clients/python[test]"; then
+    echo "python client: pip could not install the package and its test tools: its tests did not run" >&2
+    return 2
+  fi
+  (cd clients/python && "$venv/bin/ruff" format --check . && "$venv/bin/ruff" check .) || return 1
+  (cd clients/python && "$venv/bin/mypy") || return 1
+  (cd clients/python && SKILLBOX_BIN=$bin "$venv/bin/python" -m pytest -q) || return 1
+}
+python_status=0
+python_client || python_status=$?
+if [ "$python_status" = 1 ] || { [ "$python_status" = 2 ] && [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ]; }; then
+  exit 1
+fi
+
 # The release binary is built differently (static-pie): check that it is static and that
 # it runs a sandbox, with the check of issue 2's first "Done means".
 say "the release binary (scripts/dist.sh)"

@@ -1,0 +1,158 @@
+"""One-shot runs (``POST /v1/run``): a script in a fresh sandbox, its files kept as
+artifacts in the server's store and downloaded from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from .errors import IntegrityError
+from .exec import Truncated
+
+if TYPE_CHECKING:
+    from ._http import Response, Transport
+
+__all__ = ["Artifact", "RunResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A file a run made (or changed), stored by the server under its sha256.
+
+    Attributes:
+        path: where the run left it, relative to ``/workspace`` (``out/report.pdf``).
+        size: its bytes.
+        sha256: its content hash, checked on every whole download.
+        content_type: the type the server stored with it (from its extension).
+        url: where the server serves it (``/v1/objects/{sha256}?name=…``), relative to
+            the server.
+    """
+
+    path: str
+    size: int
+    sha256: str
+    content_type: str
+    url: str
+    _transport: Transport = field(repr=False, compare=False)
+
+    def _open(self) -> Response:
+        parts = urllib.parse.urlsplit(self.url)
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        return self._transport.open("GET", parts.path, query=query or None, ok=(200,))
+
+    def read(self) -> bytes:
+        """Its bytes, checked against :attr:`sha256`."""
+        data = self._open().read()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != self.sha256:
+            raise IntegrityError(
+                "data_loss", f"{self.path}: downloaded bytes hash to {digest}, not {self.sha256}"
+            )
+        return data
+
+    def text(self, encoding: str = "utf-8") -> str:
+        """Its content as text."""
+        return self.read().decode(encoding)
+
+    def download(self, directory: str | os.PathLike[str], *, name: str | None = None) -> Path:
+        """Writes it under `directory` at its own relative :attr:`path` (or at `name`),
+        making the directories it needs, and returns where.
+
+        The bytes are streamed to a temporary file beside it, checked against
+        :attr:`sha256`, and only then renamed into place.
+        """
+        relative = PurePosixPath(name if name is not None else self.path)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise ValueError(f"{relative}: an artifact is written only below the directory given")
+        target = Path(directory, *relative.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in self._open().chunks():
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != self.sha256:
+                raise IntegrityError(
+                    "data_loss",
+                    f"{self.path}: downloaded bytes hash to {digest.hexdigest()}, not {self.sha256}",
+                )
+            os.replace(temp, target)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        return target
+
+    @classmethod
+    def _from_wire(cls, transport: Transport, value: dict[str, Any]) -> Artifact:
+        return cls(
+            path=str(value["path"]),
+            size=int(value["size"]),
+            sha256=str(value["sha256"]),
+            content_type=str(value.get("contentType", "application/octet-stream")),
+            url=str(value["url"]),
+            _transport=transport,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What a one-shot run did: how the script ended, its output, and its artifacts.
+
+    A run that timed out or hit a limit is a result (``timed_out``, ``limit_hit``), not an
+    error. ``skills`` and ``snapshot`` are the server's reports (as JSON objects) when the
+    run placed skills or had a ``scope_key``.
+    """
+
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    limit_hit: str | None
+    duration_ms: int
+    truncated: Truncated
+    artifacts: list[Artifact]
+    skills: dict[str, Any] | None = None
+    snapshot: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The script exited 0 on its own."""
+        return self.exit_code == 0 and not self.timed_out and self.limit_hit is None
+
+    def artifact(self, path: str) -> Artifact:
+        """The artifact at `path` (relative to ``/workspace``); ``KeyError`` naming those
+        there are when there is none."""
+        for artifact in self.artifacts:
+            if artifact.path == path:
+                return artifact
+        raise KeyError(f"{path}: not an artifact of this run (it made {[a.path for a in self.artifacts]})")
+
+    def download_all(self, directory: str | os.PathLike[str]) -> list[Path]:
+        """Downloads every artifact under `directory`, each at its own path."""
+        return [artifact.download(directory) for artifact in self.artifacts]
+
+    @classmethod
+    def _from_wire(cls, transport: Transport, value: dict[str, Any]) -> RunResult:
+        truncated = value.get("truncated") or {}
+        return cls(
+            exit_code=value.get("exitCode"),
+            signal=value.get("signal"),
+            stdout=str(value.get("stdout", "")),
+            stderr=str(value.get("stderr", "")),
+            timed_out=bool(value.get("timedOut")),
+            limit_hit=value.get("limitHit"),
+            duration_ms=int(value.get("durationMs") or 0),
+            truncated=Truncated(bool(truncated.get("stdout")), bool(truncated.get("stderr"))),
+            artifacts=[Artifact._from_wire(transport, f) for f in value.get("files") or []],
+            skills=value.get("skills"),
+            snapshot=value.get("snapshot"),
+        )
