@@ -45,14 +45,22 @@ impl HttpSkillSandbox {
         self
     }
 
-    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    pub(crate) fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.api_key {
             Some(token) => request.bearer_auth(token),
             None => request,
         }
     }
 
-    async fn error_of(response: reqwest::Response) -> ClientError {
+    pub(crate) async fn error_of(response: reqwest::Response) -> ClientError {
         let status = response.status();
         let body = response.text().await.unwrap_or_default();
         match serde_json::from_str::<ApiError>(&body) {
@@ -67,7 +75,7 @@ impl HttpSkillSandbox {
         }
     }
 
-    fn transport(&self, e: reqwest::Error) -> ClientError {
+    pub(crate) fn transport(&self, e: reqwest::Error) -> ClientError {
         ClientError::new(ErrorCode::Unavailable, format!("{}: {e}", self.base))
     }
 }

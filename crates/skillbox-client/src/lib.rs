@@ -1,14 +1,19 @@
 //! The `SkillSandbox` trait every way of running a script implements, and
-//! `HttpSkillSandbox`, which talks to a `skillbox serve` over HTTP. The wire types come
-//! from `skillbox-protocol`; nothing here pulls in a sandbox.
+//! `HttpSkillSandbox`, which talks to a `skillbox serve` over HTTP (with
+//! [`HttpSkillSandbox::sessions`] for its session routes). The wire types come from
+//! `skillbox-protocol`; nothing here pulls in a sandbox.
 
 mod http;
 pub mod outdir;
+mod session;
 
 pub use http::HttpSkillSandbox;
+pub use session::{ExecStream, Sessions, event_error, exit_output, stdin_of};
 pub use skillbox_protocol::{
-    ApiError, ApiErrorBody, ArtifactInfo, BackendKind, Encoding, ErrorCode, FileInput, Language,
-    MAX_TIMEOUT_MS, OutputSelection, RunLimits, RunRequest, RunResult,
+    ApiError, ApiErrorBody, ArtifactInfo, BackendKind, Encoding, ErrorCode, ExecOutput, FileInput,
+    Language, LimitKind, MAX_TIMEOUT_MS, OutputSelection, RunLimits, RunRequest, RunResult,
+    SessionCreateRequest, SessionExecEvent, SessionExecRequest, SessionFileEntry, SessionInfo,
+    SessionLimits, SessionList, SessionListing, SkillsPlaced, SnapshotReport,
 };
 
 use async_trait::async_trait;

@@ -14,6 +14,9 @@ use skillbox_registry::BackendRegistry;
 
 use crate::units::{Bound, backend_parser, parse_count_bound, parse_duration, parse_size_bound};
 
+/// `--timeout` when it is not given (a session's own when it runs in one).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Args)]
 pub struct ExecArgs {
     /// Which boundary to run behind.
@@ -22,9 +25,9 @@ pub struct ExecArgs {
     /// Host directory shown as /workspace (default: a temp dir removed afterwards).
     #[arg(long, value_name = "DIR")]
     workdir: Option<PathBuf>,
-    /// Wall-clock limit (500ms, 30s, 2m).
-    #[arg(long, value_parser = parse_duration, default_value = "60s")]
-    timeout: Duration,
+    /// Wall-clock limit (500ms, 30s, 2m) [default: 60s; with --session, the session's]
+    #[arg(long, value_parser = parse_duration)]
+    timeout: Option<Duration>,
     /// Memory limit for the whole process tree (256M, 1G, or none) [default: 1G]
     #[arg(long, value_parser = parse_size_bound)]
     memory: Option<Bound>,
@@ -42,6 +45,22 @@ pub struct ExecArgs {
     /// Print one ExecOutput JSON object instead of streaming the output.
     #[arg(long)]
     json: bool,
+    /// Run in this open session of a `skillbox serve` (`skillbox session create`)
+    /// instead of a fresh sandbox.
+    #[arg(
+        long,
+        value_name = "ID",
+        conflicts_with_all = ["backend", "workdir", "memory", "pids", "disk", "inodes"]
+    )]
+    session: Option<String>,
+    /// With --session: the server that holds it [default: $SKILLBOX_URL, else
+    /// http://127.0.0.1:8080]
+    #[arg(long, value_name = "URL", requires = "session")]
+    remote: Option<String>,
+    /// With --session: the server's API key; set SKILLBOX_API_KEY rather than the flag,
+    /// which other users can read in the process list.
+    #[arg(long, env = "SKILLBOX_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -73,13 +92,30 @@ async fn make_env(
 }
 
 pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
+    if let Some(id) = &args.session {
+        let client = match crate::session::client(
+            &crate::session::remote_url(args.remote.clone()),
+            args.api_key.as_deref(),
+        ) {
+            Ok(client) => client,
+            Err(code) => return code,
+        };
+        let options = crate::session::ExecOptions {
+            stdin: None,
+            cwd: None,
+            timeout: args.timeout,
+            json: args.json,
+            command: args.command,
+        };
+        return crate::session::exec_in(&client.sessions(), id, options, "skillbox exec").await;
+    }
     if let Some(dir) = &args.workdir
         && !dir.is_dir()
     {
         return usage(&format!("--workdir {}: no such directory", dir.display()));
     }
     let mut limits = Limits {
-        timeout_ms: args.timeout.as_millis() as u64,
+        timeout_ms: args.timeout.unwrap_or(DEFAULT_TIMEOUT).as_millis() as u64,
         ..Limits::default()
     };
     if let Some(Bound(memory)) = args.memory {

@@ -10,6 +10,7 @@ mod keys;
 mod local;
 mod run;
 mod serve;
+mod session;
 mod skills;
 mod units;
 
@@ -57,6 +58,9 @@ enum Command {
     /// Skills: list and show them (no sandbox needed), stage a marketplace archive,
     /// project them into a sandbox, run one's script there.
     Skills(skills::SkillsArgs),
+    /// Sessions on a `skillbox serve`: open one, run commands in it with their output
+    /// streamed, move files in and out, end it.
+    Session(session::SessionArgs),
 }
 
 /// Exit status for skillbox's own failures (the sandbox could not be set up), as
@@ -180,6 +184,7 @@ fn main() -> ExitCode {
             Command::Keys(args) => keys::run(args),
             Command::Cap(args) => cap::run(args, &data_dir).await,
             Command::Skills(args) => skills::run(args, &data_dir).await,
+            Command::Session(args) => session::run(args).await,
         }
     })
 }

@@ -8,6 +8,8 @@ use std::process::Command;
 use serde_json::Value;
 
 mod common;
+#[path = "cli/sessions.rs"]
+mod sessions;
 
 use common::{BIN, assert_workspacex_deck, example, native_or_skip, skillbox, text};
 
