@@ -108,6 +108,38 @@ if ! target/debug/skillbox --data-dir target/skillbox-image-data setup; then
   [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ] && exit 1
 fi
 
+# The MCP clients skillbox did not write, for crates/skillbox/tests/mcp.rs: the Python
+# `mcp` package (pinned in crates/skillbox/tests/mcp_clients/requirements.txt) in a venv,
+# and the MCP Inspector (pinned with its package-lock.json) by npm ci, both under
+# target/mcp-clients and redone only when a pin changes. Offline, or without venv, pip or
+# npm, this says so and goes on: those tests then skip (fail under SKILLBOX_REQUIRE_ALL=1).
+say "MCP clients (mcp from PyPI, the MCP Inspector from npm; skipped when up to date)"
+mcp_clients() {
+  local dir=$PWD/target/mcp-clients pins=crates/skillbox/tests/mcp_clients
+  mkdir -p "$dir"
+  if [ ! -x "$dir/venv/bin/python" ] && ! python3 -m venv "$dir/venv"; then
+    rm -rf "$dir/venv"
+    echo "MCP clients: python3 -m venv failed (apt-get install python3-venv): the Python MCP client tests will skip" >&2
+  elif ! cmp -s "$pins/requirements.txt" "$dir/venv/pinned.txt"; then
+    if "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check -r "$pins/requirements.txt"; then
+      cp "$pins/requirements.txt" "$dir/venv/pinned.txt"
+    else
+      echo "MCP clients: pip could not install $pins/requirements.txt: the Python MCP client tests will skip" >&2
+    fi
+  fi
+  if ! command -v npm >/dev/null; then
+    echo "MCP clients: no npm: the MCP Inspector test will skip" >&2
+  elif ! cmp -s "$pins/inspector/package-lock.json" "$dir/inspector/package-lock.json"; then
+    rm -rf "$dir/inspector" && mkdir -p "$dir/inspector"
+    cp "$pins/inspector/package.json" "$pins/inspector/package-lock.json" "$dir/inspector/"
+    if ! (cd "$dir/inspector" && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then
+      rm -rf "$dir/inspector"
+      echo "MCP clients: npm ci of the MCP Inspector failed: its test will skip" >&2
+    fi
+  fi
+}
+mcp_clients
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -222,10 +222,75 @@ pub(crate) async fn run(
     let admission = admit(&state, &tenant, &parts.headers).await?;
     let request: CapabilityRunRequest =
         read_json(body, state.config.body_limit, state.config.body_timeout).await?;
+    let cancel = state.runs_cancel().child_token();
+    Ok(Json(
+        call(
+            &state, &tenant, name, capability, admission, request, cancel,
+        )
+        .await?,
+    ))
+}
+
+/// The capabilities an MCP client may run: none without `--capabilities`, else those
+/// that load and could be run over HTTP (not `host`, not persistent).
+pub(crate) async fn runnable(state: &AppState) -> Option<Vec<String>> {
+    let roots = state.config.capabilities.roots.clone();
+    if roots.is_empty() {
+        return None;
+    }
+    blocking(move || {
+        CapabilityRegistry::load(&roots)
+            .iter()
+            .filter(|c| {
+                c.manifest.environment != Environment::Host
+                    && c.manifest.lifecycle != skillbox_capability::Lifecycle::Persistent
+            })
+            .map(|c| c.name().to_string())
+            .collect()
+    })
+    .await
+    .ok()
+}
+
+/// An MCP `run_capability`: the checks and admission of `POST
+/// /v1/capabilities/{name}/run`, with the input bytes the tool call carries.
+pub(crate) async fn run_for_mcp(
+    state: &AppState,
+    tenant: &Tenant,
+    name: &str,
+    request: CapabilityRunRequest,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Result<CapabilityRun, Failure> {
+    let capability = sandboxed(&state.config.capabilities, name, "run").await?;
+    let bytes = request.stdin.as_ref().map_or(0, String::len)
+        + request.files.iter().map(|f| f.content.len()).sum::<usize>();
+    let admission = crate::runs::admit_bytes(state, tenant, bytes).await?;
+    call(
+        state,
+        tenant,
+        name.to_string(),
+        capability,
+        admission,
+        request,
+        cancel,
+    )
+    .await
+}
+
+/// One admitted call of `capability` for `tenant`, cancelled by `cancel`.
+async fn call(
+    state: &AppState,
+    tenant: &Tenant,
+    name: String,
+    capability: Capability,
+    admission: crate::runs::Admission,
+    request: CapabilityRunRequest,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Result<CapabilityRun, Failure> {
+    let config = state.config.capabilities.clone();
     let call = call_of(request)?;
     // As for `POST /v1/run`: the call lives in its own task, and a client that goes
     // away cancels it, which still ends it properly and removes its sandbox.
-    let cancel = state.runs_cancel().child_token();
     let _cancel_on_drop = cancel.clone().drop_guard();
     let runner = state.runner.clone();
     let trust = state.trust.clone();
@@ -265,13 +330,13 @@ pub(crate) async fn run(
             content_type: a.content_type,
         })
         .collect();
-    grant(&state, &tenant, &files)?;
-    Ok(Json(CapabilityRun {
+    grant(state, tenant, &files)?;
+    Ok(CapabilityRun {
         capability: name,
         grant: scope.as_str().to_string(),
         output,
         files,
-    }))
+    })
 }
 
 /// Start a persistent capability in its declared environment, if the server's project

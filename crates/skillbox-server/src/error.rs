@@ -35,8 +35,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
 /// An error answer.
 #[derive(Debug)]
 pub(crate) struct Failure {
-    code: ErrorCode,
-    message: String,
+    pub(crate) code: ErrorCode,
+    pub(crate) message: String,
     /// Seconds for `Retry-After` (with `overloaded`).
     retry_after: Option<u32>,
 }

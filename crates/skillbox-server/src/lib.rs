@@ -10,6 +10,7 @@ mod auth;
 mod capabilities;
 mod error;
 mod listen;
+mod mcp;
 mod metrics;
 mod routes;
 mod runs;
@@ -119,9 +120,14 @@ pub async fn serve_on(
     // them), so connections waiting on a run answer at once and the drain is short.
     let runs = state.runs_cancel().clone();
     let cancel_runs = shutdown.clone();
+    let mcp = state.mcp.clone();
     tokio::spawn(async move {
         cancel_runs.cancelled().await;
         runs.cancel();
+        // MCP calls end too, and the MCP sessions' streams with them.
+        if let Some(mcp) = mcp {
+            mcp.stop();
+        }
     });
     listen::accept_loop(
         listener,
@@ -135,6 +141,9 @@ pub async fn serve_on(
     state.runs_cancel().cancel();
     // Every session ends with it: nothing of one is left behind.
     sessions::close_all(&state).await;
+    if let Some(mcp) = &state.mcp {
+        mcp.close().await;
+    }
     // The services it supervises end with it: nothing it started is left running.
     state.stop_services().await;
     // Agent runs end on the cancel; give them a moment to record how they ended.

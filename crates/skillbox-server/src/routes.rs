@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 
 use crate::error::{method_not_allowed, not_found};
 use crate::state::AppState;
-use crate::{agents, auth, capabilities, runs, sessions, skills};
+use crate::{agents, auth, capabilities, mcp, runs, sessions, skills};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -87,6 +87,13 @@ pub struct ApiDoc;
 
 pub fn router(state: AppState) -> Router {
     let limit = state.config.body_limit;
+    // `/mcp` is rmcp's own service; the key check (the guard below) runs before it.
+    let mcp = match &state.mcp {
+        Some(server) => Router::new()
+            .route_service("/mcp", mcp::service(&state, server))
+            .layer(middleware::from_fn_with_state(state.clone(), mcp::caller)),
+        None => Router::new(),
+    };
     Router::new()
         .route("/v1/run", post(runs::run))
         .route("/run", post(runs::run))
@@ -128,6 +135,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/services", get(capabilities::services))
         .route("/v1/services/{name}", get(capabilities::service))
         .route("/v1/services/{name}/stop", post(capabilities::stop))
+        .merge(mcp)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

@@ -108,6 +108,17 @@ pub(crate) async fn admit(
 ) -> Result<Admission, Failure> {
     // What can be refused without the body is refused before any of it is read.
     let announced = json_body_size(headers, state.config.body_limit)?;
+    admit_bytes(state, tenant, announced).await
+}
+
+/// Admits a run of `tenant` holding `announced` bytes of input in memory (an MCP tool
+/// call, whose body rmcp has read): the tenant's bound, a slot or a place in the queue,
+/// and the body budget, else 429.
+pub(crate) async fn admit_bytes(
+    state: &AppState,
+    tenant: &Tenant,
+    announced: usize,
+) -> Result<Admission, Failure> {
     let metrics = &state.metrics;
     let Some(tenant_run) = state.tenant_run(tenant) else {
         metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
@@ -393,10 +404,15 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
 /// Prometheus metrics.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format")))]
 pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    let mut text = state.metrics.render();
+    if let Some(mcp) = &state.mcp {
+        text.push_str(&format!(
+            "# HELP skillbox_mcp_sandboxes_open MCP sessions' sandboxes open (or opening) now.\n\
+             # TYPE skillbox_mcp_sandboxes_open gauge\nskillbox_mcp_sandboxes_open {}\n",
+            mcp.sandboxes_open()
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
 #[cfg(test)]

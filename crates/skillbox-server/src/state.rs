@@ -110,6 +110,8 @@ pub struct AppState {
     pub(crate) services: Arc<ServiceTable>,
     /// The sessions open on this server.
     pub(crate) sessions: Arc<crate::sessions::Sessions>,
+    /// The MCP tools served at `/mcp` (`None` only in the copy their door holds).
+    pub(crate) mcp: Option<skillbox_mcp::McpServer>,
     runs: CancellationToken,
 }
 
@@ -120,7 +122,7 @@ impl AppState {
         owners: ObjectOwners,
         runs: CancellationToken,
     ) -> Self {
-        AppState {
+        let mut state = AppState {
             trust: Arc::new(TrustStore::open(runner.data_dir())),
             sessions: Arc::new(crate::sessions::Sessions::new(config.sessions)),
             services: Arc::new(ServiceTable::new(
@@ -140,8 +142,11 @@ impl AppState {
             owners,
             tenant_runs: Arc::default(),
             hosts: None,
+            mcp: None,
             runs,
-        }
+        };
+        state.mcp = Some(crate::mcp::server(&state));
+        state
     }
 
     /// Counts a run of `tenant` while the guard lives; `None` when the tenant is at

@@ -8,6 +8,7 @@ mod exec;
 mod image;
 mod keys;
 mod local;
+mod mcp;
 mod run;
 mod serve;
 mod session;
@@ -58,6 +59,9 @@ enum Command {
     /// Skills: list and show them (no sandbox needed), stage a marketplace archive,
     /// project them into a sandbox, run one's script there.
     Skills(skills::SkillsArgs),
+    /// Serve MCP on stdio: run_script, exec and the file tools in sandboxes, the files
+    /// runs made as resources (stdout carries only the protocol).
+    Mcp(mcp::McpArgs),
     /// Sessions on a `skillbox serve`: open one, run commands in it with their output
     /// streamed, move files in and out, end it.
     Session(session::SessionArgs),
@@ -184,6 +188,7 @@ fn main() -> ExitCode {
             Command::Keys(args) => keys::run(args),
             Command::Cap(args) => cap::run(args, &data_dir).await,
             Command::Skills(args) => skills::run(args, &data_dir).await,
+            Command::Mcp(args) => mcp::run(args, &data_dir).await,
             Command::Session(args) => session::run(args).await,
         }
     })

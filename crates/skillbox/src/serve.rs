@@ -317,7 +317,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         );
     }
     eprintln!(
-        "skillbox serve: listening on http://{} (POST /v1/run, GET /openapi.json)",
+        "skillbox serve: listening on http://{} (POST /v1/run, /mcp, GET /openapi.json)",
         config.addr
     );
     let served = skillbox_server::serve(config, runner.clone(), shutdown).await;

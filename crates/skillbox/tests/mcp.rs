@@ -1,0 +1,520 @@
+//! skillbox's MCP server driven by MCP clients that skillbox did not write (DESIGN.md §4
+//! `skillbox mcp`, §5.3 `/mcp`): the Python `mcp` package's client (PyPI) over stdio and
+//! over streamable HTTP against a real `skillbox serve`, and the MCP Inspector's CLI mode
+//! (npm) over stdio. The client scripts are tests/mcp_clients/; scripts/test.sh installs
+//! the pinned clients under target/mcp-clients. Without a client a test skips, naming
+//! what is missing (a failure under SKILLBOX_REQUIRE_ALL=1).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+
+use common::{BIN, assert_workspacex_deck, example, native_or_skip, skillbox, text};
+
+/// Where scripts/test.sh installs the clients.
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("../mcp-clients")
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp_clients")
+        .join(name)
+}
+
+/// A python3 that imports `mcp`: `$SKILLBOX_MCP_PYTHON`, the venv scripts/test.sh makes,
+/// or `python3` itself; otherwise skips.
+fn python_with_mcp(test: &str) -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("SKILLBOX_MCP_PYTHON").map(PathBuf::from),
+        Some(clients_dir().join("venv/bin/python3")),
+        Some(PathBuf::from("python3")),
+    ];
+    let found = candidates.into_iter().flatten().find(|python| {
+        Command::new(python)
+            .args(["-c", "import mcp.client.stdio, mcp.client.streamable_http"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    if found.is_none() {
+        skillbox_env::testkit::skip(
+            test,
+            "no python3 with the `mcp` package (scripts/test.sh installs the pinned one into \
+             target/mcp-clients/venv; or set SKILLBOX_MCP_PYTHON)",
+        );
+    }
+    found
+}
+
+/// The directory the MCP Inspector is installed in (its node_modules) when npx is here;
+/// otherwise skips.
+fn inspector(test: &str) -> Option<PathBuf> {
+    let dir = clients_dir().join("inspector");
+    let installed = dir.join("node_modules/.bin/mcp-inspector").exists();
+    let npx = Command::new("npx")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if installed && npx {
+        return Some(dir);
+    }
+    skillbox_env::testkit::skip(
+        test,
+        &format!(
+            "the MCP Inspector is not installed in {} (scripts/test.sh runs npm ci there from \
+             tests/mcp_clients/inspector) or npx is missing",
+            dir.display()
+        ),
+    );
+    None
+}
+
+/// Waits for `child` for at most `limit`, its piped output collected; killed past it.
+fn finish(mut child: Child, limit: Duration, what: &str) -> Output {
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    let stdout = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut out) = out {
+            let _ = out.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let stderr = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut err) = err {
+            let _ = err.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: still running after {limit:?}; stderr so far:\n{}",
+                text(&stderr.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    }
+}
+
+fn run_bounded(command: &mut Command, limit: Duration, what: &str) -> Output {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    finish(child, limit, what)
+}
+
+/// A client script's run: it prints `ok` after its last check.
+fn assert_client_passed(out: &Output, what: &str) {
+    assert!(
+        out.status.success() && text(&out.stdout).trim_end().ends_with("ok"),
+        "{what} failed ({:?}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// The Python client over stdio: tools listed with their schemas, the pptxgenjs deck made
+/// and read back as a resource (a zip with three slides; verified here again),
+/// write_file/exec/read_file/list_dir in the session's one sandbox, bad input and a
+/// failed run as tool errors, and the sandbox removed when the client closes stdin.
+#[test]
+fn python_client_over_stdio() {
+    let test = "python_client_over_stdio";
+    if !native_or_skip(test) {
+        return;
+    }
+    let Some(python) = python_with_mcp(test) else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let deck = out.path().join("deck.pptx");
+    let ran = run_bounded(
+        Command::new(&python)
+            .arg(script("over_stdio.py"))
+            .arg(BIN)
+            .arg(data.path())
+            .arg(example("workspacex-deck.js"))
+            .arg(&deck),
+        Duration::from_secs(600),
+        "the Python MCP client over stdio",
+    );
+    assert_client_passed(&ran, "the Python MCP client over stdio");
+    assert_workspacex_deck(&deck);
+}
+
+/// A `skillbox serve` with keys for alice and bob, serving examples/capabilities with
+/// fmt-json granted; stopped (SIGTERM) when dropped.
+struct Serve {
+    child: Option<Child>,
+    addr: String,
+    _data: tempfile::TempDir,
+    _project: tempfile::TempDir,
+}
+
+const ALICE: &str = "alice-mcp-token-0123456789";
+const BOB: &str = "bob-mcp-token-0123456789";
+
+impl Serve {
+    fn start() -> Serve {
+        let data = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        let capabilities = example("capabilities");
+        let granted = skillbox(
+            data.path(),
+            &[
+                "cap",
+                "--project",
+                project.path().to_str().unwrap(),
+                "--root",
+                capabilities.to_str().unwrap(),
+                "grant",
+                "fmt-json",
+            ],
+        );
+        assert!(granted.status.success(), "{}", text(&granted.stderr));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(["serve", "--addr", &addr, "--capabilities"])
+            .arg(&capabilities)
+            .arg("--project")
+            .arg(project.path())
+            .env("SKILLBOX_API_KEYS", format!("alice={ALICE},bob={BOB}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // It installs the Node runtime before it listens.
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "skillbox serve did not start");
+            assert!(child.try_wait().unwrap().is_none(), "skillbox serve exited");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Serve {
+            child: Some(child),
+            addr,
+            _data: data,
+            _project: project,
+        }
+    }
+
+    /// Stops it with SIGTERM and waits (bounded) for a clean exit.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: signalling the server this test started.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("skillbox serve did not stop within 60 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The Python client over streamable HTTP at /mcp: no key, an unknown key and a foreign
+/// Host refused as on every route; alice's session makes the deck (read back as a
+/// resource and downloaded at its link with her key), uses its sandbox, runs a granted
+/// capability (an ungranted one, a host one and an unknown one are tool errors); bob
+/// reads none of it, and cannot use her session; her sandbox is removed when her client
+/// ends the session; the server still stops cleanly.
+#[test]
+fn python_client_over_http() {
+    let test = "python_client_over_http";
+    if !native_or_skip(test) {
+        return;
+    }
+    let Some(python) = python_with_mcp(test) else {
+        return;
+    };
+    let server = Serve::start();
+    let out = tempfile::tempdir().unwrap();
+    let deck = out.path().join("deck.pptx");
+    let ran = run_bounded(
+        Command::new(&python)
+            .arg(script("over_http.py"))
+            .arg(format!("http://{}", server.addr))
+            .args([ALICE, BOB])
+            .arg(example("workspacex-deck.js"))
+            .arg(&deck),
+        Duration::from_secs(600),
+        "the Python MCP client over HTTP",
+    );
+    let status = server.stop();
+    assert_client_passed(&ran, "the Python MCP client over HTTP");
+    assert_workspacex_deck(&deck);
+    assert!(status.success(), "serve did not stop cleanly: {status:?}");
+}
+
+/// One `mcp-inspector --cli` call against `skillbox mcp` on stdio (a session of its own).
+fn inspect(dir: &Path, data: &Path, args: &[&str]) -> Output {
+    run_bounded(
+        Command::new("npx")
+            .current_dir(dir)
+            .args(["--no-install", "--prefix"])
+            .arg(dir)
+            .args(["mcp-inspector", "--cli", BIN, "--data-dir"])
+            .arg(data)
+            .arg("mcp")
+            .args(args),
+        Duration::from_secs(180),
+        "mcp-inspector --cli",
+    )
+}
+
+fn json_of(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "mcp-inspector failed ({:?}):\n{}\n{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: not JSON:\n{}", text(&out.stdout)))
+}
+
+/// The MCP Inspector's CLI mode (npm) over stdio: tools/list with each tool's schema,
+/// tools/call of run_script (a made file with its resource URI) and exec, a bad argument
+/// as a tool error, an unknown tool refused naming the tools.
+#[test]
+fn inspector_cli_over_stdio() {
+    let test = "inspector_cli_over_stdio";
+    if !native_or_skip(test) {
+        return;
+    }
+    let Some(dir) = inspector(test) else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+
+    let listed = json_of(&inspect(&dir, data.path(), &["--method", "tools/list"]));
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "run_script",
+            "exec",
+            "read_file",
+            "write_file",
+            "list_dir",
+            "list_skills"
+        ]
+    );
+    let exec = &listed["tools"][1];
+    assert_eq!(exec["inputSchema"]["type"], "object", "{exec}");
+    assert!(
+        exec["inputSchema"]["properties"]["shell"].is_object(),
+        "{exec}"
+    );
+
+    let ran = json_of(&inspect(
+        &dir,
+        data.path(),
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "run_script",
+            "--tool-arg",
+            "language=sh",
+            "--tool-arg",
+            "script=echo made > made.txt; echo hello",
+        ],
+    ));
+    assert_eq!(ran["isError"], false, "{ran}");
+    let result = &ran["structuredContent"];
+    assert_eq!(result["exitCode"], 0, "{ran}");
+    assert_eq!(result["stdout"], "hello\n", "{ran}");
+    assert_eq!(result["files"][0]["path"], "made.txt", "{ran}");
+    let sha = result["files"][0]["sha256"].as_str().unwrap();
+    assert_eq!(
+        result["files"][0]["uri"],
+        format!("skillbox://objects/{sha}/made.txt")
+    );
+    assert!(
+        ran["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "resource_link" && c["name"] == "made.txt"),
+        "{ran}"
+    );
+
+    let exec = json_of(&inspect(
+        &dir,
+        data.path(),
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "exec",
+            "--tool-arg",
+            "shell=echo in $(pwd) as $(id -u)",
+        ],
+    ));
+    assert_eq!(exec["isError"], false, "{exec}");
+    let stdout = exec["structuredContent"]["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("in /workspace as "), "{exec}");
+    assert_ne!(stdout.trim_end(), "in /workspace as 0", "{exec}");
+
+    let bad = json_of(&inspect(
+        &dir,
+        data.path(),
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "run_script",
+            "--tool-arg",
+            "language=ruby",
+            "--tool-arg",
+            "script=puts 1",
+        ],
+    ));
+    assert_eq!(bad["isError"], true, "{bad}");
+    let message = bad["content"][0]["text"].as_str().unwrap();
+    assert!(
+        message.contains("run_script: language: unknown variant `ruby`"),
+        "{message}"
+    );
+
+    let unknown = inspect(
+        &dir,
+        data.path(),
+        &["--method", "tools/call", "--tool-name", "rm_rf"],
+    );
+    let said = format!("{}{}", text(&unknown.stdout), text(&unknown.stderr));
+    assert!(
+        said.contains("no tool \"rm_rf\"; the tools are run_script, exec"),
+        "{said}"
+    );
+}
+
+/// `skillbox mcp` ends on SIGTERM with its sandbox removed, even when its stdin is a
+/// socket (as libuv gives a child) whose read nothing can cancel: the client never
+/// closes it here. The requests are written by hand: this is the process's lifecycle,
+/// not a client's view of MCP.
+#[test]
+fn mcp_stops_on_sigterm_with_its_sandbox_removed() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+
+    if !native_or_skip("mcp_stops_on_sigterm_with_its_sandbox_removed") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data.path())
+        .arg("mcp")
+        .env("SKILLBOX_LOG", "warn,skillbox_mcp=info")
+        .stdin(OwnedFd::from(theirs.try_clone().unwrap()))
+        .stdout(OwnedFd::from(theirs))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    ours.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut lines = BufReader::new(ours.try_clone().unwrap()).lines();
+    let send = |message: Value| {
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        (&ours).write_all(&line).unwrap();
+    };
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "by-hand", "version": "0"}}}),
+    );
+    let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(
+        answer["result"]["serverInfo"]["name"], "skillbox",
+        "{answer}"
+    );
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "exec", "arguments": {"shell": "echo here"}}}),
+    );
+    let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(
+        answer["result"]["structuredContent"]["stdout"], "here\n",
+        "{answer}"
+    );
+
+    // SAFETY: signalling the process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = finish(child, Duration::from_secs(30), "skillbox mcp after SIGTERM");
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let log = text(&out.stderr);
+    let removed: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("mcp: sandbox removed"))
+        .collect();
+    assert_eq!(removed.len(), 1, "{log}");
+    assert!(removed[0].contains("skillbox is stopping"), "{log}");
+}
