@@ -47,6 +47,11 @@ pub(crate) async fn accept_loop(
             },
             () = shutdown.cancelled() => break,
         };
+        // Streamed answers (a session's exec events, MCP's) are many small writes: with
+        // Nagle's algorithm each waits for the client's delayed ACK, 40 ms on Linux.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "serve: TCP_NODELAY not set");
+        }
         let Ok(slot) = open.clone().try_acquire_owned() else {
             metrics.connections_refused.fetch_add(1, Ordering::Relaxed);
             drop(stream);
