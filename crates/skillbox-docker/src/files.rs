@@ -20,6 +20,9 @@ const FS_PY: &str = include_str!("helpers/fs.py");
 const READ_BATCH_BYTES: u64 = 256 * 1024 * 1024;
 /// The largest file `read_files` reads: a run's output must hold it after a batch.
 const READ_MAX_FILE_BYTES: u64 = MAX_READ_BYTES as u64 - READ_BATCH_BYTES - 4096;
+/// A walk whose regular files come to at most this many bytes reads them too, in the
+/// same helper run, for the `read_files` that follows (a run's collection).
+const READ_AHEAD_BYTES: u64 = 8 * 1024 * 1024;
 
 impl DockerSandbox {
     /// Runs one of skillbox's helper commands (not the caller's code) to the end and
@@ -37,6 +40,7 @@ impl DockerSandbox {
         if cancel.is_cancelled() {
             return Err(EnvError::aborted("file operation"));
         }
+        self.begin();
         let gate = container.fs_gate.clone().read_owned().await;
         let docker = container.docker.clone();
         let id = container.id.clone();
@@ -168,6 +172,36 @@ fn parse_reads(mut out: &[u8], read: &mut Vec<FileRead>) -> Option<ReadsEnd> {
     Some(ReadsEnd::Done)
 }
 
+/// The records `walkread` prints after its listing: each file's index in the listing
+/// and its answer, as `readmany` frames them. `None` for anything malformed.
+fn parse_read_ahead(mut out: &[u8], listed: usize) -> Option<Vec<(usize, FileRead)>> {
+    let mut read = Vec::new();
+    while !out.is_empty() {
+        let end = out.iter().position(|&b| b == b'\n')?;
+        let header: serde_json::Value = serde_json::from_slice(&out[..end]).ok()?;
+        out = &out[end + 1..];
+        let index = usize::try_from(header["i"].as_u64()?)
+            .ok()
+            .filter(|&i| i < listed)?;
+        let answer = match header["s"].as_str()? {
+            "ok" => {
+                let n = usize::try_from(header["n"].as_u64()?).ok()?;
+                let data = out.get(..n)?.to_vec();
+                out = &out[n..];
+                FileRead::Content(data)
+            }
+            "missing" => FileRead::Missing,
+            "notfile" => FileRead::NotFile,
+            "toolarge" => FileRead::TooLarge(header["n"].as_u64()?),
+            // A file that could not be read is read again, by read_files, to name it.
+            "error" => continue,
+            _ => return None,
+        };
+        read.push((index, answer));
+    }
+    Some(read)
+}
+
 fn bad_answer(op: &str, path: &Path) -> EnvError {
     EnvError::new(
         ErrorCode::Unknown,
@@ -259,14 +293,25 @@ impl FileSystem for DockerSandbox {
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<WalkEntry>> {
         let root = self.absolute(root);
-        let mut args = vec![self.arg(&root), max_entries.to_string()];
+        let mut args = vec![
+            self.arg(&root),
+            max_entries.to_string(),
+            READ_AHEAD_BYTES.to_string(),
+        ];
         args.extend(prune.iter().map(|p| p.to_string()));
-        let v = self.fs_json("walk", &args, &root, cancel).await?;
+        let before = self.generation();
+        let out = self.fs_op("walkread", &args, None, &root, cancel).await?;
+        let (line, rest) = match out.iter().position(|&b| b == b'\n') {
+            Some(end) => (&out[..end], &out[end + 1..]),
+            None => (&out[..], &[][..]),
+        };
+        let v: serde_json::Value =
+            serde_json::from_slice(line).map_err(|_| bad_answer("walk", &root))?;
         let listed = v.as_array().ok_or_else(|| bad_answer("walk", &root))?;
         if listed.len() > max_entries {
             return Err(too_many_entries(&root, max_entries));
         }
-        listed
+        let entries = listed
             .iter()
             .map(|e| {
                 Some(WalkEntry {
@@ -277,7 +322,17 @@ impl FileSystem for DockerSandbox {
                 })
             })
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad_answer("walk", &root))
+            .ok_or_else(|| bad_answer("walk", &root))?;
+        if !rest.is_empty() {
+            let read =
+                parse_read_ahead(rest, entries.len()).ok_or_else(|| bad_answer("walk", &root))?;
+            let files = read
+                .into_iter()
+                .map(|(index, answer)| (self.arg(&root.join(&entries[index].path)), answer))
+                .collect();
+            self.keep_read_ahead(before + 1, files);
+        }
+        Ok(entries)
     }
 
     /// As few helper runs as the bytes allow (about [`READ_BATCH_BYTES`] each).
@@ -293,6 +348,13 @@ impl FileSystem for DockerSandbox {
                 "read_files: a cap of {max_bytes} bytes is over the {} backend's {READ_MAX_FILE_BYTES}",
                 self.container().runtime.backend()
             )));
+        }
+        if cancel.is_cancelled() {
+            return Err(EnvError::aborted("file operation"));
+        }
+        let wanted: Vec<String> = paths.iter().map(|p| self.arg(p)).collect();
+        if let Some(read) = self.take_read_ahead(&wanted, max_bytes) {
+            return Ok(read);
         }
         let mut read = Vec::with_capacity(paths.len());
         while read.len() < paths.len() {
@@ -496,6 +558,77 @@ mod tests {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{out:?}");
         out.stdout
+    }
+
+    /// Runs the file helper's `walkread` here, on the host, over `root`.
+    fn walkread(root: &Path, limit: usize, budget: u64) -> Vec<u8> {
+        let out = std::process::Command::new("python3")
+            .args(["-I", "-S", "-c", FS_PY, "walkread"])
+            .arg(root)
+            .args([limit.to_string(), budget.to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out.stdout
+    }
+
+    /// A small tree comes back listed and read in one helper run: every regular file's
+    /// bytes under its index, a symlink and a FIFO listed but never opened; a tree over
+    /// the budget, the listing alone.
+    #[test]
+    fn walkread_reads_a_small_tree_along_with_its_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::fs::write(root.join("a.txt"), b"alpha").unwrap();
+        std::fs::write(root.join("sub/b.bin"), [0u8, 1, 2, b'\n', 3]).unwrap();
+        std::fs::write(root.join("sub/empty"), b"").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(root.join("fifo"))
+            .status()
+            .unwrap();
+        assert!(made.success());
+
+        let out = walkread(root, 100, 1024);
+        let end = out.iter().position(|&b| b == b'\n').unwrap();
+        let listed: Vec<serde_json::Value> = serde_json::from_slice(&out[..end]).unwrap();
+        let names: Vec<&str> = listed.iter().map(|e| e[0].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["a.txt", "fifo", "link", "sub", "sub/b.bin", "sub/empty"]
+        );
+        let read = parse_read_ahead(&out[end + 1..], listed.len()).unwrap();
+        let by_name: Vec<(&str, &FileRead)> = read.iter().map(|(i, r)| (names[*i], r)).collect();
+        assert_eq!(
+            by_name,
+            [
+                ("a.txt", &FileRead::Content(b"alpha".to_vec())),
+                ("sub/b.bin", &FileRead::Content(vec![0, 1, 2, b'\n', 3])),
+                ("sub/empty", &FileRead::Content(Vec::new())),
+            ]
+        );
+
+        // 10 bytes of files in all: over a budget of 9, nothing is read.
+        let out = walkread(root, 100, 9);
+        let end = out.iter().position(|&b| b == b'\n').unwrap();
+        assert_eq!(out.len(), end + 1, "{}", String::from_utf8_lossy(&out));
+        // Too many entries: the listing (one over the limit), nothing read.
+        let out = walkread(root, 2, 1024);
+        let end = out.iter().position(|&b| b == b'\n').unwrap();
+        let listed: Vec<serde_json::Value> = serde_json::from_slice(&out[..end]).unwrap();
+        assert_eq!(listed.len(), 3);
+        assert_eq!(out.len(), end + 1);
+    }
+
+    /// A record that names an entry the listing does not have, or is cut short, is a
+    /// bad answer, not a file.
+    #[test]
+    fn read_ahead_records_are_checked() {
+        assert!(parse_read_ahead(b"{\"i\":0,\"s\":\"ok\",\"n\":3}\nabc", 1).is_some());
+        assert!(parse_read_ahead(b"{\"i\":1,\"s\":\"ok\",\"n\":3}\nabc", 1).is_none());
+        assert!(parse_read_ahead(b"{\"i\":0,\"s\":\"ok\",\"n\":4}\nabc", 1).is_none());
+        assert!(parse_read_ahead(b"{\"i\":0,\"s\":\"what\"}\n", 1).is_none());
     }
 
     /// Runs the file helper's `puttree` here, on the host, into `dir`.

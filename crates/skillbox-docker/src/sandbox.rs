@@ -1,11 +1,16 @@
 //! One sandbox = one container: handed out started and hardened, driven by execs
 //! (`exec.rs`) and file operations (`files.rs`), removed by `cleanup` or on drop.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use skillbox_env::{BackendKind, CancellationToken, EnvError, EnvResult, ExecutionEnv, FileSystem};
+use skillbox_env::{
+    BackendKind, CancellationToken, EnvError, EnvResult, ExecutionEnv, FileRead, FileSystem,
+};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::config::WORKSPACE;
@@ -16,6 +21,21 @@ use crate::container::Container;
 pub struct DockerSandbox {
     container: Arc<Container>,
     cwd: PathBuf,
+    /// Counts every exec and helper run begun: what a walk read ahead is good only
+    /// while nothing else has begun since.
+    generation: AtomicU64,
+    read_ahead: Mutex<Option<ReadAhead>>,
+}
+
+/// The contents a `walk` read along with its listing (a small tree), for the
+/// `read_files` that follows it to answer without another helper run: a run's
+/// collection then costs one exec, not two.
+#[derive(Debug)]
+pub(crate) struct ReadAhead {
+    /// The generation it is good for.
+    pub(crate) generation: u64,
+    /// Each file's answer, by the path as the helpers take it ([`DockerSandbox::arg`]).
+    pub(crate) files: HashMap<String, FileRead>,
 }
 
 impl DockerSandbox {
@@ -23,7 +43,60 @@ impl DockerSandbox {
         DockerSandbox {
             container,
             cwd: PathBuf::from(WORKSPACE),
+            generation: AtomicU64::new(0),
+            read_ahead: Mutex::new(None),
         }
+    }
+
+    /// Something begins that may change the files (an exec, a helper run): what was
+    /// read ahead is dropped.
+    pub(crate) fn begin(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut ahead) = self.read_ahead.lock() {
+            *ahead = None;
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Keeps what a walk read, if nothing else began since it (its own helper run is
+    /// generation `generation`).
+    pub(crate) fn keep_read_ahead(&self, generation: u64, files: HashMap<String, FileRead>) {
+        if let Ok(mut ahead) = self.read_ahead.lock()
+            && self.generation() == generation
+        {
+            *ahead = Some(ReadAhead { generation, files });
+        }
+    }
+
+    /// The answers for all of `paths` (as the helpers take them) from what was read
+    /// ahead, each a content of at most `max_bytes`, a missing file or not a file; or
+    /// `None` (then read them). Those answered are given up.
+    pub(crate) fn take_read_ahead(
+        &self,
+        paths: &[String],
+        max_bytes: u64,
+    ) -> Option<Vec<FileRead>> {
+        let mut guard = self.read_ahead.lock().ok()?;
+        let ahead = guard.as_mut()?;
+        if ahead.generation != self.generation() {
+            *guard = None;
+            return None;
+        }
+        let servable = paths.iter().all(|p| match ahead.files.get(p) {
+            Some(FileRead::Content(data)) => data.len() as u64 <= max_bytes,
+            Some(FileRead::Missing | FileRead::NotFile) => true,
+            Some(FileRead::TooLarge(_)) | None => false,
+        });
+        if !servable {
+            return None;
+        }
+        paths
+            .iter()
+            .map(|p| ahead.files.remove(p))
+            .collect::<Option<Vec<_>>>()
     }
 
     /// The container's id.
@@ -64,7 +137,10 @@ impl DockerSandbox {
             biased;
             () = cancel.cancelled() => Err(EnvError::aborted("waiting for the sandbox")),
             () = container.shutdown.cancelled() => Err(EnvError::aborted("the sandbox was cleaned up")),
-            guard = container.turn.clone().lock_owned() => Ok(guard),
+            guard = container.turn.clone().lock_owned() => {
+                self.begin();
+                Ok(guard)
+            }
         }
     }
 }

@@ -190,6 +190,68 @@ def put_tree(base, stream):
             raise
 
 
+def walk(root, limit, prune):
+    """The walk's listing ([path, kind, size, executable]) and each entry's full path."""
+    if not stat.S_ISDIR(os.lstat(root).st_mode):
+        raise NotADirectoryError(20, 'Not a directory (a symlink is not followed)')
+    found, paths, pending = [], [], [(root, '')]
+    while pending:
+        directory, rel = pending.pop(0)
+        with os.scandir(directory) as entries:
+            listed = sorted(entries, key=lambda e: e.name)
+        for entry in listed:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            what = kind(st.st_mode)
+            path = rel + '/' + entry.name if rel else entry.name
+            found.append([path, what, st.st_size if what == 'file' else 0,
+                          what == 'file' and bool(st.st_mode & 0o111)])
+            paths.append(entry.path)
+            if len(found) > limit:
+                return found, paths
+            if what == 'dir' and path not in prune:
+                pending.append((entry.path, path))
+    return found, paths
+
+
+def read_one(path, limit):
+    """One file as readmany answers it: (header, content or None). Never through a final
+    symlink, never blocking, never a special file; past limit bytes, toolarge."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY |
+                     os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return {'s': 'missing'}, None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            return {'s': 'notfile'}, None
+        return {'s': 'error', 'errno': e.errno or 0}, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return {'s': 'notfile'}, None
+        if st.st_size > limit:
+            return {'s': 'toolarge', 'n': st.st_size}, None
+        chunks, got = [], 0
+        try:
+            while got <= limit:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+        except OSError as e:
+            return {'s': 'error', 'errno': e.errno or 0}, None
+        data = b''.join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        return {'s': 'toolarge', 'n': max(len(data), st.st_size)}, None
+    return {'s': 'ok', 'n': len(data)}, data
+
+
 def resolve(path):
     """The path with its parent's symlinks resolved here, component by component (gVisor
     mis-resolves some paths through a symlink to /); the last component is left as is."""
@@ -229,28 +291,29 @@ def main(op, args):
         # Breadth first, each directory sorted; symlinks listed, never followed; the
         # directories in args[2:] (relative) listed but not entered. One entry more
         # than the limit tells the caller there are too many.
-        root, limit, prune = args[0], int(args[1]), set(args[2:])
-        if not stat.S_ISDIR(os.lstat(root).st_mode):
-            raise NotADirectoryError(20, 'Not a directory (a symlink is not followed)')
-        found, pending = [], [(root, '')]
-        while pending:
-            directory, rel = pending.pop(0)
-            with os.scandir(directory) as entries:
-                listed = sorted(entries, key=lambda e: e.name)
-            for entry in listed:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                what = kind(st.st_mode)
-                path = rel + '/' + entry.name if rel else entry.name
-                found.append([path, what, st.st_size if what == 'file' else 0,
-                              what == 'file' and bool(st.st_mode & 0o111)])
-                if len(found) > limit:
-                    return found
-                if what == 'dir' and path not in prune:
-                    pending.append((entry.path, path))
-        return found
+        return walk(args[0], int(args[1]), set(args[2:]))[0]
+    if op == 'walkread':
+        # walk's listing (args[0], args[1], prune args[3:]) as one JSON line, then, when
+        # the regular files listed come to at most args[2] bytes in all, each one's
+        # content as readmany answers it, in the listing's order, one record per file
+        # ({"i": its index in the listing, "s": ...}). Over that, the listing alone.
+        found, paths = walk(args[0], int(args[1]), set(args[3:]))
+        out.write(json.dumps(found).encode() + b'\n')
+        budget = int(args[2])
+        if len(found) > int(args[1]) or sum(e[2] for e in found if e[1] == 'file') > budget:
+            return None
+        written = 0
+        for index, entry in enumerate(found):
+            if entry[1] != 'file':
+                continue
+            header, data = read_one(paths[index], budget - written)
+            header['i'] = index
+            out.write(json.dumps(header).encode() + b'\n')
+            if data is None:
+                continue
+            out.write(data)
+            written += len(data)
+        return None
     if op == 'readmany':
         # The paths (JSON on stdin) in order: a header line for each, then the content
         # when it is a regular file of at most args[0] bytes. Past args[1] bytes written,
@@ -344,7 +407,7 @@ def main(op, args):
 
 try:
     result = main(sys.argv[1], sys.argv[2:])
-    if sys.argv[1] not in ('read', 'readmany'):
+    if sys.argv[1] not in ('read', 'readmany', 'walkread'):
         sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
 except OSError as e:

@@ -418,6 +418,50 @@ pub async fn walk_lists_the_tree_without_following_symlinks(env: &dyn ExecutionE
     );
 }
 
+/// `read_files` after a `walk` reads the files as they are then: what an exec or a
+/// write changed since the walk is seen (a backend may read a small tree along with
+/// its listing, and must not answer with that once anything else began).
+pub async fn read_files_after_a_walk_sees_later_changes(env: &dyn ExecutionEnv) {
+    mkdir(env, "w").await;
+    write(env, "w/a.txt", "first").await;
+    write(env, "w/b.txt", "first").await;
+    let read = |names: &'static [&'static str]| async move {
+        let paths: Vec<PathBuf> = names.iter().map(|n| path(n).to_path_buf()).collect();
+        env.read_files(&paths, 100, &live())
+            .await
+            .unwrap_or_else(|e| panic!("read_files: {e}"))
+    };
+    let walk = || async {
+        env.walk(path("w"), &[], 100, &live())
+            .await
+            .unwrap_or_else(|e| panic!("walk: {e}"))
+    };
+    // Nothing between: the walk's view is the files' view.
+    walk().await;
+    assert_eq!(
+        read(&["w/a.txt", "w/b.txt"]).await,
+        [
+            FileRead::Content(b"first".to_vec()),
+            FileRead::Content(b"first".to_vec())
+        ]
+    );
+    // Twice in a row after one walk: the second answer is as fresh as the first.
+    walk().await;
+    assert_eq!(read(&["w/a.txt"]).await, [FileRead::Content(b"first".to_vec())]);
+    assert_eq!(read(&["w/a.txt"]).await, [FileRead::Content(b"first".to_vec())]);
+    // An exec changes one, removes the other.
+    walk().await;
+    sh_ok(env, "echo exec > w/a.txt && rm w/b.txt").await;
+    assert_eq!(
+        read(&["w/a.txt", "w/b.txt"]).await,
+        [FileRead::Content(b"exec\n".to_vec()), FileRead::Missing]
+    );
+    // A write through the file view.
+    walk().await;
+    write(env, "w/a.txt", "written").await;
+    assert_eq!(read(&["w/a.txt"]).await, [FileRead::Content(b"written".to_vec())]);
+}
+
 pub async fn read_files_reads_only_regular_files_within_the_cap(env: &dyn ExecutionEnv) {
     mkdir(env, "r").await;
     write(env, "r/small.txt", "small").await;
