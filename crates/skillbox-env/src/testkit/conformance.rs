@@ -447,8 +447,14 @@ pub async fn read_files_after_a_walk_sees_later_changes(env: &dyn ExecutionEnv) 
     );
     // Twice in a row after one walk: the second answer is as fresh as the first.
     walk().await;
-    assert_eq!(read(&["w/a.txt"]).await, [FileRead::Content(b"first".to_vec())]);
-    assert_eq!(read(&["w/a.txt"]).await, [FileRead::Content(b"first".to_vec())]);
+    assert_eq!(
+        read(&["w/a.txt"]).await,
+        [FileRead::Content(b"first".to_vec())]
+    );
+    assert_eq!(
+        read(&["w/a.txt"]).await,
+        [FileRead::Content(b"first".to_vec())]
+    );
     // An exec changes one, removes the other.
     walk().await;
     sh_ok(env, "echo exec > w/a.txt && rm w/b.txt").await;
@@ -459,7 +465,10 @@ pub async fn read_files_after_a_walk_sees_later_changes(env: &dyn ExecutionEnv) 
     // A write through the file view.
     walk().await;
     write(env, "w/a.txt", "written").await;
-    assert_eq!(read(&["w/a.txt"]).await, [FileRead::Content(b"written".to_vec())]);
+    assert_eq!(
+        read(&["w/a.txt"]).await,
+        [FileRead::Content(b"written".to_vec())]
+    );
 }
 
 pub async fn read_files_reads_only_regular_files_within_the_cap(env: &dyn ExecutionEnv) {
