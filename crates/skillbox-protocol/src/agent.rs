@@ -189,3 +189,91 @@ pub struct Correction {
     /// that one never reaches the model.
     pub message: String,
 }
+
+/// `GET /v1/agent`: what a new agent run will get here: the model the server was
+/// started with and the built-in skills a run may name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInfo {
+    /// As `AgentRun.model` will read: `loopback`, or `openai:MODEL`.
+    pub model: String,
+    /// True when it is the loopback model (a recorded session replayed, no real model).
+    pub scripted: bool,
+    /// The built-in skills (`skill` of `POST /v1/agent/runs`); the first is the default.
+    pub skills: Vec<String>,
+}
+
+/// One agent run in `GET /v1/agent/runs`: enough for a list, without the scripts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRunSummary {
+    pub id: String,
+    pub status: AgentStatus,
+    pub prompt: String,
+    pub skill: String,
+    pub backend: BackendKind,
+    pub model: String,
+    pub scripted: bool,
+    /// When it was started and last recorded, in ms since the Unix epoch.
+    pub created_ms: i64,
+    pub updated_ms: i64,
+    /// From start to end; none while it runs.
+    pub duration_ms: Option<u64>,
+    /// Attempts so far.
+    pub attempts: usize,
+    pub artifacts: Vec<ArtifactInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `GET /v1/agent/runs`: a page of this tenant's agent runs, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct AgentRunList {
+    pub runs: Vec<AgentRunSummary>,
+    /// The `before` of the next page; none on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// How a slide preview came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PreviewFormat {
+    /// Each slide rendered to a PNG (LibreOffice and pdftoppm on the server).
+    Png,
+    /// The text of each slide, as the verifier reads it.
+    Outline,
+}
+
+/// One slide of a preview.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SlidePreview {
+    /// From 1, in presentation order.
+    pub number: usize,
+    /// The slide's text runs, in document order (empty ones left out).
+    pub texts: Vec<String>,
+    /// With `png`: `/v1/objects/{sha256}/slides/{number}`, relative to the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+}
+
+/// `GET /v1/objects/{sha256}/slides`: a stored deck's slides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SlidePreviews {
+    pub sha256: String,
+    pub format: PreviewFormat,
+    pub slides: Vec<SlidePreview>,
+    /// With `outline`: why there are no images (no LibreOffice here, or the render
+    /// failed and how).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}

@@ -29,8 +29,9 @@ pub use session::{
 };
 
 pub use agent::{
-    AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, Attempt, Correction, CorrectionKind,
-    ErrorInfo, Usage, Verification,
+    AgentInfo, AgentRun, AgentRunCreated, AgentRunList, AgentRunRequest, AgentRunSummary,
+    AgentStatus, Attempt, Correction, CorrectionKind, ErrorInfo, PreviewFormat, SlidePreview,
+    SlidePreviews, Usage, Verification,
 };
 pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
 pub use capability::{

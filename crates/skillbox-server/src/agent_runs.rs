@@ -65,6 +65,14 @@ impl AgentRuns {
         }
     }
 
+    /// The model's name as records will read it, and whether it is scripted.
+    pub(crate) fn model_name(&self) -> (String, bool) {
+        match &self.model {
+            AgentModel::Loopback | AgentModel::Transcript(_) => ("loopback".into(), true),
+            AgentModel::OpenAi(config) => (format!("openai:{}", config.model), false),
+        }
+    }
+
     pub(crate) fn provider(
         &self,
         skill: &skillbox_agent::Skill,

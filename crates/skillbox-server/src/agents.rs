@@ -1,17 +1,21 @@
-//! `POST /v1/agent/runs` and `GET /v1/agent/runs/{id}`: agent sessions as background
-//! jobs, each recorded as an [`AgentRun`] as it goes.
+//! `POST /v1/agent/runs`, `GET /v1/agent/runs[/{id}]` and `GET /v1/agent`: agent
+//! sessions as background jobs, each recorded as an [`AgentRun`] as it goes, listed
+//! newest first.
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
+use serde::Deserialize;
 use skillbox_agent::{Agent, AgentConfig, AgentEvent, SKILL_NAMES, builtin_skill};
 use skillbox_protocol::{
-    AgentRun, AgentRunCreated, AgentRunRequest, AgentStatus, BackendKind, ErrorCode, ErrorInfo,
+    AgentInfo, AgentRun, AgentRunCreated, AgentRunList, AgentRunRequest, AgentRunSummary,
+    AgentStatus, BackendKind, ErrorCode, ErrorInfo,
 };
+use skillbox_store::RunRecord;
 
 use crate::agent_runs::AgentRuns;
 use crate::auth::Tenant;
@@ -272,13 +276,138 @@ pub(crate) async fn get(
         .get(&id)?
         .filter(|record| record.tenant == tenant.as_str())
         .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no agent run {id:?}")))?;
+    Ok(Json(read_record(&record)?))
+}
+
+/// A stored record as the `AgentRun` it holds.
+fn read_record(record: &RunRecord) -> Result<AgentRun, Failure> {
     let mut run: AgentRun = serde_json::from_str(&record.body)
-        .map_err(|e| Failure::new(ErrorCode::Unknown, format!("record {id}: {e}")))?;
+        .map_err(|e| Failure::new(ErrorCode::Unknown, format!("record {}: {e}", record.id)))?;
     // The column is the authority: a run interrupted by a restart is marked there.
     run.status = match record.status.as_str() {
         "running" => AgentStatus::Running,
         "succeeded" => AgentStatus::Succeeded,
         _ => AgentStatus::Failed,
     };
-    Ok(Json(run))
+    Ok(run)
+}
+
+/// Runs a page holds at most, and by default.
+const MAX_PAGE: usize = 100;
+const DEFAULT_PAGE: usize = 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    limit: Option<String>,
+    before: Option<String>,
+}
+
+/// This tenant's agent runs, newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/agent/runs",
+    params(
+        ("limit" = Option<usize>, Query, description = "runs in the page, 1..=100 (default 20)"),
+        ("before" = Option<String>, Query, description = "the `next` of the previous page: runs older than that run"),
+    ),
+    responses(
+        (status = 200, description = "A page of runs", body = AgentRunList),
+        (status = 400, description = "A bad limit or before", body = skillbox_protocol::ApiError),
+    )
+)]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<AgentRunList>, Failure> {
+    let Query(query) = query.map_err(|e| {
+        Failure::new(
+            ErrorCode::Invalid,
+            format!("query: {}; use limit and before", e.body_text()),
+        )
+    })?;
+    let agents = state.agents().ok_or_else(not_configured)?;
+    let limit = match query.limit.as_deref() {
+        None => DEFAULT_PAGE,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| {
+                Failure::new(
+                    ErrorCode::Invalid,
+                    format!("limit: {text:?} is not a number in 1..={MAX_PAGE}"),
+                )
+            })?,
+    };
+    // `before` is a run of this tenant; another's reads as one that does not exist.
+    let before = match query.before.as_deref() {
+        None => None,
+        Some(id) => Some(
+            agents
+                .records
+                .get(id)?
+                .filter(|record| record.tenant == tenant.as_str())
+                .ok_or_else(|| {
+                    Failure::new(
+                        ErrorCode::Invalid,
+                        format!("before: no agent run {id:?}; give the `next` of a page"),
+                    )
+                })?,
+        ),
+    };
+    // One more than asked says whether there is a next page.
+    let mut records = agents
+        .records
+        .list(tenant.as_str(), limit + 1, before.as_ref())?;
+    let more = records.len() > limit;
+    records.truncate(limit);
+    let next = more
+        .then(|| records.last().map(|record| record.id.clone()))
+        .flatten();
+    let runs = records
+        .iter()
+        .map(|record| {
+            let run = read_record(record)?;
+            let ended = run.status != AgentStatus::Running;
+            Ok(AgentRunSummary {
+                duration_ms: ended.then(|| {
+                    u64::try_from(record.updated_ms.saturating_sub(record.created_ms)).unwrap_or(0)
+                }),
+                id: run.id,
+                status: run.status,
+                prompt: run.prompt,
+                skill: run.skill,
+                backend: run.backend,
+                model: run.model,
+                scripted: run.scripted,
+                created_ms: record.created_ms,
+                updated_ms: record.updated_ms,
+                attempts: run.attempts.len(),
+                artifacts: run.artifacts,
+                reason: run.reason,
+            })
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
+    Ok(Json(AgentRunList { runs, next }))
+}
+
+/// What a new agent run gets here: the model and the built-in skills.
+#[utoipa::path(
+    get,
+    path = "/v1/agent",
+    responses(
+        (status = 200, description = "The model and the built-in skills", body = AgentInfo),
+        (status = 503, description = "Agent runs are not configured", body = skillbox_protocol::ApiError),
+    )
+)]
+pub(crate) async fn info(State(state): State<AppState>) -> Result<Json<AgentInfo>, Failure> {
+    let agents = state.agents().ok_or_else(not_configured)?;
+    let (model, scripted) = agents.model_name();
+    Ok(Json(AgentInfo {
+        model,
+        scripted,
+        skills: SKILL_NAMES.iter().map(|name| (*name).to_string()).collect(),
+    }))
 }

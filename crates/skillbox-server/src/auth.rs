@@ -221,8 +221,9 @@ fn is_port(text: &str) -> bool {
     !text.is_empty() && text.len() <= 5 && text.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// The guard in front of every route: the Host check, then the key. `/healthz` needs
-/// no key (load balancers probe it), but the Host check still applies.
+/// The guard in front of every route: the Host check, then the key. `/healthz` (load
+/// balancers probe it) and the UI's static files need no key, but the Host check still
+/// applies.
 pub(crate) async fn guard(
     State(state): State<AppState>,
     mut request: Request,
@@ -247,7 +248,13 @@ pub(crate) async fn guard(
     }
     let tenant = match &state.config.keys {
         None => Tenant(LOCAL_TENANT.into()),
-        Some(_) if request.uri().path() == "/healthz" => Tenant(LOCAL_TENANT.into()),
+        // The UI's static files hold no data; what they fetch sends the key.
+        Some(_)
+            if request.uri().path() == "/healthz"
+                || crate::ui::is_ui_path(request.uri().path()) =>
+        {
+            Tenant(LOCAL_TENANT.into())
+        }
         Some(keys) => {
             let token = request
                 .headers()

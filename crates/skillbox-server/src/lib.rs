@@ -12,16 +12,19 @@ mod error;
 mod listen;
 mod mcp;
 mod metrics;
+mod previews;
 mod routes;
 mod runs;
 mod sessions;
 mod skills;
 mod state;
+mod ui;
 
 pub use agent_runs::{AgentModel, AgentRuns};
 pub use auth::{ApiKeys, LOCAL_TENANT, Tenant};
 pub use capabilities::CapabilityConfig;
 pub use error::status_of;
+pub use previews::{Renderer, preview_report};
 pub use routes::{ApiDoc, router};
 pub use sessions::SessionConfig;
 pub use state::{AppState, ServerConfig};
@@ -94,16 +97,8 @@ pub async fn serve_on(
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let config_agents = config.agents.clone();
     let (header_timeout, max_connections) = (config.header_timeout, config.max_connections);
-    tokio::spawn(keep_within_retention(
-        runner.store().clone(),
-        runner.snapshots().ok().cloned(),
-        owners.clone(),
-        config.agents.clone(),
-        config.retention,
-        config.records_max_age,
-        shutdown.clone(),
-    ));
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
+    tokio::spawn(keep_within_retention(state.clone(), shutdown.clone()));
     state.hosts = hosts;
     // A server starts with an empty table: what an earlier one started died with it.
     let forgotten = state.services.forget_dead(skillbox_capability::SERVE);
@@ -157,17 +152,12 @@ pub async fn serve_on(
 const RETENTION_EVERY: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 
 /// Removes what is past retention, now and then every [`RETENTION_EVERY`], until shutdown:
-/// old objects (and their owners, so a download is a clean 404; never what a kept
-/// workspace snapshot needs) and old agent records.
-async fn keep_within_retention(
-    store: skillbox_store::ArtifactStore,
-    snapshots: Option<skillbox_store::Snapshots>,
-    owners: ObjectOwners,
-    agents: Option<AgentRuns>,
-    retention: skillbox_store::Retention,
-    records_max_age: Option<std::time::Duration>,
-    shutdown: CancellationToken,
-) {
+/// old objects (their owners, so a download is a clean 404, and their slide previews;
+/// never what a kept workspace snapshot needs) and old agent records.
+async fn keep_within_retention(state: AppState, shutdown: CancellationToken) {
+    let store = state.runner.store();
+    let snapshots = state.runner.snapshots().ok().cloned();
+    let (retention, records_max_age) = (state.config.retention, state.config.records_max_age);
     loop {
         // What a kept workspace snapshot needs stays, whatever its age.
         let keep = match snapshots
@@ -187,13 +177,14 @@ async fn keep_within_retention(
         };
         match store.prune_keeping(retention, &keep).await {
             Ok(pruned) => {
-                if let Err(e) = owners.forget(&pruned.removed) {
+                if let Err(e) = state.owners.forget(&pruned.removed) {
                     tracing::warn!(error = %e, "retention: cannot forget removed objects");
                 }
+                state.previews.forget(&pruned.removed);
             }
             Err(e) => tracing::warn!(error = %e, "retention: the store pass failed"),
         }
-        if let (Some(agents), Some(max_age)) = (&agents, records_max_age) {
+        if let (Some(agents), Some(max_age)) = (state.agents(), records_max_age) {
             match agents.records.prune(max_age) {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(removed = n, "retention: old agent run records removed"),

@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 
 use crate::error::{method_not_allowed, not_found};
 use crate::state::AppState;
-use crate::{agents, auth, capabilities, mcp, runs, sessions, skills};
+use crate::{agents, auth, capabilities, mcp, previews, runs, sessions, skills, ui};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -23,6 +23,10 @@ use crate::{agents, auth, capabilities, mcp, runs, sessions, skills};
         runs::metrics,
         agents::create,
         agents::get,
+        agents::list,
+        agents::info,
+        previews::slides,
+        previews::slide,
         capabilities::list,
         capabilities::run,
         capabilities::start,
@@ -45,6 +49,12 @@ use crate::{agents, auth, capabilities, mcp, runs, sessions, skills};
         skillbox_protocol::AgentRunRequest,
         skillbox_protocol::AgentRunCreated,
         skillbox_protocol::AgentRun,
+        skillbox_protocol::AgentRunList,
+        skillbox_protocol::AgentRunSummary,
+        skillbox_protocol::AgentInfo,
+        skillbox_protocol::SlidePreviews,
+        skillbox_protocol::SlidePreview,
+        skillbox_protocol::PreviewFormat,
         skillbox_protocol::Correction,
         skillbox_protocol::CorrectionKind,
         skillbox_protocol::RunRequest,
@@ -102,11 +112,18 @@ pub fn router(state: AppState) -> Router {
             get(runs::get_object).head(runs::get_object),
         )
         // An agent request is a prompt: it gets a small body limit of its own.
+        .route("/v1/objects/{sha256}/slides", get(previews::slides))
+        .route("/v1/objects/{sha256}/slides/{number}", get(previews::slide))
         .route(
             "/v1/agent/runs",
-            post(agents::create).layer(DefaultBodyLimit::max(64 * 1024)),
+            post(agents::create)
+                .layer(DefaultBodyLimit::max(64 * 1024))
+                .get(agents::list),
         )
+        .route("/v1/agent", get(agents::info))
         .route("/v1/agent/runs/{id}", get(agents::get))
+        .route("/", get(ui::index))
+        .route("/ui/{name}", get(ui::asset))
         .route("/healthz", get(runs::healthz))
         .route("/metrics", get(runs::metrics))
         .route("/openapi.json", get(openapi))

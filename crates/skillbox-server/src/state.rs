@@ -56,6 +56,9 @@ pub struct ServerConfig {
     pub capabilities: CapabilityConfig,
     /// How many sessions stay open, and for how long.
     pub sessions: crate::sessions::SessionConfig,
+    /// Render slide previews as PNG when LibreOffice and pdftoppm are installed (else,
+    /// or when false, previews are text outlines).
+    pub png_previews: bool,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +87,7 @@ impl Default for ServerConfig {
             records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
             capabilities: CapabilityConfig::default(),
             sessions: crate::sessions::SessionConfig::default(),
+            png_previews: true,
         }
     }
 }
@@ -110,6 +114,8 @@ pub struct AppState {
     pub(crate) services: Arc<ServiceTable>,
     /// The sessions open on this server.
     pub(crate) sessions: Arc<crate::sessions::Sessions>,
+    /// The slide previews' cache and render slot.
+    pub(crate) previews: Arc<crate::previews::Previews>,
     /// The MCP tools served at `/mcp` (`None` only in the copy their door holds).
     pub(crate) mcp: Option<skillbox_mcp::McpServer>,
     runs: CancellationToken,
@@ -125,6 +131,10 @@ impl AppState {
         let mut state = AppState {
             trust: Arc::new(TrustStore::open(runner.data_dir())),
             sessions: Arc::new(crate::sessions::Sessions::new(config.sessions)),
+            previews: Arc::new(crate::previews::Previews::new(
+                runner.data_dir(),
+                config.png_previews,
+            )),
             services: Arc::new(ServiceTable::new(
                 runner.data_dir(),
                 &config.capabilities.project,

@@ -79,6 +79,12 @@ impl RunRecords {
             ))
             .map_err(db_error("add the tenant column"))?;
         }
+        // A tenant's list, newest first, reads this index and nothing else.
+        db.execute_batch(
+            "CREATE INDEX IF NOT EXISTS agent_runs_by_tenant
+                 ON agent_runs (tenant, created_ms DESC, id DESC);",
+        )
+        .map_err(db_error("index the run records"))?;
         let interrupted = serde_json::json!({"reason": "interrupted: skillbox stopped while this run was running"}).to_string();
         db.execute(
             "UPDATE agent_runs SET status = 'failed', updated_ms = ?1, body = json_patch(body, ?2) WHERE status = 'running'",
@@ -156,20 +162,48 @@ impl RunRecords {
             db.query_row(
                 "SELECT id, tenant, status, created_ms, updated_ms, body FROM agent_runs WHERE id = ?1",
                 params![id],
-                |row| {
-                    Ok(RunRecord {
-                        id: row.get(0)?,
-                        tenant: row.get(1)?,
-                        status: row.get(2)?,
-                        created_ms: row.get(3)?,
-                        updated_ms: row.get(4)?,
-                        body: row.get(5)?,
-                    })
-                },
+                row_to_record,
             )
             .optional()
         })
     }
+
+    /// At most `limit` records of `tenant`, newest first. With `before` (a record of
+    /// the same tenant), only those older than it: the next page after a page that
+    /// ended with `before`. Ties in `created_ms` are ordered by id, so no record is
+    /// skipped or shown twice across pages.
+    pub fn list(
+        &self,
+        tenant: &str,
+        limit: usize,
+        before: Option<&RunRecord>,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with("list run records", |db| {
+            let (created, id) = match before {
+                Some(record) => (record.created_ms, record.id.as_str()),
+                None => (i64::MAX, ""),
+            };
+            let mut query = db.prepare(
+                "SELECT id, tenant, status, created_ms, updated_ms, body FROM agent_runs
+                 WHERE tenant = ?1 AND (?2 = '' OR created_ms < ?3 OR (created_ms = ?3 AND id < ?2))
+                 ORDER BY created_ms DESC, id DESC LIMIT ?4",
+            )?;
+            let rows = query.query_map(params![tenant, id, created, limit], row_to_record)?;
+            rows.collect()
+        })
+    }
+}
+
+fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    Ok(RunRecord {
+        id: row.get(0)?,
+        tenant: row.get(1)?,
+        status: row.get(2)?,
+        created_ms: row.get(3)?,
+        updated_ms: row.get(4)?,
+        body: row.get(5)?,
+    })
 }
 
 #[cfg(test)]
@@ -212,6 +246,36 @@ mod tests {
             records.get("b").expect("get").expect("b").body,
             r#"{"prompt":"y","attempts":[]}"#
         );
+    }
+
+    #[test]
+    fn a_tenants_list_is_newest_first_paged_and_its_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = RunRecords::open(&dir.path().join("runs.sqlite")).expect("open");
+        // Five of t1's and one of t2's; several share a millisecond, as quick inserts do.
+        for id in ["r1", "r2", "r3", "r4", "r5"] {
+            records.insert(id, "t1", "running", "{}").expect("insert");
+        }
+        records
+            .insert("other", "t2", "running", "{}")
+            .expect("insert");
+        let ids = |page: &[RunRecord]| page.iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+        let all = records.list("t1", 100, None).expect("list");
+        assert_eq!(ids(&all), ["r5", "r4", "r3", "r2", "r1"]);
+        let first = records.list("t1", 2, None).expect("list");
+        assert_eq!(ids(&first), ["r5", "r4"]);
+        let second = records.list("t1", 2, first.last()).expect("list");
+        assert_eq!(ids(&second), ["r3", "r2"]);
+        let third = records.list("t1", 2, second.last()).expect("list");
+        assert_eq!(ids(&third), ["r1"]);
+        assert!(
+            records
+                .list("t1", 2, third.last())
+                .expect("list")
+                .is_empty()
+        );
+        assert_eq!(ids(&records.list("t2", 10, None).expect("list")), ["other"]);
+        assert!(records.list("t3", 10, None).expect("list").is_empty());
     }
 
     #[test]

@@ -10,7 +10,8 @@ use skillbox_registry::BackendRegistry;
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// Print JSON: {"backends":[{"name","available","reason","boundary","layers":{…}}]}
+    /// Print JSON: {"backends":[{"name","available","reason","boundary","layers":{…}}],
+    /// "previews":{"png","detail"}}
     #[arg(long)]
     json: bool,
 }
@@ -18,12 +19,22 @@ pub struct DoctorArgs {
 #[derive(Debug, Serialize)]
 struct Report {
     backends: Vec<BackendReport>,
+    previews: Previews,
+}
+
+/// How `skillbox serve` previews a deck's slides here: PNG, or text outlines and why.
+#[derive(Debug, Serialize)]
+struct Previews {
+    png: bool,
+    detail: String,
 }
 
 pub async fn run(args: DoctorArgs, data_dir: &Path) -> ExitCode {
     let registry = BackendRegistry::new(skillbox_run::registry_config(data_dir));
+    let (png, detail) = skillbox_server::preview_report();
     let report = Report {
         backends: registry.probe_all().await,
+        previews: Previews { png, detail },
     };
     if args.json {
         match serde_json::to_string_pretty(&report) {
@@ -50,5 +61,11 @@ pub async fn run(args: DoctorArgs, data_dir: &Path) -> ExitCode {
             println!("         {mark} {name:<13} {}", layer.detail);
         }
     }
+    let state = if report.previews.png {
+        "png"
+    } else {
+        "outline"
+    };
+    println!("previews {state:<12} {}", report.previews.detail);
     ExitCode::SUCCESS
 }

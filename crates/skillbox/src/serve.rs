@@ -32,7 +32,8 @@ pub struct ServeArgs {
     warm_containers: usize,
     /// API keys: a file of `TENANT sha256:HEX` lines (`skillbox keys new` writes them);
     /// SKILLBOX_API_KEYS may add `TENANT=TOKEN` pairs. With keys, every request but
-    /// /healthz needs `Authorization: Bearer TOKEN`.
+    /// /healthz and the web UI's files (/, /ui/…) needs `Authorization: Bearer TOKEN`;
+    /// the UI asks for a key and sends it.
     #[arg(long, value_name = "FILE", env = "SKILLBOX_API_KEYS_FILE")]
     api_keys: Option<std::path::PathBuf>,
     /// Serve a non-loopback --addr without API keys: anyone who can reach it runs code.
@@ -317,9 +318,13 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         );
     }
     eprintln!(
-        "skillbox serve: listening on http://{} (POST /v1/run, /mcp, GET /openapi.json)",
+        "skillbox serve: listening on http://{} (the web UI at /; POST /v1/run, /mcp, GET /openapi.json)",
         config.addr
     );
+    let (png, why) = skillbox_server::preview_report();
+    if !png {
+        eprintln!("skillbox serve: slide previews are text outlines: {why}");
+    }
     let served = skillbox_server::serve(config, runner.clone(), shutdown).await;
     // Containers of runs that were still in flight go with the server.
     runner.shutdown().await;

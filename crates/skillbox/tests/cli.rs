@@ -248,6 +248,22 @@ fn doctor_json_lists_each_native_layer() {
         let layers = backend["layers"].as_object().unwrap();
         assert!(layers.contains_key("daemon"), "{backend}");
     }
+    // How serve previews slides here: PNG exactly when both programs are on PATH.
+    let on_path = |name: &str| {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .any(|dir| dir.join(name).is_file())
+    };
+    let png = on_path("soffice") && on_path("pdftoppm");
+    assert_eq!(json["previews"]["png"], png, "{}", json["previews"]);
+    let detail = json["previews"]["detail"].as_str().unwrap();
+    assert!(
+        if png {
+            detail.contains("soffice")
+        } else {
+            detail.contains("apt-get install")
+        },
+        "{detail}"
+    );
 }
 
 /// One clear line on stderr and exit 2 for each kind of bad usage.

@@ -8,6 +8,7 @@ mod capabilities;
 mod doors;
 mod sessions;
 mod skills;
+mod ui;
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
