@@ -20,6 +20,12 @@ install_missing() {
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v runsc >/dev/null || missing+=(runsc)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
+  # The web UI's browser test (crates/skillbox/tests/ui.rs) drives Debian's chromium, and
+  # its slide previews render with LibreOffice and pdftoppm; without their recommends.
+  local lean=()
+  command -v chromium >/dev/null || lean+=(chromium)
+  command -v soffice >/dev/null || lean+=(libreoffice-impress)
+  command -v pdftoppm >/dev/null || lean+=(poppler-utils)
   # The cgroup v2 test boots the host's kernel in qemu (crates/skillbox/tests/cgroup_v2.rs);
   # installed without their recommends (qemu's would bring a GUI).
   local vm=()
@@ -29,18 +35,18 @@ install_missing() {
     compgen -G '/boot/vmlinuz-*' >/dev/null || vm+=(linux-image-amd64)
     { [ -x /bin/busybox ] && ! readelf -lW /bin/busybox | grep -q 'program interpreter'; } || vm+=(busybox-static)
   fi
-  [ ${#missing[@]} -eq 0 ] && [ ${#vm[@]} -eq 0 ] && return 0
+  [ ${#missing[@]} -eq 0 ] && [ ${#vm[@]} -eq 0 ] && [ ${#lean[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing ${missing[*]} ${vm[*]}"
+    say "installing ${missing[*]} ${vm[*]} ${lean[*]}"
     apt-get update -qq
     if [ ${#missing[@]} -gt 0 ]; then
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
-    if [ ${#vm[@]} -gt 0 ]; then
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm[@]}" >/dev/null
+    if [ ${#vm[@]} -gt 0 ] || [ ${#lean[@]} -gt 0 ]; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${vm[@]}" "${lean[@]}" >/dev/null
     fi
   else
-    echo "missing: ${missing[*]} ${vm[*]} (not root or no apt-get: install them to run every test)" >&2
+    echo "missing: ${missing[*]} ${vm[*]} ${lean[*]} (not root or no apt-get: install them to run every test)" >&2
   fi
 }
 
@@ -139,6 +145,28 @@ mcp_clients() {
   fi
 }
 mcp_clients
+
+# The web UI's browser test (crates/skillbox/tests/ui.rs): Python Playwright (pinned in
+# crates/skillbox/tests/ui_browser/requirements.txt) in a venv under target/ui-browser,
+# redone only when the pin changes. It drives Debian's chromium: Playwright's own browser
+# download is never run. Offline, or without venv or pip, this says so and goes on: the
+# test then skips (a failure under SKILLBOX_REQUIRE_ALL=1).
+say "Playwright for the UI test (from PyPI; skipped when up to date)"
+ui_browser() {
+  local dir=$PWD/target/ui-browser pins=crates/skillbox/tests/ui_browser/requirements.txt
+  mkdir -p "$dir"
+  if [ ! -x "$dir/venv/bin/python" ] && ! python3 -m venv "$dir/venv"; then
+    rm -rf "$dir/venv"
+    echo "UI test: python3 -m venv failed (apt-get install python3-venv): the browser test will skip" >&2
+  elif ! cmp -s "$pins" "$dir/venv/pinned.txt"; then
+    if PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check -r "$pins"; then
+      cp "$pins" "$dir/venv/pinned.txt"
+    else
+      echo "UI test: pip could not install $pins: the browser test will skip" >&2
+    fi
+  fi
+}
+ui_browser
 
 say "cargo fmt --check"
 cargo fmt --all -- --check
