@@ -239,6 +239,38 @@ pub struct AgentRunList {
     pub next: Option<String>,
 }
 
+/// One plain run (`POST /v1/run`) in `GET /v1/runs`: a summary kept for the list, not
+/// the run's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PlainRunSummary {
+    pub id: String,
+    /// When it ended, in ms since the Unix epoch.
+    pub created_ms: i64,
+    pub language: Language,
+    pub backend: BackendKind,
+    /// The script's first non-empty line, cut to 120 characters.
+    pub script: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub limit_hit: Option<crate::exec::LimitKind>,
+    pub duration_ms: u64,
+    /// The files it made (the first 64), downloadable by its tenant.
+    pub files: Vec<ArtifactInfo>,
+}
+
+/// `GET /v1/runs`: a page of this tenant's plain runs, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PlainRunList {
+    pub runs: Vec<PlainRunSummary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
 /// How a slide preview came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -30,8 +30,8 @@ pub use session::{
 
 pub use agent::{
     AgentInfo, AgentRun, AgentRunCreated, AgentRunList, AgentRunRequest, AgentRunSummary,
-    AgentStatus, Attempt, Correction, CorrectionKind, ErrorInfo, PreviewFormat, SlidePreview,
-    SlidePreviews, Usage, Verification,
+    AgentStatus, Attempt, Correction, CorrectionKind, ErrorInfo, PlainRunList, PlainRunSummary,
+    PreviewFormat, SlidePreview, SlidePreviews, Usage, Verification,
 };
 pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
 pub use capability::{

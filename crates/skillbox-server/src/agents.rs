@@ -22,13 +22,13 @@ use crate::auth::Tenant;
 use crate::error::{Failure, json_rejection};
 use crate::state::AppState;
 
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     let mut bytes = [0u8; 12];
     skillbox_env::path::fill_random(&mut bytes);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn not_configured() -> Failure {
+pub(crate) fn not_configured() -> Failure {
     Failure::new(
         ErrorCode::Unavailable,
         "agent runs are not configured on this server",
@@ -296,11 +296,42 @@ fn read_record(record: &RunRecord) -> Result<AgentRun, Failure> {
 const MAX_PAGE: usize = 100;
 const DEFAULT_PAGE: usize = 20;
 
+/// `?limit=&before=` of a list.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     limit: Option<String>,
-    before: Option<String>,
+    pub(crate) before: Option<String>,
+}
+
+impl ListQuery {
+    /// The query, or 400 naming what is wrong with it.
+    pub(crate) fn read(query: Result<Query<ListQuery>, QueryRejection>) -> Result<Self, Failure> {
+        let Query(query) = query.map_err(|e| {
+            Failure::new(
+                ErrorCode::Invalid,
+                format!("query: {}; use limit and before", e.body_text()),
+            )
+        })?;
+        Ok(query)
+    }
+
+    /// The page size: 1..=100, default 20; else 400 naming `limit`.
+    pub(crate) fn limit(&self) -> Result<usize, Failure> {
+        match self.limit.as_deref() {
+            None => Ok(DEFAULT_PAGE),
+            Some(text) => text
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_PAGE).contains(n))
+                .ok_or_else(|| {
+                    Failure::new(
+                        ErrorCode::Invalid,
+                        format!("limit: {text:?} is not a number in 1..={MAX_PAGE}"),
+                    )
+                }),
+        }
+    }
 }
 
 /// This tenant's agent runs, newest first, a page at a time.
@@ -321,26 +352,9 @@ pub(crate) async fn list(
     Extension(tenant): Extension<Tenant>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<AgentRunList>, Failure> {
-    let Query(query) = query.map_err(|e| {
-        Failure::new(
-            ErrorCode::Invalid,
-            format!("query: {}; use limit and before", e.body_text()),
-        )
-    })?;
+    let query = ListQuery::read(query)?;
     let agents = state.agents().ok_or_else(not_configured)?;
-    let limit = match query.limit.as_deref() {
-        None => DEFAULT_PAGE,
-        Some(text) => text
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_PAGE).contains(n))
-            .ok_or_else(|| {
-                Failure::new(
-                    ErrorCode::Invalid,
-                    format!("limit: {text:?} is not a number in 1..={MAX_PAGE}"),
-                )
-            })?,
-    };
+    let limit = query.limit()?;
     // `before` is a run of this tenant; another's reads as one that does not exist.
     let before = match query.before.as_deref() {
         None => None,

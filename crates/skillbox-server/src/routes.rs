@@ -18,6 +18,7 @@ use crate::{agents, auth, capabilities, mcp, previews, runs, sessions, skills, u
     ),
     paths(
         runs::run,
+        runs::list,
         runs::get_object,
         runs::healthz,
         runs::metrics,
@@ -52,6 +53,8 @@ use crate::{agents, auth, capabilities, mcp, previews, runs, sessions, skills, u
         skillbox_protocol::AgentRunList,
         skillbox_protocol::AgentRunSummary,
         skillbox_protocol::AgentInfo,
+        skillbox_protocol::PlainRunList,
+        skillbox_protocol::PlainRunSummary,
         skillbox_protocol::SlidePreviews,
         skillbox_protocol::SlidePreview,
         skillbox_protocol::PreviewFormat,
@@ -106,6 +109,7 @@ pub fn router(state: AppState) -> Router {
     };
     Router::new()
         .route("/v1/run", post(runs::run))
+        .route("/v1/runs", get(runs::list))
         .route("/run", post(runs::run))
         .route(
             "/v1/objects/{sha256}",

@@ -1,4 +1,5 @@
-//! `POST /v1/run`, artifact downloads, health and metrics.
+//! `POST /v1/run` (and `GET /v1/runs`, the summaries it keeps), artifact downloads,
+//! health and metrics.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -6,12 +7,16 @@ use std::time::Instant;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
-use skillbox_protocol::{ApiError, ArtifactInfo, ErrorCode, RunRequest, RunResult};
+use skillbox_protocol::{
+    ApiError, ArtifactInfo, BackendKind, ErrorCode, Language, PlainRunList, PlainRunSummary,
+    RunRequest, RunResult,
+};
 use skillbox_store::is_sha256_hex;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -42,6 +47,11 @@ pub(crate) async fn run(
     let metrics = &state.metrics;
     let request: RunRequest =
         read_json(body, state.config.body_limit, state.config.body_timeout).await?;
+    let asked = (
+        request.language,
+        request.backend.unwrap_or(BackendKind::Native),
+        first_line(&request.script),
+    );
     // The run lives in its own task: if the client goes away, this handler is dropped,
     // the token is cancelled, and the run still ends properly and removes its sandbox.
     let cancel = state.runs_cancel().child_token();
@@ -79,6 +89,7 @@ pub(crate) async fn run(
                 .artifact_bytes_total
                 .fetch_add(result.files.iter().map(|f| f.size).sum(), Ordering::Relaxed);
             grant(&state, &tenant, &result.files)?;
+            remember(&state, &tenant, asked, &result);
             Ok(Json(result))
         }
         Err(error) => {
@@ -86,6 +97,118 @@ pub(crate) async fn run(
             Err(error.into())
         }
     }
+}
+
+/// Plain runs kept per tenant for `GET /v1/runs`; older ones are forgotten.
+const PLAIN_RUNS_KEPT: usize = 500;
+/// Files listed in a plain run's summary.
+const PLAIN_RUN_FILES: usize = 64;
+
+/// A script's first non-empty line, cut to 120 characters: what names it in a list.
+fn first_line(script: &str) -> String {
+    let line = script
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    let mut cut: String = line.chars().take(120).collect();
+    if cut.len() < line.len() {
+        cut.push('…');
+    }
+    cut
+}
+
+/// Keeps a summary of a finished plain run for its tenant's list (no output, the first
+/// line of the script, the files). A failure to keep it is logged: the run stands.
+fn remember(
+    state: &AppState,
+    tenant: &Tenant,
+    (language, backend, script): (Language, BackendKind, String),
+    result: &RunResult,
+) {
+    let Some(agents) = state.agents() else {
+        return;
+    };
+    let summary = PlainRunSummary {
+        id: crate::agents::new_id(),
+        created_ms: 0,
+        language,
+        backend,
+        script,
+        exit_code: result.exit_code,
+        signal: result.signal,
+        timed_out: result.timed_out,
+        limit_hit: result.limit_hit,
+        duration_ms: result.duration_ms,
+        files: result.files.iter().take(PLAIN_RUN_FILES).cloned().collect(),
+    };
+    let kept = serde_json::to_string(&summary)
+        .map_err(|e| e.to_string())
+        .and_then(|body| {
+            agents
+                .records
+                .insert_plain(&summary.id, tenant.as_str(), &body, PLAIN_RUNS_KEPT)
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = kept {
+        tracing::warn!(error = %e, "run: cannot keep its summary for the list");
+    }
+}
+
+/// This tenant's plain runs (`POST /v1/run`), newest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/runs",
+    params(
+        ("limit" = Option<usize>, Query, description = "runs in the page, 1..=100 (default 20)"),
+        ("before" = Option<String>, Query, description = "the `next` of the previous page"),
+    ),
+    responses(
+        (status = 200, description = "A page of plain runs", body = PlainRunList),
+        (status = 400, description = "A bad limit or before", body = ApiError),
+    )
+)]
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    Extension(tenant): Extension<Tenant>,
+    query: Result<Query<crate::agents::ListQuery>, QueryRejection>,
+) -> Result<Json<PlainRunList>, Failure> {
+    let query = crate::agents::ListQuery::read(query)?;
+    let limit = query.limit()?;
+    let agents = state.agents().ok_or_else(crate::agents::not_configured)?;
+    let before = match query.before.as_deref() {
+        None => None,
+        Some(id) => Some(
+            agents
+                .records
+                .get_plain(id)?
+                .filter(|record| record.tenant == tenant.as_str())
+                .ok_or_else(|| {
+                    Failure::new(
+                        ErrorCode::Invalid,
+                        format!("before: no run {id:?}; give the `next` of a page"),
+                    )
+                })?,
+        ),
+    };
+    let mut records = agents
+        .records
+        .list_plain(tenant.as_str(), limit + 1, before.as_ref())?;
+    let more = records.len() > limit;
+    records.truncate(limit);
+    let next = more
+        .then(|| records.last().map(|record| record.id.clone()))
+        .flatten();
+    let runs = records
+        .iter()
+        .map(|record| {
+            let mut run: PlainRunSummary = serde_json::from_str(&record.body)
+                .map_err(|e| Failure::new(ErrorCode::Unknown, format!("run {}: {e}", record.id)))?;
+            run.created_ms = record.created_ms;
+            Ok(run)
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
+    Ok(Json(PlainRunList { runs, next }))
 }
 
 /// What a run holds from its admission until it ends: its place in its tenant's count,

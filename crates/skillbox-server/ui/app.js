@@ -185,6 +185,48 @@ function runItem(run) {
 }
 
 let nextPage = null;
+let nextPlain = null;
+
+function plainItem(run) {
+  const ended = run.timedOut
+    ? "timed out"
+    : run.limitHit
+      ? "limit: " + run.limitHit
+      : run.signal
+        ? "signal " + run.signal
+        : "exit " + run.exitCode;
+  const ok = run.exitCode === 0 && !run.timedOut && !run.limitHit;
+  const files = el("span", { class: "files" });
+  for (const artifact of run.files) {
+    const button = el("button", { type: "button", class: "link", text: "Download " + artifact.path });
+    button.addEventListener("click", () => download(artifact, button));
+    files.append(button);
+  }
+  const meta = [run.language, run.backend, ended, duration(run.durationMs), when(run.createdMs)].join(" · ");
+  return el(
+    "li",
+    {},
+    el(
+      "div",
+      { class: "plain", "data-plain-run": run.id },
+      el("span", { class: "badge " + (ok ? "ok" : "bad"), text: ok ? "ok" : "failed" }),
+      el("span", { class: "prompt", text: run.script || "(empty script)" }),
+      el("span", { class: "meta", text: meta }),
+      run.files.length ? files : null,
+    ),
+  );
+}
+
+async function loadPlain(before) {
+  const query = before ? "?limit=20&before=" + encodeURIComponent(before) : "?limit=20";
+  const page = await apiJson("/v1/runs" + query);
+  const list = $("plain-list");
+  if (!before) list.replaceChildren();
+  for (const run of page.runs) list.append(plainItem(run));
+  nextPlain = page.next || null;
+  $("plain-more").hidden = !nextPlain;
+  $("plain-empty").hidden = list.children.length > 0;
+}
 
 async function loadRuns(before) {
   const query = before ? "?limit=20&before=" + encodeURIComponent(before) : "?limit=20";
@@ -199,7 +241,7 @@ async function loadRuns(before) {
 
 async function showRuns() {
   show("runs", "Runs");
-  await loadRuns(null);
+  await Promise.all([loadRuns(null), loadPlain(null)]);
   focusHeading("runs-title");
 }
 
@@ -444,6 +486,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("new-form").addEventListener("submit", startRun);
   $("sign-out").addEventListener("click", signOut);
   $("runs-more").addEventListener("click", () => loadRuns(nextPage).catch(failed));
+  $("plain-more").addEventListener("click", () => loadPlain(nextPlain).catch(failed));
   window.addEventListener("hashchange", route);
   route();
 });

@@ -16,7 +16,7 @@ pub use collect::{
 };
 pub use error::{CollectLimit, StoreError};
 pub use owners::{ObjectOwners, OwnedObject};
-pub use records::{LOCAL_TENANT, RunRecord, RunRecords};
+pub use records::{LOCAL_TENANT, PlainRunRecord, RunRecord, RunRecords};
 pub use retention::{GRACE, Pruned, Retention};
 pub use snapshots::{
     Manifest as SnapshotManifest, Restored as RestoredSnapshot, SnapshotEntry, SnapshotLimits,

@@ -1,5 +1,7 @@
 //! Run records: agent runs persisted in SQLite in the data dir, so they survive a
 //! restart of `skillbox serve`. A record is its tenant and status plus a JSON document.
+//! Plain runs (`POST /v1/run`) keep a short summary each in a table of their own, the
+//! newest few hundred of each tenant, so a list can show them.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -24,6 +26,16 @@ pub struct RunRecord {
     pub created_ms: i64,
     pub updated_ms: i64,
     /// The record's JSON document.
+    pub body: String,
+}
+
+/// One plain run's stored summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlainRunRecord {
+    pub id: String,
+    pub tenant: String,
+    pub created_ms: i64,
+    /// The summary's JSON document.
     pub body: String,
 }
 
@@ -82,7 +94,15 @@ impl RunRecords {
         // A tenant's list, newest first, reads this index and nothing else.
         db.execute_batch(
             "CREATE INDEX IF NOT EXISTS agent_runs_by_tenant
-                 ON agent_runs (tenant, created_ms DESC, id DESC);",
+                 ON agent_runs (tenant, created_ms DESC, id DESC);
+             CREATE TABLE IF NOT EXISTS plain_runs (
+                 id TEXT PRIMARY KEY,
+                 tenant TEXT NOT NULL,
+                 created_ms INTEGER NOT NULL,
+                 body TEXT NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS plain_runs_by_tenant
+                 ON plain_runs (tenant, created_ms DESC, id DESC);",
         )
         .map_err(db_error("index the run records"))?;
         let interrupted = serde_json::json!({"reason": "interrupted: skillbox stopped while this run was running"}).to_string();
@@ -150,10 +170,75 @@ impl RunRecords {
         let cutoff =
             now_ms().saturating_sub(i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX));
         self.with("remove old run records", |db| {
-            db.execute(
+            let agent = db.execute(
                 "DELETE FROM agent_runs WHERE status != 'running' AND updated_ms < ?1",
                 params![cutoff],
+            )?;
+            let plain = db.execute(
+                "DELETE FROM plain_runs WHERE created_ms < ?1",
+                params![cutoff],
+            )?;
+            Ok(agent + plain)
+        })
+    }
+
+    /// Records a plain run of `tenant`, then forgets its oldest beyond the newest `keep`.
+    pub fn insert_plain(
+        &self,
+        id: &str,
+        tenant: &str,
+        body: &str,
+        keep: usize,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        self.with("record a plain run", |db| {
+            db.execute(
+                "INSERT INTO plain_runs (id, tenant, created_ms, body) VALUES (?1, ?2, ?3, ?4)",
+                params![id, tenant, now, body],
+            )?;
+            db.execute(
+                "DELETE FROM plain_runs WHERE tenant = ?1 AND id NOT IN (
+                     SELECT id FROM plain_runs WHERE tenant = ?1
+                     ORDER BY created_ms DESC, id DESC LIMIT ?2)",
+                params![tenant, keep],
             )
+            .map(drop)
+        })
+    }
+
+    pub fn get_plain(&self, id: &str) -> Result<Option<PlainRunRecord>, StoreError> {
+        self.with("read a plain run", |db| {
+            db.query_row(
+                "SELECT id, tenant, created_ms, body FROM plain_runs WHERE id = ?1",
+                params![id],
+                row_to_plain,
+            )
+            .optional()
+        })
+    }
+
+    /// At most `limit` plain runs of `tenant`, newest first, older than `before` if
+    /// given (as [`RunRecords::list`]).
+    pub fn list_plain(
+        &self,
+        tenant: &str,
+        limit: usize,
+        before: Option<&PlainRunRecord>,
+    ) -> Result<Vec<PlainRunRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with("list plain runs", |db| {
+            let (created, id) = match before {
+                Some(record) => (record.created_ms, record.id.as_str()),
+                None => (i64::MAX, ""),
+            };
+            let mut query = db.prepare(
+                "SELECT id, tenant, created_ms, body FROM plain_runs
+                 WHERE tenant = ?1 AND (?2 = '' OR created_ms < ?3 OR (created_ms = ?3 AND id < ?2))
+                 ORDER BY created_ms DESC, id DESC LIMIT ?4",
+            )?;
+            let rows = query.query_map(params![tenant, id, created, limit], row_to_plain)?;
+            rows.collect()
         })
     }
 
@@ -193,6 +278,15 @@ impl RunRecords {
             rows.collect()
         })
     }
+}
+
+fn row_to_plain(row: &rusqlite::Row<'_>) -> rusqlite::Result<PlainRunRecord> {
+    Ok(PlainRunRecord {
+        id: row.get(0)?,
+        tenant: row.get(1)?,
+        created_ms: row.get(2)?,
+        body: row.get(3)?,
+    })
 }
 
 fn row_to_record(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
@@ -276,6 +370,44 @@ mod tests {
         );
         assert_eq!(ids(&records.list("t2", 10, None).expect("list")), ["other"]);
         assert!(records.list("t3", 10, None).expect("list").is_empty());
+    }
+
+    #[test]
+    fn plain_runs_are_paged_per_tenant_and_only_the_newest_are_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = RunRecords::open(&dir.path().join("runs.sqlite")).expect("open");
+        for id in ["p1", "p2", "p3", "p4"] {
+            records.insert_plain(id, "t1", "{}", 3).expect("insert");
+        }
+        records.insert_plain("q1", "t2", "{}", 3).expect("insert");
+        let ids = |page: &[PlainRunRecord]| page.iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+        // The oldest of t1 went past the bound of 3; t2's own is untouched.
+        assert_eq!(records.get_plain("p1").expect("get"), None);
+        let first = records.list_plain("t1", 2, None).expect("list");
+        assert_eq!(ids(&first), ["p4", "p3"]);
+        let second = records.list_plain("t1", 2, first.last()).expect("list");
+        assert_eq!(ids(&second), ["p2"]);
+        assert_eq!(
+            ids(&records.list_plain("t2", 9, None).expect("list")),
+            ["q1"]
+        );
+        assert_eq!(
+            records.get_plain("q1").expect("get").expect("q1").tenant,
+            "t2"
+        );
+        // Retention takes them by age, as it takes ended agent runs.
+        let day = std::time::Duration::from_secs(24 * 3600);
+        assert_eq!(records.prune(day).expect("prune"), 0);
+        Connection::open(dir.path().join("runs.sqlite"))
+            .expect("open")
+            .execute(
+                "UPDATE plain_runs SET created_ms = 1 WHERE tenant = 't1'",
+                [],
+            )
+            .expect("age t1's runs");
+        assert_eq!(records.prune(day).expect("prune"), 3);
+        assert!(records.list_plain("t1", 9, None).expect("list").is_empty());
+        assert_eq!(records.list_plain("t2", 9, None).expect("list").len(), 1);
     }
 
     #[test]

@@ -70,7 +70,8 @@ pub struct ServeArgs {
     /// How long an artifact is kept (7d, 12h, or none).
     #[arg(long, value_parser = parse_age, default_value = "7d")]
     retain: Age,
-    /// How long the record of an ended agent run is kept (or none).
+    /// How long the record of an ended agent run, or a plain run's summary, is kept (or
+    /// none).
     #[arg(long, value_parser = parse_age, default_value = "30d")]
     retain_records: Age,
     /// Serve the capabilities under DIR (`DIR/<name>/manifest.yaml`; repeatable, loaded

@@ -1,5 +1,6 @@
-//! What the web UI stands on: the UI's files (no key, a strict CSP), the list of a
-//! tenant's agent runs (newest first, paged), what a new run gets (`GET /v1/agent`),
+//! What the web UI stands on: the UI's files (no key, a strict CSP), the lists of a
+//! tenant's agent runs and plain runs (newest first, paged), what a new run gets
+//! (`GET /v1/agent`),
 //! and slide previews of a deck the tenant owns (PNG from LibreOffice, else outlines).
 
 use std::sync::Arc;
@@ -12,12 +13,16 @@ use super::{Server, is_error, shared_data_dir, start_with};
 
 const KEY_A: &str = "ui-tenant-a-token-0123456789";
 const KEY_B: &str = "ui-tenant-b-token-9876543210";
+/// A tenant no test runs anything as: the object owners are shared by every test here
+/// (the runner's data dir), and the demo's deck is the same bytes whoever makes it.
+const KEY_OUTSIDER: &str = "ui-outsider-token-0123456789";
 const DEMO: &str = "Make a 3-slide pitch deck for WorkspaceX.";
 
 async fn keyed_agent_server(data: &std::path::Path, png_previews: bool) -> Option<Server> {
     let store = ArtifactStore::local(&data.join("objects")).await.unwrap();
     let agents = AgentRuns::open(data, AgentModel::Loopback, 2).unwrap();
-    let keys = ApiKeys::from_pairs(&format!("a={KEY_A},b={KEY_B}")).unwrap();
+    let keys =
+        ApiKeys::from_pairs(&format!("a={KEY_A},b={KEY_B},ui-outsider={KEY_OUTSIDER}")).unwrap();
     start_with(
         ServerConfig {
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -159,6 +164,62 @@ async fn agent_runs_are_listed_newest_first_a_page_at_a_time_per_tenant() {
         "{json}"
     );
 
+    // Plain runs keep a summary for their tenant's list: no output, the script's first
+    // line, the files.
+    let plain = |key: &'static str, script: String| {
+        server
+            .http
+            .post(format!("{}/v1/run", server.base))
+            .bearer_auth(key)
+            .json(&json!({"script": script, "language": "sh"}))
+            .send()
+    };
+    for n in 1..=2 {
+        let response = plain(
+            KEY_A,
+            format!("\n  echo secret-output-{n}; echo {n} > n{n}.txt\nexit {n}"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(plain(KEY_B, "echo b".into()).await.unwrap().status(), 200);
+    let (status, page) = server.json_as("/v1/runs?limit=1", KEY_A).await;
+    assert_eq!(status, 200, "{page}");
+    let run = &page["runs"][0];
+    assert_eq!(
+        run["script"], "echo secret-output-2; echo 2 > n2.txt",
+        "{run}"
+    );
+    assert_eq!(run["language"], "sh");
+    assert_eq!(run["backend"], "native");
+    assert_eq!(run["exitCode"], 2);
+    assert_eq!(run["files"][0]["path"], "n2.txt");
+    assert!(run["createdMs"].as_i64().unwrap() > 0 && run["durationMs"].is_u64());
+    assert!(
+        run.get("stdout").is_none()
+            && run.get("stderr").is_none()
+            && !page.to_string().contains(r"secret-output-2\n"),
+        "no output kept: {page}"
+    );
+    let next = page["next"].as_str().unwrap();
+    let (_, older) = server
+        .json_as(&format!("/v1/runs?limit=1&before={next}"), KEY_A)
+        .await;
+    assert_eq!(older["runs"][0]["exitCode"], 1, "{older}");
+    assert!(older.get("next").is_none(), "{older}");
+    let (_, b) = server.json_as("/v1/runs", KEY_B).await;
+    assert_eq!(b["runs"].as_array().unwrap().len(), 1, "{b}");
+    assert_eq!(b["runs"][0]["script"], "echo b");
+    let b_id = b["runs"][0]["id"].as_str().unwrap();
+    let (status, json) = server
+        .json_as(&format!("/v1/runs?before={b_id}"), KEY_A)
+        .await;
+    assert_invalid_naming(status, &json, "before");
+    let (status, json) = server.json_as("/v1/runs?limit=500", KEY_A).await;
+    assert_invalid_naming(status, &json, "limit");
+    assert_eq!(server.get_as("/v1/runs", None).await.status(), 401);
+
     // What a new run gets here.
     let (status, info) = server.json_as("/v1/agent", KEY_A).await;
     assert_eq!(status, 200, "{info}");
@@ -210,10 +271,10 @@ async fn slide_previews_render_a_tenants_deck_and_no_one_elses() {
     let slides = format!("/v1/objects/{sha}/slides");
 
     // Another tenant, and no key, learn nothing of it.
-    let (status, json) = server.json_as(&slides, KEY_B).await;
+    let (status, json) = server.json_as(&slides, KEY_OUTSIDER).await;
     assert_eq!(status, 404, "{json}");
     assert_eq!(server.get_as(&slides, None).await.status(), 401);
-    let (status, json) = server.json_as(&format!("{slides}/1"), KEY_B).await;
+    let (status, json) = server.json_as(&format!("{slides}/1"), KEY_OUTSIDER).await;
     assert_eq!(status, 404, "{json}");
 
     let (png, why) = skillbox_server::preview_report();

@@ -7,7 +7,8 @@ Run by crates/skillbox/tests/ui.rs against a `skillbox serve` it started:
 It signs in (a wrong key is refused first), starts the demo prompt with the loopback
 model, sees the two attempts (the ShapeType error sent back to the model, then the
 verified deck), sees three slide previews (PNG or text outlines, as the server can),
-downloads the deck and opens it as a zip of three slides, finds the run in the list,
+downloads the deck and opens it as a zip of three slides, finds the run in the list
+(and a plain POST /v1/run beside it, its file downloaded),
 checks the page fits a phone's width and that nothing broke the Content-Security-Policy,
 and writes a screenshot of each page. Then, on a loopback server without keys whose demo
 holds its second script for 3 s, it needs no sign-in and sees the first attempt while
@@ -16,9 +17,11 @@ the run is still running. Prints `ok` after its last check.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -141,7 +144,16 @@ def main() -> None:
         shot(page, shots, "run-narrow")
         page.set_viewport_size({"width": 1200, "height": 900})
 
-        # The list, newest first, reached and left with the keyboard.
+        # A plain run, sent to the API directly, is listed beside the agent runs.
+        request = urllib.request.Request(
+            url + "/v1/run",
+            data=json.dumps({"script": "echo hi > hi.txt", "language": "sh"}).encode(),
+            headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert json.load(answer)["exitCode"] == 0
+
+        # The lists, newest first, reached and left with the keyboard.
         page.get_by_role("navigation").get_by_role("link", name="Runs").click()
         expect(page.locator("#view-runs")).to_be_visible()
         listed = page.locator("#runs-list a[data-run]")
@@ -152,6 +164,15 @@ def main() -> None:
         expect(listed.first).to_contain_text("workspacex.pptx")
         # One page holds every run: no button for older ones.
         expect(page.locator("#runs-more")).to_be_hidden()
+        plain = page.locator("#plain-list [data-plain-run]")
+        expect(plain).to_have_count(1)
+        expect(plain.first).to_contain_text("echo hi > hi.txt")
+        expect(plain.first).to_contain_text("exit 0")
+        with page.expect_download() as download:
+            plain.first.get_by_role("button", name="Download hi.txt").click()
+        hi = Path(download_dir) / "hi.txt"
+        download.value.save_as(hi)
+        assert hi.read_text() == "hi\n", hi.read_text()
         shot(page, shots, "runs")
         listed.first.focus()
         page.keyboard.press("Enter")
@@ -167,6 +188,7 @@ def main() -> None:
         page.goto(keyless)
         expect(page.locator("#view-runs")).to_be_visible()
         expect(page.locator("#runs-empty")).to_be_visible()
+        expect(page.locator("#plain-empty")).to_be_visible()
         page.get_by_role("navigation").get_by_role("link", name="New run").click()
         page.get_by_role("button", name="Start run").click()
         attempts = page.locator("li.attempt")
