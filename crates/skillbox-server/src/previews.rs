@@ -36,6 +36,8 @@ const MAX_DECK_BYTES: u64 = 64 << 20;
 const MAX_SLIDES: usize = 100;
 /// One render (LibreOffice, then pdftoppm) ends by then, or is killed.
 const RENDER_TIMEOUT: Duration = Duration::from_secs(60);
+/// A render's work dir this old was left by a render that never cleaned up.
+const STALE_RENDER: Duration = Duration::from_secs(10 * 60);
 /// The largest file either tool may write (RLIMIT_FSIZE), and all the PNGs together.
 const MAX_OUTPUT_BYTES: u64 = 256 << 20;
 const MAX_PNG_BYTES: u64 = 64 << 20;
@@ -84,7 +86,7 @@ pub(crate) struct Previews {
 
 impl Previews {
     pub(crate) fn new(data_dir: &Path, png: bool) -> Previews {
-        Previews {
+        let previews = Previews {
             dir: data_dir.join("previews"),
             renderer: if png {
                 Renderer::find()
@@ -92,6 +94,31 @@ impl Previews {
                 Err("PNG previews are off on this server".into())
             },
             renders: Semaphore::new(1),
+        };
+        previews.sweep(STALE_RENDER);
+        previews
+    }
+
+    /// Removes the work dirs of renders that ended without cleaning up (a server that
+    /// was killed mid-render). Only those older than `stale`: another server on the
+    /// same data dir may be rendering now, and no render lasts past its 60 s.
+    fn sweep(&self, stale: Duration) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > stale);
+            if old
+                && entry.file_name().to_string_lossy().starts_with(".render-")
+                && let Err(e) = std::fs::remove_dir_all(entry.path())
+            {
+                tracing::warn!(dir = %entry.path().display(), error = %e, "previews: cannot remove a stale render");
+            }
         }
     }
 
@@ -680,6 +707,30 @@ mod tests {
             error.contains("sh failed") && error.contains("broken deck"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_render_left_behind_is_swept_and_one_going_on_is_not() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let previews = data.path().join("previews");
+        for name in [".render-old", ".render-now", "kept"] {
+            std::fs::create_dir_all(previews.join(name).join("home")).expect("mkdir");
+        }
+        let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for name in [".render-old", "kept"] {
+            std::fs::File::open(previews.join(name))
+                .and_then(|dir| dir.set_modified(hour_ago))
+                .expect("age it");
+        }
+        let _ = Previews::new(data.path(), false);
+        let mut left: Vec<String> = std::fs::read_dir(&previews)
+            .expect("read")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        // The cached previews stay; so does a render that may still be going.
+        assert_eq!(left, [".render-now", "kept"]);
     }
 
     #[test]
