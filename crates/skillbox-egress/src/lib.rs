@@ -1,0 +1,19 @@
+//! Egress on an allowlist (DESIGN.md §8, issue 17): a sandbox never gets a network
+//! interface; what it may reach goes through skillbox's proxy on the host side.
+//!
+//! - [`Rules`]: a run's `network: {allow, deny}` checked once (each bad entry named),
+//!   matched per host and port; deny wins; no rules, no network.
+//! - [`forbidden`]: the addresses the proxy never connects to, whatever name resolved
+//!   to them (loopback, private, link-local and cloud metadata, CGNAT, multicast, …),
+//!   judged on the resolved address at connect time, so DNS rebinding does not help.
+//! - [`Proxy`]: HTTP `CONNECT host:port` and absolute-form `http://` requests, checked
+//!   against the rules, resolved once, every address checked, one of them connected,
+//!   bytes counted against a bound, each connection recorded in an [`Audit`].
+
+mod addr;
+mod proxy;
+mod rules;
+
+pub use addr::forbidden;
+pub use proxy::{Audit, Connection, Proxy, ProxyLimits, Resolve, SystemResolver, Verdict};
+pub use rules::{NetworkPolicy, Rule, RuleError, Rules};

@@ -1,0 +1,642 @@
+//! The proxy: HTTP `CONNECT host:port` (any TCP protocol, TLS included, passed
+//! through untouched) and absolute-form `http://host/path` requests (forwarded as
+//! origin-form, one request a connection). Each is checked against the [`Rules`],
+//! resolved once, every resolved address judged by [`forbidden`], one of those left
+//! connected, and the bytes counted against [`ProxyLimits::egress_bytes`].
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::addr::forbidden;
+use crate::rules::Rules;
+
+/// The largest request head the proxy reads (request line and headers).
+const MAX_HEAD: usize = 16 * 1024;
+/// Most connections a proxy records; past it only the counts go on.
+const MAX_RECORDS: usize = 1000;
+
+/// Resolves a host name to the addresses the proxy may try (each judged afterwards).
+pub trait Resolve: Send + Sync + fmt::Debug {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>>;
+}
+
+/// The host's own resolver (getaddrinfo).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>> {
+        Box::pin(async move { Ok(tokio::net::lookup_host((host, port)).await?.collect()) })
+    }
+}
+
+/// How much one proxy lets through.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyLimits {
+    /// Bytes in both directions over all connections (`limits.egressBytes`); `None`:
+    /// unbounded.
+    pub egress_bytes: Option<u64>,
+    /// A client must send its request head within this.
+    pub head_timeout: Duration,
+    /// Resolving and connecting, together.
+    pub connect_timeout: Duration,
+    /// Connections open at once; more wait.
+    pub max_connections: usize,
+}
+
+impl Default for ProxyLimits {
+    fn default() -> Self {
+        ProxyLimits {
+            egress_bytes: None,
+            head_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            max_connections: 64,
+        }
+    }
+}
+
+/// Whether a connection went through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Verdict {
+    Allowed,
+    Refused,
+}
+
+/// One connection the sandbox asked for, as the audit keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Connection {
+    pub host: String,
+    pub port: u16,
+    pub verdict: Verdict,
+    /// Why it was refused, or cut.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The address connected to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Bytes from the sandbox to the server, and back.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// What a proxy let through and refused.
+#[derive(Debug, Default)]
+pub struct Audit {
+    records: Mutex<Vec<Connection>>,
+    /// Connections past [`MAX_RECORDS`], not recorded one by one.
+    unrecorded: AtomicU64,
+    /// Bytes through, both ways, all connections.
+    bytes: AtomicU64,
+}
+
+impl Audit {
+    /// The connections recorded so far, in the order they ended.
+    pub fn connections(&self) -> Vec<Connection> {
+        self.records.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Connections not recorded one by one (over the bound).
+    pub fn unrecorded(&self) -> u64 {
+        self.unrecorded.load(Ordering::Relaxed)
+    }
+
+    /// Bytes through, both ways.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, connection: Connection) {
+        match connection.verdict {
+            Verdict::Allowed => {
+                tracing::debug!(host = %connection.host, port = connection.port, bytes_out = connection.bytes_out, bytes_in = connection.bytes_in, reason = ?connection.reason, "egress: allowed")
+            }
+            Verdict::Refused => {
+                tracing::info!(host = %connection.host, port = connection.port, reason = ?connection.reason, "egress: refused")
+            }
+        }
+        if let Ok(mut records) = self.records.lock()
+            && records.len() < MAX_RECORDS
+        {
+            records.push(connection);
+            return;
+        }
+        self.unrecorded.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One sandbox's proxy: its rules, its resolver, its bounds and its audit.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    rules: Rules,
+    resolver: Arc<dyn Resolve>,
+    limits: ProxyLimits,
+    audit: Arc<Audit>,
+    stop: CancellationToken,
+    open: Semaphore,
+    tasks: TaskTracker,
+}
+
+/// What the client asked for.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    host: String,
+    port: u16,
+    /// `None` for CONNECT; else the request head to send upstream (origin-form).
+    forward: Option<Vec<u8>>,
+}
+
+/// A refusal: its status line and the reason sent and recorded.
+struct Refusal {
+    status: &'static str,
+    reason: String,
+}
+
+impl Proxy {
+    pub fn new(rules: Rules, resolver: Arc<dyn Resolve>, limits: ProxyLimits) -> Proxy {
+        Proxy {
+            inner: Arc::new(Inner {
+                rules,
+                resolver,
+                open: Semaphore::new(limits.max_connections.max(1)),
+                limits,
+                audit: Arc::default(),
+                stop: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    pub fn audit(&self) -> Arc<Audit> {
+        self.inner.audit.clone()
+    }
+
+    /// Serves every connection `listener` accepts until [`stop`](Self::stop).
+    pub async fn serve(&self, listener: TcpListener) {
+        loop {
+            let stream = tokio::select! {
+                () = self.inner.stop.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "egress: accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = stream.set_nodelay(true);
+            let proxy = self.clone();
+            self.inner
+                .tasks
+                .spawn(async move { proxy.handle(stream).await });
+        }
+    }
+
+    /// Ends every connection and waits until each is recorded.
+    pub async fn stop(&self) {
+        self.inner.stop.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    /// Serves one client connection to its end.
+    pub async fn handle<S>(&self, mut client: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let inner = &self.inner;
+        let Ok(_slot) = inner.open.acquire().await else {
+            return;
+        };
+        let head = tokio::select! {
+            () = inner.stop.cancelled() => return,
+            read = tokio::time::timeout(inner.limits.head_timeout, read_head(&mut client)) => read,
+        };
+        let (head, rest) = match head {
+            Ok(Ok(read)) => read,
+            Ok(Err(why)) => {
+                refuse(&mut client, "400 Bad Request", &why).await;
+                return;
+            }
+            Err(_) => {
+                refuse(
+                    &mut client,
+                    "408 Request Timeout",
+                    "no request head in time",
+                )
+                .await;
+                return;
+            }
+        };
+        let target = match parse_head(&head) {
+            Ok(target) => target,
+            Err(why) => {
+                refuse(&mut client, "400 Bad Request", &why).await;
+                return;
+            }
+        };
+        let mut record = Connection {
+            host: target.host.clone(),
+            port: target.port,
+            verdict: Verdict::Refused,
+            reason: None,
+            address: None,
+            bytes_out: 0,
+            bytes_in: 0,
+        };
+        let upstream = tokio::select! {
+            () = inner.stop.cancelled() => Err(Refusal { status: "503 Service Unavailable", reason: "the sandbox is ending".into() }),
+            connected = self.connect(&target) => connected,
+        };
+        let (mut server, address) = match upstream {
+            Ok(connected) => connected,
+            Err(refusal) => {
+                refuse(&mut client, refusal.status, &refusal.reason).await;
+                record.reason = Some(refusal.reason);
+                inner.audit.record(record);
+                return;
+            }
+        };
+        record.verdict = Verdict::Allowed;
+        record.address = Some(address.to_string());
+        let opened = match &target.forward {
+            None => {
+                client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+            }
+            Some(forward) => server.write_all(forward).await,
+        };
+        if opened.is_ok() && !rest.is_empty() {
+            record.bytes_out += rest.len() as u64;
+            inner
+                .audit
+                .bytes
+                .fetch_add(rest.len() as u64, Ordering::Relaxed);
+            let _ = server.write_all(&rest).await;
+        }
+        if opened.is_ok() {
+            let (out, back, cut) = self.pump(&mut client, &mut server).await;
+            record.bytes_out += out;
+            record.bytes_in += back;
+            record.reason = cut;
+        }
+        inner.audit.record(record);
+    }
+
+    /// Checks `target` against the rules, resolves it, and connects to the first
+    /// address that is not forbidden.
+    async fn connect(&self, target: &Target) -> Result<(TcpStream, SocketAddr), Refusal> {
+        let inner = &self.inner;
+        let refused = |reason: String| Refusal {
+            status: "403 Forbidden",
+            reason,
+        };
+        inner
+            .rules
+            .check(&target.host, target.port)
+            .map_err(refused)?;
+        let work = async {
+            let addresses = match target.host.parse::<IpAddr>() {
+                Ok(ip) => vec![SocketAddr::new(ip, target.port)],
+                Err(_) => inner
+                    .resolver
+                    .resolve(&target.host, target.port)
+                    .await
+                    .map_err(|e| Refusal {
+                        status: "502 Bad Gateway",
+                        reason: format!("{}: cannot resolve: {e}", target.host),
+                    })?,
+            };
+            let mut why = None;
+            let mut last_error = None;
+            for address in addresses {
+                if let Some(bad) = forbidden(address.ip()) {
+                    why.get_or_insert_with(|| {
+                        format!(
+                            "{} resolves to {}, {bad}: never connected to",
+                            target.host,
+                            address.ip()
+                        )
+                    });
+                    continue;
+                }
+                match TcpStream::connect(address).await {
+                    Ok(stream) => {
+                        let _ = stream.set_nodelay(true);
+                        return Ok((stream, address));
+                    }
+                    Err(e) => last_error = Some(format!("{address}: {e}")),
+                }
+            }
+            Err(match (last_error, why) {
+                (Some(e), _) => Refusal {
+                    status: "502 Bad Gateway",
+                    reason: format!("{}: cannot connect: {e}", target.host),
+                },
+                (None, Some(why)) => refused(why),
+                (None, None) => Refusal {
+                    status: "502 Bad Gateway",
+                    reason: format!("{}: no address", target.host),
+                },
+            })
+        };
+        tokio::time::timeout(inner.limits.connect_timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Refusal {
+                    status: "504 Gateway Timeout",
+                    reason: format!("{}:{}: no connection in time", target.host, target.port),
+                })
+            })
+    }
+
+    /// Copies both ways until both sides are done, the proxy stops, or the byte bound
+    /// is reached: (bytes out, bytes back, why it was cut).
+    async fn pump<C, S>(&self, client: &mut C, server: &mut S) -> (u64, u64, Option<String>)
+    where
+        C: AsyncRead + AsyncWrite + Unpin + Send,
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let (mut client_read, mut client_write) = tokio::io::split(client);
+        let (mut server_read, mut server_write) = tokio::io::split(server);
+        let cut = CancellationToken::new();
+        let out = copy(&self.inner, &mut client_read, &mut server_write, &cut);
+        let back = copy(&self.inner, &mut server_read, &mut client_write, &cut);
+        let (out, back) = tokio::select! {
+            both = async { tokio::join!(out, back) } => both,
+            () = self.inner.stop.cancelled() => return (0, 0, Some("the sandbox ended".into())),
+        };
+        let reason = out.1.or(back.1);
+        (out.0, back.0, reason)
+    }
+}
+
+/// Copies `from` to `to` until end of file (then shuts `to` down), an error, or the
+/// bound: (bytes, why it was cut).
+async fn copy<R, W>(
+    inner: &Inner,
+    from: &mut R,
+    to: &mut W,
+    cut: &CancellationToken,
+) -> (u64, Option<String>)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut copied = 0u64;
+    loop {
+        let n = tokio::select! {
+            () = cut.cancelled() => return (copied, None),
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => {
+                    let _ = to.shutdown().await;
+                    return (copied, None);
+                }
+                Ok(n) => n,
+            },
+        };
+        let total = inner.audit.bytes.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        if let Some(bound) = inner.limits.egress_bytes
+            && total > bound
+        {
+            cut.cancel();
+            return (
+                copied,
+                Some(format!(
+                    "limits.egressBytes ({bound} bytes) reached: the connection was cut"
+                )),
+            );
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            cut.cancel();
+            return (copied, None);
+        }
+        copied += n as u64;
+    }
+}
+
+/// Reads up to the end of the request head: (head, bytes read past it).
+async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    loop {
+        let n = client
+            .read(&mut chunk)
+            .await
+            .map_err(|e| format!("reading the request: {e}"))?;
+        if n == 0 {
+            return Err("the client closed before a whole request head".into());
+        }
+        let from = buf.len().saturating_sub(3);
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") {
+            let end = from + end + 4;
+            let rest = buf.split_off(end);
+            return Ok((buf, rest));
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(format!("a request head over {MAX_HEAD} bytes"));
+        }
+    }
+}
+
+/// The target of a request head: CONNECT's `host:port`, or an absolute `http://` URL
+/// (then the head to forward, in origin-form, with `Connection: close` and without the
+/// proxy's own headers).
+fn parse_head(head: &[u8]) -> Result<Target, String> {
+    let text =
+        std::str::from_utf8(head).map_err(|_| "a request head that is not UTF-8".to_string())?;
+    let mut lines = text.split("\r\n");
+    let request = lines.next().unwrap_or_default();
+    let mut parts = request.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("not an HTTP request line: {:?}", cut(request)));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Err(format!("{version:?}: the proxy speaks HTTP/1.x"));
+    }
+    if method == "CONNECT" {
+        let (host, port) = split_host_port(target, None)?;
+        return Ok(Target {
+            host,
+            port,
+            forward: None,
+        });
+    }
+    let Some(rest) = target.strip_prefix("http://") else {
+        return Err(format!(
+            "{:?}: send CONNECT host:port, or an absolute http:// URL",
+            cut(target)
+        ));
+    };
+    let (authority, path) = match rest.find(['/', '?']) {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let path = if path.starts_with('?') {
+        format!("/{path}")
+    } else {
+        path.to_string()
+    };
+    if authority.contains('@') {
+        return Err("credentials in the URL are not passed on".into());
+    }
+    let (host, port) = split_host_port(authority, Some(80))?;
+    let mut forward = format!("{method} {path} {version}\r\n");
+    for line in lines.filter(|l| !l.is_empty()) {
+        let name = line.split(':').next().unwrap_or_default().trim();
+        let dropped = [
+            "proxy-connection",
+            "proxy-authorization",
+            "connection",
+            "keep-alive",
+        ];
+        if dropped.iter().any(|d| name.eq_ignore_ascii_case(d)) {
+            continue;
+        }
+        forward.push_str(line);
+        forward.push_str("\r\n");
+    }
+    forward.push_str("Connection: close\r\n\r\n");
+    Ok(Target {
+        host,
+        port,
+        forward: Some(forward.into_bytes()),
+    })
+}
+
+/// `host:port`, `[v6]:port`, or a host alone when a default port is given.
+fn split_host_port(authority: &str, default: Option<u16>) -> Result<(String, u16), String> {
+    let bad = || format!("{:?}: not host:port", cut(authority));
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6.split_once(']').ok_or_else(bad)?;
+        match after.strip_prefix(':') {
+            Some(port) => (host, Some(port)),
+            None if after.is_empty() => (host, None),
+            None => return Err(bad()),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(bad)?,
+        None => default.ok_or_else(bad)?,
+    };
+    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(bad());
+    }
+    Ok((host.trim_end_matches('.').to_ascii_lowercase(), port))
+}
+
+fn cut(text: &str) -> &str {
+    match text.char_indices().nth(200) {
+        Some((i, _)) => &text[..i],
+        None => text,
+    }
+}
+
+/// Answers with `status` and `reason` (the body, and `X-Skillbox-Egress`), then closes.
+async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: &str, reason: &str) {
+    let body = format!("skillbox egress: {reason}\n");
+    let answer = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nX-Skillbox-Egress: refused\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = client.write_all(answer.as_bytes()).await;
+    let _ = client.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_are_parsed_into_their_target() {
+        let t = parse_head(b"CONNECT Files.Example.org:443 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.forward),
+            ("files.example.org", 443, None)
+        );
+        let t = parse_head(b"CONNECT [2606:4700::1]:8443 HTTP/1.1\r\n\r\n").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("2606:4700::1", 8443));
+        let t = parse_head(
+            b"GET http://example.com/a?b=1 HTTP/1.1\r\nHost: example.com\r\nProxy-Authorization: x\r\nConnection: keep-alive\r\nAccept: */*\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("example.com", 80));
+        assert_eq!(
+            String::from_utf8(t.forward.unwrap()).unwrap(),
+            "GET /a?b=1 HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        let t = parse_head(b"POST http://example.com:8080?q HTTP/1.0\r\n\r\n").unwrap();
+        assert_eq!(t.port, 8080);
+        assert!(
+            String::from_utf8(t.forward.unwrap())
+                .unwrap()
+                .starts_with("POST /?q HTTP/1.0\r\n")
+        );
+    }
+
+    #[test]
+    fn bad_heads_say_what_is_wrong() {
+        for (head, said) in [
+            (&b"GET /local HTTP/1.1\r\n\r\n"[..], "absolute http:// URL"),
+            (
+                b"GET https://example.com/ HTTP/1.1\r\n\r\n",
+                "absolute http:// URL",
+            ),
+            (b"CONNECT example.com HTTP/1.1\r\n\r\n", "not host:port"),
+            (b"CONNECT example.com:0 HTTP/1.1\r\n\r\n", "not host:port"),
+            (b"CONNECT :443 HTTP/1.1\r\n\r\n", "not host:port"),
+            (
+                b"GET http://u:p@example.com/ HTTP/1.1\r\n\r\n",
+                "credentials",
+            ),
+            (b"CONNECT example.com:443 HTTP/2\r\n\r\n", "HTTP/1.x"),
+            (b"hello\r\n\r\n", "not an HTTP request line"),
+            (b"\xff\xfe\r\n\r\n", "not UTF-8"),
+        ] {
+            let err = parse_head(head).unwrap_err();
+            assert!(
+                err.contains(said),
+                "{:?}: {err}",
+                String::from_utf8_lossy(head)
+            );
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The proxy against real servers, in a network namespace this test makes (never any
+//! outside address): `allowed.test` resolves to 203.0.113.7, an address put on the
+//! namespace's own `lo`; `rebind.test` to 127.0.0.1, `metadata.test` to
+//! 169.254.169.254. Needs root (skipped otherwise, a failure under
+//! SKILLBOX_REQUIRE_ALL=1).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use skillbox_egress::{NetworkPolicy, Proxy, ProxyLimits, Resolve, Rules, Verdict};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const PUBLIC: &str = "203.0.113.7";
+
+#[derive(Debug)]
+struct Names(HashMap<&'static str, &'static str>);
+
+impl Resolve for Names {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>> {
+        Box::pin(async move {
+            match self.0.get(host) {
+                Some(ip) => Ok(vec![SocketAddr::new(ip.parse().unwrap(), port)]),
+                None => Err(io::Error::new(io::ErrorKind::NotFound, "no such name")),
+            }
+        })
+    }
+}
+
+/// Runs `body` on a thread of its own in a new network namespace with `lo` up and
+/// [`PUBLIC`] on it; `None` when this process may not make one.
+fn in_netns<F, Fut>(test: &str, body: F) -> Option<()>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip(
+            test,
+            "making a network namespace with an address on lo needs root",
+        );
+        return None;
+    }
+    let done = std::thread::spawn(move || {
+        // SAFETY: unshare on this thread only (a network namespace is per thread);
+        // the thread is ours and ends with the test.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            io::Error::last_os_error()
+        );
+        // A child forked from this thread is in its namespace.
+        for args in [
+            &["link", "set", "lo", "up"][..],
+            &["addr", "add", &format!("{PUBLIC}/32"), "dev", "lo"],
+        ] {
+            let status = Command::new("ip").args(args).status().unwrap();
+            assert!(status.success(), "ip {args:?}");
+        }
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(body());
+    });
+    done.join().unwrap();
+    Some(())
+}
+
+/// A server that answers every connection with what it was sent first (up to the end
+/// of a request head, or 5 bytes), prefixed.
+async fn echo_server(ip: &str) -> SocketAddr {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    if got.windows(4).any(|w| w == b"\r\n\r\n") || got.starts_with(b"hello") {
+                        break;
+                    }
+                }
+                let mut answer = b"server saw: ".to_vec();
+                answer.extend_from_slice(&got);
+                let _ = stream.write_all(&answer).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+async fn start(allow: &[&str], limits: ProxyLimits) -> (Proxy, SocketAddr) {
+    let rules = Rules::new(&NetworkPolicy {
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: vec!["denied.allowed.test".into()],
+    })
+    .unwrap();
+    let names = Names(HashMap::from([
+        ("allowed.test", PUBLIC),
+        ("denied.allowed.test", PUBLIC),
+        ("other.test", PUBLIC),
+        ("rebind.test", "127.0.0.1"),
+        ("metadata.test", "169.254.169.254"),
+    ]));
+    let proxy = Proxy::new(rules, Arc::new(names), limits);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = proxy.clone();
+    tokio::spawn(async move { serving.serve(listener).await });
+    (proxy, addr)
+}
+
+/// Sends `request` to the proxy and reads all it answers.
+async fn ask(proxy: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no answer in time to {:?}; so far {:?}",
+                String::from_utf8_lossy(request),
+                String::from_utf8_lossy(&answer)
+            )
+        })
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[test]
+fn allowed_names_are_reached_and_everything_else_refused() {
+    in_netns(
+        "allowed_names_are_reached_and_everything_else_refused",
+        || async {
+            let server = echo_server(PUBLIC).await;
+            let local = echo_server("127.0.0.1").await;
+            let port = server.port();
+            let (proxy, addr) = start(
+                &[
+                    &format!("allowed.test:{port}"),
+                    &format!("*.allowed.test:{port}"),
+                    &format!("rebind.test:{}", local.port()),
+                    &format!("metadata.test:{port}"),
+                    &format!("127.0.0.1:{}", local.port()),
+                ],
+                ProxyLimits::default(),
+            )
+            .await;
+
+            // CONNECT to an allowed name: a tunnel to the server it resolves to.
+            let answer = ask(
+                addr,
+                format!("CONNECT allowed.test:{port} HTTP/1.1\r\nHost: allowed.test\r\n\r\nhello")
+                    .as_bytes(),
+            )
+            .await;
+            assert_eq!(
+                answer,
+                "HTTP/1.1 200 Connection established\r\n\r\nserver saw: hello"
+            );
+
+            // An absolute-form request: forwarded in origin-form, without the proxy's headers.
+            let answer = ask(
+            addr,
+            format!("GET http://allowed.test:{port}/pkg?v=1 HTTP/1.1\r\nHost: allowed.test\r\nProxy-Authorization: Basic eA==\r\n\r\n").as_bytes(),
+        )
+        .await;
+            assert_eq!(
+                answer,
+                "server saw: GET /pkg?v=1 HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n"
+            );
+
+            // Not on the list, denied, another port: refused with a reason, nothing reached.
+            for (request, said) in [
+                (
+                    format!("CONNECT other.test:{port} HTTP/1.1\r\n\r\n"),
+                    "other.test:".to_string()
+                        + &port.to_string()
+                        + " is not on the run's network.allow",
+                ),
+                (
+                    format!("CONNECT denied.allowed.test:{port} HTTP/1.1\r\n\r\n"),
+                    "network.deny".to_string(),
+                ),
+                (
+                    format!("CONNECT allowed.test:{} HTTP/1.1\r\n\r\n", port + 1),
+                    "is not on the run's network.allow".to_string(),
+                ),
+                // Allowed names that resolve to loopback or metadata, and a loopback literal.
+                (
+                    format!("CONNECT rebind.test:{} HTTP/1.1\r\n\r\n", local.port()),
+                    "resolves to 127.0.0.1, a loopback address".to_string(),
+                ),
+                (
+                    format!("CONNECT metadata.test:{port} HTTP/1.1\r\n\r\n"),
+                    "169.254.169.254, a link-local address".to_string(),
+                ),
+                (
+                    format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", local.port()),
+                    "a loopback address".to_string(),
+                ),
+            ] {
+                let answer = ask(addr, request.as_bytes()).await;
+                assert!(
+                    answer.starts_with("HTTP/1.1 403 Forbidden\r\n"),
+                    "{request}: {answer}"
+                );
+                assert!(answer.contains("X-Skillbox-Egress: refused"), "{answer}");
+                assert!(answer.contains(&said), "{request}: {answer}");
+                assert!(!answer.contains("server saw"), "{answer}");
+            }
+            // Garbage is a 400 that says why.
+            let answer = ask(addr, b"GET /local HTTP/1.1\r\n\r\n").await;
+            assert!(answer.starts_with("HTTP/1.1 400 Bad Request"), "{answer}");
+
+            proxy.stop().await;
+            let connections = proxy.audit().connections();
+            let allowed: Vec<_> = connections
+                .iter()
+                .filter(|c| c.verdict == Verdict::Allowed)
+                .collect();
+            let refused: Vec<_> = connections
+                .iter()
+                .filter(|c| c.verdict == Verdict::Refused)
+                .collect();
+            assert_eq!((allowed.len(), refused.len()), (2, 6), "{connections:#?}");
+            assert!(
+                allowed.iter().all(|c| c.host == "allowed.test"
+                    && c.address.as_deref() == Some(&*server.to_string()))
+            );
+            assert!(
+                allowed[0].bytes_out >= 5 && allowed[0].bytes_in >= 17,
+                "{:?}",
+                allowed[0]
+            );
+            assert!(
+                refused
+                    .iter()
+                    .all(|c| c.reason.is_some() && c.bytes_in == 0)
+            );
+        },
+    );
+}
+
+#[test]
+fn the_egress_byte_bound_cuts_the_connection() {
+    in_netns("the_egress_byte_bound_cuts_the_connection", || async {
+        // A server that sends 1 MiB.
+        let listener = TcpListener::bind((PUBLIC, 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let _ = stream.write_all(&vec![b'x'; 1 << 20]).await;
+        });
+        let (proxy, addr) = start(
+            &[&format!("allowed.test:{port}")],
+            ProxyLimits {
+                egress_bytes: Some(64 * 1024),
+                ..ProxyLimits::default()
+            },
+        )
+        .await;
+        let answer = ask(
+            addr,
+            format!("CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").as_bytes(),
+        )
+        .await;
+        let body = answer.len() - "HTTP/1.1 200 Connection established\r\n\r\n".len();
+        assert!(
+            body <= 64 * 1024,
+            "{body} bytes came through a 64 KiB bound"
+        );
+        proxy.stop().await;
+        let connections = proxy.audit().connections();
+        assert_eq!(connections.len(), 1);
+        let reason = connections[0].reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("limits.egressBytes (65536 bytes) reached"),
+            "{reason}"
+        );
+    });
+}
