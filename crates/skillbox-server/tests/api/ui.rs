@@ -14,15 +14,21 @@ use super::{Server, is_error, shared_data_dir, start_with};
 const KEY_A: &str = "ui-tenant-a-token-0123456789";
 const KEY_B: &str = "ui-tenant-b-token-9876543210";
 /// A tenant no test runs anything as: the object owners are shared by every test here
-/// (the runner's data dir), and the demo's deck is the same bytes whoever makes it.
+/// (the runner's data dir), and the demo's deck is the same bytes whoever makes it in
+/// the same second.
 const KEY_OUTSIDER: &str = "ui-outsider-token-0123456789";
 const DEMO: &str = "Make a 3-slide pitch deck for WorkspaceX.";
 
 async fn keyed_agent_server(data: &std::path::Path, png_previews: bool) -> Option<Server> {
     let store = ArtifactStore::local(&data.join("objects")).await.unwrap();
     let agents = AgentRuns::open(data, AgentModel::Loopback, 2).unwrap();
-    let keys =
-        ApiKeys::from_pairs(&format!("a={KEY_A},b={KEY_B},ui-outsider={KEY_OUTSIDER}")).unwrap();
+    // Tenant names of these tests only: the object owners are shared by every test
+    // here, and a demo deck made in the same second is the same bytes whoever makes it,
+    // so a tenant `b` here would own what another test's tenant `a` made.
+    let keys = ApiKeys::from_pairs(&format!(
+        "ui-a={KEY_A},ui-b={KEY_B},ui-outsider={KEY_OUTSIDER}"
+    ))
+    .unwrap();
     start_with(
         ServerConfig {
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
