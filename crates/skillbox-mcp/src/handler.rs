@@ -205,7 +205,7 @@ impl SkillboxMcp {
         let bound = self.tenant.get_or_init(|| asked.clone());
         if *bound != asked {
             return Err(ErrorData::invalid_request(
-                "no such MCP session for this API key",
+                crate::http::NO_SUCH_SESSION,
                 None,
             ));
         }

@@ -11,11 +11,13 @@
 
 mod door;
 mod handler;
+mod http;
 mod sandboxes;
 mod tools;
 
 pub use door::{Admitted, Door, LocalDoor, ToolError};
 pub use handler::{Caller, SkillboxMcp};
+pub use http::HttpService;
 pub use sandboxes::{SandboxBounds, Sandboxes};
 
 use std::sync::Arc;
@@ -55,9 +57,6 @@ pub struct HttpConfig {
     /// An MCP session with no request for this long ends, and its sandbox with it.
     pub idle: Duration,
 }
-
-/// The `/mcp` service: a tower service of HTTP requests, one handler per MCP session.
-pub type HttpService = StreamableHttpService<SkillboxMcp, LocalSessionManager>;
 
 /// The MCP tools over one runner, for any number of MCP sessions.
 #[derive(Debug, Clone)]
@@ -137,16 +136,20 @@ impl McpServer {
     }
 
     /// The streamable HTTP service (`/mcp`): one handler per MCP session, sessions in
-    /// memory, no Host check of its own (the server's guard does it, before the key).
+    /// memory, each answering only the [`Caller`] that opened it; no Host check of its
+    /// own (the server's guard does it, before the key).
     pub fn http_service(&self, config: HttpConfig) -> HttpService {
         let mut sessions = LocalSessionManager::default();
         sessions.session_config.keep_alive = Some(config.idle);
+        let sessions = Arc::new(sessions);
         let http = StreamableHttpServerConfig::default()
             .disable_allowed_hosts()
             .with_cancellation_token(self.shared.stopping.child_token())
             .with_max_request_body_bytes(config.max_body_bytes);
         let server = self.clone();
-        StreamableHttpService::new(move || Ok(server.handler()), Arc::new(sessions), http)
+        let inner =
+            StreamableHttpService::new(move || Ok(server.handler()), sessions.clone(), http);
+        HttpService::new(inner, sessions)
     }
 
     /// Stops taking calls: every running one is cancelled, and sessions end.

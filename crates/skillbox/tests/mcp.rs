@@ -518,3 +518,152 @@ fn mcp_stops_on_sigterm_with_its_sandbox_removed() {
     assert_eq!(removed.len(), 1, "{log}");
     assert!(removed[0].contains("skillbox is stopping"), "{log}");
 }
+
+/// One HTTP/1.1 exchange with `serve` on a connection of its own: the status, the
+/// headers (names lowercase) and the body as text (an SSE answer's `data:` lines whole).
+fn http(
+    serve: &Serve,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> (u16, Vec<(String, String)>, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(&serve.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut request = format!(
+        "{method} /mcp HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        serve.addr,
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(&body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = text(&answer);
+    let (head, rest) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, rest.to_string())
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// An MCP session alice opens by hand (initialize, then initialized): its id.
+fn open_session(serve: &Serve, token: &str) -> String {
+    let bearer = format!("Bearer {token}");
+    let (status, headers, body) = http(
+        serve,
+        "POST",
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ],
+        Some(
+            &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "by-hand", "version": "0"}}}),
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    let session = header(&headers, "mcp-session-id").unwrap().to_string();
+    let (status, _, body) = http(
+        serve,
+        "POST",
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("Mcp-Session-Id", &session),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        Some(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
+    );
+    assert_eq!(status, 202, "{body}");
+    session
+}
+
+/// Another tenant that knows an MCP session's id cannot end it (DELETE), open or replay
+/// its stream (GET), nor send it a notification (cancelling its calls): rmcp serves
+/// these without the handler, so the tenant is checked before rmcp sees the request.
+/// The session goes on for its own tenant.
+#[test]
+fn another_tenant_cannot_end_stream_or_notify_an_mcp_session() {
+    if !native_or_skip("another_tenant_cannot_end_stream_or_notify_an_mcp_session") {
+        return;
+    }
+    let serve = Serve::start();
+    let session = open_session(&serve, ALICE);
+    let (alice, bob) = (format!("Bearer {ALICE}"), format!("Bearer {BOB}"));
+    let of = |bearer: &str| -> Vec<(String, String)> {
+        [
+            ("Authorization", bearer),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("Mcp-Session-Id", session.as_str()),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+    };
+    let send = |bearer: &str, method: &str, body: Option<Value>, extra: &[(&str, &str)]| {
+        let mut headers = of(bearer);
+        headers.extend(extra.iter().map(|(n, v)| (n.to_string(), v.to_string())));
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        http(&serve, method, &headers, body.as_ref())
+    };
+
+    let (status, _, body) = send(&bob, "DELETE", None, &[]);
+    assert_eq!(status, 404, "bob ended alice's session: {body}");
+    assert!(
+        body.contains("no such MCP session for this API key"),
+        "{body}"
+    );
+    for resume in [None, Some("0"), Some("0/0")] {
+        let extra: Vec<(&str, &str)> = resume.map(|r| ("Last-Event-ID", r)).into_iter().collect();
+        let (status, _, body) = send(&bob, "GET", None, &extra);
+        assert_eq!(
+            status, 404,
+            "bob opened alice's stream ({resume:?}): {body}"
+        );
+    }
+    let cancel = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 2}});
+    let (status, _, body) = send(&bob, "POST", Some(cancel), &[]);
+    assert_eq!(status, 404, "bob notified alice's session: {body}");
+
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "exec", "arguments": {"shell": "echo still hers"}}});
+    let (status, _, body) = send(&alice, "POST", Some(call.clone()), &[]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""stdout":"still hers\n""#), "{body}");
+    let (status, _, body) = send(&alice, "DELETE", None, &[]);
+    assert_eq!(status, 202, "{body}");
+    let (status, _, body) = send(&alice, "POST", Some(call), &[]);
+    assert_eq!(status, 404, "the ended session answered: {body}");
+    assert!(serve.stop().success());
+}
