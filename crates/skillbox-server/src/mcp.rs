@@ -190,11 +190,21 @@ pub(crate) async fn caller(
                 .into_response();
             }
             Ok(Err(e)) => {
-                return Failure::new(
-                    skillbox_protocol::ErrorCode::Invalid,
-                    format!("request body: {e}"),
-                )
-                .into_response();
+                // A chunked body announces no length: past the limit is found here.
+                let too_big = std::error::Error::source(&e)
+                    .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+                let (code, message) = if too_big {
+                    (
+                        skillbox_protocol::ErrorCode::PayloadTooLarge,
+                        format!("request body: larger than {limit} bytes"),
+                    )
+                } else {
+                    (
+                        skillbox_protocol::ErrorCode::Invalid,
+                        format!("request body: {e}"),
+                    )
+                };
+                return Failure::new(code, message).into_response();
             }
             Ok(Ok(bytes)) => Body::from(bytes),
         }

@@ -667,3 +667,42 @@ fn another_tenant_cannot_end_stream_or_notify_an_mcp_session() {
     assert_eq!(status, 404, "the ended session answered: {body}");
     assert!(serve.stop().success());
 }
+
+/// A chunked body (no Content-Length) past the server's body limit (48 MiB) is 413
+/// `payload_too_large` on `/mcp`, as on `POST /v1/run`, not a 400.
+#[test]
+fn a_chunked_mcp_body_past_the_limit_is_413() {
+    use std::io::Write;
+    if !native_or_skip("a_chunked_mcp_body_past_the_limit_is_413") {
+        return;
+    }
+    let serve = Serve::start();
+    let mut stream = std::net::TcpStream::connect(&serve.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {ALICE}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        serve.addr
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let chunk = vec![b' '; 1 << 20];
+    let mut chunked = format!("{:x}\r\n", chunk.len()).into_bytes();
+    chunked.extend_from_slice(&chunk);
+    chunked.extend_from_slice(b"\r\n");
+    // The server may answer once the limit is passed and stop reading.
+    for _ in 0..49 {
+        if stream.write_all(&chunked).is_err() {
+            break;
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = text(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains(r#""code":"payload_too_large""#), "{answer}");
+    assert!(serve.stop().success());
+}
