@@ -112,14 +112,26 @@ fn object_of(uri: &str) -> Option<&str> {
     is_sha256_hex(sha256).then_some(sha256)
 }
 
-/// A path the caller gave, as a path inside `/workspace` (`..` refused).
+/// A path the caller gave, as a path inside `/workspace` (`..` refused). An absolute
+/// path must name `/workspace` or something beneath it: `/etc/x` is refused, not read as
+/// `/workspace/etc/x` (a file written there would not be where the caller looks).
 fn workspace_path(raw: &str, field: &str) -> Result<PathBuf, ToolError> {
-    let relative = raw.trim_start_matches('/');
-    let relative = relative.strip_prefix("workspace/").unwrap_or(relative);
-    let relative = if relative == "workspace" {
-        ""
-    } else {
-        relative
+    let relative = match raw.strip_prefix('/') {
+        Some(absolute) => {
+            let absolute = absolute.trim_start_matches('/');
+            match absolute.strip_prefix("workspace") {
+                Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                    rest.trim_start_matches('/')
+                }
+                _ => {
+                    return Err(ToolError::invalid(format!(
+                        "{field}: {raw:?} is outside /workspace; give a path relative to \
+                         /workspace (or beneath /workspace/)"
+                    )));
+                }
+            }
+        }
+        None => raw,
     };
     let path = Path::new(relative);
     if relative.contains('\0')
@@ -131,7 +143,11 @@ fn workspace_path(raw: &str, field: &str) -> Result<PathBuf, ToolError> {
             "{field}: {raw:?}: give a path inside /workspace, without `..`"
         )));
     }
-    Ok(Path::new(WORKSPACE).join(path))
+    Ok(if relative.is_empty() {
+        PathBuf::from(WORKSPACE)
+    } else {
+        Path::new(WORKSPACE).join(path)
+    })
 }
 
 /// A timeout the caller asked for, in 1..=600000 ms.
@@ -864,9 +880,21 @@ mod tests {
             workspace_path("", "path").expect("ok"),
             Path::new("/workspace")
         );
+        assert_eq!(
+            workspace_path("/workspace/", "path").expect("ok"),
+            Path::new("/workspace")
+        );
         for bad in ["../etc/passwd", "a/../../b", "/workspace/../etc"] {
             let error = workspace_path(bad, "path").expect_err(bad);
             assert!(error.message.starts_with("path:"), "{error}");
+        }
+        // An absolute path elsewhere is refused, never taken as one inside /workspace.
+        for outside in ["/etc/passwd", "/tmp/out.txt", "/workspacefoo/x", "//etc"] {
+            let error = workspace_path(outside, "cwd").expect_err(outside);
+            assert!(
+                error.message.starts_with("cwd:") && error.message.contains("outside /workspace"),
+                "{error}"
+            );
         }
     }
 
