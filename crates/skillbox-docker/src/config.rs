@@ -104,6 +104,7 @@ pub(crate) fn container_config(
             ..Default::default()
         }),
     }
+    spec.policy.refuse_egress("docker and gvisor")?;
     for mount in &spec.policy.read_only_mounts {
         let target = skillbox_env::path::normalize(&mount.sandbox);
         if !mount.host.is_absolute() || !target.is_absolute() {

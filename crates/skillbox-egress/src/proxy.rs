@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -76,31 +75,10 @@ impl Default for ProxyLimits {
     }
 }
 
+/// One connection, as the audit keeps it.
+pub use skillbox_protocol::EgressConnection as Connection;
 /// Whether a connection went through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Verdict {
-    Allowed,
-    Refused,
-}
-
-/// One connection the sandbox asked for, as the audit keeps it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Connection {
-    pub host: String,
-    pub port: u16,
-    pub verdict: Verdict,
-    /// Why it was refused, or cut.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The address connected to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub address: Option<String>,
-    /// Bytes from the sandbox to the server, and back.
-    pub bytes_out: u64,
-    pub bytes_in: u64,
-}
+pub use skillbox_protocol::EgressVerdict as Verdict;
 
 /// What a proxy let through and refused.
 #[derive(Debug, Default)]
@@ -200,9 +178,17 @@ impl Proxy {
 
     /// Serves every connection `listener` accepts until [`stop`](Self::stop).
     pub async fn serve(&self, listener: TcpListener) {
+        self.serve_until(listener, self.inner.stop.clone()).await;
+    }
+
+    /// Serves every connection `listener` accepts until `until` (or [`stop`](Self::stop));
+    /// connections already accepted go on (one exec's listener, within the sandbox's
+    /// proxy).
+    pub async fn serve_until(&self, listener: TcpListener, until: CancellationToken) {
         loop {
             let stream = tokio::select! {
                 () = self.inner.stop.cancelled() => break,
+                () = until.cancelled() => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
                     Err(e) => {

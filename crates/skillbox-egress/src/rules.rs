@@ -1,19 +1,6 @@
 //! A run's network policy: which hosts and ports its code may reach through the proxy.
 
-use serde::{Deserialize, Serialize};
-
-/// `network` on a run, a session or a capability: `allow` and `deny` entries of the
-/// form `host`, `host:port`, `*.domain` or `*.domain:port`. An `allow` host without a
-/// port means ports 80 and 443, a `deny` host without one every port. Deny wins; no
-/// `allow` entry means no network at all.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NetworkPolicy {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub allow: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deny: Vec<String>,
-}
+pub use skillbox_protocol::NetworkPolicy;
 
 /// One entry, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -614,6 +614,7 @@ impl Backend for HostBackend {
                 "backend host: read-only mounts need a sandbox; use another backend",
             ));
         }
+        spec.policy.refuse_egress("host")?;
         let cwd = match spec.workspace {
             Some(dir) => dir,
             None => std::env::current_dir().map_err(|e| EnvError::io(&e, "cwd", "."))?,

@@ -72,6 +72,12 @@ pub trait ExecutionEnv: FileSystem + Shell {
     fn boundary(&self) -> Boundary {
         self.kind().boundary()
     }
+
+    /// The connections this env's egress proxy let through or refused so far (empty
+    /// without a network policy).
+    fn egress(&self) -> Vec<skillbox_egress::Connection> {
+        Vec::new()
+    }
 }
 
 pub use exec::{StreamKind, pump_output};

@@ -175,6 +175,34 @@ pub struct SandboxPolicy {
     /// reaches them. Nothing else may be bound.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub listen_ports: Vec<u16>,
+    /// Egress through skillbox's proxy on the host side, on an allowlist (DESIGN.md
+    /// §8): the sandbox still has no interface but `lo`, where the proxy listens.
+    /// `None`: no network at all. A backend without a proxy refuses it (`unavailable`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<skillbox_egress::NetworkPolicy>,
+    /// Bytes through the proxy, both ways, over all connections (`limits.egressBytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_bytes: Option<u64>,
+}
+
+impl SandboxPolicy {
+    /// Whether the sandbox gets egress: a network policy with an allow entry (one
+    /// without is no network, as no policy is).
+    pub fn wants_egress(&self) -> bool {
+        self.network.as_ref().is_some_and(|n| !n.allow.is_empty())
+    }
+
+    /// The refusal of a backend that has no egress proxy, when this policy asks for one.
+    pub fn refuse_egress(&self, backend: &str) -> Result<(), crate::EnvError> {
+        if self.wants_egress() {
+            return Err(crate::EnvError::unavailable(format!(
+                "egress: the {backend} backend has no egress proxy yet, and a sandbox with a \
+                 network policy never runs with more network or less than it asked; use the \
+                 native backend"
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Everything a backend needs to create a sandbox.

@@ -304,6 +304,9 @@ impl SkillboxMcp {
             limits: None,
             skills: arguments.skills,
             scope_key: arguments.scope_key,
+            // MCP's run_script has no network (an egress policy is not among its
+            // arguments yet).
+            network: None,
         };
         let bytes =
             request.script.len() + request.files.iter().map(|f| f.content.len()).sum::<usize>();

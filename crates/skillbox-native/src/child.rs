@@ -103,6 +103,9 @@ pub struct ChildPlan {
     pub fds: ChildFds,
     /// The payload's stack until it execs (allocated here: init cannot allocate).
     pub payload_stack: Vec<u8>,
+    /// The parent makes the egress proxy's listener in the exec's network namespace
+    /// before letting init go (the child does nothing with it).
+    pub egress: bool,
     /// A detached, idmapped mount of the workspace the parent prepared, or -1: then the
     /// child clones the workspace itself like every other bind source.
     pub workspace_tree: i32,
@@ -249,7 +252,7 @@ unsafe fn apply_mount(op: &MountOp, tree: i32) -> libc::c_long {
 }
 
 /// Brings `lo` up so programs can use loopback inside their own network namespace.
-unsafe fn loopback_up() -> libc::c_long {
+pub(crate) unsafe fn loopback_up() -> libc::c_long {
     #[repr(C)]
     struct IfReq {
         name: [u8; 16],

@@ -287,7 +287,7 @@ struct ChildFds {
 }
 
 /// Payload of the one message the child sends: 0 with the socket attached, or an errno.
-type Report = i32;
+pub(crate) type Report = i32;
 
 /// A non-blocking connect to `address`, waited for at most `timeout_ms`; the fd, or
 /// the errno. Raw syscalls only (safe in a forked child).
@@ -354,7 +354,7 @@ unsafe fn connect_loopback(address: &libc::sockaddr_in, timeout_ms: i32) -> Resu
 ///
 /// # Safety
 /// Async-signal-safe; only in the forked child.
-unsafe fn close_all_but(keep: &[RawFd; 3]) {
+pub(crate) unsafe fn close_all_but(keep: &[RawFd; 3]) {
     let mut next: libc::c_uint = 0;
     for &fd in keep {
         let fd = fd as libc::c_uint;
@@ -400,7 +400,7 @@ unsafe fn child_connect(fds: &ChildFds, address: &libc::sockaddr_in, timeout_ms:
     }
 }
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     io::Error::last_os_error()
         .raw_os_error()
         .unwrap_or(libc::EIO)
@@ -414,7 +414,7 @@ struct FdControl([u8; 32]);
 ///
 /// # Safety
 /// `out` is an open socket; async-signal-safe (no allocation).
-unsafe fn send_report(out: RawFd, report: Report, fd: RawFd) {
+pub(crate) unsafe fn send_report(out: RawFd, report: Report, fd: RawFd) {
     let mut payload = report;
     let mut iov = libc::iovec {
         iov_base: std::ptr::from_mut(&mut payload).cast(),
@@ -442,7 +442,7 @@ unsafe fn send_report(out: RawFd, report: Report, fd: RawFd) {
 }
 
 /// The child's answer: the connected socket, or its errno as an error.
-fn receive_fd(ours: &UnixStream) -> io::Result<OwnedFd> {
+pub(crate) fn receive_fd(ours: &UnixStream) -> io::Result<OwnedFd> {
     let mut payload: Report = -1;
     let mut iov = libc::iovec {
         iov_base: std::ptr::from_mut(&mut payload).cast(),

@@ -646,6 +646,10 @@ impl FileSystem for NativeSandbox {
         self.shutdown.cancel();
         self.running.close();
         self.running.wait().await;
+        // Its processes are gone: the proxy's connections end (each recorded).
+        if let Some(proxy) = &self.egress {
+            proxy.stop().await;
+        }
         let temps = match self.temps.lock() {
             Ok(mut temps) => std::mem::take(&mut *temps),
             Err(_) => Vec::new(),

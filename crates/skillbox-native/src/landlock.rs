@@ -78,18 +78,22 @@ pub struct Plan {
     /// TCP ports that may be bound (where Landlock handles the network: ABI 4+; below
     /// that nothing is handled and the namespace's lone `lo` is the boundary).
     pub bind_ports: Vec<u16>,
+    /// TCP ports that may be connected to (skillbox's egress proxy on the sandbox's
+    /// own loopback; the same ABI caveat).
+    pub connect_ports: Vec<u16>,
 }
 
 impl Plan {
     /// Reads and executes everywhere; writes only beneath `writable` paths (and the
-    /// harmless device nodes); no TCP but a listener on `bind_ports`; no abstract
-    /// sockets or signals out of the sandbox.
+    /// harmless device nodes); no TCP but a listener on `bind_ports` and connects to
+    /// `connect_ports`; no abstract sockets or signals out of the sandbox.
     pub fn sandbox(
         abi: u32,
         writable: &[&str],
         devices: &[&str],
         ttys: &[&str],
         bind_ports: &[u16],
+        connect_ports: &[u16],
     ) -> Plan {
         let mut handled_fs = ACCESS_FS_ABI1_ALL;
         if abi >= 2 {
@@ -145,6 +149,11 @@ impl Plan {
             rules,
             bind_ports: if handled_net != 0 {
                 bind_ports.to_vec()
+            } else {
+                Vec::new()
+            },
+            connect_ports: if handled_net != 0 {
+                connect_ports.to_vec()
             } else {
                 Vec::new()
             },
@@ -214,9 +223,18 @@ pub unsafe fn apply(plan: &Plan) -> Result<(), i32> {
             return Err(errno());
         }
     }
-    for port in &plan.bind_ports {
+    let ports = plan
+        .bind_ports
+        .iter()
+        .map(|p| (ACCESS_NET_BIND_TCP, p))
+        .chain(
+            plan.connect_ports
+                .iter()
+                .map(|p| (ACCESS_NET_CONNECT_TCP, p)),
+        );
+    for (access, port) in ports {
         let rule = NetPortAttr {
-            allowed_access: ACCESS_NET_BIND_TCP,
+            allowed_access: access,
             port: u64::from(*port),
         };
         // SAFETY: `rule` outlives the call.

@@ -396,6 +396,11 @@ pub fn plan(
             DEVICES,
             TTYS,
             &policy.listen_ports,
+            if crate::egress::wanted(policy) {
+                &[crate::egress::EGRESS_PORT][..]
+            } else {
+                &[]
+            },
         ),
         seccomp,
         workspace_op,

@@ -8,6 +8,7 @@
 mod cgroup;
 mod child;
 mod connect;
+mod egress;
 mod fs;
 mod idmap;
 mod landlock;

@@ -36,13 +36,23 @@ const MAX_ENV: usize = 1000;
 #[derive(Debug, Clone)]
 pub struct NativeBackend {
     data_dir: PathBuf,
+    /// Resolves the names a sandbox's egress proxy connects to.
+    resolver: Arc<dyn skillbox_egress::Resolve>,
 }
 
 impl NativeBackend {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         NativeBackend {
             data_dir: data_dir.into(),
+            resolver: Arc::new(skillbox_egress::SystemResolver),
         }
+    }
+
+    /// The resolver of the sandboxes' egress proxies (the host's getaddrinfo by
+    /// default). Every address it answers is still judged before a connect.
+    pub fn with_resolver(mut self, resolver: Arc<dyn skillbox_egress::Resolve>) -> Self {
+        self.resolver = resolver;
+        self
     }
 
     /// As [`NativeBackend::create`], on the calling thread: for a one-shot CLI, where a
@@ -52,22 +62,25 @@ impl NativeBackend {
     /// that polls its exec (no spawner thread; a sandbox dies when that thread exits),
     /// and does its housekeeping (removing its cgroup and directory) in place.
     pub fn create_blocking(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
-        NativeSandbox::prepare(&self.data_dir, spec, true)
+        NativeSandbox::prepare(&self.data_dir, spec, true, &self.resolver)
     }
 
     /// Prepares a sandbox: its root, `/etc`, workspace and limits. Refuses with
     /// `unavailable` naming the layer this host cannot give.
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
         let data_dir = self.data_dir.clone();
+        let resolver = self.resolver.clone();
         crate::spawn::warm_up();
-        tokio::task::spawn_blocking(move || NativeSandbox::prepare(&data_dir, spec, false))
-            .await
-            .map_err(|e| {
-                EnvError::new(
-                    ErrorCode::Unknown,
-                    format!("native: setup worker failed: {e}"),
-                )
-            })?
+        tokio::task::spawn_blocking(move || {
+            NativeSandbox::prepare(&data_dir, spec, false, &resolver)
+        })
+        .await
+        .map_err(|e| {
+            EnvError::new(
+                ErrorCode::Unknown,
+                format!("native: setup worker failed: {e}"),
+            )
+        })?
     }
 }
 
@@ -103,6 +116,9 @@ pub struct NativeSandbox {
     /// calling thread instead of handing them to other threads.
     pub(crate) one_shot: bool,
     cgroup_host: &'static cgroup::Host,
+    /// The egress proxy every exec's loopback listener is served by (one rule set,
+    /// one byte budget, one audit for the sandbox); `None`: no network.
+    pub(crate) egress: Option<skillbox_egress::Proxy>,
 }
 
 fn seccomp_filter() -> Vec<libc::sock_filter> {
@@ -138,10 +154,16 @@ fn unavailable(layer: &str, detail: impl std::fmt::Display) -> EnvError {
 }
 
 impl NativeSandbox {
-    fn prepare(data_dir: &Path, spec: SandboxSpec, one_shot: bool) -> EnvResult<NativeSandbox> {
+    fn prepare(
+        data_dir: &Path,
+        spec: SandboxSpec,
+        one_shot: bool,
+        resolver: &Arc<dyn skillbox_egress::Resolve>,
+    ) -> EnvResult<NativeSandbox> {
         spec.limits
             .validate()
             .map_err(|e| EnvError::invalid(format!("limits: {e}")))?;
+        let egress = crate::egress::proxy_for(&spec.policy, resolver)?;
         let abi = landlock::abi_version().map_err(|e| unavailable("landlock", e))?;
         // Probing the cgroup hierarchy is only worth it when a limit will use it.
         let limits = &spec.limits;
@@ -234,6 +256,7 @@ impl NativeSandbox {
             Self::prepare_in(&dir, spec, abi, ids, chown_to, cgroup_host).map(|mut sandbox| {
                 sandbox.idmapped = idmapped;
                 sandbox.one_shot = one_shot;
+                sandbox.egress = egress;
                 sandbox
             });
         if result.as_ref().is_err_and(|_| spec_has_no_workspace) {
@@ -359,6 +382,7 @@ impl NativeSandbox {
             idmapped: false,
             one_shot: false,
             cgroup_host,
+            egress: None,
         })
     }
 
@@ -389,6 +413,13 @@ impl NativeSandbox {
             ("TMPDIR".into(), "/tmp".into()),
             ("SHELL".into(), "/bin/sh".into()),
         ];
+        if self.egress.is_some() {
+            env.extend(
+                crate::egress::proxy_env()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v)),
+            );
+        }
         for (key, value) in &request.env {
             env.retain(|(k, _)| k != key);
             env.push((key.clone(), value.clone()));
@@ -431,6 +462,7 @@ impl NativeSandbox {
                 .map(|(k, v)| c(&format!("{k}={v}")))
                 .collect::<EnvResult<_>>()?,
             payload_stack: vec![0; PAYLOAD_STACK],
+            egress: self.egress.is_some(),
             workspace_tree: -1,
             bind_trees: Vec::new(),
             workspace_source: match &self.scratch {
@@ -587,12 +619,26 @@ impl Shell for NativeSandbox {
             error,
             status,
             namespaces,
+            egress,
         } = if self.one_shot {
             spawn::start_here(plan, self.ids, cgroup.as_deref())
         } else {
             spawn::start(plan, self.ids, cgroup.clone()).await
         }
         .map_err(|e| unavailable("setup", e))?;
+        // The proxy serves this exec's loopback listener until the exec's task ends.
+        let egress_done = match (egress, &self.egress) {
+            (Some(listener), Some(proxy)) => {
+                let listener = std::net::TcpListener::from(listener);
+                let listener = tokio::net::TcpListener::from_std(listener)
+                    .map_err(|e| unavailable("egress", format!("the proxy's listener: {e}")))?;
+                let done = CancellationToken::new();
+                let (proxy, until) = (proxy.clone(), done.clone());
+                tokio::spawn(async move { proxy.serve_until(listener, until).await });
+                Some(done.drop_guard())
+            }
+            _ => None,
+        };
         // The child has its copies (and moved them into place): ours can go.
         drop(workspace_tree);
         drop(bind_clones);
@@ -701,6 +747,7 @@ impl Shell for NativeSandbox {
         let one_shot = self.one_shot;
         let scratch = self.scratch.clone();
         self.running.spawn(async move {
+            let _egress = egress_done;
             let mut timed_out = false;
             let mut aborted = false;
             tokio::select! {
@@ -794,6 +841,13 @@ fn plan_cwd(request: &ExecRequest, sandbox: &NativeSandbox) -> String {
 impl ExecutionEnv for NativeSandbox {
     fn kind(&self) -> BackendKind {
         BackendKind::Native
+    }
+
+    fn egress(&self) -> Vec<skillbox_egress::Connection> {
+        self.egress
+            .as_ref()
+            .map(|p| p.audit().connections())
+            .unwrap_or_default()
     }
 }
 

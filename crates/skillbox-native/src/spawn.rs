@@ -6,7 +6,7 @@
 //! tokio's blocking threads come and go.
 
 use std::fs;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
 
@@ -107,6 +107,8 @@ pub struct Started {
     pub error: OwnedFd,
     pub status: OwnedFd,
     pub namespaces: ExecNamespaces,
+    /// The egress proxy's listener on the exec's loopback, when the plan asked for it.
+    pub egress: Option<OwnedFd>,
 }
 
 /// The network and user namespaces of one exec (`None` where they could not be opened).
@@ -312,6 +314,7 @@ fn clone_sandbox(
     }
     let pid = pid as i32;
     let plan_clear_groups = plan.clear_groups;
+    let plan_egress = plan.egress;
     // SAFETY: the kernel gave us this pidfd.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop(pipes.child);
@@ -346,6 +349,32 @@ fn clone_sandbox(
         net: open_namespace(pid, "net"),
         user: open_namespace(pid, "user"),
     };
+    // The egress listener before init goes: the sandbox's code finds it there from its
+    // first instruction, and cannot take its port first.
+    let egress = if plan_egress {
+        let net = namespaces
+            .net
+            .as_ref()
+            .ok_or("egress: cannot open the exec's network namespace")?;
+        // SAFETY: geteuid has no preconditions.
+        let user = if unsafe { libc::geteuid() } == 0 {
+            None
+        } else {
+            Some(
+                namespaces
+                    .user
+                    .as_ref()
+                    .ok_or("egress: cannot open the exec's user namespace")?
+                    .as_fd(),
+            )
+        };
+        Some(
+            crate::egress::listen_in(net.as_fd(), user)
+                .map_err(|e| format!("egress: cannot listen on the sandbox's loopback: {e}"))?,
+        )
+    } else {
+        None
+    };
     let go = || {
         // SAFETY: one byte from a stack variable to our own pipe.
         unsafe { libc::write(pipes.sync.as_raw_fd(), [1u8].as_ptr().cast(), 1) == 1 }
@@ -370,6 +399,7 @@ fn clone_sandbox(
         error,
         status,
         namespaces,
+        egress,
     })
 }
 

@@ -95,6 +95,10 @@ pub struct RunRequest {
     /// the same key installed or built), and save a new one after the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_key: Option<String>,
+    /// What the code may reach, through skillbox's proxy (native backend): none
+    /// without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkPolicy>,
 }
 
 /// Bounds a run may ask for, each at most the server's.
@@ -108,6 +112,9 @@ pub struct RunLimits {
     /// Files and directories in `/workspace` and `/tmp` together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_inodes: Option<u64>,
+    /// Bytes through the egress proxy, both ways, over all connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_bytes: Option<u64>,
 }
 
 impl RunRequest {
@@ -122,6 +129,7 @@ impl RunRequest {
             limits: None,
             skills: Vec::new(),
             scope_key: None,
+            network: None,
         }
     }
 }
@@ -160,6 +168,9 @@ pub struct RunResult {
     /// The scope's snapshots, when the request gave a `scopeKey`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotReport>,
+    /// Every connection the code asked the egress proxy for, with a network policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<crate::EgressConnection>,
 }
 
 /// What a run's skills projection placed.

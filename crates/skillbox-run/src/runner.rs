@@ -169,6 +169,7 @@ struct Checked {
     limits: Option<skillbox_protocol::RunLimits>,
     skills: Vec<String>,
     scope_key: Option<String>,
+    network: Option<skillbox_protocol::NetworkPolicy>,
 }
 
 /// Why a runner without a skills workspace refuses `skills`.
@@ -285,6 +286,9 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
     if let Some(scope) = &request.scope_key {
         skillbox_store::check_scope_key(scope).map_err(RunError::Invalid)?;
     }
+    if let Some(network) = &request.network {
+        skillbox_egress::Rules::new(network).map_err(|e| RunError::Invalid(e.to_string()))?;
+    }
     Ok(Checked {
         language: request.language,
         script: request.script,
@@ -294,6 +298,7 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
         limits: request.limits,
         skills,
         scope_key: request.scope_key,
+        network: request.network,
     })
 }
 
@@ -675,6 +680,8 @@ impl Runner {
             )?,
             ..base.clone()
         };
+        policy.network = checked.network.clone();
+        policy.egress_bytes = asked.egress_bytes;
         let spec = SandboxSpec {
             workspace: None,
             limits,
@@ -823,6 +830,7 @@ impl Runner {
             files,
             skills: placed,
             snapshot,
+            egress: env.egress(),
         })
     }
 }

@@ -381,6 +381,7 @@ impl Backend for WasmBackend {
                 "policy.listenPorts: a WASI guest has no sockets to listen on",
             ));
         }
+        spec.policy.refuse_egress("wasm")?;
         let mut native = spec;
         for (host, sandbox) in [(runner, BIN), (guests_dir, GUESTS), (cache, CACHE)] {
             native.policy.read_only_mounts.push(Mount {

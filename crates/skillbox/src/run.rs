@@ -51,6 +51,19 @@ pub struct RunArgs {
     /// server may refuse more than its own bound]
     #[arg(long, value_parser = parse_size)]
     disk: Option<u64>,
+    /// Let the code reach HOST through skillbox's egress proxy (repeatable; host,
+    /// host:port, *.domain, *.domain:port; no port means 80 and 443). Without it the
+    /// run has no network at all. Loopback, private and metadata addresses are never
+    /// reached, whatever a name resolves to. Native backend only.
+    #[arg(long = "allow-net", value_name = "HOST")]
+    allow_net: Vec<String>,
+    /// Never let the code reach HOST, even when --allow-net covers it (repeatable; no
+    /// port means every port).
+    #[arg(long = "deny-net", value_name = "HOST", requires = "allow_net")]
+    deny_net: Vec<String>,
+    /// Bytes through the egress proxy, both ways, over all connections (10M, 1G)
+    #[arg(long, value_parser = parse_size, requires = "allow_net")]
+    egress_bytes: Option<u64>,
     /// Place the skill NAME in /workspace first (repeatable): the workspace's
     /// skills/NAME, a staged .skills-cache/SOURCE/NAME, or the user's own.
     #[arg(long = "skill", value_name = "NAME")]
@@ -134,10 +147,17 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     request.outputs = args.outputs.clone();
     request.skills = args.skills.clone();
     request.scope_key = args.scope.clone();
-    if let Some(disk) = args.disk {
+    if args.disk.is_some() || args.egress_bytes.is_some() {
         request.limits = Some(skillbox_client::RunLimits {
-            disk_bytes: Some(disk),
+            disk_bytes: args.disk,
             disk_inodes: None,
+            egress_bytes: args.egress_bytes,
+        });
+    }
+    if !args.allow_net.is_empty() {
+        request.network = Some(skillbox_protocol::NetworkPolicy {
+            allow: args.allow_net.clone(),
+            deny: args.deny_net.clone(),
         });
     }
 
@@ -195,6 +215,24 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
                 serde_json::to_string(&limit)
                     .unwrap_or_default()
                     .trim_matches('"')
+            );
+        }
+        for connection in &result.egress {
+            let verdict = match connection.verdict {
+                skillbox_protocol::EgressVerdict::Allowed => "allowed",
+                skillbox_protocol::EgressVerdict::Refused => "refused",
+            };
+            eprintln!(
+                "skillbox run: egress {verdict} {}:{} ({} bytes out, {} in){}",
+                connection.host,
+                connection.port,
+                connection.bytes_out,
+                connection.bytes_in,
+                connection
+                    .reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
             );
         }
         for file in &result.files {

@@ -1,0 +1,319 @@
+//! Egress from a native sandbox through skillbox's proxy (DESIGN.md §8), against real
+//! servers in a network namespace this test makes (never any outside address):
+//! `allowed.test` resolves to 203.0.113.7, put on the namespace's own `lo`,
+//! `rebind.test` to 127.0.0.1. The sandbox's code is Python's standard library, as a
+//! model's script would be. Needs root for the test's namespace (skipped otherwise; a
+//! failure under SKILLBOX_REQUIRE_ALL=1).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod common;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::Command;
+use std::sync::Arc;
+
+use skillbox_egress::{NetworkPolicy, Resolve, Verdict};
+use skillbox_env::{CancellationToken, ExecRequest, ExecutionEnv, SandboxPolicy, SandboxSpec};
+use skillbox_native::NativeBackend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const PUBLIC: &str = "203.0.113.7";
+
+#[derive(Debug)]
+struct Names(HashMap<&'static str, &'static str>);
+
+impl Resolve for Names {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>> {
+        Box::pin(async move {
+            match self.0.get(host) {
+                Some(ip) => Ok(vec![SocketAddr::new(ip.parse().unwrap(), port)]),
+                None => Err(io::Error::new(io::ErrorKind::NotFound, "no such name")),
+            }
+        })
+    }
+}
+
+/// Runs `body` on a thread of its own in a new network namespace with `lo` up and
+/// [`PUBLIC`] on it (the proxy's connections are made from there); `None` when this
+/// process may not make one.
+fn in_netns<F, Fut>(test: &str, body: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip(
+            test,
+            "making a network namespace with an address on lo needs root",
+        );
+        return;
+    }
+    if let Err(why) = common::data_dir().map(drop) {
+        skillbox_env::testkit::skip(test, &why);
+        return;
+    }
+    let done = std::thread::spawn(move || {
+        // SAFETY: unshare on this thread only; the thread is ours and ends with the test.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            io::Error::last_os_error()
+        );
+        for args in [
+            &["link", "set", "lo", "up"][..],
+            &["addr", "add", &format!("{PUBLIC}/32"), "dev", "lo"],
+        ] {
+            let status = Command::new("ip").args(args).status().unwrap();
+            assert!(status.success(), "ip {args:?}");
+        }
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(body());
+    });
+    done.join().unwrap();
+}
+
+/// An HTTP server answering every request with the request line it got.
+async fn http_server(ip: &str) -> u16 {
+    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&got)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let body = format!("served {line}");
+                let answer = format!(
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+async fn sandbox(network: Option<NetworkPolicy>) -> Box<dyn ExecutionEnv> {
+    let backend = NativeBackend::new(common::data_dir().unwrap()).with_resolver(Arc::new(Names(
+        HashMap::from([
+            ("allowed.test", PUBLIC),
+            ("other.test", PUBLIC),
+            ("rebind.test", "127.0.0.1"),
+        ]),
+    )));
+    let spec = SandboxSpec {
+        policy: SandboxPolicy {
+            network,
+            ..SandboxPolicy::default()
+        },
+        ..skillbox_env::testkit::spec()
+    };
+    Box::new(backend.create(spec).await.unwrap())
+}
+
+/// Runs a Python script in `env`: (exit code, stdout, stderr).
+async fn python(env: &dyn ExecutionEnv, script: &str) -> (i32, String, String) {
+    let out = env
+        .exec(
+            ExecRequest::argv(["python3", "-c", script])
+                .timeout(std::time::Duration::from_secs(30)),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    (
+        out.exit_code.unwrap_or(-1),
+        out.stdout_text(),
+        out.stderr_text(),
+    )
+}
+
+/// What a script prints for a URL fetched through the environment's proxy settings:
+/// the body, or `HTTP <code>: <body>`, or `ERROR <what>`.
+fn fetch(url: &str) -> String {
+    format!(
+        r#"
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen({url:?}, timeout=10).read().decode())
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code, e.read().decode())
+except Exception as e:
+    print("ERROR", type(e).__name__, e)
+"#
+    )
+}
+
+#[test]
+fn allowed_names_are_reached_through_the_proxy_and_nothing_else() {
+    in_netns(
+        "allowed_names_are_reached_through_the_proxy_and_nothing_else",
+        || async {
+            let port = http_server(PUBLIC).await;
+            let local = http_server("127.0.0.1").await;
+            let env = sandbox(Some(NetworkPolicy {
+                allow: vec![
+                    format!("allowed.test:{port}"),
+                    format!("rebind.test:{local}"),
+                ],
+                deny: vec![],
+            }))
+            .await;
+
+            // An allowed name, through HTTP_PROXY as any client would.
+            let (code, out, err) = python(
+                env.as_ref(),
+                &fetch(&format!("http://allowed.test:{port}/pkg")),
+            )
+            .await;
+            assert_eq!((code, out.trim()), (0, "served GET /pkg HTTP/1.1"), "{err}");
+
+            // A CONNECT tunnel (what HTTPS takes), by hand.
+            let tunnel = format!(
+                r#"
+import os, socket
+s = socket.create_connection(("127.0.0.1", int(os.environ["HTTPS_PROXY"].rsplit(":", 1)[1])))
+s.sendall(b"CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n")
+head = b""
+while b"\r\n\r\n" not in head:
+    head += s.recv(1)
+assert head.startswith(b"HTTP/1.1 200"), head
+s.sendall(b"GET /tunnelled HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+print(s.recv(4096).decode().split("\r\n\r\n", 1)[1])
+"#
+            );
+            let (code, out, err) = python(env.as_ref(), &tunnel).await;
+            assert_eq!(
+                (code, out.trim()),
+                (0, "served GET /tunnelled HTTP/1.1"),
+                "{err}"
+            );
+
+            // A name not on the list, and an allowed name that resolves to loopback.
+            let (_, out, _) =
+                python(env.as_ref(), &fetch(&format!("http://other.test:{port}/"))).await;
+            assert!(
+                out.starts_with("HTTP 403") && out.contains("is not on the run's network.allow"),
+                "{out}"
+            );
+            let (_, out, _) = python(
+                env.as_ref(),
+                &fetch(&format!("http://rebind.test:{local}/")),
+            )
+            .await;
+            assert!(
+                out.starts_with("HTTP 403") && out.contains("a loopback address"),
+                "{out}"
+            );
+            assert!(!out.contains("served"), "{out}");
+
+            // Around the proxy: the server's address directly, with and without the
+            // proxy settings: there is no route.
+            let direct = format!(
+                r#"
+import socket
+try:
+    socket.create_connection(({PUBLIC:?}, {port}), timeout=5)
+    print("CONNECTED")
+except OSError as e:
+    print("REFUSED", e.errno)
+"#
+            );
+            let (_, out, _) = python(env.as_ref(), &direct).await;
+            assert!(out.starts_with("REFUSED"), "{out}");
+            let bypass = format!(
+                "import os\nfor k in list(os.environ):\n    if 'proxy' in k.lower(): del os.environ[k]\n{}",
+                fetch(&format!("http://{PUBLIC}:{port}/"))
+            );
+            let (_, out, _) = python(env.as_ref(), &bypass).await;
+            assert!(out.starts_with("ERROR"), "{out}");
+
+            let connections = env.egress();
+            let allowed = connections
+                .iter()
+                .filter(|c| c.verdict == Verdict::Allowed)
+                .count();
+            let refused: Vec<_> = connections
+                .iter()
+                .filter(|c| c.verdict == Verdict::Refused)
+                .collect();
+            assert_eq!(allowed, 2, "{connections:#?}");
+            assert_eq!(refused.len(), 2, "{connections:#?}");
+            assert!(refused.iter().any(|c| c.host == "other.test"));
+            assert!(refused.iter().any(|c| c.host == "rebind.test"));
+            env.cleanup().await.unwrap();
+        },
+    );
+}
+
+#[test]
+fn without_a_policy_there_is_no_proxy_and_no_route() {
+    in_netns(
+        "without_a_policy_there_is_no_proxy_and_no_route",
+        || async {
+            let port = http_server(PUBLIC).await;
+            let env = sandbox(None).await;
+            let probe = format!(
+                r#"
+import os, socket
+print(sorted(k for k in os.environ if "proxy" in k.lower()))
+for address in [("127.0.0.1", 3128), ({PUBLIC:?}, {port})]:
+    try:
+        socket.create_connection(address, timeout=5)
+        print("CONNECTED")
+    except OSError as e:
+        print("REFUSED")
+"#
+            );
+            let (code, out, err) = python(env.as_ref(), &probe).await;
+            assert_eq!((code, out.as_str()), (0, "[]\nREFUSED\nREFUSED\n"), "{err}");
+            assert!(env.egress().is_empty());
+            env.cleanup().await.unwrap();
+
+            // A policy with a bad entry is refused when the sandbox is made, naming it.
+            let backend = NativeBackend::new(common::data_dir().unwrap());
+            let bad = backend
+                .create(SandboxSpec {
+                    policy: SandboxPolicy {
+                        network: Some(NetworkPolicy {
+                            allow: vec!["ok.example".into(), "https://x.example".into()],
+                            deny: vec![],
+                        }),
+                        ..SandboxPolicy::default()
+                    },
+                    ..skillbox_env::testkit::spec()
+                })
+                .await
+                .unwrap_err();
+            assert!(bad.message.contains("network.allow[1]"), "{bad}");
+        },
+    );
+}

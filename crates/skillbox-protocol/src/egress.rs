@@ -1,0 +1,46 @@
+//! Egress on an allowlist: a run's `network` policy and what its proxy recorded.
+
+use serde::{Deserialize, Serialize};
+
+/// `network` on a run: `allow` and `deny` entries of the form `host`, `host:port`,
+/// `*.domain` or `*.domain:port`. An `allow` host without a port means ports 80 and
+/// 443, a `deny` host without one every port. Deny wins; no `allow` entry means no
+/// network at all (as no policy does). Whatever a name resolves to, loopback, private,
+/// link-local (cloud metadata) and other non-public addresses are never connected to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+/// Whether a connection went through the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase")]
+pub enum EgressVerdict {
+    Allowed,
+    Refused,
+}
+
+/// One connection a run's code asked the proxy for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressConnection {
+    pub host: String,
+    pub port: u16,
+    pub verdict: EgressVerdict,
+    /// Why it was refused, or cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The address connected to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Bytes from the sandbox to the server, and back.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}

@@ -1,0 +1,298 @@
+//! Egress through `skillbox run --allow-net` (DESIGN.md §8), end to end through the
+//! binary, in a network namespace this test makes (never any outside address): the
+//! namespace's `lo` carries 203.0.113.7, where tests/egress/registry.py serves a PyPI
+//! simple index and an npm registry; skillbox runs inside that namespace, so its proxy
+//! reaches the registry and nothing else. Needs root and `ip` (skipped otherwise; a
+//! failure under SKILLBOX_REQUIRE_ALL=1).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+use common::{BIN, native_or_skip, text};
+use serde_json::Value;
+
+const PUBLIC: &str = "203.0.113.7";
+
+/// A named network namespace with `lo` up and [`PUBLIC`] on it, and the registry
+/// serving there; removed (the registry killed) when dropped.
+struct Namespace {
+    name: String,
+    registry: Child,
+    port: u16,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Namespace {
+    fn new(test: &str) -> Option<Namespace> {
+        if !native_or_skip(test) {
+            return None;
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            skillbox_env::testkit::skip(test, "a named network namespace needs root");
+            return None;
+        }
+        let name = format!("sbx-egress-{}-{}", std::process::id(), test.len());
+        let ip = |args: &[&str]| {
+            let status = Command::new("ip").args(args).status().expect("ip");
+            assert!(status.success(), "ip {args:?}");
+        };
+        ip(&["netns", "add", &name]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n",
+            &name,
+            "addr",
+            "add",
+            &format!("{PUBLIC}/32"),
+            "dev",
+            "lo",
+        ]);
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/egress/registry.py");
+        let mut registry = Command::new("ip")
+            .args(["netns", "exec", &name, "/usr/bin/python3"])
+            .arg(script)
+            .arg(PUBLIC)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(registry.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        let port: u16 = first.trim().parse().expect("the registry's port");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let lines = log.clone();
+        let stderr = registry.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        Some(Namespace {
+            name,
+            registry,
+            port,
+            log,
+        })
+    }
+
+    /// `skillbox --data-dir DATA ARGS` run inside the namespace.
+    fn skillbox(&self, data: &Path, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name, BIN, "--data-dir"])
+            .arg(data)
+            .args(args)
+            .env_remove("NODE_EXTRA_CA_CERTS")
+            .output()
+            .unwrap()
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = self.registry.kill();
+        let _ = self.registry.wait();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {:?}\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    })
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, body).unwrap();
+    path.display().to_string()
+}
+
+/// `pip install` and `npm install` from the registry, through the proxy, with only the
+/// registry allowed; the run's egress record lists what went through.
+#[test]
+fn pip_and_npm_install_through_the_proxy() {
+    let Some(ns) = Namespace::new("pip_and_npm_install_through_the_proxy") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    let allow = format!("{PUBLIC}:{}", ns.port);
+    let registry = format!("http://{PUBLIC}:{}", ns.port);
+
+    let pip = write(
+        scripts.path(),
+        "pip.sh",
+        &format!(
+            "set -e\n/usr/bin/python3 -m pip install -q --disable-pip-version-check --no-cache-dir \
+             --index-url {registry}/simple/ --trusted-host {PUBLIC} --target /workspace/lib skillbox-egress-probe\n\
+             PYTHONPATH=/workspace/lib /usr/bin/python3 -c 'import skillbox_egress_probe as p; print(p.VALUE)'\n"
+        ),
+    );
+    let out = ns.skillbox(
+        data.path(),
+        &[
+            "run",
+            &pip,
+            "--allow-net",
+            &allow,
+            "--timeout",
+            "120s",
+            "--json",
+        ],
+    );
+    let result = json(&out);
+    assert_eq!(result["exitCode"], 0, "{result:#}");
+    assert_eq!(
+        result["stdout"].as_str().unwrap().trim(),
+        "pip-probe-ok",
+        "{result:#}"
+    );
+    let egress = result["egress"].as_array().unwrap();
+    assert!(
+        !egress.is_empty()
+            && egress
+                .iter()
+                .all(|c| c["verdict"] == "allowed" && c["host"] == PUBLIC),
+        "{result:#}"
+    );
+    assert!(
+        ns.requests().iter().any(|p| p.ends_with(".whl")),
+        "{:?}",
+        ns.requests()
+    );
+
+    let npm = write(
+        scripts.path(),
+        "npm.sh",
+        &format!(
+            "set -e\ncd /workspace\nnpm install --no-audit --no-fund --no-update-notifier --loglevel=error \
+             --registry {registry}/ skillbox-egress-probe >/dev/null\n\
+             node -e 'console.log(require(\"skillbox-egress-probe\"))'\n"
+        ),
+    );
+    let out = ns.skillbox(
+        data.path(),
+        &[
+            "run",
+            &npm,
+            "--allow-net",
+            &allow,
+            "--timeout",
+            "120s",
+            "--json",
+            "--outputs",
+            "none",
+        ],
+    );
+    let result = json(&out);
+    assert_eq!(result["exitCode"], 0, "{result:#}");
+    assert_eq!(
+        result["stdout"].as_str().unwrap().trim(),
+        "npm-probe-ok",
+        "{result:#}"
+    );
+    assert!(
+        ns.requests().iter().any(|p| p.ends_with(".tgz")),
+        "{:?}",
+        ns.requests()
+    );
+}
+
+/// Without --allow-net the registry is not reached at all; with another host allowed,
+/// the proxy refuses it and says why; the plain output names the refusal; and a
+/// backend with no proxy refuses the policy instead of running with less or more.
+#[test]
+fn what_is_not_allowed_is_not_reached() {
+    let Some(ns) = Namespace::new("what_is_not_allowed_is_not_reached") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    let url = format!("http://{PUBLIC}:{}/simple/skillbox-egress-probe/", ns.port);
+    let fetch = write(
+        scripts.path(),
+        "fetch.py",
+        &format!(
+            "import urllib.request, urllib.error\ntry:\n    urllib.request.urlopen({url:?}, timeout=10)\n    print('REACHED')\n\
+             except urllib.error.HTTPError as e:\n    print('HTTP', e.code, e.read().decode().strip())\n\
+             except Exception as e:\n    print('ERROR', type(e).__name__)\n"
+        ),
+    );
+    let out = ns.skillbox(data.path(), &["run", &fetch]);
+    assert!(
+        text(&out.stdout).starts_with("ERROR"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    let out = ns.skillbox(
+        data.path(),
+        &["run", &fetch, "--allow-net", "files.example.org"],
+    );
+    let said = text(&out.stdout);
+    assert!(
+        said.starts_with("HTTP 403") && said.contains("is not on the run's network.allow"),
+        "{said}{}",
+        text(&out.stderr)
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "skillbox run: egress refused {PUBLIC}:{}",
+            ns.port
+        )),
+        "{stderr}"
+    );
+    assert!(ns.requests().is_empty(), "{:?}", ns.requests());
+
+    // A bad entry is bad usage of the request, named.
+    let out = ns.skillbox(
+        data.path(),
+        &["run", &fetch, "--allow-net", "https://x.example/"],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("network.allow[0]"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // No proxy on docker yet: refused, naming egress, rather than run without it.
+    let out = ns.skillbox(
+        data.path(),
+        &[
+            "run",
+            &fetch,
+            "--backend",
+            "docker",
+            "--allow-net",
+            "files.example.org",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("egress"),
+        "{}",
+        text(&out.stderr)
+    );
+}
