@@ -20,6 +20,10 @@ install_missing() {
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v runsc >/dev/null || missing+=(runsc)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
+  # The egress tests make network namespaces and put an address on their lo.
+  command -v ip >/dev/null || missing+=(iproute2)
+  # pip and npm install through the egress proxy, from the sandbox's /usr/bin/python3.
+  /usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
   # The web UI's browser test (crates/skillbox/tests/ui.rs) drives Debian's chromium, and
   # its slide previews render with LibreOffice and pdftoppm; without their recommends.
   local lean=()
