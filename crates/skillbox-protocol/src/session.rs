@@ -26,6 +26,9 @@ pub struct SessionLimits {
     /// Bytes of `/workspace` and `/tmp` together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// Bytes through the egress proxy, both ways, over the session's life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_bytes: Option<u64>,
 }
 
 /// `POST /v1/sessions`.
@@ -51,6 +54,10 @@ pub struct SessionCreateRequest {
     /// Ended this long after it opened, whatever it is doing (default 3600000: 1 hour).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_lifetime_ms: Option<u64>,
+    /// What its commands may reach through skillbox's egress proxy (native backend):
+    /// none without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkPolicy>,
 }
 
 /// A session, as `POST /v1/sessions` and `GET /v1/sessions/{id}` answer it.
@@ -74,6 +81,9 @@ pub struct SessionInfo {
     pub skills: Option<SkillsPlaced>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotReport>,
+    /// The connections its commands asked the egress proxy for, with a network policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<crate::EgressConnection>,
 }
 
 /// `GET /v1/sessions`.

@@ -145,6 +145,7 @@ impl Session {
             open_ms: self.open_ms,
             skills: self.skills.clone(),
             snapshot: self.snapshot.lock().ok().and_then(|s| s.clone()),
+            egress: self.env.egress(),
         }
     }
 
@@ -416,6 +417,10 @@ pub(crate) async fn create(
         config.default_lifetime,
         config.max_lifetime,
     )?;
+    if let Some(network) = &request.network {
+        skillbox_egress::Rules::new(network)
+            .map_err(|e| Failure::new(ErrorCode::Invalid, e.to_string()))?;
+    }
     let base = state.runner.limits().clone();
     let asked = request.limits.clone().unwrap_or_default();
     let timeout_ms = match asked.timeout_ms {
@@ -466,7 +471,11 @@ pub(crate) async fn create(
         ),
         None => None,
     };
-    let mut policy = SandboxPolicy::default();
+    let mut policy = SandboxPolicy {
+        network: request.network.clone(),
+        egress_bytes: asked.egress_bytes,
+        ..SandboxPolicy::default()
+    };
     state
         .runner
         .runtime_mount(kind, &mut policy)

@@ -352,6 +352,7 @@ impl Backend for WasmBackend {
     }
 
     async fn create(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
+        spec.policy.refuse_egress("wasm")?;
         let runner = self.runner()?;
         let config = &self.shared.config;
         let guests = self.guests()?;
@@ -381,7 +382,6 @@ impl Backend for WasmBackend {
                 "policy.listenPorts: a WASI guest has no sockets to listen on",
             ));
         }
-        spec.policy.refuse_egress("wasm")?;
         let mut native = spec;
         for (host, sandbox) in [(runner, BIN), (guests_dir, GUESTS), (cache, CACHE)] {
             native.policy.read_only_mounts.push(Mount {

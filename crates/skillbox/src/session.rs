@@ -134,6 +134,16 @@ struct CreateArgs {
     /// server's]
     #[arg(long, value_parser = parse_size, value_name = "S")]
     disk: Option<u64>,
+    /// Let its commands reach HOST through skillbox's egress proxy (repeatable; as
+    /// `skillbox run --allow-net`). Without it the session has no network at all.
+    #[arg(long = "allow-net", value_name = "HOST")]
+    allow_net: Vec<String>,
+    /// Never let its commands reach HOST (repeatable; no port means every port).
+    #[arg(long = "deny-net", value_name = "HOST", requires = "allow_net")]
+    deny_net: Vec<String>,
+    /// Bytes through the egress proxy over the session's life (10M, 1G)
+    #[arg(long, value_parser = parse_size, value_name = "S", requires = "allow_net")]
+    egress_bytes: Option<u64>,
     /// Print the SessionInfo JSON instead of the id.
     #[arg(long)]
     json: bool,
@@ -299,6 +309,7 @@ async fn create_session(sessions: &Sessions, args: CreateArgs) -> ExitCode {
         memory_bytes: args.memory,
         pids: None,
         disk_bytes: args.disk,
+        egress_bytes: args.egress_bytes,
     };
     let request = SessionCreateRequest {
         backend: args.backend,
@@ -307,6 +318,10 @@ async fn create_session(sessions: &Sessions, args: CreateArgs) -> ExitCode {
         scope_key: args.scope,
         idle_timeout_ms: args.idle.map(millis),
         max_lifetime_ms: args.lifetime.map(millis),
+        network: (!args.allow_net.is_empty()).then(|| skillbox_protocol::NetworkPolicy {
+            allow: args.allow_net.clone(),
+            deny: args.deny_net.clone(),
+        }),
     };
     match sessions.create(&request).await {
         Ok(info) if args.json => print_json(&info),

@@ -423,3 +423,79 @@ async fn an_abandoned_session_is_reaped_and_the_bounds_answer_429() {
     }
     served.shutdown.cancel();
 }
+
+/// A session with a network policy: its commands find the proxy in their environment,
+/// a host not on the list is refused with the reason, and the session's record lists
+/// the refusal; a bad entry is 400 naming it; a backend with no proxy is 503 naming
+/// egress, never a session with less or more network than asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_with_a_network_policy_reaches_only_what_it_allows() {
+    let Some(served) = serve(SessionConfig::default()).await else {
+        return;
+    };
+    let (status, info) = served
+        .create(ANA, json!({"network": {"allow": ["files.example.org"]}}))
+        .await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    let script = r#"
+import os, urllib.request, urllib.error
+print(os.environ["HTTPS_PROXY"])
+try:
+    urllib.request.urlopen("http://not-listed.example/", timeout=10)
+    print("REACHED")
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code, e.read().decode().strip())
+"#;
+    let mut events = served
+        .exec(ANA, &id, json!({"command": ["python3", "-c", script]}))
+        .await;
+    let events = events.rest().await;
+    let stdout: String = events
+        .iter()
+        .filter(|e| e["type"] == "stdout")
+        .map(|e| e["data"].as_str().unwrap_or_default())
+        .collect();
+    assert!(stdout.starts_with("http://127.0.0.1:3128\n"), "{events:?}");
+    assert!(
+        stdout.contains(
+            "HTTP 403 skillbox egress: not-listed.example:80 is not on the run's network.allow"
+        ),
+        "{events:?}"
+    );
+    let info: Value = served
+        .get(ANA, &format!("/v1/sessions/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["egress"][0]["host"], "not-listed.example", "{info}");
+    assert_eq!(info["egress"][0]["verdict"], "refused", "{info}");
+
+    let (status, answer) = served
+        .create(ANA, json!({"network": {"allow": ["ok.example", "*"]}}))
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("network.allow[1]"),
+        "{answer}"
+    );
+    let (status, answer) = served
+        .create(
+            ANA,
+            json!({"backend": "wasm", "network": {"allow": ["ok.example"]}}),
+        )
+        .await;
+    assert_eq!(status, 503, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("egress"),
+        "{answer}"
+    );
+    served.shutdown.cancel();
+}
