@@ -129,14 +129,32 @@ impl DockerBackend {
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<DockerSandbox> {
         spec.limits.validate().map_err(EnvError::invalid)?;
         let config = container_config(self.runtime(), self.image(), &self.owner, &spec)?;
-        if let Some(pool) = &self.pool
-            && let Some(warm) = pool.take(&self.launcher, &config).await
-        {
-            tracing::debug!(container = %warm.id(), "docker: sandbox from the pool");
-            return Ok(warm.into_sandbox(spec.limits));
-        }
-        let warm = self.launcher.start(config).await?;
-        Ok(warm.into_sandbox(spec.limits))
+        let mut sandbox = match &self.pool {
+            Some(pool) => match pool.take(&self.launcher, &config).await {
+                Some(warm) => {
+                    tracing::debug!(container = %warm.id(), "docker: sandbox from the pool");
+                    warm.into_sandbox(spec.limits.clone())
+                }
+                None => self
+                    .launcher
+                    .start(config)
+                    .await?
+                    .into_sandbox(spec.limits.clone()),
+            },
+            None => self
+                .launcher
+                .start(config)
+                .await?
+                .into_sandbox(spec.limits.clone()),
+        };
+        // Before any of the sandbox's code runs; a failure drops (removes) the container.
+        sandbox.egress = crate::egress::attach(
+            sandbox.container(),
+            &spec.policy,
+            Arc::new(skillbox_egress::SystemResolver),
+        )
+        .await?;
+        Ok(sandbox)
     }
 
     /// Removes every container this backend made that is still there (for a server

@@ -104,7 +104,11 @@ pub(crate) fn container_config(
             ..Default::default()
         }),
     }
-    spec.policy.refuse_egress("docker and gvisor")?;
+    // gVisor's network stack is its own: a listener in the container's namespace would
+    // not be on the sandbox's loopback (docker's egress: egress.rs).
+    if runtime == Runtime::Runsc {
+        spec.policy.refuse_egress("gvisor")?;
+    }
     for mount in &spec.policy.read_only_mounts {
         let target = skillbox_env::path::normalize(&mount.sandbox);
         if !mount.host.is_absolute() || !target.is_absolute() {

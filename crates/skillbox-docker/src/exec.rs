@@ -359,7 +359,8 @@ impl Shell for DockerSandbox {
         let cwd = self.arg(request.cwd.as_deref().unwrap_or(self.default_cwd()));
         let command = request.command.to_argv();
         let program = command.first().cloned().unwrap_or_default();
-        let argv = wrapper_argv(&container, &cwd, &request.env, command);
+        let env = self.exec_env(&request.env);
+        let argv = wrapper_argv(&container, &cwd, &env, command);
         let (output, writer) = start(&container, argv, &key, request.stdin).await?;
         let started_at = Instant::now();
         let ooms_before = container.ooms.load(Ordering::SeqCst);

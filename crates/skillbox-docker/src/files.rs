@@ -477,6 +477,10 @@ impl FileSystem for DockerSandbox {
 
     async fn cleanup(&self) -> EnvResult<()> {
         self.container().remove().await;
+        // The container's processes are gone: the proxy's connections end (recorded).
+        if let Some(proxy) = &self.egress {
+            proxy.stop().await;
+        }
         Ok(())
     }
 }

@@ -34,6 +34,7 @@ mod backend;
 mod config;
 mod container;
 mod daemon;
+mod egress;
 mod exec;
 mod files;
 mod image;

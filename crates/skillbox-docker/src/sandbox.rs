@@ -25,6 +25,9 @@ pub struct DockerSandbox {
     /// while nothing else has begun since.
     generation: AtomicU64,
     read_ahead: Mutex<Option<ReadAhead>>,
+    /// The egress proxy listening in the container's network namespace (a network
+    /// policy on docker); `None`: no network.
+    pub(crate) egress: Option<skillbox_egress::Proxy>,
 }
 
 /// The contents a `walk` read along with its listing (a small tree), for the
@@ -45,7 +48,26 @@ impl DockerSandbox {
             cwd: PathBuf::from(WORKSPACE),
             generation: AtomicU64::new(0),
             read_ahead: Mutex::new(None),
+            egress: None,
         }
+    }
+
+    /// The exec's environment: the proxy's variables when the sandbox has egress, then
+    /// the request's own (which win).
+    pub(crate) fn exec_env(
+        &self,
+        asked: &std::collections::BTreeMap<String, String>,
+    ) -> std::collections::BTreeMap<String, String> {
+        let mut env = std::collections::BTreeMap::new();
+        if self.egress.is_some() {
+            env.extend(
+                skillbox_egress::netns::proxy_env()
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v)),
+            );
+        }
+        env.extend(asked.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env
     }
 
     /// Something begins that may change the files (an exec, a helper run): what was
@@ -149,6 +171,13 @@ impl DockerSandbox {
 impl ExecutionEnv for DockerSandbox {
     fn kind(&self) -> BackendKind {
         self.container.runtime.backend()
+    }
+
+    fn egress(&self) -> Vec<skillbox_egress::Connection> {
+        self.egress
+            .as_ref()
+            .map(|p| p.audit().connections())
+            .unwrap_or_default()
     }
 }
 

@@ -11,9 +11,34 @@
 //!   bytes counted against a bound, each connection recorded in an [`Audit`].
 
 mod addr;
+pub mod netns;
 mod proxy;
 mod rules;
 
 pub use addr::forbidden;
 pub use proxy::{Audit, Connection, Proxy, ProxyLimits, Resolve, SystemResolver, Verdict};
 pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
+
+/// A sandbox's proxy for `network` (checked: a bad entry is the error), or `None`
+/// when it allows nothing (no network at all, as no policy).
+pub fn proxy_for(
+    network: Option<&NetworkPolicy>,
+    egress_bytes: Option<u64>,
+    resolver: std::sync::Arc<dyn Resolve>,
+) -> Result<Option<Proxy>, RuleError> {
+    let Some(network) = network else {
+        return Ok(None);
+    };
+    let rules = Rules::new(network)?;
+    if rules.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Proxy::new(
+        rules,
+        resolver,
+        ProxyLimits {
+            egress_bytes,
+            ..ProxyLimits::default()
+        },
+    )))
+}

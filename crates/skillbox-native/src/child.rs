@@ -252,33 +252,9 @@ unsafe fn apply_mount(op: &MountOp, tree: i32) -> libc::c_long {
 }
 
 /// Brings `lo` up so programs can use loopback inside their own network namespace.
-pub(crate) unsafe fn loopback_up() -> libc::c_long {
-    #[repr(C)]
-    struct IfReq {
-        name: [u8; 16],
-        flags: libc::c_short,
-        pad: [u8; 22],
-    }
-    // SAFETY: a plain socket + two ioctls on a stack struct of the kernel's size.
-    unsafe {
-        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if sock < 0 {
-            return -1;
-        }
-        let mut req = IfReq {
-            name: [0; 16],
-            flags: 0,
-            pad: [0; 22],
-        };
-        req.name[..2].copy_from_slice(b"lo");
-        let mut rc = libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req as *mut IfReq);
-        if rc == 0 {
-            req.flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            rc = libc::ioctl(sock, libc::SIOCSIFFLAGS, &mut req as *mut IfReq);
-        }
-        libc::close(sock);
-        rc as libc::c_long
-    }
+unsafe fn loopback_up() -> libc::c_long {
+    // SAFETY: raw syscalls only, as init needs.
+    unsafe { skillbox_egress::netns::loopback_up() }
 }
 
 /// Closes every fd except those in `keep` (sorted ascending).

@@ -8,13 +8,12 @@
 //! namespace. A connection that ignores the proxy has no route anywhere.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use crate::connect::{close_all_but, errno, receive_fd, send_report};
 
-/// The port the proxy listens on, on each exec's own loopback.
-pub(crate) const EGRESS_PORT: u16 = 3128;
+pub(crate) use skillbox_egress::netns::{EGRESS_PORT, proxy_env};
 
 /// Whether `policy` gives the sandbox egress: a network policy with an allow entry.
 pub(crate) fn wanted(policy: &skillbox_env::SandboxPolicy) -> bool {
@@ -27,56 +26,17 @@ pub(crate) fn proxy_for(
     policy: &skillbox_env::SandboxPolicy,
     resolver: &std::sync::Arc<dyn skillbox_egress::Resolve>,
 ) -> skillbox_env::EnvResult<Option<skillbox_egress::Proxy>> {
-    let Some(network) = &policy.network else {
-        return Ok(None);
-    };
-    let rules = skillbox_egress::Rules::new(network)
-        .map_err(|e| skillbox_env::EnvError::invalid(e.to_string()))?;
-    if !wanted(policy) {
-        return Ok(None);
-    }
-    if policy.listen_ports.contains(&EGRESS_PORT) {
+    if wanted(policy) && policy.listen_ports.contains(&EGRESS_PORT) {
         return Err(skillbox_env::EnvError::invalid(format!(
             "listenPorts: {EGRESS_PORT} is where the egress proxy listens in a sandbox with a network policy"
         )));
     }
-    Ok(Some(skillbox_egress::Proxy::new(
-        rules,
+    skillbox_egress::proxy_for(
+        policy.network.as_ref(),
+        policy.egress_bytes,
         resolver.clone(),
-        skillbox_egress::ProxyLimits {
-            egress_bytes: policy.egress_bytes,
-            ..skillbox_egress::ProxyLimits::default()
-        },
-    )))
-}
-
-/// The proxy's address as the sandbox's programs are told it.
-pub(crate) fn proxy_url() -> String {
-    format!("http://127.0.0.1:{EGRESS_PORT}")
-}
-
-/// The environment that points the usual clients at the proxy (curl, Python's
-/// urllib and requests, pip, npm, Node's fetch through its proxy agent, git): each
-/// unless the exec sets it itself.
-pub(crate) fn proxy_env() -> Vec<(&'static str, String)> {
-    let url = proxy_url();
-    let mut env: Vec<(&'static str, String)> = [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-        "npm_config_proxy",
-        "npm_config_https_proxy",
-        "PIP_PROXY",
-    ]
-    .into_iter()
-    .map(|name| (name, url.clone()))
-    .collect();
-    env.push(("NO_PROXY", "localhost,127.0.0.1,::1".into()));
-    env.push(("no_proxy", "localhost,127.0.0.1,::1".into()));
-    env
+    )
+    .map_err(|e| skillbox_env::EnvError::invalid(e.to_string()))
 }
 
 /// A listening socket on `127.0.0.1:EGRESS_PORT` in the network namespace `net`, its
@@ -84,24 +44,7 @@ pub(crate) fn proxy_env() -> Vec<(&'static str, String)> {
 /// (the namespace's owner) is given and a forked child joins both.
 pub(crate) fn listen_in(net: BorrowedFd<'_>, user: Option<BorrowedFd<'_>>) -> io::Result<OwnedFd> {
     let Some(user) = user else {
-        let net = net.try_clone_to_owned()?;
-        // setns moves only the calling thread: this one, which ends after the listen.
-        return std::thread::Builder::new()
-            .name("skillbox-egress".into())
-            .spawn(move || {
-                // SAFETY: joining a network namespace from a thread that does nothing
-                // else and then exits.
-                if unsafe { libc::setns(net.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: raw socket calls on memory this thread owns.
-                unsafe { listen_loopback() }
-                    .map_err(io::Error::from_raw_os_error)
-                    // SAFETY: a fresh fd the listen handed us.
-                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-            })?
-            .join()
-            .map_err(|_| io::Error::other("the egress listen thread panicked"))?;
+        return skillbox_egress::netns::listen_in(net);
     };
     let (ours, theirs) = UnixStream::pair()?;
     let fds = [user.as_raw_fd(), net.as_raw_fd(), theirs.as_raw_fd()];
@@ -147,7 +90,7 @@ unsafe fn child_listen(fds: [RawFd; 3]) -> ! {
             send_report(out, errno(), -1);
             libc::_exit(1);
         }
-        match listen_loopback() {
+        match skillbox_egress::netns::listen_loopback() {
             Ok(socket) => {
                 send_report(out, 0, socket);
                 libc::_exit(0)
@@ -157,47 +100,5 @@ unsafe fn child_listen(fds: [RawFd; 3]) -> ! {
                 libc::_exit(1)
             }
         }
-    }
-}
-
-/// `lo` up, then a socket listening on `127.0.0.1:EGRESS_PORT`: the fd, or the errno.
-/// Raw syscalls only (safe in a forked child).
-///
-/// # Safety
-/// Runs in the namespace to listen in.
-unsafe fn listen_loopback() -> Result<RawFd, i32> {
-    // SAFETY: raw socket calls; the fd is closed on every error path.
-    unsafe {
-        if crate::child::loopback_up() != 0 {
-            return Err(errno());
-        }
-        let fd = libc::socket(
-            libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-        );
-        if fd < 0 {
-            return Err(errno());
-        }
-        let address = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: EGRESS_PORT.to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
-            },
-            sin_zero: [0; 8],
-        };
-        if libc::bind(
-            fd,
-            std::ptr::from_ref(&address).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        ) != 0
-            || libc::listen(fd, 128) != 0
-        {
-            let e = errno();
-            libc::close(fd);
-            return Err(e);
-        }
-        Ok(fd)
     }
 }

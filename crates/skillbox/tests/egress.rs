@@ -277,7 +277,69 @@ fn what_is_not_allowed_is_not_reached() {
         text(&out.stderr)
     );
 
-    // No proxy on docker yet: refused, naming egress, rather than run without it.
+    // gVisor has no proxy yet: refused, naming egress, rather than run without it.
+    let out = ns.skillbox(
+        data.path(),
+        &[
+            "run",
+            &fetch,
+            "--backend",
+            "gvisor",
+            "--allow-net",
+            "files.example.org",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("egress"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(ns.requests().is_empty(), "{:?}", ns.requests());
+}
+
+/// On docker the container keeps `NetworkMode none`; the proxy listens in its network
+/// namespace: an allowed address is reached through it, another host is refused, and
+/// without a policy the container has no route.
+#[test]
+fn docker_reaches_what_it_allows_through_the_proxy() {
+    let Some(ns) = Namespace::new("docker_reaches_what_it_allows_through_the_proxy") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    let url = format!("http://{PUBLIC}:{}/simple/skillbox-egress-probe/", ns.port);
+    let fetch = write(
+        scripts.path(),
+        "fetch.py",
+        &format!(
+            "import urllib.request, urllib.error\ntry:\n    body = urllib.request.urlopen({url:?}, timeout=10).read().decode()\n    print('REACHED', 'skillbox_egress_probe' in body)\n\
+             except urllib.error.HTTPError as e:\n    print('HTTP', e.code, e.read().decode().strip())\n\
+             except Exception as e:\n    print('ERROR', type(e).__name__)\n"
+        ),
+    );
+    let allow = format!("{PUBLIC}:{}", ns.port);
+    let out = ns.skillbox(
+        data.path(),
+        &[
+            "run",
+            &fetch,
+            "--backend",
+            "docker",
+            "--allow-net",
+            &allow,
+            "--json",
+        ],
+    );
+    let result = json(&out);
+    assert_eq!(result["stdout"], "REACHED True\n", "{result:#}");
+    assert_eq!(result["egress"][0]["verdict"], "allowed", "{result:#}");
+    assert!(
+        ns.requests().iter().any(|p| p.starts_with("/simple/")),
+        "{:?}",
+        ns.requests()
+    );
+
     let out = ns.skillbox(
         data.path(),
         &[
@@ -289,10 +351,20 @@ fn what_is_not_allowed_is_not_reached() {
             "files.example.org",
         ],
     );
-    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
     assert!(
-        text(&out.stderr).contains("egress"),
-        "{}",
+        said.starts_with("HTTP 403") && said.contains("is not on the run's network.allow"),
+        "{said}{}",
         text(&out.stderr)
     );
+
+    let before = ns.requests().len();
+    let out = ns.skillbox(data.path(), &["run", &fetch, "--backend", "docker"]);
+    assert!(
+        text(&out.stdout).starts_with("ERROR"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(ns.requests().len(), before);
 }
