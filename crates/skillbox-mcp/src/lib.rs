@@ -17,7 +17,7 @@ mod tools;
 
 pub use door::{Admitted, Door, LocalDoor, ToolError};
 pub use handler::{Caller, SkillboxMcp};
-pub use http::HttpService;
+pub use http::{HttpService, SessionBounds};
 pub use sandboxes::{SandboxBounds, Sandboxes};
 
 use std::sync::Arc;
@@ -56,6 +56,8 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// An MCP session with no request for this long ends, and its sandbox with it.
     pub idle: Duration,
+    /// MCP sessions at once, in all and per tenant; an `initialize` past either is 429.
+    pub sessions: SessionBounds,
 }
 
 /// The MCP tools over one runner, for any number of MCP sessions.
@@ -136,8 +138,9 @@ impl McpServer {
     }
 
     /// The streamable HTTP service (`/mcp`): one handler per MCP session, sessions in
-    /// memory, each answering only the [`Caller`] that opened it; no Host check of its
-    /// own (the server's guard does it, before the key).
+    /// memory, each answering only the [`Caller`] that opened it, within
+    /// `config.sessions`; no Host check of its own (the server's guard does it, before
+    /// the key).
     pub fn http_service(&self, config: HttpConfig) -> HttpService {
         let mut sessions = LocalSessionManager::default();
         sessions.session_config.keep_alive = Some(config.idle);
@@ -149,7 +152,7 @@ impl McpServer {
         let server = self.clone();
         let inner =
             StreamableHttpService::new(move || Ok(server.handler()), sessions.clone(), http);
-        HttpService::new(inner, sessions)
+        HttpService::new(inner, sessions, config.sessions, config.max_body_bytes)
     }
 
     /// Stops taking calls: every running one is cancelled, and sessions end.

@@ -117,12 +117,13 @@ pub(crate) fn server(state: &AppState) -> McpServer {
 
 /// The `/mcp` service of `server`: an MCP session idle for the HTTP sessions' idle
 /// time plus the longest run ends (a running call never looks idle to a client that
-/// waits on it).
+/// waits on it); at most `mcp_sessions` are open.
 pub(crate) fn service(state: &AppState, server: &McpServer) -> HttpService {
     server.http_service(HttpConfig {
         max_body_bytes: state.config.body_limit,
         idle: state.config.sessions.default_idle
             + std::time::Duration::from_millis(skillbox_protocol::MAX_TIMEOUT_MS),
+        sessions: state.config.mcp_sessions,
     })
 }
 

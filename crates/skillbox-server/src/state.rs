@@ -56,6 +56,9 @@ pub struct ServerConfig {
     pub capabilities: CapabilityConfig,
     /// How many sessions stay open, and for how long.
     pub sessions: crate::sessions::SessionConfig,
+    /// How many MCP sessions (`/mcp`) stay open, in all and per tenant; their sandboxes
+    /// are bounded by `sessions`' bounds, apart.
+    pub mcp_sessions: skillbox_mcp::SessionBounds,
     /// Render slide previews as PNG when LibreOffice and pdftoppm are installed (else,
     /// or when false, previews are text outlines).
     pub png_previews: bool,
@@ -87,6 +90,7 @@ impl Default for ServerConfig {
             records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
             capabilities: CapabilityConfig::default(),
             sessions: crate::sessions::SessionConfig::default(),
+            mcp_sessions: skillbox_mcp::SessionBounds::default(),
             png_previews: true,
         }
     }

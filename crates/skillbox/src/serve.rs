@@ -56,6 +56,12 @@ pub struct ServeArgs {
     /// Runs one tenant may have running or waiting [default: 4 × the number of cores]
     #[arg(long, value_name = "N")]
     tenant_max_runs: Option<usize>,
+    /// MCP sessions (/mcp) open at once on this server; one more `initialize` gets 429.
+    #[arg(long, value_name = "N", default_value_t = skillbox_mcp::SessionBounds::default().max_total)]
+    max_mcp_sessions: usize,
+    /// MCP sessions one tenant may have open at once; one more `initialize` gets 429.
+    #[arg(long, value_name = "N", default_value_t = skillbox_mcp::SessionBounds::default().max_per_tenant)]
+    tenant_max_mcp_sessions: usize,
     /// Disk of each run's /workspace and /tmp together (512M, 2G): the default, and the
     /// most a request's limits.diskBytes may ask for.
     #[arg(long, value_parser = crate::units::parse_size, default_value = "1G")]
@@ -193,6 +199,10 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     if let Some(n) = args.tenant_max_runs {
         config.tenant_max_runs = n.max(1);
     }
+    config.mcp_sessions = skillbox_mcp::SessionBounds {
+        max_total: args.max_mcp_sessions.max(1),
+        max_per_tenant: args.tenant_max_mcp_sessions.max(1),
+    };
     config.retention = skillbox_store::Retention {
         max_bytes: args.store_budget.0,
         max_age: args.retain.0,

@@ -185,6 +185,11 @@ const BOB: &str = "bob-mcp-token-0123456789";
 
 impl Serve {
     fn start() -> Serve {
+        Serve::start_with(&[])
+    }
+
+    /// With `extra` flags of `serve`.
+    fn start_with(extra: &[&str]) -> Serve {
         let data = tempfile::tempdir().unwrap();
         let project = tempfile::tempdir().unwrap();
         let capabilities = example("capabilities");
@@ -214,6 +219,7 @@ impl Serve {
             .arg(&capabilities)
             .arg("--project")
             .arg(project.path())
+            .args(extra)
             .env("SKILLBOX_API_KEYS", format!("alice={ALICE},bob={BOB}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -568,23 +574,10 @@ fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// An MCP session alice opens by hand (initialize, then initialized): its id.
+/// An MCP session opened by hand (initialize, then initialized): its id.
 fn open_session(serve: &Serve, token: &str) -> String {
     let bearer = format!("Bearer {token}");
-    let (status, headers, body) = http(
-        serve,
-        "POST",
-        &[
-            ("Authorization", &bearer),
-            ("Content-Type", "application/json"),
-            ("Accept", "application/json, text/event-stream"),
-        ],
-        Some(
-            &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "by-hand", "version": "0"}}}),
-        ),
-    );
+    let (status, headers, body) = initialize(serve, token);
     assert_eq!(status, 200, "{body}");
     let session = header(&headers, "mcp-session-id").unwrap().to_string();
     let (status, _, body) = http(
@@ -704,5 +697,70 @@ fn a_chunked_mcp_body_past_the_limit_is_413() {
     let answer = text(&answer);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains(r#""code":"payload_too_large""#), "{answer}");
+    assert!(serve.stop().success());
+}
+
+/// An `initialize` by hand: its status, headers and body.
+fn initialize(serve: &Serve, token: &str) -> (u16, Vec<(String, String)>, String) {
+    let bearer = format!("Bearer {token}");
+    http(
+        serve,
+        "POST",
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ],
+        Some(
+            &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "by-hand", "version": "0"}}}),
+        ),
+    )
+}
+
+/// `initialize` past a bound on MCP sessions is 429, a JSON-RPC error naming the bound
+/// (with `Retry-After`): past a tenant's, while another tenant still opens one; past
+/// the server's, whoever asks. A session ended by DELETE gives its place back.
+#[test]
+fn mcp_sessions_are_bounded_per_tenant_and_per_server() {
+    if !native_or_skip("mcp_sessions_are_bounded_per_tenant_and_per_server") {
+        return;
+    }
+    let serve = Serve::start_with(&["--max-mcp-sessions", "3", "--tenant-max-mcp-sessions", "2"]);
+    let refused = |token: &str, bound: &str| {
+        let (status, headers, body) = initialize(&serve, token);
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(header(&headers, "retry-after"), Some("5"));
+        assert_eq!(header(&headers, "mcp-session-id"), None);
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(error["id"], 1, "{body}");
+        assert_eq!(error["error"]["data"]["code"], "overloaded", "{body}");
+        assert_eq!(error["error"]["message"], bound, "{body}");
+    };
+    let tenant_bound = "tenant alice has 2 MCP sessions open, as many as one tenant may; end one (DELETE /mcp) first";
+    let server_bound = "3 MCP sessions are open on this server, as many as it takes; end one (DELETE /mcp) or retry later";
+
+    let first = open_session(&serve, ALICE);
+    open_session(&serve, ALICE);
+    refused(ALICE, tenant_bound);
+    open_session(&serve, BOB);
+    refused(BOB, server_bound);
+    refused(ALICE, server_bound);
+
+    let bearer = format!("Bearer {ALICE}");
+    let (status, _, body) = http(
+        &serve,
+        "DELETE",
+        &[
+            ("Authorization", &bearer),
+            ("Mcp-Session-Id", &first),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        None,
+    );
+    assert_eq!(status, 202, "{body}");
+    open_session(&serve, BOB);
+    refused(ALICE, server_bound);
     assert!(serve.stop().success());
 }
