@@ -59,6 +59,8 @@ pub struct AgentConfig {
     pub scope_key: Option<String>,
     /// Whose user skills and scopes these are.
     pub tenant: String,
+    /// What the scripts may reach through the egress proxy; `None`: no network.
+    pub network: Option<skillbox_protocol::NetworkPolicy>,
 }
 
 impl Default for AgentConfig {
@@ -76,6 +78,7 @@ impl Default for AgentConfig {
             skills: Vec::new(),
             scope_key: None,
             tenant: skillbox_store::LOCAL_TENANT.to_string(),
+            network: None,
         }
     }
 }
@@ -108,6 +111,9 @@ pub struct AgentOutcome {
     /// was saved).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotReport>,
+    /// Every connection the scripts asked the egress proxy for.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<skillbox_protocol::EgressConnection>,
 }
 
 /// What the loop reports as it goes (for live output).
@@ -719,7 +725,10 @@ impl Agent {
                 .transpose()
                 .map_err(AgentError::Workspace)?,
         };
-        let mut policy = SandboxPolicy::default();
+        let mut policy = SandboxPolicy {
+            network: config.network.clone(),
+            ..SandboxPolicy::default()
+        };
         self.runner
             .runtime_mount(config.backend, &mut policy)
             .await
@@ -866,6 +875,7 @@ impl Agent {
             error,
             placed,
             snapshot,
+            egress: env.egress(),
         })
     }
 

@@ -30,6 +30,10 @@ pub struct AgentRunRequest {
     /// the run (the tenant's scope, as `POST /v1/run`'s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_key: Option<String>,
+    /// What the model's scripts may reach through skillbox's egress proxy (native and
+    /// docker), as `POST /v1/run`'s: none without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkPolicy>,
 }
 
 /// The answer to `POST /v1/agent/runs` (202).
@@ -155,6 +159,11 @@ pub struct AgentRun {
     /// why none was saved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<SnapshotReport>,
+    /// The run's network policy, and every connection its scripts asked the proxy for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::NetworkPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<crate::EgressConnection>,
 }
 
 /// What was wrong with a corrected turn.

@@ -108,6 +108,10 @@ pub(crate) async fn create(
     if let Some(key) = &request.scope_key {
         skillbox_store::check_scope_key(key).map_err(|e| Failure::new(ErrorCode::Invalid, e))?;
     }
+    if let Some(network) = &request.network {
+        skillbox_egress::Rules::new(network)
+            .map_err(|e| Failure::new(ErrorCode::Invalid, e.to_string()))?;
+    }
     let provider = agents
         .provider(&skill)
         .map_err(|e| Failure::new(ErrorCode::Unavailable, format!("model: {e}")))?;
@@ -151,6 +155,8 @@ pub(crate) async fn create(
         corrections: Vec::new(),
         placed: None,
         snapshot: None,
+        network: request.network.clone(),
+        egress: Vec::new(),
     };
     let body = serde_json::to_string(&record)
         .map_err(|e| Failure::new(ErrorCode::Unknown, e.to_string()))?;
@@ -194,6 +200,7 @@ pub(crate) async fn create(
                     skills: request.skills.clone(),
                     scope_key: request.scope_key.clone(),
                     tenant: tenant_name,
+                    network: request.network.clone(),
                     ..AgentConfig::default()
                 };
                 // Each attempt is saved as it happens, so GET shows progress.
@@ -223,6 +230,7 @@ pub(crate) async fn create(
                         record.corrections = outcome.corrections;
                         record.placed = outcome.placed;
                         record.snapshot = outcome.snapshot;
+                        record.egress = outcome.egress;
                     }
                     Err(error) => {
                         record.status = AgentStatus::Failed;

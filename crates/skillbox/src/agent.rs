@@ -45,6 +45,13 @@ pub struct AgentArgs {
     /// The workspace whose skills --skill names [default: the current directory]
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
+    /// Let the model's scripts reach HOST through skillbox's egress proxy (repeatable;
+    /// as `skillbox run --allow-net`). Without it they have no network at all.
+    #[arg(long = "allow-net", value_name = "HOST")]
+    allow_net: Vec<String>,
+    /// Never let them reach HOST (repeatable; no port means every port).
+    #[arg(long = "deny-net", value_name = "HOST", requires = "allow_net")]
+    deny_net: Vec<String>,
     /// The model.
     #[arg(long, value_enum, default_value = "loopback")]
     model: Model,
@@ -156,6 +163,15 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
     {
         return usage(&format!("--scope: {e}"));
     }
+    let network = (!args.allow_net.is_empty()).then(|| skillbox_protocol::NetworkPolicy {
+        allow: args.allow_net.clone(),
+        deny: args.deny_net.clone(),
+    });
+    if let Some(network) = &network
+        && let Err(e) = skillbox_egress::Rules::new(network)
+    {
+        return usage(&format!("--allow-net/--deny-net: {e}"));
+    }
     let mut out = match &args.out {
         Some(path) => {
             let options = ExportOptions {
@@ -197,6 +213,7 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         skills: args.skills.clone(),
         scope_key: args.scope.clone(),
         tenant: LOCAL_TENANT.to_string(),
+        network,
         ..AgentConfig::default()
     };
     let cancel = CancellationToken::new();

@@ -508,3 +508,65 @@ async fn a_verified_run_on_the_last_turn_succeeds() {
     assert_eq!(outcome.artifacts.len(), 1, "{outcome:?}");
     assert_eq!(outcome.artifacts[0].path, "result.txt");
 }
+
+/// With a network policy the model's scripts find the egress proxy, a host not on the
+/// list is refused with the reason (fed back as the script's output), and the outcome
+/// lists the connection; without one, the same script has no proxy at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_runs_scripts_behind_its_network_policy() {
+    let script = r#"
+import os, urllib.request, urllib.error
+print("proxy", os.environ.get("HTTPS_PROXY"))
+try:
+    urllib.request.urlopen("http://not-listed.example/", timeout=10)
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code, e.read().decode().strip())
+except Exception as e:
+    print("ERROR", type(e).__name__)
+"#;
+    let turns = json!([
+        {"toolCalls": [run_script("python", script)]},
+        {"text": "done"}
+    ]);
+    for network in [
+        Some(skillbox_protocol::NetworkPolicy {
+            allow: vec!["files.example.org".into()],
+            deny: vec![],
+        }),
+        None,
+    ] {
+        let Some((agent, _objects)) = agent(loopback(turns.clone())).await else {
+            return;
+        };
+        let config = AgentConfig {
+            network: network.clone(),
+            ..AgentConfig::default()
+        };
+        let outcome = agent
+            .run(
+                "fetch",
+                &GENERIC,
+                &config,
+                &CancellationToken::new(),
+                &quiet,
+            )
+            .await
+            .expect("agent run");
+        let stdout = &outcome.attempts[0].stdout;
+        if network.is_some() {
+            assert!(
+                stdout.starts_with("proxy http://127.0.0.1:3128\n"),
+                "{stdout}"
+            );
+            assert!(
+                stdout.contains("HTTP 403 skillbox egress: not-listed.example:80 is not on the run's network.allow"),
+                "{stdout}"
+            );
+            assert_eq!(outcome.egress.len(), 1, "{:?}", outcome.egress);
+            assert_eq!(outcome.egress[0].host, "not-listed.example");
+        } else {
+            assert!(stdout.starts_with("proxy None\nERROR"), "{stdout}");
+            assert!(outcome.egress.is_empty());
+        }
+    }
+}

@@ -772,6 +772,10 @@ async fn agent_run_bad_input() {
         (json!({"prompt": "x", "skill": "excel"}), "skill"),
         (json!({"prompt": "x", "maxAttempts": 0}), "maxAttempts"),
         (json!({"prompt": "x", "temperature": 2}), "temperature"),
+        (
+            json!({"prompt": "x", "network": {"allow": ["https://x.example/"]}}),
+            "network.allow[0]",
+        ),
     ] {
         let (status, json) = server.post("/v1/agent/runs", &body).await;
         assert_eq!(status, 400, "{body} -> {json}");
