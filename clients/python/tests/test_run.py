@@ -64,3 +64,40 @@ def test_run_without_a_session_and_its_errors(server: Server) -> None:
         with pytest.raises(InvalidRequest) as bad:
             client.run("print(1)", files={"../out.txt": "x"})
         assert bad.value.code == "invalid" and "files" in bad.value.message
+
+
+FETCH = """
+import os, urllib.request, urllib.error
+print("proxy", os.environ.get("HTTPS_PROXY"))
+try:
+    urllib.request.urlopen("http://not-listed.example/", timeout=10)
+except urllib.error.HTTPError as e:
+    print("HTTP", e.code)
+except Exception as e:
+    print("ERROR", type(e).__name__)
+"""
+
+
+def test_network_goes_through_the_egress_proxy_only_where_allowed(server: Server) -> None:
+    client = Client(server.url, server.keys["ana"])
+    result = client.run(FETCH, allow_net=["files.example.org"], timeout=30)
+    assert result.stdout == "proxy http://127.0.0.1:3128\nHTTP 403\n", result.stderr
+    [refused] = result.egress
+    assert (refused.host, refused.port, refused.verdict) == ("not-listed.example", 80, "refused")
+    assert refused.reason is not None and "network.allow" in refused.reason
+
+    # No allow_net: no proxy, no network, nothing recorded.
+    result = client.run(FETCH, timeout=30)
+    assert result.stdout.startswith("proxy None\nERROR"), result.stdout
+    assert result.egress == []
+
+    # A session's commands get it too, and its record lists what they asked for.
+    with Sandbox.create(server.url, server.keys["ana"], allow_net=["files.example.org"]) as sandbox:
+        done = sandbox.exec(["python3", "-c", FETCH]).wait()
+        assert done.stdout == "proxy http://127.0.0.1:3128\nHTTP 403\n"
+        assert [c.host for c in sandbox.refresh().egress] == ["not-listed.example"]
+
+    with pytest.raises(InvalidRequest, match=r"network\.allow\[0\]"):
+        client.run(FETCH, allow_net=["https://x.example/"])
+    with pytest.raises(ValueError, match="deny_net needs allow_net"):
+        client.run(FETCH, deny_net=["x.example"])

@@ -39,7 +39,7 @@ from .errors import (
     Unavailable,
 )
 from .exec import ExecEvent, ExecResult, Execution, Exit, Line, Output, Truncated
-from .run import Artifact, RunResult
+from .run import Artifact, EgressConnection, RunResult
 from .sandbox import Backend, FileEntry, Files, Sandbox, SessionInfo
 
 __version__ = "0.1.0"
@@ -52,6 +52,7 @@ __all__ = [
     "CommandFailed",
     "Conflict",
     "ConnectionFailed",
+    "EgressConnection",
     "ExecEvent",
     "ExecResult",
     "Execution",

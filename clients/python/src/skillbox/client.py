@@ -75,6 +75,8 @@ class Client:
         memory_bytes: int | None = None,
         pids: int | None = None,
         disk_bytes: int | None = None,
+        allow_net: Iterable[str] = (),
+        deny_net: Iterable[str] = (),
     ) -> Sandbox:
         """Opens a session; the arguments are :meth:`Sandbox.create`'s."""
         body: dict[str, Any] = {}
@@ -99,6 +101,8 @@ class Client:
             limits["diskBytes"] = disk_bytes
         if limits:
             body["limits"] = limits
+        if network := _network(allow_net, deny_net):
+            body["network"] = network
         answer = self._transport.call("POST", "/v1/sessions", json_body=body, ok=(201,))
         return Sandbox(self, SessionInfo._from_wire(answer))
 
@@ -127,6 +131,8 @@ class Client:
         scope_key: str | None = None,
         disk_bytes: int | None = None,
         disk_inodes: int | None = None,
+        allow_net: Iterable[str] = (),
+        deny_net: Iterable[str] = (),
     ) -> RunResult:
         """Runs `script` once in a fresh sandbox (``POST /v1/run``); the files it makes in
         ``/workspace`` come back as :attr:`RunResult.artifacts`.
@@ -143,6 +149,10 @@ class Client:
             skills: skills placed in ``/workspace`` first.
             scope_key: start from the scope's last ``/workspace`` and save a new one.
             disk_bytes, disk_inodes: tighter disk bounds than the server's.
+            allow_net: hosts the code may reach through skillbox's egress proxy
+                (``host``, ``host:port``, ``*.domain``; no port means 80 and 443). Without
+                any it has no network at all.
+            deny_net: hosts it may never reach, even when ``allow_net`` covers them.
 
         Raises:
             Overloaded: too many runs at once for the server or this tenant
@@ -177,9 +187,24 @@ class Client:
             limits["diskInodes"] = disk_inodes
         if limits:
             body["limits"] = limits
+        if network := _network(allow_net, deny_net):
+            body["network"] = network
         # The answer comes when the script has ended: wait for its timeout too (60 s
         # when the server chooses).
         base = self._transport.timeout
         wait = None if base is None else base + (timeout if timeout is not None else 60.0)
         answer = self._transport.open("POST", "/v1/run", json_body=body, timeout=wait, ok=(200,)).json()
         return RunResult._from_wire(self._transport, answer)
+
+
+def _network(allow: Iterable[str], deny: Iterable[str]) -> dict[str, list[str]] | None:
+    """The ``network`` of a request: ``None`` when nothing is allowed (no network)."""
+    allowed, denied = list(allow), list(deny)
+    if not allowed:
+        if denied:
+            raise ValueError("deny_net needs allow_net: without it there is no network to deny")
+        return None
+    network = {"allow": allowed}
+    if denied:
+        network["deny"] = denied
+    return network

@@ -103,6 +103,33 @@ class Artifact:
 
 
 @dataclass(frozen=True, slots=True)
+class EgressConnection:
+    """One connection the code asked skillbox's egress proxy for (a run or session
+    with ``allow_net``): ``verdict`` is ``allowed`` or ``refused``, ``reason`` why it
+    was refused or cut."""
+
+    host: str
+    port: int
+    verdict: str
+    reason: str | None
+    address: str | None
+    bytes_out: int
+    bytes_in: int
+
+    @classmethod
+    def _from_wire(cls, value: dict[str, Any]) -> EgressConnection:
+        return cls(
+            host=str(value["host"]),
+            port=int(value["port"]),
+            verdict=str(value["verdict"]),
+            reason=value.get("reason"),
+            address=value.get("address"),
+            bytes_out=int(value.get("bytesOut") or 0),
+            bytes_in=int(value.get("bytesIn") or 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     """What a one-shot run did: how the script ended, its output, and its artifacts.
 
@@ -122,6 +149,7 @@ class RunResult:
     artifacts: list[Artifact]
     skills: dict[str, Any] | None = None
     snapshot: dict[str, Any] | None = None
+    egress: list[EgressConnection] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -155,4 +183,5 @@ class RunResult:
             artifacts=[Artifact._from_wire(transport, f) for f in value.get("files") or []],
             skills=value.get("skills"),
             snapshot=value.get("snapshot"),
+            egress=[EgressConnection._from_wire(c) for c in value.get("egress") or []],
         )

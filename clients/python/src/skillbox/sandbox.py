@@ -11,11 +11,12 @@ import base64
 import builtins
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import NotFound
 from .exec import Execution
+from .run import EgressConnection
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -48,6 +49,7 @@ class SessionInfo:
     open_ms: int
     skills: dict[str, Any] | None = None
     snapshot: dict[str, Any] | None = None
+    egress: list[EgressConnection] = field(default_factory=list)
 
     @classmethod
     def _from_wire(cls, value: dict[str, Any]) -> SessionInfo:
@@ -62,6 +64,7 @@ class SessionInfo:
             open_ms=int(value["openMs"]),
             skills=value.get("skills"),
             snapshot=value.get("snapshot"),
+            egress=[EgressConnection._from_wire(c) for c in value.get("egress") or []],
         )
 
 
@@ -203,6 +206,8 @@ class Sandbox:
         memory_bytes: int | None = None,
         pids: int | None = None,
         disk_bytes: int | None = None,
+        allow_net: Iterable[str] = (),
+        deny_net: Iterable[str] = (),
         timeout: float | None = 120.0,
     ) -> Sandbox:
         """Opens a session.
@@ -221,6 +226,10 @@ class Sandbox:
             max_lifetime: seconds after which it ends whatever it does (default 3600).
             exec_timeout: each command's default time limit, in seconds.
             memory_bytes, pids, disk_bytes: bounds for the sandbox, at most the server's.
+            allow_net: hosts the code may reach through skillbox's egress proxy
+                (``host``, ``host:port``, ``*.domain``; no port means 80 and 443). Without
+                any it has no network at all.
+            deny_net: hosts it may never reach, even when ``allow_net`` covers them.
             timeout: seconds to wait for any one answer of the server (``None``: no limit).
 
         Raises:
@@ -241,6 +250,8 @@ class Sandbox:
             memory_bytes=memory_bytes,
             pids=pids,
             disk_bytes=disk_bytes,
+            allow_net=allow_net,
+            deny_net=deny_net,
         )
 
     @classmethod
@@ -372,6 +383,8 @@ class Sandbox:
         scope_key: str | None = None,
         disk_bytes: int | None = None,
         disk_inodes: int | None = None,
+        allow_net: Iterable[str] = (),
+        deny_net: Iterable[str] = (),
     ) -> RunResult:
         """Runs `script` once in a fresh sandbox of this session's backend
         (``POST /v1/run``) and returns its result, whose artifacts download from the
@@ -392,6 +405,8 @@ class Sandbox:
             scope_key=scope_key,
             disk_bytes=disk_bytes,
             disk_inodes=disk_inodes,
+            allow_net=allow_net,
+            deny_net=deny_net,
         )
 
 
