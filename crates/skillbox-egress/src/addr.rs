@@ -46,6 +46,14 @@ fn forbidden_v6(ip: Ipv6Addr) -> Option<&'static str> {
             let v4 = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
             return forbidden_v4(v4);
         }
+        // Local-use NAT64 (64:ff9b:1::/48, RFC 8215): a translator of the host's own
+        // network, whose prefix length (and so where the IPv4 address sits) is its own.
+        0x0064 if s[1] == 0xff9b && s[2] == 1 => "a local-use NAT64 address",
+        // 6to4 (2002::/16): the IPv4 address it carries decides.
+        0x2002 => {
+            let v4 = Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8);
+            return forbidden_v4(v4);
+        }
         // IPv4-compatible (::a.b.c.d, deprecated) and other addresses in ::/8.
         0x0000 => "a reserved address",
         _ => return None,
@@ -89,6 +97,11 @@ mod tests {
             "fec0::1",
             "ff02::1",
             "::127.0.0.1",
+            "64:ff9b:1::7f00:1",
+            "64:ff9b:1:0:0:1:a00:1",
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+            "2002:c0a8:101::",
         ] {
             let ip: IpAddr = refused.parse().unwrap_or_else(|e| panic!("{refused}: {e}"));
             assert!(forbidden(ip).is_some(), "{refused} should be refused");
@@ -104,6 +117,7 @@ mod tests {
             "2606:4700::1111",
             "64:ff9b::5db8:d822",
             "::ffff:93.184.216.34",
+            "2002:5db8:d822::1",
         ] {
             let ip: IpAddr = allowed.parse().unwrap_or_else(|e| panic!("{allowed}: {e}"));
             assert_eq!(forbidden(ip), None, "{allowed} should be allowed");
