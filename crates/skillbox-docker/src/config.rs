@@ -109,6 +109,7 @@ pub(crate) fn container_config(
     if runtime == Runtime::Runsc {
         spec.policy.refuse_egress("gvisor")?;
     }
+    spec.policy.refuse_secrets(runtime.backend().as_str())?;
     for mount in &spec.policy.read_only_mounts {
         let target = skillbox_env::path::normalize(&mount.sandbox);
         if !mount.host.is_absolute() || !target.is_absolute() {

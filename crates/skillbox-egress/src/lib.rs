@@ -14,10 +14,13 @@ mod addr;
 pub mod netns;
 mod proxy;
 mod rules;
+mod secrets;
 
 pub use addr::forbidden;
 pub use proxy::{Audit, Connection, Proxy, ProxyLimits, Resolve, SystemResolver, Verdict};
 pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
+pub use secrets::{Interceptor, MAX_SECRETS, Secrets};
+pub use skillbox_protocol::SecretSpec;
 
 /// A sandbox's proxy for `network` (checked: a bad entry is the error), or `None`
 /// when it allows nothing (no network at all, as no policy).

@@ -140,6 +140,8 @@ struct Inner {
     stop: CancellationToken,
     open: Semaphore,
     tasks: TaskTracker,
+    /// The secrets and the TLS that adds them at egress (`None`: tunnels only).
+    secrets: Option<(crate::Secrets, crate::Interceptor)>,
 }
 
 /// What the client asked for.
@@ -159,6 +161,18 @@ struct Refusal {
 
 impl Proxy {
     pub fn new(rules: Rules, resolver: Arc<dyn Resolve>, limits: ProxyLimits) -> Proxy {
+        Proxy::with_secrets(rules, resolver, limits, None)
+    }
+
+    /// A proxy that also adds `secrets` at egress: a `CONNECT` to one of a secret's
+    /// hosts is opened with TLS both ways (the sandbox's side with the interceptor's
+    /// CA) and the placeholders in the request's headers become the values.
+    pub fn with_secrets(
+        rules: Rules,
+        resolver: Arc<dyn Resolve>,
+        limits: ProxyLimits,
+        secrets: Option<(crate::Secrets, crate::Interceptor)>,
+    ) -> Proxy {
         Proxy {
             inner: Arc::new(Inner {
                 rules,
@@ -168,6 +182,7 @@ impl Proxy {
                 audit: Arc::default(),
                 stop: CancellationToken::new(),
                 tasks: TaskTracker::new(),
+                secrets,
             }),
         }
     }
@@ -273,6 +288,20 @@ impl Proxy {
         };
         record.verdict = Verdict::Allowed;
         record.address = Some(address.to_string());
+        let bindings = match (&target.forward, &inner.secrets) {
+            (None, Some((secrets, _))) => secrets.for_host(&target.host, target.port),
+            _ => Vec::new(),
+        };
+        if !bindings.is_empty() {
+            let (out, back, cut) = self
+                .intercept(client, server, &target.host, &bindings, &rest)
+                .await;
+            record.bytes_out += out;
+            record.bytes_in += back;
+            record.reason = cut;
+            inner.audit.record(record);
+            return;
+        }
         let opened = match &target.forward {
             None => {
                 client
@@ -296,6 +325,58 @@ impl Proxy {
             record.reason = cut;
         }
         inner.audit.record(record);
+    }
+
+    /// A `CONNECT` to a host secrets are bound to: TLS with the sandbox (as `host`, the
+    /// sandbox's CA) and with the real host, then the first request's head with the
+    /// values in place of the placeholders and `Connection: close`, then the rest both
+    /// ways: (bytes out, bytes back, why it was cut).
+    async fn intercept<S>(
+        &self,
+        mut client: S,
+        server: TcpStream,
+        host: &str,
+        bindings: &[(String, String)],
+        early: &[u8],
+    ) -> (u64, u64, Option<String>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Some((_, interceptor)) = &self.inner.secrets else {
+            return (0, 0, None);
+        };
+        if client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return (0, 0, None);
+        }
+        if !early.is_empty() {
+            return (0, 0, Some("bytes sent before the tunnel was open".into()));
+        }
+        let (mut client, mut server) = match interceptor.tls(client, server, host).await {
+            Ok(both) => both,
+            Err(why) => return (0, 0, Some(why)),
+        };
+        let head =
+            tokio::time::timeout(self.inner.limits.head_timeout, read_head(&mut client)).await;
+        let (head, rest) = match head {
+            Ok(Ok(read)) => read,
+            Ok(Err(why)) => return (0, 0, Some(why)),
+            Err(_) => return (0, 0, Some("no request in the tunnel in time".into())),
+        };
+        let head = match crate::secrets::rewrite_head(&head, bindings) {
+            Ok(head) => head,
+            Err(why) => return (0, 0, Some(why)),
+        };
+        let sent = (head.len() + rest.len()) as u64;
+        self.inner.audit.bytes.fetch_add(sent, Ordering::Relaxed);
+        if server.write_all(&head).await.is_err() || server.write_all(&rest).await.is_err() {
+            return (sent, 0, None);
+        }
+        let (out, back, cut) = self.pump(&mut client, &mut server).await;
+        (sent + out, back, cut)
     }
 
     /// Checks `target` against the rules, resolves it, and connects to the first

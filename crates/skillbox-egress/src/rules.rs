@@ -48,6 +48,12 @@ impl Rule {
         Rule::parse_with(entry, Ports::Web)
     }
 
+    /// Parses one of a secret's hosts (no port: 443, where its TLS is).
+    pub fn parse_secret_host(entry: &str) -> Result<Rule, String> {
+        let rule = Rule::parse_with(entry, Ports::One(443))?;
+        Ok(rule)
+    }
+
     /// Parses one deny entry (no port: every port).
     pub fn parse_deny(entry: &str) -> Result<Rule, String> {
         Rule::parse_with(entry, Ports::Any)

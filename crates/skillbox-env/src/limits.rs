@@ -183,6 +183,10 @@ pub struct SandboxPolicy {
     /// Bytes through the proxy, both ways, over all connections (`limits.egressBytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_bytes: Option<u64>,
+    /// Secrets added at egress, by environment variable name (§2.8): the sandbox sees
+    /// placeholders; their values are never serialized (nor printed).
+    #[serde(skip)]
+    pub secrets: std::collections::BTreeMap<String, skillbox_protocol::SecretSpec>,
 }
 
 impl SandboxPolicy {
@@ -190,6 +194,17 @@ impl SandboxPolicy {
     /// without is no network, as no policy is).
     pub fn wants_egress(&self) -> bool {
         self.network.as_ref().is_some_and(|n| !n.allow.is_empty())
+    }
+
+    /// The refusal of a backend that cannot add secrets at egress, when this policy has
+    /// some.
+    pub fn refuse_secrets(&self, backend: &str) -> Result<(), crate::EnvError> {
+        if !self.secrets.is_empty() {
+            return Err(crate::EnvError::unavailable(format!(
+                "egress secrets: the {backend} backend cannot add secrets at egress yet; use the native backend"
+            )));
+        }
+        Ok(())
     }
 
     /// The refusal of a backend that has no egress proxy, when this policy asks for one.

@@ -307,6 +307,7 @@ impl SkillboxMcp {
             // MCP's run_script has no network (an egress policy is not among its
             // arguments yet).
             network: None,
+            secrets: Default::default(),
         };
         let bytes =
             request.script.len() + request.files.iter().map(|f| f.content.len()).sum::<usize>();

@@ -20,23 +20,102 @@ pub(crate) fn wanted(policy: &skillbox_env::SandboxPolicy) -> bool {
     policy.wants_egress()
 }
 
-/// The sandbox's proxy, or `None` without egress; a bad policy is `invalid`, naming
-/// the entry.
+/// The sandbox's egress, or `None` without it; a bad policy is `invalid`, naming the
+/// entry.
 pub(crate) fn proxy_for(
     policy: &skillbox_env::SandboxPolicy,
     resolver: &std::sync::Arc<dyn skillbox_egress::Resolve>,
-) -> skillbox_env::EnvResult<Option<skillbox_egress::Proxy>> {
+    upstream_roots: &[rustls_pki_types::CertificateDer<'static>],
+) -> skillbox_env::EnvResult<Option<Egress>> {
     if wanted(policy) && policy.listen_ports.contains(&EGRESS_PORT) {
         return Err(skillbox_env::EnvError::invalid(format!(
             "listenPorts: {EGRESS_PORT} is where the egress proxy listens in a sandbox with a network policy"
         )));
     }
-    skillbox_egress::proxy_for(
-        policy.network.as_ref(),
-        policy.egress_bytes,
-        resolver.clone(),
-    )
-    .map_err(|e| skillbox_env::EnvError::invalid(e.to_string()))
+    let invalid = |e: String| skillbox_env::EnvError::invalid(e);
+    if !policy.secrets.is_empty() && !wanted(policy) {
+        return Err(invalid(
+            "secrets: they go out through the egress proxy; give network.allow with their hosts"
+                .into(),
+        ));
+    }
+    let Some(network) = &policy.network else {
+        return Ok(None);
+    };
+    let rules = skillbox_egress::Rules::new(network).map_err(|e| invalid(e.to_string()))?;
+    if rules.is_empty() {
+        return Ok(None);
+    }
+    let limits = skillbox_egress::ProxyLimits {
+        egress_bytes: policy.egress_bytes,
+        ..skillbox_egress::ProxyLimits::default()
+    };
+    if policy.secrets.is_empty() {
+        return Ok(Some(Egress {
+            proxy: skillbox_egress::Proxy::new(rules, resolver.clone(), limits),
+            env: Vec::new(),
+            ca_pem: None,
+        }));
+    }
+    let secrets = skillbox_egress::Secrets::new(&policy.secrets).map_err(invalid)?;
+    let interceptor = skillbox_egress::Interceptor::new(upstream_roots)
+        .map_err(|e| skillbox_env::EnvError::unavailable(format!("egress secrets: {e}")))?;
+    let ca_pem = interceptor.ca_pem().to_string();
+    let mut env = secrets.env();
+    for name in [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "PIP_CERT",
+        "GIT_SSL_CAINFO",
+    ] {
+        env.push((name.to_string(), format!("{CA_DIR}/ca-bundle.pem")));
+    }
+    env.push((
+        "NODE_EXTRA_CA_CERTS".to_string(),
+        format!("{CA_DIR}/ca.pem"),
+    ));
+    Ok(Some(Egress {
+        proxy: skillbox_egress::Proxy::with_secrets(
+            rules,
+            resolver.clone(),
+            limits,
+            Some((secrets, interceptor)),
+        ),
+        env,
+        ca_pem: Some(ca_pem),
+    }))
+}
+
+/// Where a sandbox with secrets finds its CA (read-only): `ca.pem`, and
+/// `ca-bundle.pem` (the host's roots and it).
+pub(crate) const CA_DIR: &str = "/skillbox-egress";
+
+/// A sandbox's egress: its proxy, the environment its execs get beyond the proxy's
+/// (secrets' placeholders, the CA's paths), and its CA when it adds secrets.
+#[derive(Debug)]
+pub(crate) struct Egress {
+    pub(crate) proxy: skillbox_egress::Proxy,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) ca_pem: Option<String>,
+}
+
+/// Writes the CA files into `dir` (made here, 0755, files 0644: public certificates
+/// only) for a read-only mount at [`CA_DIR`].
+pub(crate) fn write_ca_dir(dir: &std::path::Path, ca_pem: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    for (name, body) in [
+        ("ca.pem", ca_pem.to_string()),
+        ("ca-bundle.pem", format!("{system}\n{ca_pem}")),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, body)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+    }
+    Ok(())
 }
 
 /// A listening socket on `127.0.0.1:EGRESS_PORT` in the network namespace `net`, its

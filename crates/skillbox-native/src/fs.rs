@@ -647,8 +647,11 @@ impl FileSystem for NativeSandbox {
         self.running.close();
         self.running.wait().await;
         // Its processes are gone: the proxy's connections end (each recorded).
-        if let Some(proxy) = &self.egress {
-            proxy.stop().await;
+        if let Some(egress) = &self.egress {
+            egress.proxy.stop().await;
+        }
+        if let Some(ca_dir) = &self.egress_dir {
+            let _ = skillbox_env::remove::remove_tree(ca_dir);
         }
         let temps = match self.temps.lock() {
             Ok(mut temps) => std::mem::take(&mut *temps),

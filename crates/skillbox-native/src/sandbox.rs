@@ -38,6 +38,9 @@ pub struct NativeBackend {
     data_dir: PathBuf,
     /// Resolves the names a sandbox's egress proxy connects to.
     resolver: Arc<dyn skillbox_egress::Resolve>,
+    /// Roots the egress proxy trusts for the hosts it adds secrets for, beyond the
+    /// public web roots (a private CA; tests).
+    upstream_roots: Arc<Vec<rustls_pki_types::CertificateDer<'static>>>,
 }
 
 impl NativeBackend {
@@ -45,7 +48,18 @@ impl NativeBackend {
         NativeBackend {
             data_dir: data_dir.into(),
             resolver: Arc::new(skillbox_egress::SystemResolver),
+            upstream_roots: Arc::default(),
         }
+    }
+
+    /// Roots the egress proxy also trusts when it opens TLS to a host it adds secrets
+    /// for (a private CA), beyond the public web roots.
+    pub fn with_upstream_roots(
+        mut self,
+        roots: Vec<rustls_pki_types::CertificateDer<'static>>,
+    ) -> Self {
+        self.upstream_roots = Arc::new(roots);
+        self
     }
 
     /// The resolver of the sandboxes' egress proxies (the host's getaddrinfo by
@@ -62,7 +76,13 @@ impl NativeBackend {
     /// that polls its exec (no spawner thread; a sandbox dies when that thread exits),
     /// and does its housekeeping (removing its cgroup and directory) in place.
     pub fn create_blocking(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
-        NativeSandbox::prepare(&self.data_dir, spec, true, &self.resolver)
+        NativeSandbox::prepare(
+            &self.data_dir,
+            spec,
+            true,
+            &self.resolver,
+            &self.upstream_roots,
+        )
     }
 
     /// Prepares a sandbox: its root, `/etc`, workspace and limits. Refuses with
@@ -70,9 +90,10 @@ impl NativeBackend {
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
         let data_dir = self.data_dir.clone();
         let resolver = self.resolver.clone();
+        let roots = self.upstream_roots.clone();
         crate::spawn::warm_up();
         tokio::task::spawn_blocking(move || {
-            NativeSandbox::prepare(&data_dir, spec, false, &resolver)
+            NativeSandbox::prepare(&data_dir, spec, false, &resolver, &roots)
         })
         .await
         .map_err(|e| {
@@ -118,7 +139,10 @@ pub struct NativeSandbox {
     cgroup_host: &'static cgroup::Host,
     /// The egress proxy every exec's loopback listener is served by (one rule set,
     /// one byte budget, one audit for the sandbox); `None`: no network.
-    pub(crate) egress: Option<skillbox_egress::Proxy>,
+    pub(crate) egress: Option<crate::egress::Egress>,
+    /// The host directory of the CA files shown at `/skillbox-egress` (secrets),
+    /// removed with the sandbox.
+    pub(crate) egress_dir: Option<PathBuf>,
 }
 
 fn seccomp_filter() -> Vec<libc::sock_filter> {
@@ -159,11 +183,13 @@ impl NativeSandbox {
         spec: SandboxSpec,
         one_shot: bool,
         resolver: &Arc<dyn skillbox_egress::Resolve>,
+        upstream_roots: &[rustls_pki_types::CertificateDer<'static>],
     ) -> EnvResult<NativeSandbox> {
         spec.limits
             .validate()
             .map_err(|e| EnvError::invalid(format!("limits: {e}")))?;
-        let egress = crate::egress::proxy_for(&spec.policy, resolver)?;
+        let egress = crate::egress::proxy_for(&spec.policy, resolver, upstream_roots)?;
+        let mut spec = spec;
         let abi = landlock::abi_version().map_err(|e| unavailable("landlock", e))?;
         // Probing the cgroup hierarchy is only worth it when a limit will use it.
         let limits = &spec.limits;
@@ -252,13 +278,34 @@ impl NativeSandbox {
             random[2],
             random[3]
         ));
+        // The CA of a sandbox that adds secrets, beside its directory (never in its
+        // workspace), shown read-only at /skillbox-egress.
+        let mut egress_dir = None;
+        if let Some(ca_pem) = egress.as_ref().and_then(|e| e.ca_pem.as_deref()) {
+            let ca_dir = dir.with_extension("egress");
+            crate::egress::write_ca_dir(&ca_dir, ca_pem).map_err(|e| {
+                let _ = skillbox_env::remove::remove_tree(&ca_dir);
+                EnvError::io(&e, "write the egress CA", &ca_dir)
+            })?;
+            spec.policy.read_only_mounts.push(skillbox_env::Mount {
+                host: ca_dir.clone(),
+                sandbox: PathBuf::from(crate::egress::CA_DIR),
+            });
+            egress_dir = Some(ca_dir);
+        }
         let result =
             Self::prepare_in(&dir, spec, abi, ids, chown_to, cgroup_host).map(|mut sandbox| {
                 sandbox.idmapped = idmapped;
                 sandbox.one_shot = one_shot;
                 sandbox.egress = egress;
+                sandbox.egress_dir = egress_dir.clone();
                 sandbox
             });
+        if result.is_err()
+            && let Some(ca_dir) = &egress_dir
+        {
+            let _ = skillbox_env::remove::remove_tree(ca_dir);
+        }
         if result.as_ref().is_err_and(|_| spec_has_no_workspace) {
             let _ = skillbox_env::remove::remove_tree(&dir);
         }
@@ -383,6 +430,7 @@ impl NativeSandbox {
             one_shot: false,
             cgroup_host,
             egress: None,
+            egress_dir: None,
         })
     }
 
@@ -413,12 +461,13 @@ impl NativeSandbox {
             ("TMPDIR".into(), "/tmp".into()),
             ("SHELL".into(), "/bin/sh".into()),
         ];
-        if self.egress.is_some() {
+        if let Some(egress) = &self.egress {
             env.extend(
                 crate::egress::proxy_env()
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v)),
             );
+            env.extend(egress.env.iter().cloned());
         }
         for (key, value) in &request.env {
             env.retain(|(k, _)| k != key);
@@ -627,7 +676,7 @@ impl Shell for NativeSandbox {
         }
         .map_err(|e| unavailable("setup", e))?;
         // The proxy serves this exec's loopback listener until the exec's task ends.
-        let egress_done = match (egress, &self.egress) {
+        let egress_done = match (egress, self.egress.as_ref().map(|e| &e.proxy)) {
             (Some(listener), Some(proxy)) => {
                 let listener = std::net::TcpListener::from(listener);
                 let listener = tokio::net::TcpListener::from_std(listener)
@@ -827,6 +876,9 @@ impl Drop for NativeSandbox {
         if let Err(e) = skillbox_env::remove::remove_tree(&self.dir) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "native: cannot remove a dropped sandbox");
         }
+        if let Some(ca_dir) = &self.egress_dir {
+            let _ = skillbox_env::remove::remove_tree(ca_dir);
+        }
     }
 }
 
@@ -846,7 +898,7 @@ impl ExecutionEnv for NativeSandbox {
     fn egress(&self) -> Vec<skillbox_egress::Connection> {
         self.egress
             .as_ref()
-            .map(|p| p.audit().connections())
+            .map(|e| e.proxy.audit().connections())
             .unwrap_or_default()
     }
 }

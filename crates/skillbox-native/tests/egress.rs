@@ -317,3 +317,175 @@ for address in [("127.0.0.1", 3128), ({PUBLIC:?}, {port})]:
         },
     );
 }
+
+const SECRET: &str = "real-key-0f3c9a7e51";
+
+/// A CA of the test's own, and a TLS server config for `api.test` and `other.test`
+/// signed by it.
+fn test_tls() -> (
+    rustls::pki_types::CertificateDer<'static>,
+    String,
+    Arc<rustls::ServerConfig>,
+) {
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    // Its own name: a leaf with the issuer's name would read as self-signed.
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "skillbox test CA");
+    let ca =
+        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf =
+        rcgen::CertificateParams::new(vec!["api.test".to_string(), "other.test".to_string()])
+            .unwrap()
+            .signed_by(&key, &ca)
+            .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![leaf.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    (ca.der().clone(), ca.pem(), Arc::new(config))
+}
+
+/// An HTTPS server recording (SNI, Authorization) of every request; it answers `ok`.
+async fn https_server(
+    config: Arc<rustls::ServerConfig>,
+    seen: Arc<std::sync::Mutex<Vec<(String, String)>>>,
+) -> u16 {
+    let listener = TcpListener::bind((PUBLIC, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let (acceptor, seen) = (acceptor.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let sni = tls
+                    .get_ref()
+                    .1
+                    .server_name()
+                    .unwrap_or_default()
+                    .to_string();
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).into_owned();
+                let auth = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Authorization: "))
+                    .unwrap_or_default()
+                    .to_string();
+                seen.lock().unwrap().push((sni, auth));
+                let _ = tls
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                    )
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+/// A secret bound to one host: the sandbox sees only a placeholder; the proxy puts the
+/// value in the request's headers for that host (the server sees it) and nowhere else
+/// (another allowed host gets the placeholder); the value is in no output, file or
+/// directory skillbox keeps.
+#[test]
+fn secrets_are_added_at_egress_for_their_hosts_only() {
+    in_netns(
+        "secrets_are_added_at_egress_for_their_hosts_only",
+        || async {
+            let (ca, test_ca, config) = test_tls();
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let port = https_server(config, seen.clone()).await;
+            let data = common::data_dir().unwrap();
+            let backend = NativeBackend::new(&data)
+                .with_resolver(Arc::new(Names(HashMap::from([
+                    ("api.test", PUBLIC),
+                    ("other.test", PUBLIC),
+                ]))))
+                .with_upstream_roots(vec![ca]);
+            let spec = SandboxSpec {
+                policy: SandboxPolicy {
+                    network: Some(NetworkPolicy {
+                        allow: vec![format!("api.test:{port}"), format!("other.test:{port}")],
+                        deny: vec![],
+                    }),
+                    secrets: std::collections::BTreeMap::from([(
+                        "API_KEY".to_string(),
+                        skillbox_egress::SecretSpec {
+                            value: SECRET.into(),
+                            hosts: vec![format!("api.test:{port}")],
+                        },
+                    )]),
+                    ..SandboxPolicy::default()
+                },
+                ..skillbox_env::testkit::spec()
+            };
+            let env: Box<dyn ExecutionEnv> = Box::new(backend.create(spec).await.unwrap());
+            let script = format!(
+                r#"
+import os, ssl, urllib.request
+key = os.environ["API_KEY"]
+print(key.startswith("skillbox-secret-"), len(key))
+# other.test is reached through a plain tunnel: its certificate is the test CA's
+# (a real host's would be a public CA's, already in the bundle).
+context = ssl.create_default_context()
+context.load_verify_locations(cadata="""{test_ca}""")
+for host in ["api.test", "other.test"]:
+    request = urllib.request.Request("https://" + host + ":{port}/", headers={{"Authorization": "Bearer " + key}})
+    print(host, urllib.request.urlopen(request, timeout=10, context=context).read().decode())
+"#
+            );
+            let (code, out, err) = python(env.as_ref(), &script).await;
+            assert_eq!(
+                (code, out.as_str()),
+                (0, "True 48\napi.test ok\nother.test ok\n"),
+                "{err}"
+            );
+            assert!(!out.contains(SECRET) && !err.contains(SECRET));
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(seen.len(), 2, "{seen:?}");
+            assert_eq!(
+                seen[0],
+                ("api.test".to_string(), format!("Bearer {SECRET}"))
+            );
+            assert_eq!(seen[1].0, "other.test");
+            assert!(seen[1].1.starts_with("Bearer skillbox-secret-"), "{seen:?}");
+            let connections = env.egress();
+            assert_eq!(connections.len(), 2, "{connections:#?}");
+            assert!(!format!("{connections:?}").contains(SECRET));
+            env.cleanup().await.unwrap();
+            // Nothing skillbox kept holds the value.
+            let found = Command::new("grep")
+                .args(["-r", "-l", SECRET])
+                .arg(&data)
+                .output()
+                .unwrap();
+            assert!(
+                found.stdout.is_empty(),
+                "{}",
+                String::from_utf8_lossy(&found.stdout)
+            );
+        },
+    );
+}

@@ -44,3 +44,26 @@ pub struct EgressConnection {
     pub bytes_out: u64,
     pub bytes_in: u64,
 }
+
+/// A secret a run's code may use without seeing it: the sandbox gets a placeholder in
+/// the environment variable of its name, and skillbox's proxy puts `value` in its place
+/// in the headers of HTTPS requests bound for `hosts` (and nowhere else). The value
+/// never enters the sandbox, a log, a record or an artifact.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SecretSpec {
+    pub value: String,
+    /// Host patterns as `network.allow`'s (`api.example.com`, `*.example.com:8443`; no
+    /// port means 443). Each must also be allowed by the run's network policy.
+    pub hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for SecretSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretSpec")
+            .field("value", &"<redacted>")
+            .field("hosts", &self.hosts)
+            .finish()
+    }
+}

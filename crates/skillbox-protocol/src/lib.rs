@@ -39,7 +39,7 @@ pub use capability::{
     CapabilityInfo, CapabilityList, CapabilityRun, CapabilityRunRequest, ServiceExit, ServiceInfo,
     ServiceList, ServiceState,
 };
-pub use egress::{EgressConnection, EgressVerdict, NetworkPolicy};
+pub use egress::{EgressConnection, EgressVerdict, NetworkPolicy, SecretSpec};
 pub use error::{ApiError, ApiErrorBody, ErrorCode};
 pub use exec::{ExecOutput, LimitKind, Truncated};
 pub use outputs::{InvalidGlob, MAX_GLOB_LEN, MAX_OUTPUT_GLOBS, OutputSelection};

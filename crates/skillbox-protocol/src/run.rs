@@ -99,6 +99,10 @@ pub struct RunRequest {
     /// without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::NetworkPolicy>,
+    /// Secrets by environment variable name (§2.8): the code sees a placeholder, the
+    /// proxy sends the value to the secret's hosts only. Needs `network`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub secrets: std::collections::BTreeMap<String, crate::SecretSpec>,
 }
 
 /// Bounds a run may ask for, each at most the server's.
@@ -130,6 +134,7 @@ impl RunRequest {
             skills: Vec::new(),
             scope_key: None,
             network: None,
+            secrets: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -170,6 +170,7 @@ struct Checked {
     skills: Vec<String>,
     scope_key: Option<String>,
     network: Option<skillbox_protocol::NetworkPolicy>,
+    secrets: std::collections::BTreeMap<String, skillbox_protocol::SecretSpec>,
 }
 
 /// Why a runner without a skills workspace refuses `skills`.
@@ -289,6 +290,15 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
     if let Some(network) = &request.network {
         skillbox_egress::Rules::new(network).map_err(|e| RunError::Invalid(e.to_string()))?;
     }
+    if !request.secrets.is_empty() {
+        if request.network.as_ref().is_none_or(|n| n.allow.is_empty()) {
+            return Err(RunError::Invalid(
+                "secrets: they go out through the egress proxy; give network.allow with their hosts"
+                    .into(),
+            ));
+        }
+        skillbox_egress::Secrets::new(&request.secrets).map_err(RunError::Invalid)?;
+    }
     Ok(Checked {
         language: request.language,
         script: request.script,
@@ -299,6 +309,7 @@ fn check(request: RunRequest) -> Result<Checked, RunError> {
         skills,
         scope_key: request.scope_key,
         network: request.network,
+        secrets: request.secrets,
     })
 }
 
@@ -681,6 +692,7 @@ impl Runner {
             ..base.clone()
         };
         policy.network = checked.network.clone();
+        policy.secrets = checked.secrets.clone();
         policy.egress_bytes = asked.egress_bytes;
         let spec = SandboxSpec {
             workspace: None,
@@ -909,6 +921,25 @@ mod tests {
             )]))
             .starts_with("files[0].content")
         );
+        let mut req = request(vec![]);
+        req.network = Some(skillbox_protocol::NetworkPolicy {
+            allow: vec!["ok.example".into(), "*".into()],
+            deny: vec![],
+        });
+        assert!(invalid(req).starts_with("network.allow[1]"));
+        let secret = skillbox_protocol::SecretSpec {
+            value: "v".into(),
+            hosts: vec!["api.example.com".into()],
+        };
+        let mut req = request(vec![]);
+        req.secrets.insert("API_KEY".into(), secret.clone());
+        assert!(invalid(req.clone()).starts_with("secrets: they go out through the egress proxy"));
+        req.network = Some(skillbox_protocol::NetworkPolicy {
+            allow: vec!["api.example.com".into()],
+            deny: vec![],
+        });
+        req.secrets.insert("bad-name".into(), secret);
+        assert!(invalid(req).starts_with("secrets.bad-name"));
     }
 
     #[test]

@@ -61,6 +61,16 @@ pub struct RunArgs {
     /// port means every port).
     #[arg(long = "deny-net", value_name = "HOST", requires = "allow_net")]
     deny_net: Vec<String>,
+    /// Let the code use the secret in this process's $NAME without seeing it: the
+    /// sandbox gets a placeholder in NAME, and the egress proxy puts the value in the
+    /// headers of HTTPS requests to HOST only (repeatable; HOST as --allow-net's, no port
+    /// meaning 443; each must also be allowed). Native backend only.
+    #[arg(
+        long = "secret",
+        value_name = "NAME=HOST[,HOST…]",
+        requires = "allow_net"
+    )]
+    secrets: Vec<String>,
     /// Bytes through the egress proxy, both ways, over all connections (10M, 1G)
     #[arg(long, value_parser = parse_size, requires = "allow_net")]
     egress_bytes: Option<u64>,
@@ -159,6 +169,25 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             allow: args.allow_net.clone(),
             deny: args.deny_net.clone(),
         });
+    }
+    for secret in &args.secrets {
+        let Some((name, hosts)) = secret.split_once('=') else {
+            return usage(&format!(
+                "--secret {secret}: give NAME=HOST[,HOST…] (the value is read from $NAME)"
+            ));
+        };
+        let Ok(value) = std::env::var(name) else {
+            return usage(&format!(
+                "--secret {name}: ${name} is not set in skillbox's environment (the value is read from it, never from the command line)"
+            ));
+        };
+        request.secrets.insert(
+            name.to_string(),
+            skillbox_protocol::SecretSpec {
+                value,
+                hosts: hosts.split(',').map(str::to_string).collect(),
+            },
+        );
     }
 
     let sandbox: Box<dyn SkillSandbox> = match &args.remote {

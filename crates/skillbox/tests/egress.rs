@@ -368,3 +368,98 @@ fn docker_reaches_what_it_allows_through_the_proxy() {
     );
     assert_eq!(ns.requests().len(), before);
 }
+
+/// `--secret NAME=HOST` reads the value from skillbox's own environment (never the
+/// command line); a name not set there is bad usage, a bad name or host is named, and a
+/// backend that cannot add secrets refuses them.
+#[test]
+fn secret_flags_are_checked() {
+    if !native_or_skip("secret_flags_are_checked") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let scripts = tempfile::tempdir().unwrap();
+    let script = write(scripts.path(), "x.py", "print('ran')\n");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(BIN);
+        command
+            .arg("--data-dir")
+            .arg(data.path())
+            .arg("run")
+            .arg(&script)
+            .args(args);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command
+            .env_remove("SKILLBOX_TEST_UNSET_SECRET")
+            .output()
+            .unwrap()
+    };
+    let out = run(
+        &[
+            "--allow-net",
+            "api.example.com",
+            "--secret",
+            "SKILLBOX_TEST_UNSET_SECRET=api.example.com",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("$SKILLBOX_TEST_UNSET_SECRET is not set"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = run(
+        &[
+            "--allow-net",
+            "api.example.com",
+            "--secret",
+            "lower_case=api.example.com",
+        ],
+        &[("lower_case", "v")],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("secrets.lower_case"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = run(
+        &[
+            "--allow-net",
+            "api.example.com",
+            "--secret",
+            "API_KEY=https://x/",
+        ],
+        &[("API_KEY", "v")],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("secrets.API_KEY.hosts[0]"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = run(
+        &[
+            "--backend",
+            "docker",
+            "--allow-net",
+            "api.example.com",
+            "--secret",
+            "API_KEY=api.example.com",
+        ],
+        &[("API_KEY", "v")],
+    );
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("egress secrets"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!text(&out.stdout).contains("ran"));
+}

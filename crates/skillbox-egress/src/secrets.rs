@@ -1,0 +1,366 @@
+//! Secrets added at egress (DESIGN.md §2.8): the sandbox holds a placeholder; for a
+//! `CONNECT` to one of a secret's hosts the proxy terminates TLS with a certificate of
+//! the sandbox's own CA (which the sandbox trusts), opens TLS to the real host
+//! (verified against the public roots), and replaces the placeholder with the value in
+//! the request's headers. Nowhere else is the value sent, and it is never logged.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use skillbox_protocol::SecretSpec;
+
+use crate::rules::Rule;
+
+/// Most secrets one run may have.
+pub const MAX_SECRETS: usize = 32;
+/// The longest secret value.
+pub const MAX_SECRET_BYTES: usize = 8 * 1024;
+
+/// One secret, checked: its placeholder, its value (never printed), its hosts.
+struct Secret {
+    name: String,
+    placeholder: String,
+    value: String,
+    hosts: Vec<Rule>,
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Secret")
+            .field("name", &self.name)
+            .field("value", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// A run's secrets, checked once; each error names the secret and the field.
+#[derive(Debug, Default)]
+pub struct Secrets {
+    list: Vec<Secret>,
+}
+
+impl Secrets {
+    pub fn new(specs: &BTreeMap<String, SecretSpec>) -> Result<Secrets, String> {
+        if specs.len() > MAX_SECRETS {
+            return Err(format!(
+                "secrets: {} of them, at most {MAX_SECRETS}",
+                specs.len()
+            ));
+        }
+        let mut list = Vec::new();
+        for (name, spec) in specs {
+            let valid_name = !name.is_empty()
+                && name.len() <= 64
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+            if !valid_name {
+                return Err(format!(
+                    "secrets.{name}: the name of an environment variable (A-Z, 0-9, _; not starting with a digit)"
+                ));
+            }
+            if spec.value.is_empty() || spec.value.len() > MAX_SECRET_BYTES {
+                return Err(format!(
+                    "secrets.{name}.value: 1 to {MAX_SECRET_BYTES} bytes"
+                ));
+            }
+            if spec.value.bytes().any(|b| b.is_ascii_control()) {
+                return Err(format!(
+                    "secrets.{name}.value: control characters cannot go in a header"
+                ));
+            }
+            if spec.hosts.is_empty() {
+                return Err(format!(
+                    "secrets.{name}.hosts: at least one host it is sent to"
+                ));
+            }
+            let hosts = spec
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    Rule::parse_secret_host(h)
+                        .map_err(|why| format!("secrets.{name}.hosts[{i}]: {h:?}: {why}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            list.push(Secret {
+                name: name.clone(),
+                placeholder: placeholder(),
+                value: spec.value.clone(),
+                hosts,
+            });
+        }
+        Ok(Secrets { list })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The sandbox's side: each secret's name and its placeholder.
+    pub fn env(&self) -> Vec<(String, String)> {
+        self.list
+            .iter()
+            .map(|s| (s.name.clone(), s.placeholder.clone()))
+            .collect()
+    }
+
+    /// (placeholder, value) of every secret bound to `host:port`.
+    pub(crate) fn for_host(&self, host: &str, port: u16) -> Vec<(String, String)> {
+        self.list
+            .iter()
+            .filter(|s| s.hosts.iter().any(|r| r.matches(host, port)))
+            .map(|s| (s.placeholder.clone(), s.value.clone()))
+            .collect()
+    }
+}
+
+/// A random placeholder: what the sandbox sees instead of the value.
+fn placeholder() -> String {
+    let mut bytes = [0u8; 16];
+    if let Ok(mut random) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut random, &mut bytes);
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("skillbox-secret-{hex}")
+}
+
+/// The sandbox's CA and the TLS both ways for the hosts of its secrets.
+pub struct Interceptor {
+    ca: CertifiedIssuer<'static, KeyPair>,
+    ca_pem: String,
+    leaves: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
+    upstream: Arc<rustls::ClientConfig>,
+}
+
+impl fmt::Debug for Interceptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Interceptor").finish_non_exhaustive()
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl Interceptor {
+    /// A fresh CA for one sandbox; upstream servers are verified against the public
+    /// web roots and `extra_roots`.
+    pub fn new(extra_roots: &[CertificateDer<'static>]) -> Result<Interceptor, String> {
+        let mut params = CertificateParams::default();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "skillbox egress (this sandbox only)");
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().map_err(|e| format!("egress CA key: {e}"))?;
+        let ca =
+            CertifiedIssuer::self_signed(params, key).map_err(|e| format!("egress CA: {e}"))?;
+        let ca_pem = ca.pem();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        for root in extra_roots {
+            roots
+                .add(root.clone())
+                .map_err(|e| format!("egress upstream root: {e}"))?;
+        }
+        let upstream = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Interceptor {
+            ca,
+            ca_pem,
+            leaves: Mutex::default(),
+            upstream: Arc::new(upstream),
+        })
+    }
+
+    /// The CA certificate the sandbox trusts (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The TLS server side for `host`: a certificate for it signed by the CA.
+    fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
+        if let Some(config) = self.leaves.lock().ok().and_then(|l| l.get(host).cloned()) {
+            return Ok(config);
+        }
+        let key = KeyPair::generate().map_err(|e| format!("leaf key: {e}"))?;
+        let params = CertificateParams::new(vec![host.to_string()])
+            .map_err(|e| format!("leaf for {host}: {e}"))?;
+        let leaf = params
+            .signed_by(&key, &self.ca)
+            .map_err(|e| format!("leaf for {host}: {e}"))?;
+        let chain = vec![leaf.der().clone(), self.ca.der().clone()];
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| format!("leaf for {host}: {e}"))?;
+        let config = Arc::new(config);
+        if let Ok(mut leaves) = self.leaves.lock() {
+            leaves.insert(host.to_string(), config.clone());
+        }
+        Ok(config)
+    }
+
+    /// TLS with the sandbox on `client` (as `host`), and with the real `host` on
+    /// `server`.
+    pub(crate) async fn tls<C, S>(
+        &self,
+        client: C,
+        server: S,
+        host: &str,
+    ) -> Result<
+        (
+            tokio_rustls::server::TlsStream<C>,
+            tokio_rustls::client::TlsStream<S>,
+        ),
+        String,
+    >
+    where
+        C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.server_config(host)?);
+        let client = acceptor
+            .accept(client)
+            .await
+            .map_err(|e| format!("TLS with the sandbox for {host}: {e}"))?;
+        let name = ServerName::try_from(host.to_string()).map_err(|e| format!("{host}: {e}"))?;
+        let connector = tokio_rustls::TlsConnector::from(self.upstream.clone());
+        let server = connector
+            .connect(name, server)
+            .await
+            .map_err(|e| format!("TLS with {host}: {e}"))?;
+        Ok((client, server))
+    }
+}
+
+/// `head` with every placeholder in its header lines replaced by its value, and
+/// `Connection: close` (one request a connection: a later request on it goes without
+/// the values).
+pub(crate) fn rewrite_head(head: &[u8], bindings: &[(String, String)]) -> Result<Vec<u8>, String> {
+    let text =
+        std::str::from_utf8(head).map_err(|_| "a request head that is not UTF-8".to_string())?;
+    let mut lines = text.split("\r\n");
+    let request = lines.next().unwrap_or_default();
+    let mut out = format!("{request}\r\n");
+    for line in lines.filter(|l| !l.is_empty()) {
+        let name = line.split(':').next().unwrap_or_default().trim();
+        if ["connection", "keep-alive", "proxy-connection"]
+            .iter()
+            .any(|d| name.eq_ignore_ascii_case(d))
+        {
+            continue;
+        }
+        let mut line = line.to_string();
+        for (placeholder, value) in bindings {
+            line = line.replace(placeholder.as_str(), value);
+        }
+        out.push_str(&line);
+        out.push_str("\r\n");
+    }
+    out.push_str("Connection: close\r\n\r\n");
+    Ok(out.into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(value: &str, hosts: &[&str]) -> SecretSpec {
+        SecretSpec {
+            value: value.into(),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn secrets_are_checked_and_bound_to_their_hosts() {
+        let secrets = Secrets::new(&BTreeMap::from([
+            ("API_KEY".to_string(), spec("s3cret", &["api.example.com"])),
+            ("OTHER".to_string(), spec("x", &["*.other.example:8443"])),
+        ]))
+        .unwrap();
+        let env = secrets.env();
+        assert_eq!(env.len(), 2);
+        assert!(
+            env.iter()
+                .all(|(_, p)| p.starts_with("skillbox-secret-") && p.len() == 48)
+        );
+        assert_ne!(env[0].1, env[1].1);
+        let bound = secrets.for_host("api.example.com", 443);
+        assert_eq!(bound.len(), 1);
+        assert_eq!(bound[0].1, "s3cret");
+        assert!(
+            secrets.for_host("api.example.com", 80).is_empty(),
+            "443 only without a port"
+        );
+        assert!(secrets.for_host("evil.example", 443).is_empty());
+        assert_eq!(secrets.for_host("a.other.example", 8443).len(), 1);
+        assert!(!format!("{secrets:?}").contains("s3cret"));
+
+        for (name, value, hosts, said) in [
+            (
+                "lower",
+                "v",
+                vec!["a.example"],
+                "the name of an environment variable",
+            ),
+            (
+                "1X",
+                "v",
+                vec!["a.example"],
+                "the name of an environment variable",
+            ),
+            ("K", "", vec!["a.example"], "secrets.K.value"),
+            (
+                "K",
+                "a\r\nX-Evil: 1",
+                vec!["a.example"],
+                "control characters",
+            ),
+            ("K", "v", vec![], "secrets.K.hosts"),
+            ("K", "v", vec!["https://a.example"], "secrets.K.hosts[0]"),
+        ] {
+            let err = Secrets::new(&BTreeMap::from([(name.to_string(), spec(value, &hosts))]))
+                .unwrap_err();
+            assert!(err.contains(said), "{name} {value:?}: {err}");
+            assert!(!err.contains("a\r\n"), "{err}");
+        }
+    }
+
+    #[test]
+    fn heads_get_values_in_headers_only_and_close() {
+        let bindings = vec![("skillbox-secret-ab".to_string(), "REAL".to_string())];
+        let head = b"GET /skillbox-secret-ab HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer skillbox-secret-ab\r\nConnection: keep-alive\r\n\r\n";
+        let out = String::from_utf8(rewrite_head(head, &bindings).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            "GET /skillbox-secret-ab HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer REAL\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn the_ca_signs_leaves_for_hosts() {
+        let interceptor = Interceptor::new(&[]).unwrap();
+        assert!(
+            interceptor
+                .ca_pem()
+                .starts_with("-----BEGIN CERTIFICATE-----")
+        );
+        assert!(interceptor.server_config("api.example.com").is_ok());
+        assert!(interceptor.server_config("api.example.com").is_ok());
+    }
+}
