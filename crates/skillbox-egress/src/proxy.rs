@@ -138,7 +138,7 @@ struct Inner {
     limits: ProxyLimits,
     audit: Arc<Audit>,
     stop: CancellationToken,
-    open: Semaphore,
+    open: Arc<Semaphore>,
     tasks: TaskTracker,
     /// The secrets and the TLS that adds them at egress (`None`: tunnels only).
     secrets: Option<(crate::Secrets, crate::Interceptor)>,
@@ -177,7 +177,7 @@ impl Proxy {
             inner: Arc::new(Inner {
                 rules,
                 resolver,
-                open: Semaphore::new(limits.max_connections.max(1)),
+                open: Arc::new(Semaphore::new(limits.max_connections.max(1))),
                 limits,
                 audit: Arc::default(),
                 stop: CancellationToken::new(),
@@ -201,6 +201,17 @@ impl Proxy {
     /// proxy).
     pub async fn serve_until(&self, listener: TcpListener, until: CancellationToken) {
         loop {
+            // A slot before the accept: past `max_connections` the sandbox's connections
+            // wait in the listen backlog (the kernel's, in the sandbox's namespace), not
+            // as fds and tasks of skillbox's own process, which every sandbox shares.
+            let slot = tokio::select! {
+                () = self.inner.stop.cancelled() => break,
+                () = until.cancelled() => break,
+                slot = self.inner.open.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break,
+                },
+            };
             let stream = tokio::select! {
                 () = self.inner.stop.cancelled() => break,
                 () = until.cancelled() => break,
@@ -215,9 +226,10 @@ impl Proxy {
             };
             let _ = stream.set_nodelay(true);
             let proxy = self.clone();
-            self.inner
-                .tasks
-                .spawn(async move { proxy.handle(stream).await });
+            self.inner.tasks.spawn(async move {
+                proxy.handle_in(stream).await;
+                drop(slot);
+            });
         }
     }
 
@@ -229,14 +241,22 @@ impl Proxy {
     }
 
     /// Serves one client connection to its end.
-    pub async fn handle<S>(&self, mut client: S)
+    pub async fn handle<S>(&self, client: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Ok(_slot) = self.inner.open.acquire().await else {
+            return;
+        };
+        self.handle_in(client).await;
+    }
+
+    /// [`handle`](Self::handle) once a slot is held.
+    async fn handle_in<S>(&self, mut client: S)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let inner = &self.inner;
-        let Ok(_slot) = inner.open.acquire().await else {
-            return;
-        };
         let head = tokio::select! {
             () = inner.stop.cancelled() => return,
             read = tokio::time::timeout(inner.limits.head_timeout, read_head(&mut client)) => read,

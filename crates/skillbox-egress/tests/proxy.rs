@@ -307,3 +307,50 @@ fn the_egress_byte_bound_cuts_the_connection() {
         );
     });
 }
+
+/// The file descriptors this process has open.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Sandbox code opening connection after connection to the proxy and sending nothing
+/// holds no more than `max_connections` of skillbox's own fds: the rest wait in the
+/// kernel's listen backlog, not as fds and tasks of the process every sandbox shares.
+#[tokio::test]
+async fn idle_connections_past_the_bound_cost_skillbox_no_fds() {
+    let (proxy, addr) = start(
+        &["allowed.test"],
+        ProxyLimits {
+            max_connections: 2,
+            head_timeout: Duration::from_secs(60),
+            ..ProxyLimits::default()
+        },
+    )
+    .await;
+    let before = open_fds();
+    let mut clients = Vec::new();
+    for _ in 0..100 {
+        clients.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // The two the proxy serves are accepted (each an fd of ours as well as the client's).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open_fds() < before + 100 + 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy accepted nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // No more, however long the accept loop is given.
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while std::time::Instant::now() < deadline {
+        let held = open_fds() - before - 100;
+        assert!(
+            held <= 2 + 2,
+            "the proxy holds {held} fds for 100 idle connections with max_connections 2"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(clients);
+    proxy.stop().await;
+}
