@@ -306,13 +306,13 @@ impl Proxy {
                 return;
             }
         };
-        record.verdict = Verdict::Allowed;
-        record.address = Some(address.to_string());
         let bindings = match (&target.forward, &inner.secrets) {
             (None, Some((secrets, _))) => secrets.for_host(&target.host, target.port),
             _ => Vec::new(),
         };
         if !bindings.is_empty() {
+            record.verdict = Verdict::Allowed;
+            record.address = Some(address.to_string());
             let (out, back, cut) = self
                 .intercept(client, server, &target.host, &bindings, &rest)
                 .await;
@@ -322,6 +322,19 @@ impl Proxy {
             inner.audit.record(record);
             return;
         }
+        // The head forwarded and whatever followed it count against the bound as the
+        // rest of the stream does: nothing of them is sent past it.
+        let opening = target.forward.as_ref().map_or(0, Vec::len) + rest.len();
+        if let Err(cut) = inner.charge(opening as u64) {
+            drop(server);
+            refuse(&mut client, "403 Forbidden", &cut).await;
+            record.reason = Some(cut);
+            inner.audit.record(record);
+            return;
+        }
+        record.verdict = Verdict::Allowed;
+        record.address = Some(address.to_string());
+        record.bytes_out = opening as u64;
         let opened = match &target.forward {
             None => {
                 client
@@ -331,11 +344,6 @@ impl Proxy {
             Some(forward) => server.write_all(forward).await,
         };
         if opened.is_ok() && !rest.is_empty() {
-            record.bytes_out += rest.len() as u64;
-            inner
-                .audit
-                .bytes
-                .fetch_add(rest.len() as u64, Ordering::Relaxed);
             let _ = server.write_all(&rest).await;
         }
         if opened.is_ok() {
@@ -391,7 +399,9 @@ impl Proxy {
             Err(why) => return (0, 0, Some(why)),
         };
         let sent = (head.len() + rest.len()) as u64;
-        self.inner.audit.bytes.fetch_add(sent, Ordering::Relaxed);
+        if let Err(why) = self.inner.charge(sent) {
+            return (0, 0, Some(why));
+        }
         if server.write_all(&head).await.is_err() || server.write_all(&rest).await.is_err() {
             return (sent, 0, None);
         }
@@ -411,6 +421,13 @@ impl Proxy {
             .rules
             .check(&target.host, target.port)
             .map_err(refused)?;
+        if let Some(bound) = inner.limits.egress_bytes
+            && inner.audit.bytes() >= bound
+        {
+            return Err(refused(format!(
+                "limits.egressBytes ({bound} bytes) reached: no more connections"
+            )));
+        }
         let work = async {
             let addresses = match target.host.parse::<IpAddr>() {
                 Ok(ip) => vec![SocketAddr::new(ip, target.port)],
@@ -487,6 +504,20 @@ impl Proxy {
     }
 }
 
+impl Inner {
+    /// Counts `n` bytes about to go through against `limits.egressBytes`: `Err` with
+    /// the reason when they would pass it (then they are not sent).
+    fn charge(&self, n: u64) -> Result<(), String> {
+        let total = self.audit.bytes.fetch_add(n, Ordering::Relaxed) + n;
+        match self.limits.egress_bytes {
+            Some(bound) if total > bound => Err(format!(
+                "limits.egressBytes ({bound} bytes) reached: the connection was cut"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Copies `from` to `to` until end of file (then shuts `to` down), an error, or the
 /// bound: (bytes, why it was cut).
 async fn copy<R, W>(
@@ -512,17 +543,9 @@ where
                 Ok(n) => n,
             },
         };
-        let total = inner.audit.bytes.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
-        if let Some(bound) = inner.limits.egress_bytes
-            && total > bound
-        {
+        if let Err(why) = inner.charge(n as u64) {
             cut.cancel();
-            return (
-                copied,
-                Some(format!(
-                    "limits.egressBytes ({bound} bytes) reached: the connection was cut"
-                )),
-            );
+            return (copied, Some(why));
         }
         if to.write_all(&buf[..n]).await.is_err() {
             cut.cancel();

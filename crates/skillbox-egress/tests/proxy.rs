@@ -354,3 +354,80 @@ async fn idle_connections_past_the_bound_cost_skillbox_no_fds() {
     drop(clients);
     proxy.stop().await;
 }
+
+/// Sandbox code cannot carry data past `limits.egressBytes` in request heads (and the
+/// bytes sent right behind them), one connection after another: the heads count, and
+/// past the bound no connection is made.
+#[test]
+fn request_heads_count_against_the_egress_byte_bound() {
+    in_netns(
+        "request_heads_count_against_the_egress_byte_bound",
+        || async {
+            // A server that counts every byte it is sent, over all connections.
+            let listener = TcpListener::bind((PUBLIC, 0)).await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = received.clone();
+            tokio::spawn(async move {
+                loop {
+                    let (mut stream, _) = listener.accept().await.unwrap();
+                    let counted = counted.clone();
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(n @ 1..) = stream.read(&mut buf).await {
+                            counted.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+                            if buf[..n].ends_with(b"\r\n\r\n") || buf[..n].ends_with(b"tail") {
+                                break;
+                            }
+                        }
+                    });
+                }
+            });
+            let bound = 4096;
+            let (proxy, addr) = start(
+                &[&format!("allowed.test:{port}")],
+                ProxyLimits {
+                    egress_bytes: Some(bound),
+                    ..ProxyLimits::default()
+                },
+            )
+            .await;
+            let secret = "s".repeat(3000);
+            for _ in 0..10 {
+                ask(
+                    addr,
+                    format!("GET http://allowed.test:{port}/ HTTP/1.1\r\nX-Data: {secret}\r\n\r\n")
+                        .as_bytes(),
+                )
+                .await;
+                ask(
+                    addr,
+                    format!(
+                        "CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n{}tail",
+                        &secret[..1500]
+                    )
+                    .as_bytes(),
+                )
+                .await;
+            }
+            proxy.stop().await;
+            let received = received.load(std::sync::atomic::Ordering::SeqCst);
+            assert!(
+                received as u64 <= bound,
+                "{received} bytes reached the server through a {bound} byte bound"
+            );
+            let connections = proxy.audit().connections();
+            assert!(
+                connections
+                    .iter()
+                    .filter(|c| c.verdict == Verdict::Refused)
+                    .all(|c| c
+                        .reason
+                        .as_deref()
+                        .unwrap_or_default()
+                        .contains("limits.egressBytes")),
+                "{connections:#?}"
+            );
+        },
+    );
+}
