@@ -581,8 +581,8 @@ async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> Result<(Vec<u8>, Vec
 }
 
 /// The target of a request head: CONNECT's `host:port`, or an absolute `http://` URL
-/// (then the head to forward, in origin-form, with `Connection: close` and without the
-/// proxy's own headers).
+/// (then the head to forward, in origin-form, with the URL's `Host`, `Connection:
+/// close` and without the proxy's own headers).
 fn parse_head(head: &[u8]) -> Result<Target, String> {
     let text =
         std::str::from_utf8(head).map_err(|_| "a request head that is not UTF-8".to_string())?;
@@ -624,10 +624,13 @@ fn parse_head(head: &[u8]) -> Result<Target, String> {
         return Err("credentials in the URL are not passed on".into());
     }
     let (host, port) = split_host_port(authority, Some(80))?;
-    let mut forward = format!("{method} {path} {version}\r\n");
+    // The Host sent is the URL's (RFC 9112 §3.2.2): a Host of the client's own naming
+    // another site behind the allowed host's address (a CDN's) would reach that site.
+    let mut forward = format!("{method} {path} {version}\r\nHost: {authority}\r\n");
     for line in lines.filter(|l| !l.is_empty()) {
         let name = line.split(':').next().unwrap_or_default().trim();
         let dropped = [
+            "host",
             "proxy-connection",
             "proxy-authorization",
             "connection",
@@ -713,6 +716,18 @@ mod tests {
             String::from_utf8(t.forward.unwrap()).unwrap(),
             "GET /a?b=1 HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         );
+        // A Host naming another site is not passed on: the URL's is.
+        for head in [
+            &b"GET http://Example.com:8080/ HTTP/1.1\r\nHost: other.site\r\n\r\n"[..],
+            b"GET http://Example.com:8080/ HTTP/1.1\r\nHOST : other.site\r\nHost: x\r\n\r\n",
+            b"GET http://Example.com:8080/ HTTP/1.1\r\n\r\n",
+        ] {
+            let forward = String::from_utf8(parse_head(head).unwrap().forward.unwrap()).unwrap();
+            assert_eq!(
+                forward,
+                "GET / HTTP/1.1\r\nHost: Example.com:8080\r\nConnection: close\r\n\r\n"
+            );
+        }
         let t = parse_head(b"POST http://example.com:8080?q HTTP/1.0\r\n\r\n").unwrap();
         assert_eq!(t.port, 8080);
         assert!(

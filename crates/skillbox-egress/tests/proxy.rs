@@ -186,15 +186,19 @@ fn allowed_names_are_reached_and_everything_else_refused() {
                 "HTTP/1.1 200 Connection established\r\n\r\nserver saw: hello"
             );
 
-            // An absolute-form request: forwarded in origin-form, without the proxy's headers.
+            // An absolute-form request: forwarded in origin-form, without the proxy's
+            // headers, and with the URL's Host, not one naming another site (behind a
+            // CDN, the allowed address would serve it).
             let answer = ask(
             addr,
-            format!("GET http://allowed.test:{port}/pkg?v=1 HTTP/1.1\r\nHost: allowed.test\r\nProxy-Authorization: Basic eA==\r\n\r\n").as_bytes(),
+            format!("GET http://allowed.test:{port}/pkg?v=1 HTTP/1.1\r\nHost: other.test\r\nProxy-Authorization: Basic eA==\r\n\r\n").as_bytes(),
         )
         .await;
             assert_eq!(
                 answer,
-                "server saw: GET /pkg?v=1 HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n"
+                format!(
+                    "server saw: GET /pkg?v=1 HTTP/1.1\r\nHost: allowed.test:{port}\r\nConnection: close\r\n\r\n"
+                )
             );
 
             // Not on the list, denied, another port: refused with a reason, nothing reached.
