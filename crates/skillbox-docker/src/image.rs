@@ -22,10 +22,11 @@ use crate::daemon::{connect, daemon_error};
 use crate::runtime::{PRIVATE_PERL, PRIVATE_PYTHON, Runtime};
 
 /// Bump when the recipe below changes what ends up in the image.
-const RECIPE: &str = "skillbox-runtime-3";
+const RECIPE: &str = "skillbox-runtime-4";
 const REPOSITORY: &str = "skillbox-runtime";
 /// Debian packages on top of `minbase` (which has bash, coreutils, perl-base).
-const PACKAGES: &str = "python3,curl,ca-certificates";
+/// pip (Depends only, as debootstrap installs): `pip install` through the egress proxy.
+const PACKAGES: &str = "python3,python3-pip,curl,ca-certificates";
 const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 /// Parts of the debootstrap root nothing in a sandbox reads.
 const SKIPPED: &[&str] = &[
@@ -377,6 +378,26 @@ fn append_dir(
         .map_err(|e| tar_error(path, &e))
 }
 
+fn append_symlink(tar: &mut tar::Builder<impl Write>, path: &str, target: &str) -> EnvResult<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(0);
+    header.set_mode(0o777);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Symlink);
+    tar.append_link(&mut header, path, target)
+        .map_err(|e| tar_error(path, &e))
+}
+
+/// The npm package of the node at `node` (`<prefix>/lib/node_modules/npm` for a node
+/// in `<prefix>/bin`), if it is there.
+fn npm_beside(node: &Path) -> Option<PathBuf> {
+    let node = std::fs::canonicalize(node).ok()?;
+    let npm = node.parent()?.parent()?.join("lib/node_modules/npm");
+    npm.join("bin/npm-cli.js").is_file().then_some(npm)
+}
+
 /// Adds `dir` (recursively, symlinks as symlinks) under `prefix`, skipping `skip`.
 fn append_tree(
     tar: &mut tar::Builder<impl Write>,
@@ -499,6 +520,30 @@ fn write_image_tar(sink: impl Write, rootfs: &Path, inputs: &BuildInputs) -> Env
     let node = std::fs::read(&inputs.node_binary)
         .map_err(|e| io_failed("read", &inputs.node_binary, &e))?;
     append_file(&mut tar, "usr/local/bin/node", &node, 0o755)?;
+    // The host's npm beside its node (`npm install` through the egress proxy), when
+    // there is one.
+    if let Some(npm) = npm_beside(&inputs.node_binary) {
+        for dir in ["usr/local/lib", "usr/local/lib/node_modules"] {
+            // The Debian root may have it already (a tar must not hold a path twice).
+            if !rootfs.join(dir).exists() {
+                append_dir(&mut tar, dir, 0o755, 0)?;
+            }
+        }
+        append_tree(
+            &mut tar,
+            &npm,
+            Path::new("usr/local/lib/node_modules/npm"),
+            &[],
+            true,
+        )?;
+        for (name, cli) in [("npm", "npm-cli.js"), ("npx", "npx-cli.js")] {
+            append_symlink(
+                &mut tar,
+                &format!("usr/local/bin/{name}"),
+                &format!("../lib/node_modules/npm/bin/{cli}"),
+            )?;
+        }
+    }
     append_dir(&mut tar, "node_modules", 0o755, 0)?;
     append_tree(
         &mut tar,
@@ -522,7 +567,8 @@ async fn verify(tag: &str) -> EnvResult<()> {
     let sandbox = backend.create(spec).await?;
     let check = ExecRequest::shell(
         "node -e \"require('pptxgenjs'); console.log('node ' + process.version)\" && \
-         python3 -c 'import sys; print(\"python\", sys.version.split()[0])'",
+         python3 -c 'import sys; print(\"python\", sys.version.split()[0])' && \
+         python3 -m pip --version && { [ ! -e /usr/local/bin/npm ] || npm --version; }",
     )
     .cwd("/workspace");
     let result = sandbox.exec(check, &CancellationToken::new()).await;

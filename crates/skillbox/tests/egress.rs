@@ -127,7 +127,8 @@ fn write(dir: &Path, name: &str, body: &str) -> String {
 }
 
 /// `pip install` and `npm install` from the registry, through the proxy, with only the
-/// registry allowed; the run's egress record lists what went through.
+/// registry allowed, on native and docker; the run's egress record lists what went
+/// through.
 #[test]
 fn pip_and_npm_install_through_the_proxy() {
     let Some(ns) = Namespace::new("pip_and_npm_install_through_the_proxy") else {
@@ -138,83 +139,93 @@ fn pip_and_npm_install_through_the_proxy() {
     let allow = format!("{PUBLIC}:{}", ns.port);
     let registry = format!("http://{PUBLIC}:{}", ns.port);
 
-    let pip = write(
-        scripts.path(),
-        "pip.sh",
-        &format!(
-            "set -e\n/usr/bin/python3 -m pip install -q --disable-pip-version-check --no-cache-dir \
-             --index-url {registry}/simple/ --trusted-host {PUBLIC} --target /workspace/lib skillbox-egress-probe\n\
-             PYTHONPATH=/workspace/lib /usr/bin/python3 -c 'import skillbox_egress_probe as p; print(p.VALUE)'\n"
-        ),
-    );
-    let out = ns.skillbox(
-        data.path(),
-        &[
-            "run",
-            &pip,
-            "--allow-net",
-            &allow,
-            "--timeout",
-            "120s",
-            "--json",
-        ],
-    );
-    let result = json(&out);
-    assert_eq!(result["exitCode"], 0, "{result:#}");
-    assert_eq!(
-        result["stdout"].as_str().unwrap().trim(),
-        "pip-probe-ok",
-        "{result:#}"
-    );
-    let egress = result["egress"].as_array().unwrap();
-    assert!(
-        !egress.is_empty()
-            && egress
-                .iter()
-                .all(|c| c["verdict"] == "allowed" && c["host"] == PUBLIC),
-        "{result:#}"
-    );
-    assert!(
-        ns.requests().iter().any(|p| p.ends_with(".whl")),
-        "{:?}",
-        ns.requests()
-    );
+    for backend in ["native", "docker"] {
+        let before = ns.requests().len();
+        let pip = write(
+            scripts.path(),
+            "pip.sh",
+            &format!(
+                "set -e\n/usr/bin/python3 -m pip install -q --disable-pip-version-check --no-cache-dir \
+                 --index-url {registry}/simple/ --trusted-host {PUBLIC} --target /workspace/lib skillbox-egress-probe\n\
+                 PYTHONPATH=/workspace/lib /usr/bin/python3 -c 'import skillbox_egress_probe as p; print(p.VALUE)'\n"
+            ),
+        );
+        let out = ns.skillbox(
+            data.path(),
+            &[
+                "run",
+                &pip,
+                "--backend",
+                backend,
+                "--allow-net",
+                &allow,
+                "--timeout",
+                "120s",
+                "--json",
+            ],
+        );
+        let result = json(&out);
+        assert_eq!(result["exitCode"], 0, "{backend}: {result:#}");
+        assert_eq!(
+            result["stdout"].as_str().unwrap().trim(),
+            "pip-probe-ok",
+            "{backend}: {result:#}"
+        );
+        let egress = result["egress"].as_array().unwrap();
+        assert!(
+            !egress.is_empty()
+                && egress
+                    .iter()
+                    .all(|c| c["verdict"] == "allowed" && c["host"] == PUBLIC),
+            "{backend}: {result:#}"
+        );
+        assert!(
+            ns.requests()[before..].iter().any(|p| p.ends_with(".whl")),
+            "{backend}: {:?}",
+            ns.requests()
+        );
 
-    let npm = write(
-        scripts.path(),
-        "npm.sh",
-        &format!(
-            "set -e\ncd /workspace\nnpm install --no-audit --no-fund --no-update-notifier --loglevel=error \
-             --registry {registry}/ skillbox-egress-probe >/dev/null\n\
-             node -e 'console.log(require(\"skillbox-egress-probe\"))'\n"
-        ),
-    );
-    let out = ns.skillbox(
-        data.path(),
-        &[
-            "run",
-            &npm,
-            "--allow-net",
-            &allow,
-            "--timeout",
-            "120s",
-            "--json",
-            "--outputs",
-            "none",
-        ],
-    );
-    let result = json(&out);
-    assert_eq!(result["exitCode"], 0, "{result:#}");
-    assert_eq!(
-        result["stdout"].as_str().unwrap().trim(),
-        "npm-probe-ok",
-        "{result:#}"
-    );
-    assert!(
-        ns.requests().iter().any(|p| p.ends_with(".tgz")),
-        "{:?}",
-        ns.requests()
-    );
+        let before = ns.requests().len();
+        let npm = write(
+            scripts.path(),
+            "npm.sh",
+            &format!(
+                "set -e\ncd /workspace\n\
+                 # a package of its own: else npm takes / (the image's /node_modules) for the project\n\
+                 echo '{{}}' > package.json\nnpm install --no-audit --no-fund --no-update-notifier --loglevel=error \
+                 --registry {registry}/ skillbox-egress-probe >/dev/null\n\
+                 node -e 'console.log(require(\"skillbox-egress-probe\"))'\n"
+            ),
+        );
+        let out = ns.skillbox(
+            data.path(),
+            &[
+                "run",
+                &npm,
+                "--backend",
+                backend,
+                "--allow-net",
+                &allow,
+                "--timeout",
+                "120s",
+                "--json",
+                "--outputs",
+                "none",
+            ],
+        );
+        let result = json(&out);
+        assert_eq!(result["exitCode"], 0, "{backend}: {result:#}");
+        assert_eq!(
+            result["stdout"].as_str().unwrap().trim(),
+            "npm-probe-ok",
+            "{backend}: {result:#}"
+        );
+        assert!(
+            ns.requests()[before..].iter().any(|p| p.ends_with(".tgz")),
+            "{backend}: {:?}",
+            ns.requests()
+        );
+    }
 }
 
 /// Without --allow-net the registry is not reached at all; with another host allowed,
