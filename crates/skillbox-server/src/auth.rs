@@ -236,7 +236,7 @@ pub(crate) async fn guard(
             .and_then(|h| h.to_str().ok())
             .unwrap_or("");
         if !policy.allows(host) {
-            return Failure::new(
+            let response = Failure::new(
                 ErrorCode::PermissionDenied,
                 format!(
                     "Host {host:?} is not allowed: this server listens on loopback and answers \
@@ -244,6 +244,7 @@ pub(crate) async fn guard(
                 ),
             )
             .into_response();
+            return closing_if_unread(&request, response);
         }
     }
     let tenant = match &state.config.keys {
@@ -275,13 +276,31 @@ pub(crate) async fn guard(
                     response
                         .headers_mut()
                         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                    return response;
+                    return closing_if_unread(&request, response);
                 }
             }
         }
     };
     request.extensions_mut().insert(tenant);
     next.run(request).await
+}
+
+/// A refusal sent before the request's body is read ends the connection, and says so:
+/// hyper cannot reuse a connection with a body left in it, and a client that sent its
+/// next request on it would see the connection close with no answer.
+fn closing_if_unread(request: &Request, mut response: Response) -> Response {
+    let headers = request.headers();
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0");
+    if has_body {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
 }
 
 #[cfg(test)]

@@ -515,3 +515,39 @@ async fn downloads_are_attachments_of_their_stored_type_with_ranges() {
     assert_eq!(whole.status(), 200);
     assert_eq!(whole.text().await.unwrap().len(), 25);
 }
+
+/// A refusal sent before the body is read says `Connection: close`, so a client does not
+/// send its next request on a connection the server is about to close (it would see
+/// the connection end with no answer); a refusal of a bodiless request keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_closes_the_connection_and_says_so() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        keys: keys(),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let body = r#"{"script":"echo ran","language":"sh"}"#;
+    let mut stream = TcpStream::connect(server.addr()).await.unwrap();
+    let request = format!(
+        "POST /v1/run HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.addr(),
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let got = read_to_close(&mut stream, Duration::from_secs(10))
+        .await
+        .expect("the server closes the connection");
+    let text = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(text.starts_with("http/1.1 401"), "{text}");
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+
+    let response = server
+        .send(reqwest::Method::GET, "/metrics", None, None)
+        .await;
+    assert_eq!(response.status(), 401);
+    assert!(response.headers().get("connection").is_none());
+}
