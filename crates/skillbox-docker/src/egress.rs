@@ -26,8 +26,9 @@ pub(crate) async fn attach(
     policy: &SandboxPolicy,
     resolver: Arc<dyn Resolve>,
 ) -> EnvResult<Option<Proxy>> {
-    let proxy = skillbox_egress::proxy_for(policy.network.as_ref(), policy.egress_bytes, resolver)
-        .map_err(|e| EnvError::invalid(e.to_string()))?;
+    let proxy =
+        skillbox_egress::proxy_for(policy.network.as_ref(), policy.egress_bytes, resolver, None)
+            .map_err(|e| EnvError::invalid(e.to_string()))?;
     let Some(proxy) = proxy else {
         return Ok(None);
     };

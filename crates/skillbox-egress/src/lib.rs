@@ -22,12 +22,14 @@ pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
 pub use secrets::{Interceptor, MAX_SECRETS, Secrets};
 pub use skillbox_protocol::SecretSpec;
 
-/// A sandbox's proxy for `network` (checked: a bad entry is the error), or `None`
-/// when it allows nothing (no network at all, as no policy).
+/// A sandbox's proxy for `network` (checked: a bad entry is the error), adding
+/// `secrets` at egress when given, or `None` when it allows nothing (no network at all,
+/// as no policy).
 pub fn proxy_for(
     network: Option<&NetworkPolicy>,
     egress_bytes: Option<u64>,
     resolver: std::sync::Arc<dyn Resolve>,
+    secrets: Option<(Secrets, Interceptor)>,
 ) -> Result<Option<Proxy>, RuleError> {
     let Some(network) = network else {
         return Ok(None);
@@ -36,12 +38,9 @@ pub fn proxy_for(
     if rules.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Proxy::new(
-        rules,
-        resolver,
-        ProxyLimits {
-            egress_bytes,
-            ..ProxyLimits::default()
-        },
-    )))
+    let limits = ProxyLimits {
+        egress_bytes,
+        ..ProxyLimits::default()
+    };
+    Ok(Some(Proxy::with_secrets(rules, resolver, limits, secrets)))
 }

@@ -15,11 +15,6 @@ use crate::connect::{close_all_but, errno, receive_fd, send_report};
 
 pub(crate) use skillbox_egress::netns::{EGRESS_PORT, proxy_env};
 
-/// Whether `policy` gives the sandbox egress: a network policy with an allow entry.
-pub(crate) fn wanted(policy: &skillbox_env::SandboxPolicy) -> bool {
-    policy.wants_egress()
-}
-
 /// The sandbox's egress, or `None` without it; a bad policy is `invalid`, naming the
 /// entry.
 pub(crate) fn proxy_for(
@@ -27,64 +22,48 @@ pub(crate) fn proxy_for(
     resolver: &std::sync::Arc<dyn skillbox_egress::Resolve>,
     upstream_roots: &[rustls_pki_types::CertificateDer<'static>],
 ) -> skillbox_env::EnvResult<Option<Egress>> {
-    if wanted(policy) && policy.listen_ports.contains(&EGRESS_PORT) {
-        return Err(skillbox_env::EnvError::invalid(format!(
+    let invalid = |e: String| skillbox_env::EnvError::invalid(e);
+    if policy.wants_egress() && policy.listen_ports.contains(&EGRESS_PORT) {
+        return Err(invalid(format!(
             "listenPorts: {EGRESS_PORT} is where the egress proxy listens in a sandbox with a network policy"
         )));
     }
-    let invalid = |e: String| skillbox_env::EnvError::invalid(e);
-    if !policy.secrets.is_empty() && !wanted(policy) {
+    if !policy.secrets.is_empty() && !policy.wants_egress() {
         return Err(invalid(
             "secrets: they go out through the egress proxy; give network.allow with their hosts"
                 .into(),
         ));
     }
-    let Some(network) = &policy.network else {
-        return Ok(None);
-    };
-    let rules = skillbox_egress::Rules::new(network).map_err(|e| invalid(e.to_string()))?;
-    if rules.is_empty() {
-        return Ok(None);
+    let (mut env, mut ca_pem, mut secrets) = (Vec::new(), None, None);
+    if !policy.secrets.is_empty() {
+        let checked = skillbox_egress::Secrets::new(&policy.secrets).map_err(invalid)?;
+        let interceptor = skillbox_egress::Interceptor::new(upstream_roots)
+            .map_err(|e| skillbox_env::EnvError::unavailable(format!("egress secrets: {e}")))?;
+        env = checked.env();
+        for name in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "PIP_CERT",
+            "GIT_SSL_CAINFO",
+        ] {
+            env.push((name.to_string(), format!("{CA_DIR}/ca-bundle.pem")));
+        }
+        env.push((
+            "NODE_EXTRA_CA_CERTS".to_string(),
+            format!("{CA_DIR}/ca.pem"),
+        ));
+        ca_pem = Some(interceptor.ca_pem().to_string());
+        secrets = Some((checked, interceptor));
     }
-    let limits = skillbox_egress::ProxyLimits {
-        egress_bytes: policy.egress_bytes,
-        ..skillbox_egress::ProxyLimits::default()
-    };
-    if policy.secrets.is_empty() {
-        return Ok(Some(Egress {
-            proxy: skillbox_egress::Proxy::new(rules, resolver.clone(), limits),
-            env: Vec::new(),
-            ca_pem: None,
-        }));
-    }
-    let secrets = skillbox_egress::Secrets::new(&policy.secrets).map_err(invalid)?;
-    let interceptor = skillbox_egress::Interceptor::new(upstream_roots)
-        .map_err(|e| skillbox_env::EnvError::unavailable(format!("egress secrets: {e}")))?;
-    let ca_pem = interceptor.ca_pem().to_string();
-    let mut env = secrets.env();
-    for name in [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "PIP_CERT",
-        "GIT_SSL_CAINFO",
-    ] {
-        env.push((name.to_string(), format!("{CA_DIR}/ca-bundle.pem")));
-    }
-    env.push((
-        "NODE_EXTRA_CA_CERTS".to_string(),
-        format!("{CA_DIR}/ca.pem"),
-    ));
-    Ok(Some(Egress {
-        proxy: skillbox_egress::Proxy::with_secrets(
-            rules,
-            resolver.clone(),
-            limits,
-            Some((secrets, interceptor)),
-        ),
-        env,
-        ca_pem: Some(ca_pem),
-    }))
+    let proxy = skillbox_egress::proxy_for(
+        policy.network.as_ref(),
+        policy.egress_bytes,
+        resolver.clone(),
+        secrets,
+    )
+    .map_err(|e| invalid(e.to_string()))?;
+    Ok(proxy.map(|proxy| Egress { proxy, env, ca_pem }))
 }
 
 /// Where a sandbox with secrets finds its CA (read-only): `ca.pem`, and

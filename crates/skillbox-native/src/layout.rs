@@ -396,7 +396,7 @@ pub fn plan(
             DEVICES,
             TTYS,
             &policy.listen_ports,
-            if crate::egress::wanted(policy) {
+            if policy.wants_egress() {
                 &[crate::egress::EGRESS_PORT][..]
             } else {
                 &[]
