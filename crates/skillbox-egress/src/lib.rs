@@ -17,7 +17,9 @@ mod rules;
 mod secrets;
 
 pub use addr::forbidden;
-pub use proxy::{Audit, Connection, Proxy, ProxyLimits, Resolve, SystemResolver, Verdict};
+pub use proxy::{
+    Audit, Connection, Proxy, ProxyLimits, Resolve, StaticResolver, SystemResolver, Verdict,
+};
 pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
 pub use secrets::{Interceptor, MAX_SECRETS, Secrets};
 pub use skillbox_protocol::SecretSpec;

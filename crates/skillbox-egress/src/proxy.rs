@@ -50,6 +50,45 @@ impl Resolve for SystemResolver {
     }
 }
 
+/// Names answered from a fixed table (a pinned name, a test's own servers); any other
+/// name does not resolve. Every address is still judged before a connect.
+#[derive(Debug, Clone, Default)]
+pub struct StaticResolver(pub std::collections::HashMap<String, IpAddr>);
+
+impl StaticResolver {
+    /// The table from `(name, address)` pairs; an address that does not parse is the
+    /// error, naming it.
+    pub fn of(names: &[(&str, &str)]) -> Result<StaticResolver, String> {
+        names
+            .iter()
+            .map(|(name, ip)| {
+                ip.parse()
+                    .map(|ip| (name.to_string(), ip))
+                    .map_err(|e| format!("{name}: {ip:?}: {e}"))
+            })
+            .collect::<Result<_, _>>()
+            .map(StaticResolver)
+    }
+}
+
+impl Resolve for StaticResolver {
+    fn resolve<'a>(
+        &'a self,
+        host: &'a str,
+        port: u16,
+    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>> {
+        Box::pin(async move {
+            match self.0.get(host) {
+                Some(ip) => Ok(vec![SocketAddr::new(*ip, port)]),
+                None => Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{host}: not in the table"),
+                )),
+            }
+        })
+    }
+}
+
 /// How much one proxy lets through.
 #[derive(Debug, Clone, Copy)]
 pub struct ProxyLimits {

@@ -6,38 +6,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use skillbox_egress::{NetworkPolicy, Proxy, ProxyLimits, Resolve, Rules, Verdict};
+use skillbox_egress::{NetworkPolicy, Proxy, ProxyLimits, Rules, StaticResolver, Verdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const PUBLIC: &str = "203.0.113.7";
-
-#[derive(Debug)]
-struct Names(HashMap<&'static str, &'static str>);
-
-impl Resolve for Names {
-    fn resolve<'a>(
-        &'a self,
-        host: &'a str,
-        port: u16,
-    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>> {
-        Box::pin(async move {
-            match self.0.get(host) {
-                Some(ip) => Ok(vec![SocketAddr::new(ip.parse().unwrap(), port)]),
-                None => Err(io::Error::new(io::ErrorKind::NotFound, "no such name")),
-            }
-        })
-    }
-}
 
 /// Runs `body` on a thread of its own in a new network namespace with `lo` up and
 /// [`PUBLIC`] on it; `None` when this process may not make one.
@@ -121,13 +101,14 @@ async fn start(allow: &[&str], limits: ProxyLimits) -> (Proxy, SocketAddr) {
         deny: vec!["denied.allowed.test".into()],
     })
     .unwrap();
-    let names = Names(HashMap::from([
+    let names = StaticResolver::of(&[
         ("allowed.test", PUBLIC),
         ("denied.allowed.test", PUBLIC),
         ("other.test", PUBLIC),
         ("rebind.test", "127.0.0.1"),
         ("metadata.test", "169.254.169.254"),
-    ]));
+    ])
+    .unwrap();
     let proxy = Proxy::new(rules, Arc::new(names), limits);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -9,39 +9,18 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
-use std::pin::Pin;
 use std::process::Command;
 use std::sync::Arc;
 
-use skillbox_egress::{NetworkPolicy, Resolve, Verdict};
+use skillbox_egress::{NetworkPolicy, StaticResolver, Verdict};
 use skillbox_env::{CancellationToken, ExecRequest, ExecutionEnv, SandboxPolicy, SandboxSpec};
 use skillbox_native::NativeBackend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 const PUBLIC: &str = "203.0.113.7";
-
-#[derive(Debug)]
-struct Names(HashMap<&'static str, &'static str>);
-
-impl Resolve for Names {
-    fn resolve<'a>(
-        &'a self,
-        host: &'a str,
-        port: u16,
-    ) -> Pin<Box<dyn Future<Output = io::Result<Vec<SocketAddr>>> + Send + 'a>> {
-        Box::pin(async move {
-            match self.0.get(host) {
-                Some(ip) => Ok(vec![SocketAddr::new(ip.parse().unwrap(), port)]),
-                None => Err(io::Error::new(io::ErrorKind::NotFound, "no such name")),
-            }
-        })
-    }
-}
 
 /// Runs `body` on a thread of its own in a new network namespace with `lo` up and
 /// [`PUBLIC`] on it (the proxy's connections are made from there); `None` when this
@@ -122,13 +101,13 @@ async fn http_server(ip: &str) -> u16 {
 }
 
 async fn sandbox(network: Option<NetworkPolicy>) -> Box<dyn ExecutionEnv> {
-    let backend = NativeBackend::new(common::data_dir().unwrap()).with_resolver(Arc::new(Names(
-        HashMap::from([
-            ("allowed.test", PUBLIC),
-            ("other.test", PUBLIC),
-            ("rebind.test", "127.0.0.1"),
-        ]),
-    )));
+    let names = StaticResolver::of(&[
+        ("allowed.test", PUBLIC),
+        ("other.test", PUBLIC),
+        ("rebind.test", "127.0.0.1"),
+    ])
+    .unwrap();
+    let backend = NativeBackend::new(common::data_dir().unwrap()).with_resolver(Arc::new(names));
     let spec = SandboxSpec {
         policy: SandboxPolicy {
             network,
@@ -419,10 +398,9 @@ fn secrets_are_added_at_egress_for_their_hosts_only() {
             let port = https_server(config, seen.clone()).await;
             let data = common::data_dir().unwrap();
             let backend = NativeBackend::new(&data)
-                .with_resolver(Arc::new(Names(HashMap::from([
-                    ("api.test", PUBLIC),
-                    ("other.test", PUBLIC),
-                ]))))
+                .with_resolver(Arc::new(
+                    StaticResolver::of(&[("api.test", PUBLIC), ("other.test", PUBLIC)]).unwrap(),
+                ))
                 .with_upstream_roots(vec![ca]);
             let spec = SandboxSpec {
                 policy: SandboxPolicy {
