@@ -18,6 +18,8 @@ use crate::rules::Rule;
 
 /// Most secrets one run may have.
 pub const MAX_SECRETS: usize = 32;
+/// Leaf certificates one sandbox's interceptor keeps.
+const MAX_CACHED_LEAVES: usize = 256;
 /// The longest secret value.
 pub const MAX_SECRET_BYTES: usize = 8 * 1024;
 
@@ -208,7 +210,11 @@ impl Interceptor {
             .with_single_cert(chain, key)
             .map_err(|e| format!("leaf for {host}: {e}"))?;
         let config = Arc::new(config);
-        if let Ok(mut leaves) = self.leaves.lock() {
+        // A wildcard host lets the sandbox name any number of hosts: the cache stays
+        // bounded, and a host past it gets a fresh leaf each time.
+        if let Ok(mut leaves) = self.leaves.lock()
+            && leaves.len() < MAX_CACHED_LEAVES
+        {
             leaves.insert(host.to_string(), config.clone());
         }
         Ok(config)
