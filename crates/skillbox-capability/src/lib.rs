@@ -1,6 +1,7 @@
 //! Capabilities: code declared up front by a manifest (`capabilities/<name>/manifest.yaml`)
 //! that says where it runs (an environment: one of the backend kinds), for how long (a
-//! lifecycle), what it may touch (permissions, volumes, limits) and how it is reached.
+//! lifecycle), what it may touch (permissions, volumes, limits, the hosts its `network`
+//! allows through skillbox's egress proxy) and how it is reached.
 //!
 //! - [`Manifest`]: parsed once, unknown fields refused, validated; errors name the file,
 //!   line and field. [`schema`] is its JSON Schema, generated from the types.
@@ -17,8 +18,8 @@ mod services;
 mod trust;
 
 pub use manifest::{
-    Bounds, Environment, Lifecycle, Manifest, ManifestError, ManifestLimits, Permission, Volume,
-    schema,
+    Bounds, Environment, Lifecycle, Manifest, ManifestError, ManifestLimits, ManifestNetwork,
+    NETWORK_ALLOW, NETWORK_DENY, Permission, Volume, schema,
 };
 pub use registry::{Capability, CapabilityRegistry, MANIFEST};
 pub use router::{CAPABILITY_DIR, CapabilityCall, CapabilityOutcome, run};

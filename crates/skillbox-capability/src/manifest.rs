@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use skillbox_protocol::BackendKind;
 use skillbox_protocol::units::{parse_duration, parse_size};
+use skillbox_protocol::{BackendKind, NetworkPolicy};
 
 /// Where a capability's code runs: one of the backend kinds.
 #[derive(
@@ -98,6 +98,29 @@ pub struct ManifestLimits {
     pub disk: Option<String>,
 }
 
+/// `network`: the hosts a sandboxed capability may reach through skillbox's egress proxy
+/// (DESIGN.md §2.8), as a run's `network`: entries `host`, `host:port`, `*.domain` or
+/// `*.domain:port`; an `allow` host without a port means 80 and 443, a `deny` host
+/// without one every port; deny wins; no `allow` entry means no network at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestNetwork {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl ManifestNetwork {
+    /// The sandbox's network policy.
+    pub fn policy(&self) -> NetworkPolicy {
+        NetworkPolicy {
+            allow: self.allow.clone(),
+            deny: self.deny.clone(),
+        }
+    }
+}
+
 /// One thing a capability may do, beyond running in its environment.
 #[derive(
     Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
@@ -111,7 +134,7 @@ pub enum Permission {
     ReadFile(String),
     /// `write_file:GLOB`: write files matching GLOB.
     WriteFile(String),
-    /// `network:none`: no network (the only network rule until egress lands).
+    /// `network:none`: no network (as no `network` section; says so out loud).
     NetworkNone,
 }
 
@@ -138,7 +161,8 @@ impl TryFrom<String> for Permission {
             "write_file" => Ok(Permission::WriteFile(value.into())),
             "network" if value == "none" => Ok(Permission::NetworkNone),
             "network" => Err(format!(
-                "{text:?}: only network:none can be granted (egress on an allowlist is not built yet)"
+                "{text:?}: the only network permission is network:none; hosts to reach go in the \
+                 manifest's network section (network: {{allow: [{value}]}})"
             )),
             _ => Err(format!(
                 "{text:?}: unknown permission {kind:?} (one of {})",
@@ -185,6 +209,10 @@ pub struct Manifest {
     pub limits: ManifestLimits,
     #[serde(default)]
     pub volumes: Vec<Volume>,
+    /// What it may reach through skillbox's egress proxy (sandboxes only; none: no
+    /// network at all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<ManifestNetwork>,
     /// The container image (docker, gvisor only; default: skillbox's runtime image).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -223,6 +251,12 @@ impl fmt::Display for ManifestError {
 
 impl std::error::Error for ManifestError {}
 
+/// How a `network.allow` entry is named among what a capability needs granted.
+pub const NETWORK_ALLOW: &str = "network:allow:";
+/// How a `network.deny` entry is named there: a grant given with it holds only while the
+/// manifest keeps it.
+pub const NETWORK_DENY: &str = "network:deny:";
+
 /// The validated limits, in the units the sandbox takes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Bounds {
@@ -251,15 +285,37 @@ fn line_of(text: &str, field: &str) -> Option<usize> {
             .take_while(|(_, l)| l.starts_with(' ') || l.is_empty())
     };
     if let Some(sub) = rest.strip_prefix('.') {
-        let sub = sub.split(['.', '[']).next().unwrap_or(sub);
-        return below()
-            .find(|(_, l)| {
-                l.trim_start()
-                    .strip_prefix(sub)
-                    .is_some_and(|r| r.starts_with(':'))
+        let (name, item) = match sub.find(['.', '[']) {
+            Some(at) => sub.split_at(at),
+            None => (sub, ""),
+        };
+        let Some((at, line)) = below().find(|(_, l)| {
+            l.trim_start()
+                .strip_prefix(name)
+                .is_some_and(|r| r.starts_with(':'))
+        }) else {
+            return Some(top + 1);
+        };
+        // `key.sub[i]`: the i-th `- ` item under `sub` (deeper than it), when the list is
+        // written one item a line; else `sub`'s own line.
+        let index = item
+            .strip_prefix('[')
+            .and_then(|r| r.split_once(']'))
+            .and_then(|(n, _)| n.parse::<usize>().ok());
+        let indent = line.len() - line.trim_start().len();
+        let deeper = |l: &&str| l.len() - l.trim_start().len() > indent || l.is_empty();
+        return index
+            .and_then(|index| {
+                lines
+                    .iter()
+                    .enumerate()
+                    .skip(at + 1)
+                    .take_while(|(_, l)| deeper(l))
+                    .filter(|(_, l)| l.trim_start().starts_with("- "))
+                    .nth(index)
+                    .map(|(i, _)| i + 1)
             })
-            .map(|(i, _)| i + 1)
-            .or(Some(top + 1));
+            .or(Some(at + 1));
     }
     if let Some(index) = rest
         .strip_prefix('[')
@@ -478,8 +534,47 @@ impl Manifest {
                 ));
             }
         }
+        if let Some(network) = &self.network {
+            self.validate_network(network)
+                .map_err(|(field, message)| error(&field, message))?;
+        }
         self.bounds()
             .map_err(|(field, message)| error(&format!("limits.{field}"), message))?;
+        Ok(())
+    }
+
+    /// The `network` section: each entry checked as a run's are (the same rules, so the
+    /// same entries mean the same thing), and only where a sandbox's proxy enforces it.
+    fn validate_network(&self, network: &ManifestNetwork) -> Result<(), (String, String)> {
+        skillbox_egress::Rules::new(&network.policy()).map_err(|e| {
+            let field = if e.entry.is_empty() {
+                "network".to_string()
+            } else {
+                format!("network.{}[{}]", e.field, e.index)
+            };
+            let message = if e.entry.is_empty() {
+                e.why
+            } else {
+                format!("{:?}: {}", e.entry, e.why)
+            };
+            (field, message)
+        })?;
+        if network.allow.is_empty() {
+            return Ok(());
+        }
+        if self.environment == Environment::Host {
+            return Err((
+                "network".into(),
+                "a host capability has the host's whole network already; network is for sandboxes"
+                    .into(),
+            ));
+        }
+        if self.permissions.contains(&Permission::NetworkNone) {
+            return Err((
+                "network.allow".into(),
+                "contradicts the permission network:none; keep one of them".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -512,11 +607,28 @@ impl Manifest {
         })
     }
 
-    /// What running it needs granted: running in its environment, and each permission.
+    /// What running it needs granted: running in its environment, each permission, and
+    /// each `network` entry (`network:allow:HOST`, `network:deny:HOST`: a grant covers
+    /// the allow entries it was given for, and holds only while the deny entries it was
+    /// given with are still there, since dropping one reaches more).
     pub fn needs(&self) -> Vec<String> {
+        let network = self.network.iter().flat_map(|n| {
+            let allow = n.allow.iter().map(|e| format!("{NETWORK_ALLOW}{e}"));
+            let deny = n.deny.iter().map(|e| format!("{NETWORK_DENY}{e}"));
+            allow.chain(deny)
+        });
         std::iter::once(format!("run_capability:{}", self.environment))
             .chain(self.permissions.iter().map(Permission::to_string))
+            .chain(network)
             .collect()
+    }
+
+    /// The sandbox's network policy: `None` when it may reach nothing.
+    pub fn network_policy(&self) -> Option<NetworkPolicy> {
+        self.network
+            .as_ref()
+            .filter(|n| !n.allow.is_empty())
+            .map(ManifestNetwork::policy)
     }
 }
 

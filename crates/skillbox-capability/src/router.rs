@@ -1,8 +1,10 @@
 //! Running a capability: the trust check first, then a sandbox of exactly the declared
 //! environment from the backend registry (never a weaker one: an environment that is
 //! not there is `unavailable`), with the declared limits and volumes, the capability's
-//! directory read-only at `/capability`, the call's inputs in `/workspace`, and back only
-//! the files its `write_file` permissions name.
+//! directory read-only at `/capability`, the call's inputs in `/workspace`, egress only
+//! to what its `network` allows (a backend without an egress proxy refuses it, never
+//! running it with no network or more), and back only the files its `write_file`
+//! permissions name.
 //!
 //! A `host` capability has no boundary: it runs in the project directory itself, as the
 //! user, and writes where it writes; nothing is collected from it.
@@ -47,6 +49,9 @@ pub struct CapabilityOutcome {
     pub output: ExecOutput,
     /// What it made that its `write_file` permissions name (none for `host`).
     pub files: Vec<CollectedFile>,
+    /// The connections its sandbox's egress proxy let through or refused (empty without
+    /// a `network` section).
+    pub egress: Vec<skillbox_egress::Connection>,
 }
 
 fn unavailable(message: String) -> EnvError {
@@ -112,8 +117,8 @@ fn outputs(capability: &Capability) -> Result<Option<OutputSelection>, EnvError>
 }
 
 /// The sandbox a capability runs in: the declared limits, its own directory read-only
-/// at [`CAPABILITY_DIR`], its volumes read-only; a `host` capability runs in the
-/// project itself.
+/// at [`CAPABILITY_DIR`], its volumes read-only, egress to what its `network` allows; a
+/// `host` capability runs in the project itself.
 pub(crate) fn sandbox_spec(
     capability: &Capability,
     project: &Path,
@@ -138,6 +143,7 @@ pub(crate) fn sandbox_spec(
                 sandbox: volume.sandbox.clone(),
             });
         }
+        policy.network = manifest.network_policy();
     }
     Ok(SandboxSpec {
         // The host runs in the project itself; a sandbox gets a workspace of its own.
@@ -204,6 +210,7 @@ pub async fn run(
     let selection = outputs(capability)?;
     let env = backends.create_one_shot(kind, spec).await?;
     let result = call_in(env.as_ref(), capability, call, host, &selection, cancel).await;
+    let egress = env.egress();
     if let Err(e) = env.cleanup().await {
         tracing::warn!(error = %e, capability = capability.name(), "capability: cleanup failed");
     }
@@ -212,6 +219,7 @@ pub async fn run(
         scope,
         output,
         files,
+        egress,
     })
 }
 

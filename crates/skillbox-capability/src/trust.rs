@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use skillbox_protocol::ErrorCode;
 
-use crate::manifest::Environment;
+use crate::manifest::{Environment, NETWORK_DENY};
 use crate::registry::Capability;
 
 /// How long a grant holds. Ordered: `Once < Session < Project`.
@@ -34,6 +34,20 @@ impl Scope {
             Scope::Project => "project",
         }
     }
+}
+
+/// Whether a grant that covers `covers` holds for a manifest that needs `needs`: each
+/// need was granted, and each `network.deny` entry the grant was given with is still
+/// declared (dropping one lets the capability reach more than was granted).
+fn holds(covers: &BTreeSet<String>, needs: &BTreeSet<String>) -> bool {
+    needs
+        .iter()
+        .filter(|n| !n.starts_with(NETWORK_DENY))
+        .all(|n| covers.contains(n))
+        && covers
+            .iter()
+            .filter(|c| c.starts_with(NETWORK_DENY))
+            .all(|c| needs.contains(c))
 }
 
 /// The widest grant an environment may have.
@@ -294,9 +308,7 @@ impl TrustStore {
         Ok(grants
             .iter()
             .filter(|g| {
-                g.capability == capability.name()
-                    && g.scope <= ceiling
-                    && needs.is_subset(&g.covers)
+                g.capability == capability.name() && g.scope <= ceiling && holds(&g.covers, &needs)
             })
             .map(|g| g.scope)
             .max()
@@ -323,7 +335,7 @@ impl TrustStore {
             g.capability == name
                 && g.project == project
                 && g.scope <= ceiling(environment)
-                && needs.is_subset(&g.covers)
+                && holds(&g.covers, &needs)
         };
         if let Ok(session) = self.session.lock()
             && session.iter().any(covers)
@@ -353,7 +365,16 @@ impl TrustStore {
             .filter(|g| g.capability == name && g.project == project)
             .flat_map(|g| g.covers.iter().cloned())
             .collect();
-        let missing: Vec<String> = needs.difference(&granted).cloned().collect();
+        let dropped = granted
+            .iter()
+            .filter(|c| c.starts_with(NETWORK_DENY) && !needs.contains(*c))
+            .map(|c| format!("{c} no longer declared"));
+        let missing: Vec<String> = needs
+            .iter()
+            .filter(|n| !n.starts_with(NETWORK_DENY) && !granted.contains(*n))
+            .cloned()
+            .chain(dropped)
+            .collect();
         let scope = match ceiling(environment) {
             Scope::Project => "project",
             _ => "once",

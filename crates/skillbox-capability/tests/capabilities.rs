@@ -83,7 +83,7 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             GOOD.replace("network:none", "network:any"),
             11,
             "permissions[2]",
-            "only network:none",
+            "the only network permission is network:none",
         ),
         (
             GOOD.replace("write_file:report-*", "eat_cake:yes"),
@@ -175,6 +175,49 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             17,
             "env[0]",
             "variable name",
+        ),
+        (
+            format!(
+                "{}network:\n  allow:\n    - files.example.org\n    - https://api.example.com/v1\n",
+                GOOD.replace("  - network:none\n", "")
+            ),
+            20,
+            "network.allow[1]",
+            "a host, not a URL",
+        ),
+        (
+            format!(
+                "{}network:\n  allow: [files.example.org]\n  deny: [\"*.example.org:99999\"]\n",
+                GOOD.replace("  - network:none\n", "")
+            ),
+            19,
+            "network.deny[0]",
+            "not a number from 1 to 65535",
+        ),
+        (
+            format!("{GOOD}network:\n  allow: [files.example.org]\n"),
+            19,
+            "network.allow",
+            "contradicts the permission network:none",
+        ),
+        (
+            format!(
+                "{}network:\n  allow: [files.example.org]\n",
+                GOOD.replace("  - network:none\n", "")
+                    .replace("environment: native", "environment: host")
+            ),
+            17,
+            "network",
+            "network is for sandboxes",
+        ),
+        (
+            format!(
+                "{}network:\n  allow: [files.example.org]\n  through: proxy\n",
+                GOOD.replace("  - network:none\n", "")
+            ),
+            19,
+            "network.through",
+            "unknown field",
         ),
     ];
     for (text, line, field, words) in cases {
@@ -377,6 +420,53 @@ fn project_grants_persist_cover_what_was_declared_and_a_deny_wins() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o077, 0, "the grants file is the user's alone");
+}
+
+/// A grant covers the hosts a manifest's `network` allowed when it was granted: a new
+/// host, or a `deny` entry dropped (which reaches more), needs a new grant; one more
+/// `deny` entry (which reaches less) does not.
+#[test]
+fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let project = root.path();
+    let base = GOOD.replace("  - network:none\n", "");
+    let with = |network: &str| loaded(root.path(), &format!("{base}network:\n{network}"));
+    let fetcher = with("  allow: [\"*.example.org\"]\n  deny: [secret.example.org]\n");
+    assert_eq!(
+        fetcher.manifest.needs()[3..],
+        [
+            "network:allow:*.example.org",
+            "network:deny:secret.example.org"
+        ]
+    );
+    let policy = fetcher.manifest.network_policy().unwrap();
+    assert_eq!(policy.allow, ["*.example.org"]);
+    assert_eq!(policy.deny, ["secret.example.org"]);
+    let trust = TrustStore::open(data.path());
+    trust.grant(&fetcher, Scope::Project, project).unwrap();
+    assert_eq!(trust.authorize(&fetcher, project).unwrap(), Scope::Project);
+
+    let wider = with("  allow: [\"*.example.org\", pypi.org]\n  deny: [secret.example.org]\n");
+    let e = trust.authorize(&wider, project).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied);
+    assert!(e.message.contains("needs network:allow:pypi.org;"), "{e}");
+
+    let undenied = with("  allow: [\"*.example.org\"]\n");
+    let e = trust.authorize(&undenied, project).unwrap_err();
+    assert!(
+        e.message
+            .contains("network:deny:secret.example.org no longer declared"),
+        "{e}"
+    );
+
+    let narrower =
+        with("  allow: [\"*.example.org\"]\n  deny: [secret.example.org, a.example.org]\n");
+    assert_eq!(trust.authorize(&narrower, project).unwrap(), Scope::Project);
+
+    // An empty section is no network, as none is: nothing to grant beyond running.
+    let none = with("  allow: []\n");
+    assert!(none.manifest.network_policy().is_none());
 }
 
 /// A server authorizes many calls at once: one `once` grant still runs one of them, and

@@ -402,13 +402,17 @@ async fn call(
     }
     let status = outcome.output.shell_status().clamp(0, 255) as u8;
     if call.json {
-        let shown = serde_json::json!({
+        let mut shown = serde_json::json!({
             "capability": capability.name(),
             "grant": outcome.scope.as_str(),
             "output": outcome.output,
             "files": outcome.files.iter().map(|f| serde_json::json!({"path": f.path, "size": f.size, "sha256": f.sha256})).collect::<Vec<_>>(),
             "written": written,
         });
+        // With a network section only, as a run's `egress`.
+        if !outcome.egress.is_empty() {
+            shown["egress"] = serde_json::json!(outcome.egress);
+        }
         println!("{shown}");
     } else {
         print!("{}", outcome.output.stdout_text());

@@ -309,6 +309,111 @@ fn what_is_not_allowed_is_not_reached() {
     assert!(ns.requests().is_empty(), "{:?}", ns.requests());
 }
 
+/// A capability's manifest declares its `network`, and its sandbox gets exactly that:
+/// one that allows the registry reaches it through the proxy (and `cap run --json`
+/// shows the connection); one that allows another host is refused by the proxy, naming
+/// why; one with no `network` has no route at all; and one whose environment has no
+/// egress proxy (wasm) is refused `unavailable`, naming egress, rather than run without.
+#[test]
+fn a_capability_reaches_only_what_its_manifest_allows() {
+    let Some(ns) = Namespace::new("a_capability_reaches_only_what_its_manifest_allows") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let url = format!("http://{PUBLIC}:{}/simple/skillbox-egress-probe/", ns.port);
+    let fetch = format!(
+        "import urllib.request, urllib.error\ntry:\n    body = urllib.request.urlopen({url:?}, timeout=10).read().decode()\n    print('REACHED', 'skillbox_egress_probe' in body)\n\
+         except urllib.error.HTTPError as e:\n    print('HTTP', e.code, e.read().decode().strip())\n\
+         except Exception as e:\n    print('ERROR', type(e).__name__)\n"
+    );
+    let capability = |name: &str, environment: &str, network: &str| {
+        let dir = root.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("fetch.py"), &fetch).unwrap();
+        std::fs::write(
+            dir.join("manifest.yaml"),
+            format!(
+                "name: {name}\ndescription: fetches the registry\nversion: 0.1.0\n\
+                 environment: {environment}\nlifecycle: oneshot\nentry: fetch.py\n{network}"
+            ),
+        )
+        .unwrap();
+    };
+    capability(
+        "fetch-allowed",
+        "native",
+        &format!("network:\n  allow: [\"{PUBLIC}:{}\"]\n", ns.port),
+    );
+    capability(
+        "fetch-other",
+        "native",
+        "network:\n  allow: [files.example.org]\n",
+    );
+    capability("fetch-none", "native", "");
+    capability(
+        "fetch-wasm",
+        "wasm",
+        &format!("network:\n  allow: [\"{PUBLIC}:{}\"]\n", ns.port),
+    );
+    let cap = |args: &[&str]| {
+        let mut all = vec![
+            "cap",
+            "--project",
+            project.path().to_str().unwrap(),
+            "--root",
+            root.path().to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        ns.skillbox(data.path(), &all)
+    };
+    let run = |name: &str| {
+        let out = cap(&["grant", name, "--scope", "once"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        cap(&["run", name, "--json"])
+    };
+
+    let result = json(&run("fetch-allowed"));
+    assert_eq!(result["output"]["stdout"], "REACHED True\n", "{result:#}");
+    assert_eq!(result["egress"][0]["verdict"], "allowed", "{result:#}");
+    assert_eq!(result["egress"][0]["host"], PUBLIC, "{result:#}");
+    assert!(
+        ns.requests().iter().any(|p| p.starts_with("/simple/")),
+        "{:?}",
+        ns.requests()
+    );
+
+    let before = ns.requests().len();
+    let result = json(&run("fetch-other"));
+    let said = result["output"]["stdout"].as_str().unwrap();
+    assert!(
+        said.starts_with("HTTP 403") && said.contains("is not on the run's network.allow"),
+        "{result:#}"
+    );
+    assert_eq!(result["egress"][0]["verdict"], "refused", "{result:#}");
+
+    let result = json(&run("fetch-none"));
+    assert!(
+        result["output"]["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("ERROR"),
+        "{result:#}"
+    );
+    assert!(result.get("egress").is_none(), "{result:#}");
+    assert_eq!(ns.requests().len(), before, "{:?}", ns.requests());
+
+    let out = run("fetch-wasm");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("unavailable") && stderr.contains("egress"),
+        "{stderr}"
+    );
+    assert_eq!(ns.requests().len(), before, "{:?}", ns.requests());
+}
+
 /// On docker the container keeps `NetworkMode none`; the proxy listens in its network
 /// namespace: an allowed address is reached through it, another host is refused, and
 /// without a policy the container has no route.
