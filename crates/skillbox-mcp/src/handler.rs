@@ -304,9 +304,7 @@ impl SkillboxMcp {
             limits: None,
             skills: arguments.skills,
             scope_key: arguments.scope_key,
-            // MCP's run_script has no network (an egress policy is not among its
-            // arguments yet).
-            network: None,
+            network: arguments.network.map(Into::into),
             secrets: Default::default(),
         };
         let bytes =
@@ -359,6 +357,10 @@ impl SkillboxMcp {
         }
         if let Some(snapshot) = &result.snapshot {
             value["snapshot"] = json!(snapshot);
+        }
+        // With a network policy only, as in `RunResult`.
+        if !result.egress.is_empty() {
+            value["egress"] = json!(result.egress);
         }
         let failed = result.exit_code != Some(0) || result.timed_out || result.limit_hit.is_some();
         if let Ok(mut made) = self.made.lock() {

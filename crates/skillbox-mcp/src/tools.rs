@@ -120,6 +120,31 @@ pub(crate) struct RunScript {
     pub backend: Option<Backend>,
     /// Wall-clock limit in milliseconds, 1 to 600000 (default 60000).
     pub timeout_ms: Option<u64>,
+    /// What the script may reach (none: no network at all).
+    pub network: Option<Network>,
+}
+
+/// `run_script`'s `network`: hosts reached through skillbox's egress proxy (native and
+/// docker), as `POST /v1/run`'s.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Network {
+    /// `host`, `host:port`, `*.domain` or `*.domain:port` (no port: 80 and 443), e.g.
+    /// `pypi.org`, `files.pythonhosted.org`; none: no network.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// The same forms (no port: every port); deny wins over allow.
+    #[serde(default)]
+    pub deny: Vec<String>,
+}
+
+impl From<Network> for skillbox_protocol::NetworkPolicy {
+    fn from(network: Network) -> Self {
+        skillbox_protocol::NetworkPolicy {
+            allow: network.allow,
+            deny: network.deny,
+        }
+    }
 }
 
 /// `exec`.
@@ -238,10 +263,14 @@ pub(crate) fn all(capabilities: Option<&[String]>) -> Vec<Tool> {
     let mut tools = vec![
         Tool::new(
             RUN_SCRIPT,
-            "Run one script in a fresh sandbox (no network) and collect the files it leaves in \
-             /workspace. Answers exitCode, stdout, stderr and each file made, with a \
-             skillbox://objects/… resource URI to read it back (resources/read) and, over HTTP, a \
-             download link. Node scripts can require('pptxgenjs') to make .pptx decks.",
+            "Run one script in a fresh sandbox and collect the files it leaves in /workspace. \
+             It has no network unless `network.allow` names hosts (e.g. [\"pypi.org\", \
+             \"files.pythonhosted.org\"]): those, and only those, are reached through \
+             skillbox's proxy (HTTP_PROXY is set; native and docker backends), and each \
+             connection is listed in `egress`. Answers exitCode, stdout, stderr and each file \
+             made, with a skillbox://objects/… resource URI to read it back (resources/read) \
+             and, over HTTP, a download link. Node scripts can require('pptxgenjs') to make \
+             .pptx decks.",
             schema::<RunScript>(),
         ),
         Tool::new(

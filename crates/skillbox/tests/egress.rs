@@ -414,6 +414,132 @@ fn a_capability_reaches_only_what_its_manifest_allows() {
     assert_eq!(ns.requests().len(), before, "{:?}", ns.requests());
 }
 
+/// MCP's `run_script` takes `network` (the requests written by hand over `skillbox mcp`'s
+/// stdio, inside the namespace): with the registry allowed it is reached through the
+/// proxy and the answer lists the connection; with no `network`, or one with only `deny`
+/// entries, there is no network; a bad entry is a tool error naming it; the tool's
+/// schema and description say so.
+#[test]
+fn mcp_run_script_reaches_only_what_its_network_allows() {
+    use std::io::Write;
+
+    let Some(ns) = Namespace::new("mcp_run_script_reaches_only_what_its_network_allows") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.name, BIN, "--data-dir"])
+        .arg(data.path())
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut id = 0;
+    let mut call = |method: &str, params: Value| -> Value {
+        id += 1;
+        let mut line = serde_json::to_vec(
+            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+        )
+        .unwrap();
+        line.push(b'\n');
+        stdin.write_all(&line).unwrap();
+        if method == "initialize" {
+            stdin
+                .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
+                .unwrap();
+        }
+        // Notifications may come first: the answer is the line with this id.
+        loop {
+            let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            if answer["id"] == id {
+                return answer;
+            }
+        }
+    };
+    call(
+        "initialize",
+        serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "by-hand", "version": "0"}}),
+    );
+    let listed = call("tools/list", serde_json::json!({}));
+    let tool = &listed["result"]["tools"][0];
+    assert_eq!(tool["name"], "run_script", "{listed}");
+    assert!(
+        tool["inputSchema"]["properties"]["network"].is_object(),
+        "{tool}"
+    );
+    assert!(
+        tool["description"]
+            .as_str()
+            .unwrap()
+            .contains("network.allow"),
+        "{tool}"
+    );
+
+    let url = format!("http://{PUBLIC}:{}/simple/skillbox-egress-probe/", ns.port);
+    let fetch = format!(
+        "import urllib.request, urllib.error\ntry:\n    body = urllib.request.urlopen({url:?}, timeout=10).read().decode()\n    print('REACHED', 'skillbox_egress_probe' in body)\n\
+         except urllib.error.HTTPError as e:\n    print('HTTP', e.code, e.read().decode().strip())\n\
+         except Exception as e:\n    print('ERROR', type(e).__name__)\n"
+    );
+    let mut run = |network: Option<Value>| {
+        let mut arguments = serde_json::json!({"language": "python", "script": fetch});
+        if let Some(network) = network {
+            arguments["network"] = network;
+        }
+        call(
+            "tools/call",
+            serde_json::json!({"name": "run_script", "arguments": arguments}),
+        )
+    };
+
+    let allow = format!("{PUBLIC}:{}", ns.port);
+    let answer = run(Some(serde_json::json!({"allow": [allow]})));
+    let result = &answer["result"]["structuredContent"];
+    assert_eq!(result["stdout"], "REACHED True\n", "{answer}");
+    assert_eq!(result["egress"][0]["verdict"], "allowed", "{answer}");
+    assert_eq!(result["egress"][0]["host"], PUBLIC, "{answer}");
+    let reached = ns.requests().len();
+    assert!(reached > 0);
+
+    for network in [
+        None,
+        Some(serde_json::json!({"deny": ["files.example.org"]})),
+    ] {
+        let answer = run(network.clone());
+        let result = &answer["result"]["structuredContent"];
+        assert!(
+            result["stdout"].as_str().unwrap().starts_with("ERROR"),
+            "{network:?}: {answer}"
+        );
+        assert!(result.get("egress").is_none(), "{answer}");
+    }
+    assert_eq!(ns.requests().len(), reached, "{:?}", ns.requests());
+
+    let answer = run(Some(serde_json::json!({"allow": ["https://x.example/"]})));
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let message = answer["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        message.contains("network.allow[0]") && message.contains("a host, not a URL"),
+        "{message}"
+    );
+    let answer = run(Some(serde_json::json!({"allow": [allow], "via": "x"})));
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let message = answer["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        message.contains("network") && message.contains("unknown field `via`"),
+        "{message}"
+    );
+    assert_eq!(ns.requests().len(), reached, "{:?}", ns.requests());
+
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+}
+
 /// On docker the container keeps `NetworkMode none`; the proxy listens in its network
 /// namespace: an allowed address is reached through it, another host is refused, and
 /// without a policy the container has no route.
