@@ -25,7 +25,9 @@ use tokio::sync::mpsc;
 
 use crate::container::Container;
 use crate::daemon::op_error;
-use crate::outcome::{ExecEnd, Kill, Measured, Seen, StatusKey, outcome, split_status};
+use crate::outcome::{
+    ExecEnd, Kill, MAX_INPUTS, Measured, Seen, Status, StatusKey, outcome, split_status,
+};
 use crate::reset::{kill_all, settle};
 use crate::runtime::{NR_PRCTL, NR_SECCOMP};
 use crate::sandbox::DockerSandbox;
@@ -33,6 +35,9 @@ use crate::sandbox::DockerSandbox;
 const EXEC_PL: &str = include_str!("helpers/exec.pl");
 /// Bytes of stderr held back until the end, where the wrapper's status line is.
 const HOLD_BACK: usize = 128;
+/// After the status line of a sandbox's last exec, how long its output may take to
+/// end before what holds it open is killed (no reset is paid when it ends in time).
+const LAST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// skillbox's seccomp filter as the wrapper takes it (hex), made once per process.
 fn filter_hex() -> &'static str {
@@ -129,6 +134,7 @@ fn start_reset(container: &Arc<Container>, kill: bool) -> Reset {
 fn wrapper_argv(
     container: &Container,
     cwd: &str,
+    inputs: usize,
     env: &std::collections::BTreeMap<String, String>,
     command: Vec<String>,
 ) -> Vec<String> {
@@ -141,6 +147,7 @@ fn wrapper_argv(
         filter_hex().to_string(),
         cwd.to_string(),
         // See helpers/exec.pl.
+        inputs.to_string(),
         env.len().to_string(),
     ];
     argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -150,13 +157,25 @@ fn wrapper_argv(
 
 type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
+/// The input files as the wrapper reads them after its key: a header line
+/// `<length> <path>`, then the bytes, for each (see helpers/exec.pl).
+fn encode_inputs(inputs: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(inputs.iter().map(|(p, d)| p.len() + d.len() + 24).sum());
+    for (path, data) in inputs {
+        out.extend_from_slice(format!("{} {path}\n", data.len()).as_bytes());
+        out.extend_from_slice(data);
+    }
+    out
+}
+
 /// Creates and starts the exec, attached; feeds it the status `key` (the first line of
-/// its stdin, which the wrapper takes) and then the command's `stdin`, in a task of its
-/// own.
+/// its stdin, which the wrapper takes), the input files (`inputs`, encoded) and then the
+/// command's `stdin`, in a task of its own.
 async fn start(
     container: &Container,
     argv: Vec<String>,
     key: &StatusKey,
+    inputs: Vec<u8>,
     stdin: Option<Vec<u8>>,
 ) -> EnvResult<(Output, tokio::task::JoinHandle<()>)> {
     let backend = container.runtime.backend();
@@ -193,6 +212,7 @@ async fn start(
     let key = key.line();
     let writer = tokio::spawn(async move {
         if input.write_all(key.as_bytes()).await.is_ok()
+            && input.write_all(&inputs).await.is_ok()
             && let Some(data) = stdin
         {
             let _ = input.write_all(&data).await;
@@ -213,6 +233,9 @@ struct Reading {
     key: StatusKey,
     /// Feeds the key and the command's stdin.
     writer: Option<tokio::task::JoinHandle<()>>,
+    /// The sandbox's last exec ([`ExecRequest::last`]): what the command leaves in the
+    /// background is left to cleanup, unless it holds the output open.
+    last: bool,
 }
 
 impl Reading {
@@ -228,6 +251,8 @@ impl Reading {
         let backend = container.runtime.backend();
         let mut phase = Phase::Running;
         let mut reset: Option<Reset> = None;
+        // A last exec's status is in: when its output must have ended by.
+        let mut grace: Option<tokio::time::Instant> = None;
         let mut failure: Option<EnvError> = None;
         let mut died = false;
         loop {
@@ -238,7 +263,11 @@ impl Reading {
                         self.tail.extend_from_slice(&message);
                         if phase == Phase::Running && split_status(&self.tail, &self.key).1.is_some() {
                             phase = Phase::Settling;
-                            reset = Some(start_reset(&container, false));
+                            if self.last {
+                                grace = Some(tokio::time::Instant::now() + LAST_GRACE);
+                            } else {
+                                reset = Some(start_reset(&container, false));
+                            }
                         }
                         if self.tail.len() > HOLD_BACK {
                             let emit: Vec<u8> = self.tail.drain(..self.tail.len() - HOLD_BACK).collect();
@@ -260,6 +289,16 @@ impl Reading {
                 }, if reset.is_some() => {
                     reset = None;
                     if let Err(e) = done { failure = Some(e); break; }
+                }
+                // A last exec's output did not end in time: something it left holds it.
+                () = async {
+                    match grace {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                }, if grace.is_some() && reset.is_none() && phase == Phase::Settling => {
+                    grace = None;
+                    reset = Some(start_reset(&container, false));
                 }
                 () = tokio::time::sleep_until(deadline), if phase.kill().is_none() => {
                     phase = Phase::Killing(Kill::Deadline);
@@ -347,9 +386,38 @@ impl Shell for DockerSandbox {
         request: ExecRequest,
         cancel: &CancellationToken,
     ) -> EnvResult<ExecStream> {
+        self.exec_with_inputs(Vec::new(), request, cancel).await
+    }
+}
+
+impl DockerSandbox {
+    /// Runs `request` under the exec wrapper, which first writes `inputs` (absolute
+    /// paths in the container, with their bytes): one exec for both.
+    pub(crate) async fn exec_with_inputs(
+        &self,
+        inputs: Vec<(String, Vec<u8>)>,
+        request: ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<ExecStream> {
         request.validate()?;
+        if inputs.len() > MAX_INPUTS {
+            return Err(EnvError::invalid(format!(
+                "exec: at most {MAX_INPUTS} input files in one exec"
+            )));
+        }
+        if let Some((bad, _)) = inputs
+            .iter()
+            .find(|(p, _)| !p.starts_with('/') || p.ends_with('/') || p.contains(['\0', '\n']))
+        {
+            return Err(EnvError::invalid(format!(
+                "exec: input path {bad:?}: an absolute file path without NUL or newline"
+            )));
+        }
         let turn = self.take_turn(cancel).await?;
         let container = self.container().clone();
+        if self.unsettled.swap(request.last, Ordering::SeqCst) {
+            settle(&container).await?;
+        }
         let backend = self.backend_name();
         let timeout = request
             .timeout
@@ -360,8 +428,18 @@ impl Shell for DockerSandbox {
         let command = request.command.to_argv();
         let program = command.first().cloned().unwrap_or_default();
         let env = self.exec_env(&request.env);
-        let argv = wrapper_argv(&container, &cwd, &env, command);
-        let (output, writer) = start(&container, argv, &key, request.stdin).await?;
+        let argv = wrapper_argv(&container, &cwd, inputs.len(), &env, command);
+        let input_paths: Vec<String> = inputs.iter().map(|(p, _)| p.clone()).collect();
+        let (output, writer) = start(
+            &container,
+            argv,
+            &key,
+            encode_inputs(&inputs),
+            request.stdin,
+        )
+        .await?;
+        drop(inputs);
+        let last = request.last;
         let started_at = Instant::now();
         let ooms_before = container.ooms.load(Ordering::SeqCst);
         let (tx, stream) = ExecStream::channel();
@@ -377,6 +455,7 @@ impl Shell for DockerSandbox {
                 tail: Vec::new(),
                 key,
                 writer: Some(writer),
+                last,
             };
             let seen = reading.read(output, deadline, &cancel).await;
             let end = ExecEnd::from(seen);
@@ -400,7 +479,13 @@ impl Shell for DockerSandbox {
                 disk_full,
                 duration: started_at.elapsed(),
             };
-            let result = outcome(end, measured, &cwd, backend);
+            let result = match end {
+                ExecEnd::Finished {
+                    status: Some(Status::InputFailed(n)),
+                    ..
+                } => Err(Status::input_error(n, &input_paths)),
+                end => outcome(end, measured, &cwd, backend),
+            };
             let _ = tx.send(result.map(ExecEvent::Exit)).await;
         });
         Ok(stream)
@@ -410,7 +495,6 @@ impl Shell for DockerSandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outcome::Status;
 
     /// Runs the exec wrapper here, on the host (under its own seccomp filter), with
     /// `key` on stdin, and splits its status off stderr.
@@ -424,7 +508,7 @@ mod tests {
         let mut child = std::process::Command::new("perl")
             .args(["-e", EXEC_PL])
             .args([NR_PRCTL.to_string(), NR_SECCOMP.to_string()])
-            .args([filter_hex(), "/", "0"])
+            .args([filter_hex(), "/", "0", "0"])
             .args(command)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())

@@ -19,6 +19,28 @@ pub(crate) enum Status {
     CwdFailed(i32),
     /// The wrapper could not set itself up (its seccomp filter): this errno.
     SetupFailed(i32),
+    /// Writing the exec's input files failed: input `n / 4096`, errno `n % 4096`.
+    InputFailed(i32),
+}
+
+/// How many input files one exec may write (the index must fit its status).
+pub(crate) const MAX_INPUTS: usize = 255;
+
+impl Status {
+    /// The error of an [`Status::InputFailed`] `n`, naming the file from `paths`.
+    pub(crate) fn input_error(n: i32, paths: &[String]) -> EnvError {
+        let (index, errno) = (n / 4096, n % 4096);
+        let path = usize::try_from(index)
+            .ok()
+            .and_then(|i| paths.get(i))
+            .cloned()
+            .unwrap_or_else(|| format!("input {index}"));
+        EnvError::new(
+            skillbox_env::errno_code(errno),
+            format!("write {path}: {}", std::io::Error::from_raw_os_error(errno)),
+        )
+        .with_path(path)
+    }
 }
 
 impl Status {
@@ -30,6 +52,7 @@ impl Status {
             Status::ExecFailed(n) => (3, n),
             Status::CwdFailed(n) => (4, n),
             Status::SetupFailed(n) => (5, n),
+            Status::InputFailed(n) => (6, n),
         };
         let n = u64::try_from(n).ok().filter(|n| *n < 1 << 20)?;
         Some(kind * (1 << 20) + n)
@@ -120,6 +143,7 @@ fn parse_status(text: &str) -> Option<Status> {
         "exec" => Status::ExecFailed(number),
         "cwd" => Status::CwdFailed(number),
         "setup" => Status::SetupFailed(number),
+        "input" => Status::InputFailed(number),
         _ => return None,
     })
 }
@@ -242,7 +266,9 @@ impl ExecEnd {
             ExecEnd::Finished { status, .. } => match status {
                 None | Some(Status::Signal(_) | Status::ExecFailed(_)) => true,
                 Some(Status::Exit(code)) => *code != 0,
-                Some(Status::CwdFailed(_) | Status::SetupFailed(_)) => false,
+                Some(Status::CwdFailed(_) | Status::SetupFailed(_) | Status::InputFailed(_)) => {
+                    false
+                }
             },
             ExecEnd::ContainerDied | ExecEnd::Aborted | ExecEnd::Failed(_) => false,
         }
@@ -308,6 +334,7 @@ pub(crate) fn outcome(
                     )
                     .with_path(cwd));
                 }
+                Some(Status::InputFailed(n)) => return Err(Status::input_error(n, &[])),
                 Some(Status::SetupFailed(errno)) => {
                     return Err(EnvError::new(
                         skillbox_env::ErrorCode::Unavailable,
@@ -371,9 +398,17 @@ mod tests {
             Status::ExecFailed(2),
             Status::CwdFailed(2),
             Status::SetupFailed(1),
+            Status::InputFailed(4096 + 28),
         ];
         let texts = [
-            "exit 0", "exit 3", "exit 255", "signal 9", "exec 2", "cwd 2", "setup 1",
+            "exit 0",
+            "exit 3",
+            "exit 255",
+            "signal 9",
+            "exec 2",
+            "cwd 2",
+            "setup 1",
+            "input 4124",
         ];
         for (status, text) in statuses.iter().zip(texts) {
             assert_eq!(parse_status(text), Some(*status));

@@ -25,6 +25,10 @@ pub struct DockerSandbox {
     /// while nothing else has begun since.
     generation: AtomicU64,
     read_ahead: Mutex<Option<ReadAhead>>,
+    /// The last exec ([`skillbox_env::ExecRequest::last`]) left what it started to
+    /// cleanup: another exec first kills it (nothing of the sandbox may run while an
+    /// exec's wrapper reads its key).
+    pub(crate) unsettled: std::sync::atomic::AtomicBool,
     /// The egress proxy listening in the container's network namespace (a network
     /// policy on docker); `None`: no network.
     pub(crate) egress: Option<skillbox_egress::Proxy>,
@@ -48,6 +52,7 @@ impl DockerSandbox {
             cwd: PathBuf::from(WORKSPACE),
             generation: AtomicU64::new(0),
             read_ahead: Mutex::new(None),
+            unsettled: std::sync::atomic::AtomicBool::new(false),
             egress: None,
         }
     }
@@ -178,6 +183,23 @@ impl ExecutionEnv for DockerSandbox {
             .as_ref()
             .map(|p| p.audit().connections())
             .unwrap_or_default()
+    }
+
+    /// The exec wrapper writes the files before it starts the command: one exec.
+    async fn write_and_exec(
+        &self,
+        files: Vec<(PathBuf, Vec<u8>)>,
+        request: skillbox_env::ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<skillbox_env::ExecOutput> {
+        let inputs = files
+            .into_iter()
+            .map(|(path, data)| (self.arg(&path), data))
+            .collect();
+        self.exec_with_inputs(inputs, request, cancel)
+            .await?
+            .collect()
+            .await
     }
 }
 

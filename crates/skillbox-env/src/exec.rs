@@ -44,6 +44,12 @@ pub struct ExecRequest {
     pub stdin: Option<Vec<u8>>,
     /// Wall-clock limit; the env's default when `None`.
     pub timeout: Option<Duration>,
+    /// The sandbox's last exec: afterwards its files are only read and it is cleaned
+    /// up. A backend whose reset after an exec is a round trip of its own (the
+    /// container ones) then leaves what the command started in the background to
+    /// cleanup, instead of killing it before the exec returns. The exec still ends
+    /// when the command does (what holds its output open is killed).
+    pub last: bool,
 }
 
 impl ExecRequest {
@@ -66,6 +72,7 @@ impl ExecRequest {
             env: BTreeMap::new(),
             stdin: None,
             timeout: None,
+            last: false,
         }
     }
 
@@ -86,6 +93,12 @@ impl ExecRequest {
 
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
+        self
+    }
+
+    /// Marks the sandbox's last exec (see [`ExecRequest::last`]).
+    pub fn last(mut self) -> Self {
+        self.last = true;
         self
     }
 

@@ -78,6 +78,22 @@ pub trait ExecutionEnv: FileSystem + Shell {
     fn egress(&self) -> Vec<skillbox_egress::Connection> {
         Vec::new()
     }
+
+    /// Writes `files` (each as [`FileSystem::write`] does; their directories must
+    /// exist), then runs `request` as [`Shell::exec`] does. A failed write runs nothing.
+    /// A backend for which each operation is a round trip (the container ones) does
+    /// both in one.
+    async fn write_and_exec(
+        &self,
+        files: Vec<(std::path::PathBuf, Vec<u8>)>,
+        request: ExecRequest,
+        cancel: &CancellationToken,
+    ) -> EnvResult<ExecOutput> {
+        for (path, data) in &files {
+            self.write(path, data, cancel).await?;
+        }
+        self.exec(request, cancel).await
+    }
 }
 
 pub use exec::{StreamKind, pump_output};

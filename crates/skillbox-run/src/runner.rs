@@ -90,7 +90,17 @@ pub struct RunnerConfig {
     pub skills_workspace: Option<PathBuf>,
     /// What one scope's snapshot may hold, and how many are kept.
     pub snapshots: SnapshotLimits,
+    /// A container run's sandbox is removed after the run has answered, not before
+    /// (up to [`DETACHED_CLEANUPS`] at once; beyond that, before). Only for a process
+    /// that calls [`Runner::shutdown`] before it exits (a server), which waits for them.
+    pub detach_cleanup: bool,
 }
+
+/// How many removals of container sandboxes may go on after their runs answered.
+pub const DETACHED_CLEANUPS: usize = 16;
+/// How long [`Runner::shutdown`] waits for detached removals before it removes what is
+/// left itself.
+const DETACHED_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl RunnerConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -105,6 +115,7 @@ impl RunnerConfig {
             warm_containers: 0,
             skills_workspace: None,
             snapshots: SnapshotLimits::default(),
+            detach_cleanup: false,
         }
     }
 
@@ -157,6 +168,9 @@ pub struct Runner {
     node: NodeRuntime,
     /// The scopes' snapshots, opened on first use.
     snapshots: std::sync::OnceLock<Result<Snapshots, String>>,
+    /// Removals of sandboxes whose runs have answered ([`RunnerConfig::detach_cleanup`]).
+    cleanups: tokio_util::task::TaskTracker,
+    cleanup_slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// A request that passed validation.
@@ -435,6 +449,8 @@ impl Runner {
             config,
             store,
             snapshots: std::sync::OnceLock::new(),
+            cleanups: tokio_util::task::TaskTracker::new(),
+            cleanup_slots: Arc::new(tokio::sync::Semaphore::new(DETACHED_CLEANUPS)),
         }
     }
 
@@ -598,9 +614,39 @@ impl Runner {
         &self.backends
     }
 
-    /// Removes the containers of runs still in flight (a server shutting down).
+    /// Waits for the removals of sandboxes whose runs answered, then removes the
+    /// containers of runs still in flight (a server shutting down).
     pub async fn shutdown(&self) {
+        self.cleanups.close();
+        if tokio::time::timeout(DETACHED_WAIT, self.cleanups.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("run: sandbox removals still going after {DETACHED_WAIT:?}");
+        }
         self.backends.shutdown().await;
+    }
+
+    /// Removes a run's sandbox: after the run answers when that is allowed and a slot
+    /// is free, else now.
+    async fn cleanup(&self, env: Box<dyn ExecutionEnv>) {
+        let container = matches!(env.kind(), BackendKind::Docker | BackendKind::Gvisor);
+        if self.config.detach_cleanup
+            && container
+            && !self.cleanups.is_closed()
+            && let Ok(slot) = self.cleanup_slots.clone().try_acquire_owned()
+        {
+            self.cleanups.spawn(async move {
+                if let Err(e) = env.cleanup().await {
+                    tracing::warn!(error = %e, "run: sandbox cleanup failed");
+                }
+                drop(slot);
+            });
+            return;
+        }
+        if let Err(e) = env.cleanup().await {
+            tracing::warn!(error = %e, "run: sandbox cleanup failed");
+        }
     }
 
     /// The data dir runs keep their state in.
@@ -707,9 +753,7 @@ impl Runner {
         let result = self
             .run_in(env.as_ref(), checked, skills, scope, cancel)
             .await;
-        if let Err(e) = env.cleanup().await {
-            tracing::warn!(error = %e, "run: sandbox cleanup failed");
-        }
+        self.cleanup(env).await;
         result
     }
 
@@ -783,20 +827,28 @@ impl Runner {
             inputs.insert(path.clone(), sha256_hex(bytes));
         }
         let script = script_name(checked.language);
-        env.write(&workspace.join(script), checked.script.as_bytes(), cancel)
-            .await
-            .map_err(RunError::from_env)?;
         inputs.insert(PathBuf::from(script), sha256_hex(checked.script.as_bytes()));
 
-        let request = ExecRequest::argv(script_command(
+        let mut request = ExecRequest::argv(script_command(
             env.kind(),
             checked.language,
             &format!("{WORKSPACE}/{script}"),
         ))
         .cwd(WORKSPACE)
         .timeout(std::time::Duration::from_millis(checked.timeout_ms));
+        // Nothing execs after the script, and its files are collected as they are: what
+        // it leaves in the background may go with the sandbox. A scope's snapshot wants
+        // the workspace still.
+        if scope.is_none() {
+            request = request.last();
+        }
+        // The script is written in the same round trip as it runs.
         let output = env
-            .exec(request, cancel)
+            .write_and_exec(
+                vec![(workspace.join(script), checked.script.into_bytes())],
+                request,
+                cancel,
+            )
             .await
             .map_err(RunError::from_env)?;
 

@@ -226,6 +226,8 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     }
     let mut runner_config = skillbox_run::RunnerConfig {
         warm_containers: args.warm_containers,
+        // serve waits for them at shutdown (runner.shutdown()).
+        detach_cleanup: true,
         ..skillbox_run::RunnerConfig::new(data_dir)
     };
     runner_config.limits.disk_bytes = Some(args.disk);

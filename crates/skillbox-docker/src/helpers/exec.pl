@@ -9,11 +9,16 @@
 # command's own stdin is left as it was sent), and kept only in this process's memory:
 # never in a command line, the environment or a file. Nothing of the sandbox runs
 # while it is read (execs take turns, and what one leaves is killed before the next).
+# Files to write before the command starts (a run's script, written in the same exec
+# as it runs) follow the key on stdin, as many as the count in the arguments says: a
+# header line "<length> <path>" then exactly that many bytes, each written as a new
+# 0644 file (made beside the path, renamed over it) as the sandbox's user. A failed
+# write ends the exec with kind input and n = index * 4096 + errno; nothing runs.
 # The caller's environment variables come as arguments (a count, then KEY=VALUE each)
 # and are set only in the child, after the filter: none of them can reach perl itself
 # (PERL5OPT, PERL5LIB, LD_PRELOAD would run code before the filter is in place).
 use POSIX ();
-my ($prctl, $seccomp, $filter_hex, $cwd, $nenv, @rest) = @ARGV;
+my ($prctl, $seccomp, $filter_hex, $cwd, $ninputs, $nenv, @rest) = @ARGV;
 my @env = splice(@rest, 0, $nenv);
 my @cmd = @rest;
 my $line = '';
@@ -26,7 +31,7 @@ my @key = split(' ', $line);
 # Without its key the wrapper cannot say anything skillbox would believe: it says
 # nothing, and the exec reads as killed.
 @key == 8 or POSIX::_exit(1);
-my %kinds = (exit => 1, signal => 2, exec => 3, cwd => 4, setup => 5);
+my %kinds = (exit => 1, signal => 2, exec => 3, cwd => 4, setup => 5, input => 6);
 sub status {
     my ($kind, $n) = split(/ /, $_[0], 2);
     $n = 0 + $n;
@@ -42,6 +47,35 @@ syscall($prctl, 38, 1, 0, 0, 0) == 0 or status("setup " . ($! + 0));
 my $filter = pack('H*', $filter_hex);
 my $prog = pack('S x6 p', length($filter) / 8, $filter);
 syscall($seccomp, 1, 0, $prog) == 0 or status("setup " . ($! + 0));
+for my $i (0 .. $ninputs - 1) {
+    my $head = '';
+    while (length($head) < 8192) {
+        sysread(STDIN, my $c, 1) or last;
+        last if $c eq "\n";
+        $head .= $c;
+    }
+    my ($len, $path) = $head =~ /^(\d+) (\/.+)$/s or POSIX::_exit(1);
+    my $tmp = $path;
+    $tmp =~ s{[^/]*$}{.skillbox-input-$$-$i};
+    sysopen(my $out, $tmp, POSIX::O_WRONLY() | POSIX::O_CREAT() | POSIX::O_EXCL(), 0644)
+        or status("input " . ($i * 4096 + $! + 0));
+    while ($len > 0) {
+        my $got = sysread(STDIN, my $chunk, $len > 65536 ? 65536 : $len);
+        $got or POSIX::_exit(1);
+        $len -= $got;
+        my $off = 0;
+        while ($off < $got) {
+            my $put = syswrite($out, $chunk, $got - $off, $off);
+            unless ($put) { my $e = $! + 0; unlink($tmp); status("input " . ($i * 4096 + $e)); }
+            $off += $put;
+        }
+    }
+    unless (close($out) && rename($tmp, $path)) {
+        my $e = $! + 0;
+        unlink($tmp);
+        status("input " . ($i * 4096 + $e));
+    }
+}
 chdir($cwd) or status("cwd " . ($! + 0));
 pipe(my $r, my $w) or status("setup " . ($! + 0));
 my $pid = fork();

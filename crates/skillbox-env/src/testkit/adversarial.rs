@@ -1925,6 +1925,55 @@ pub async fn daemon_does_not_survive(env: &dyn ExecutionEnv) {
     assert_gone_from_host(&["sleep", &seconds], test, &out).await;
 }
 
+/// A sandbox's last exec ([`ExecRequest::last`]) may leave its background processes to
+/// cleanup, but an exec after it must not run beside them (an exec's wrapper reads its
+/// secret key before it protects itself): they are dead before the next one starts, and
+/// gone from the host.
+pub async fn last_exec_leftovers_die_before_the_next_exec(env: &dyn ExecutionEnv) {
+    let test = "last_exec_leftovers_die_before_the_next_exec";
+    let seconds = unique_number().to_string();
+    let seen = format!(
+        "for f in /proc/[0-9]*/cmdline; do\n\
+           if [ \"$(tr '\\0' ' ' < \"$f\" 2>/dev/null)\" = 'sleep {seconds} ' ]; then echo FOUND; fi\n\
+         done\n"
+    );
+    let script = format!(
+        "(setsid sleep {seconds} </dev/null >/dev/null 2>&1 &)\n\
+         i=0\n\
+         while [ $i -lt 200 ]; do\n\
+           if [ -n \"$({seen})\" ]; then echo DAEMON_STARTED; exit 0; fi\n\
+           i=$((i+1)); sleep 0.05\n\
+         done\n\
+         echo DAEMON_NOT_SEEN; exit 1\n"
+    );
+    let out = exec(env, ExecRequest::shell(script).last(), test).await;
+    assert!(
+        out.stdout_text().contains("DAEMON_STARTED"),
+        "{test}: the daemon never started inside\n{}",
+        describe(&out)
+    );
+    let out = sh(env, &format!("{seen}echo CHECKED"), test).await;
+    assert_eq!(
+        out.stdout_text(),
+        "CHECKED\n",
+        "{test}: the next exec ran beside what the last one left\n{}",
+        describe(&out)
+    );
+    assert_gone_from_host(&["sleep", &seconds], test, &out).await;
+}
+
+/// A last exec still ends when its command does, though what it started in the
+/// background holds its output open.
+pub async fn last_exec_ends_though_a_leftover_holds_its_output(env: &dyn ExecutionEnv) {
+    let test = "last_exec_ends_though_a_leftover_holds_its_output";
+    let seconds = unique_number().to_string();
+    let request = ExecRequest::shell(format!("sleep {seconds} & echo done")).last();
+    let out = exec(env, request, test).await;
+    assert!(out.success(), "{test}\n{}", describe(&out));
+    assert_eq!(out.stdout_text(), "done\n", "{test}\n{}", describe(&out));
+    assert!(!out.timed_out, "{test}: it ended only at the deadline");
+}
+
 // ---------------------------------------------------------------------------------
 // Inherited state and privileges
 // ---------------------------------------------------------------------------------

@@ -1336,6 +1336,47 @@ pub async fn exec_runs_an_argv(env: &dyn ExecutionEnv) {
     assert_eq!(output.stderr_text(), "");
 }
 
+/// `write_and_exec` writes its files before the command starts, and a write that fails
+/// runs nothing and names its file.
+pub async fn write_and_exec_writes_before_it_runs(env: &dyn ExecutionEnv) {
+    mkdir(env, "in").await;
+    let files = vec![
+        (PathBuf::from("in/a.txt"), b"alpha ".to_vec()),
+        (PathBuf::from("b.txt"), b"beta".to_vec()),
+    ];
+    let output = within(
+        "write_and_exec",
+        env.write_and_exec(files, ExecRequest::shell("cat in/a.txt b.txt"), &live()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("write_and_exec: {e}"));
+    assert!(output.success(), "{output:?}");
+    assert_eq!(output.stdout_text(), "alpha beta");
+    assert_eq!(read(env, "b.txt").await, "beta");
+    // Replacing a file the sandbox has is a write like any other.
+    let files = vec![(PathBuf::from("b.txt"), b"gamma".to_vec())];
+    let output = within(
+        "write_and_exec over a file",
+        env.write_and_exec(files, ExecRequest::shell("cat b.txt"), &live()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("write_and_exec over a file: {e}"));
+    assert_eq!(output.stdout_text(), "gamma");
+    let files = vec![(PathBuf::from("missing/x.txt"), b"x".to_vec())];
+    let error = within(
+        "write_and_exec into a missing dir",
+        env.write_and_exec(files, ExecRequest::shell("touch ran"), &live()),
+    )
+    .await
+    .expect_err("a write into a missing directory succeeded");
+    assert_eq!(error.code, ErrorCode::NotFound, "{error}");
+    assert!(error.to_string().contains("missing/x.txt"), "{error}");
+    assert!(
+        !exists(env, "ran").await,
+        "the command ran after its write failed"
+    );
+}
+
 pub async fn exec_runs_a_shell_script(env: &dyn ExecutionEnv) {
     let output = run(
         env,
