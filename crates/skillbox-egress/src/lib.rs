@@ -5,7 +5,9 @@
 //!   matched per host and port; deny wins; no rules, no network.
 //! - [`forbidden`]: the addresses the proxy never connects to, whatever name resolved
 //!   to them (loopback, private, link-local and cloud metadata, CGNAT, multicast, …),
-//!   judged on the resolved address at connect time, so DNS rebinding does not help.
+//!   judged on the resolved address at connect time, so DNS rebinding does not help;
+//!   and [`own_address`]: any address of the host's own interfaces (a public one too),
+//!   where a service bound to 0.0.0.0 on the host would answer.
 //! - [`Proxy`]: HTTP `CONNECT host:port` and absolute-form `http://` requests, checked
 //!   against the rules, resolved once, every address checked, one of them connected,
 //!   bytes counted against a bound, each connection recorded in an [`Audit`].
@@ -16,7 +18,7 @@ mod proxy;
 mod rules;
 mod secrets;
 
-pub use addr::forbidden;
+pub use addr::{forbidden, own_address};
 pub use proxy::{
     Audit, Connection, Proxy, ProxyLimits, Resolve, StaticResolver, SystemResolver, Verdict,
 };

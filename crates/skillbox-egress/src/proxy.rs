@@ -19,7 +19,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::addr::forbidden;
+use crate::addr::{forbidden, own_address};
 use crate::rules::Rules;
 
 /// The largest request head the proxy reads (request line and headers).
@@ -482,7 +482,10 @@ impl Proxy {
             let mut why = None;
             let mut last_error = None;
             for address in addresses {
-                if let Some(bad) = forbidden(address.ip()) {
+                let bad = forbidden(address.ip())
+                    .map(str::to_string)
+                    .or_else(|| own_address(address.ip()));
+                if let Some(bad) = bad {
                     why.get_or_insert_with(|| {
                         format!(
                             "{} resolves to {}, {bad}: never connected to",

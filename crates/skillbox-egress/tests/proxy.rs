@@ -1,14 +1,17 @@
-//! The proxy against real servers, in a network namespace this test makes (never any
-//! outside address): `allowed.test` resolves to 203.0.113.7, an address put on the
-//! namespace's own `lo`; `rebind.test` to 127.0.0.1, `metadata.test` to
-//! 169.254.169.254. Needs root (skipped otherwise, a failure under
-//! SKILLBOX_REQUIRE_ALL=1).
+//! The proxy against real servers, in network namespaces this test makes (never any
+//! outside address): the proxy's (the test thread's own, standing for the host, which
+//! has 203.0.113.1 on a veth) and a far one behind that veth, where [`PUBLIC`]
+//! (203.0.113.7) serves. `allowed.test` resolves to [`PUBLIC`]; `rebind.test` to
+//! 127.0.0.1, `metadata.test` to 169.254.169.254, `self.test` to the host's own
+//! 203.0.113.1. Needs root (skipped otherwise, a failure under SKILLBOX_REQUIRE_ALL=1).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,10 +20,41 @@ use skillbox_egress::{NetworkPolicy, Proxy, ProxyLimits, Rules, StaticResolver, 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+/// A server's address, in the far namespace.
 const PUBLIC: &str = "203.0.113.7";
+/// The host's own address (the proxy's namespace's end of the veth).
+const HOST: &str = "203.0.113.1";
 
-/// Runs `body` on a thread of its own in a new network namespace with `lo` up and
-/// [`PUBLIC`] on it; `None` when this process may not make one.
+/// Held by each test: one counts this process's fds, which the others' namespaces,
+/// `ip` children and sockets would change under it.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// The far namespace of the test running on this thread.
+    static FAR: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Removes the far namespace however the test ends.
+struct Far(String);
+
+impl Drop for Far {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().unwrap();
+    assert!(status.success(), "ip {args:?}");
+}
+
+/// Runs `body` on a thread of its own in a new network namespace (the host's, here)
+/// with `lo` up and [`HOST`] on a veth whose other end, in a far namespace, has
+/// [`PUBLIC`]; `None` when this process may not make them.
 fn in_netns<F, Fut>(test: &str, body: F) -> Option<()>
 where
     F: FnOnce() -> Fut + Send + 'static,
@@ -28,7 +62,7 @@ where
 {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        let why = "making a network namespace with an address on lo needs root";
+        let why = "making network namespaces with a veth between them needs root";
         assert!(
             std::env::var("SKILLBOX_REQUIRE_ALL").as_deref() != Ok("1"),
             "{test}: cannot run here and SKILLBOX_REQUIRE_ALL=1: {why}"
@@ -36,6 +70,8 @@ where
         eprintln!("SKIP {test}: {why}");
         return None;
     }
+    let _alone = one_at_a_time();
+    let far = format!("sbx-proxy-{}-{}", std::process::id(), test.len());
     let done = std::thread::spawn(move || {
         // SAFETY: unshare on this thread only (a network namespace is per thread);
         // the thread is ours and ends with the test.
@@ -47,13 +83,26 @@ where
             io::Error::last_os_error()
         );
         // A child forked from this thread is in its namespace.
-        for args in [
-            &["link", "set", "lo", "up"][..],
-            &["addr", "add", &format!("{PUBLIC}/32"), "dev", "lo"],
-        ] {
-            let status = Command::new("ip").args(args).status().unwrap();
-            assert!(status.success(), "ip {args:?}");
-        }
+        ip(&["netns", "add", &far]);
+        let _far = Far(far.clone());
+        ip(&["link", "set", "lo", "up"]);
+        ip(&[
+            "link", "add", "sbx-host", "type", "veth", "peer", "name", "sbx-far", "netns", &far,
+        ]);
+        ip(&["addr", "add", &format!("{HOST}/24"), "dev", "sbx-host"]);
+        ip(&["link", "set", "sbx-host", "up"]);
+        ip(&[
+            "-n",
+            &far,
+            "addr",
+            "add",
+            &format!("{PUBLIC}/24"),
+            "dev",
+            "sbx-far",
+        ]);
+        ip(&["-n", &far, "link", "set", "sbx-far", "up"]);
+        ip(&["-n", &far, "link", "set", "lo", "up"]);
+        FAR.with(|f| *f.borrow_mut() = Some(far.clone()));
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -64,10 +113,37 @@ where
     Some(())
 }
 
+/// A listener on `ip`, port 0: for [`PUBLIC`] in the far namespace (a socket keeps the
+/// namespace it was made in), else in this thread's.
+fn listen(ip: &str) -> TcpListener {
+    let bind = |ip: String| {
+        let listener = std::net::TcpListener::bind((ip.as_str(), 0)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        listener
+    };
+    let listener = if ip == PUBLIC {
+        let far = FAR.with(|f| f.borrow().clone()).expect("inside in_netns");
+        let ip = ip.to_string();
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(format!("/run/netns/{far}")).unwrap();
+            // SAFETY: setns on this short-lived thread only, with a namespace fd we
+            // hold open.
+            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
+            bind(ip)
+        })
+        .join()
+        .unwrap()
+    } else {
+        bind(ip.to_string())
+    };
+    TcpListener::from_std(listener).unwrap()
+}
+
 /// A server that answers every connection with what it was sent first (up to the end
 /// of a request head, or 5 bytes), prefixed.
 async fn echo_server(ip: &str) -> SocketAddr {
-    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let listener = listen(ip);
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
@@ -107,6 +183,7 @@ async fn start(allow: &[&str], limits: ProxyLimits) -> (Proxy, SocketAddr) {
         ("other.test", PUBLIC),
         ("rebind.test", "127.0.0.1"),
         ("metadata.test", "169.254.169.254"),
+        ("self.test", HOST),
     ])
     .unwrap();
     let proxy = Proxy::new(rules, Arc::new(names), limits);
@@ -142,6 +219,8 @@ fn allowed_names_are_reached_and_everything_else_refused() {
         || async {
             let server = echo_server(PUBLIC).await;
             let local = echo_server("127.0.0.1").await;
+            // A host service on every address: its public one is the host's own too.
+            let everywhere = echo_server("0.0.0.0").await.port();
             let port = server.port();
             let (proxy, addr) = start(
                 &[
@@ -150,6 +229,8 @@ fn allowed_names_are_reached_and_everything_else_refused() {
                     &format!("rebind.test:{}", local.port()),
                     &format!("metadata.test:{port}"),
                     &format!("127.0.0.1:{}", local.port()),
+                    &format!("self.test:{everywhere}"),
+                    &format!("{HOST}:{everywhere}"),
                 ],
                 ProxyLimits::default(),
             )
@@ -211,6 +292,15 @@ fn allowed_names_are_reached_and_everything_else_refused() {
                     format!("CONNECT 127.0.0.1:{} HTTP/1.1\r\n\r\n", local.port()),
                     "a loopback address".to_string(),
                 ),
+                // The host's own (public-looking) address, by name and as a literal.
+                (
+                    format!("CONNECT self.test:{everywhere} HTTP/1.1\r\n\r\n"),
+                    format!("resolves to {HOST}, one of this host's own addresses"),
+                ),
+                (
+                    format!("CONNECT {HOST}:{everywhere} HTTP/1.1\r\n\r\n"),
+                    "one of this host's own addresses".to_string(),
+                ),
             ] {
                 let answer = ask(addr, request.as_bytes()).await;
                 assert!(
@@ -235,7 +325,7 @@ fn allowed_names_are_reached_and_everything_else_refused() {
                 .iter()
                 .filter(|c| c.verdict == Verdict::Refused)
                 .collect();
-            assert_eq!((allowed.len(), refused.len()), (2, 6), "{connections:#?}");
+            assert_eq!((allowed.len(), refused.len()), (2, 8), "{connections:#?}");
             assert!(
                 allowed.iter().all(|c| c.host == "allowed.test"
                     && c.address.as_deref() == Some(&*server.to_string()))
@@ -258,7 +348,7 @@ fn allowed_names_are_reached_and_everything_else_refused() {
 fn the_egress_byte_bound_cuts_the_connection() {
     in_netns("the_egress_byte_bound_cuts_the_connection", || async {
         // A server that sends 1 MiB.
-        let listener = TcpListener::bind((PUBLIC, 0)).await.unwrap();
+        let listener = listen(PUBLIC);
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
             let (mut stream, _) = listener.accept().await.unwrap();
@@ -301,8 +391,17 @@ fn open_fds() -> usize {
 /// Sandbox code opening connection after connection to the proxy and sending nothing
 /// holds no more than `max_connections` of skillbox's own fds: the rest wait in the
 /// kernel's listen backlog, not as fds and tasks of the process every sandbox shares.
-#[tokio::test]
-async fn idle_connections_past_the_bound_cost_skillbox_no_fds() {
+#[test]
+fn idle_connections_past_the_bound_cost_skillbox_no_fds() {
+    let _alone = one_at_a_time();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(idle_connections());
+}
+
+async fn idle_connections() {
     let (proxy, addr) = start(
         &["allowed.test"],
         ProxyLimits {
@@ -349,7 +448,7 @@ fn request_heads_count_against_the_egress_byte_bound() {
         "request_heads_count_against_the_egress_byte_bound",
         || async {
             // A server that counts every byte it is sent, over all connections.
-            let listener = TcpListener::bind((PUBLIC, 0)).await.unwrap();
+            let listener = listen(PUBLIC);
             let port = listener.local_addr().unwrap().port();
             let received = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             let counted = received.clone();

@@ -1,7 +1,8 @@
 //! Egress from a native sandbox through skillbox's proxy (DESIGN.md §8), against real
-//! servers in a network namespace this test makes (never any outside address):
-//! `allowed.test` resolves to 203.0.113.7, put on the namespace's own `lo`,
-//! `rebind.test` to 127.0.0.1. The sandbox's code is Python's standard library, as a
+//! servers in network namespaces this test makes (never any outside address): the test
+//! thread's own, standing for the host (203.0.113.1 on a veth), and a far one behind
+//! that veth where `allowed.test`, 203.0.113.7, serves; `rebind.test` resolves to
+//! 127.0.0.1. The sandbox's code is Python's standard library, as a
 //! model's script would be. Needs root for the test's namespace (skipped otherwise; a
 //! failure under SKILLBOX_REQUIRE_ALL=1).
 
@@ -20,11 +21,35 @@ use skillbox_native::NativeBackend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+/// A server's address, in the far namespace.
 const PUBLIC: &str = "203.0.113.7";
+/// The host's own address (the test thread's namespace's end of the veth): the proxy
+/// refuses it, so servers live behind the veth, as a real server is.
+const HOST: &str = "203.0.113.1";
 
-/// Runs `body` on a thread of its own in a new network namespace with `lo` up and
-/// [`PUBLIC`] on it (the proxy's connections are made from there); `None` when this
-/// process may not make one.
+thread_local! {
+    /// The far namespace of the test running on this thread.
+    static FAR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Removes the far namespace however the test ends.
+struct Far(String);
+
+impl Drop for Far {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip").args(args).status().unwrap();
+    assert!(status.success(), "ip {args:?}");
+}
+
+/// Runs `body` on a thread of its own in a new network namespace (standing for the
+/// host: the proxy's connections are made from there) with `lo` up and [`HOST`] on a
+/// veth whose other end, in a far namespace, has [`PUBLIC`]; skipped when this process
+/// may not make them.
 fn in_netns<F, Fut>(test: &str, body: F)
 where
     F: FnOnce() -> Fut + Send + 'static,
@@ -34,7 +59,7 @@ where
     if unsafe { libc::geteuid() } != 0 {
         skillbox_env::testkit::skip(
             test,
-            "making a network namespace with an address on lo needs root",
+            "making network namespaces with a veth between them needs root",
         );
         return;
     }
@@ -42,6 +67,7 @@ where
         skillbox_env::testkit::skip(test, &why);
         return;
     }
+    let far = format!("sbx-native-egress-{}-{}", std::process::id(), test.len());
     let done = std::thread::spawn(move || {
         // SAFETY: unshare on this thread only; the thread is ours and ends with the test.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
@@ -51,13 +77,27 @@ where
             "unshare(CLONE_NEWNET): {}",
             io::Error::last_os_error()
         );
-        for args in [
-            &["link", "set", "lo", "up"][..],
-            &["addr", "add", &format!("{PUBLIC}/32"), "dev", "lo"],
-        ] {
-            let status = Command::new("ip").args(args).status().unwrap();
-            assert!(status.success(), "ip {args:?}");
-        }
+        // A child forked from this thread is in its namespace.
+        ip(&["netns", "add", &far]);
+        let _far = Far(far.clone());
+        ip(&["link", "set", "lo", "up"]);
+        ip(&[
+            "link", "add", "sbx-host", "type", "veth", "peer", "name", "sbx-far", "netns", &far,
+        ]);
+        ip(&["addr", "add", &format!("{HOST}/24"), "dev", "sbx-host"]);
+        ip(&["link", "set", "sbx-host", "up"]);
+        ip(&[
+            "-n",
+            &far,
+            "addr",
+            "add",
+            &format!("{PUBLIC}/24"),
+            "dev",
+            "sbx-far",
+        ]);
+        ip(&["-n", &far, "link", "set", "sbx-far", "up"]);
+        ip(&["-n", &far, "link", "set", "lo", "up"]);
+        FAR.with(|f| *f.borrow_mut() = Some(far.clone()));
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -67,9 +107,31 @@ where
     done.join().unwrap();
 }
 
+/// A listener on [`PUBLIC`], port 0, in the far namespace (a socket keeps the namespace
+/// it was made in).
+fn listen_far() -> TcpListener {
+    let far = FAR.with(|f| f.borrow().clone()).expect("inside in_netns");
+    let listener = std::thread::spawn(move || {
+        let ns = std::fs::File::open(format!("/run/netns/{far}")).unwrap();
+        // SAFETY: setns on this short-lived thread only, with a namespace fd we hold.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
+        let listener = std::net::TcpListener::bind((PUBLIC, 0)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        listener
+    })
+    .join()
+    .unwrap();
+    TcpListener::from_std(listener).unwrap()
+}
+
 /// An HTTP server answering every request with the request line it got.
 async fn http_server(ip: &str) -> u16 {
-    let listener = TcpListener::bind((ip, 0)).await.unwrap();
+    let listener = if ip == PUBLIC {
+        listen_far()
+    } else {
+        TcpListener::bind((ip, 0)).await.unwrap()
+    };
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         loop {
@@ -158,10 +220,13 @@ fn allowed_names_are_reached_through_the_proxy_and_nothing_else() {
         || async {
             let port = http_server(PUBLIC).await;
             let local = http_server("127.0.0.1").await;
+            // A host service on every address: its public one is the host's own too.
+            let everywhere = http_server("0.0.0.0").await;
             let env = sandbox(Some(NetworkPolicy {
                 allow: vec![
                     format!("allowed.test:{port}"),
                     format!("rebind.test:{local}"),
+                    format!("{HOST}:{everywhere}"),
                 ],
                 deny: vec![],
             }))
@@ -213,6 +278,16 @@ print(s.recv(4096).decode().split("\r\n\r\n", 1)[1])
                 "{out}"
             );
             assert!(!out.contains("served"), "{out}");
+            // The host's own public address, allowed by the policy, is still refused.
+            let (_, out, _) = python(
+                env.as_ref(),
+                &fetch(&format!("http://{HOST}:{everywhere}/")),
+            )
+            .await;
+            assert!(
+                out.starts_with("HTTP 403") && out.contains("one of this host's own addresses"),
+                "{out}"
+            );
 
             // Around the proxy: the server's address directly, with and without the
             // proxy settings: there is no route.
@@ -245,9 +320,10 @@ except OSError as e:
                 .filter(|c| c.verdict == Verdict::Refused)
                 .collect();
             assert_eq!(allowed, 2, "{connections:#?}");
-            assert_eq!(refused.len(), 2, "{connections:#?}");
+            assert_eq!(refused.len(), 3, "{connections:#?}");
             assert!(refused.iter().any(|c| c.host == "other.test"));
             assert!(refused.iter().any(|c| c.host == "rebind.test"));
+            assert!(refused.iter().any(|c| c.host == HOST));
             env.cleanup().await.unwrap();
         },
     );
@@ -340,7 +416,7 @@ async fn https_server(
     config: Arc<rustls::ServerConfig>,
     seen: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 ) -> u16 {
-    let listener = TcpListener::bind((PUBLIC, 0)).await.unwrap();
+    let listener = listen_far();
     let port = listener.local_addr().unwrap().port();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {

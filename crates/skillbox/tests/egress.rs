@@ -1,9 +1,9 @@
 //! Egress through `skillbox run --allow-net` (DESIGN.md §8), end to end through the
-//! binary, in a network namespace this test makes (never any outside address): the
-//! namespace's `lo` carries 203.0.113.7, where tests/egress/registry.py serves a PyPI
-//! simple index and an npm registry; skillbox runs inside that namespace, so its proxy
-//! reaches the registry and nothing else. Needs root and `ip` (skipped otherwise; a
-//! failure under SKILLBOX_REQUIRE_ALL=1).
+//! binary, in network namespaces this test makes (never any outside address): skillbox
+//! runs in one (the host's, here: 203.0.113.1 on a veth), and behind that veth, in
+//! another, tests/egress/registry.py serves a PyPI simple index and an npm registry on
+//! 203.0.113.7; so the proxy reaches the registry and nothing else. Needs root and `ip`
+//! (skipped otherwise; a failure under SKILLBOX_REQUIRE_ALL=1).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -17,9 +17,12 @@ use common::{BIN, native_or_skip, text};
 use serde_json::Value;
 
 const PUBLIC: &str = "203.0.113.7";
+/// The host's own address: skillbox's namespace's end of the veth to the registry's.
+const HOST: &str = "203.0.113.1";
 
-/// A named network namespace with `lo` up and [`PUBLIC`] on it, and the registry
-/// serving there; removed (the registry killed) when dropped.
+/// A named network namespace for skillbox with `lo` up and [`HOST`] on a veth to a
+/// second one, where the registry serves on [`PUBLIC`]; both removed (the registry
+/// killed) when dropped.
 struct Namespace {
     name: String,
     registry: Child,
@@ -42,20 +45,40 @@ impl Namespace {
             let status = Command::new("ip").args(args).status().expect("ip");
             assert!(status.success(), "ip {args:?}");
         };
+        // skillbox's namespace (the host's, here) and the registry's, a veth between:
+        // the host's own address is one the proxy refuses, as any of its interfaces'.
+        let far = format!("{name}-far");
         ip(&["netns", "add", &name]);
+        ip(&["netns", "add", &far]);
         ip(&["-n", &name, "link", "set", "lo", "up"]);
+        ip(&["-n", &far, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n", &name, "link", "add", "sbx-host", "type", "veth", "peer", "name", "sbx-far",
+            "netns", &far,
+        ]);
         ip(&[
             "-n",
             &name,
             "addr",
             "add",
-            &format!("{PUBLIC}/32"),
+            &format!("{HOST}/24"),
             "dev",
-            "lo",
+            "sbx-host",
         ]);
+        ip(&["-n", &name, "link", "set", "sbx-host", "up"]);
+        ip(&[
+            "-n",
+            &far,
+            "addr",
+            "add",
+            &format!("{PUBLIC}/24"),
+            "dev",
+            "sbx-far",
+        ]);
+        ip(&["-n", &far, "link", "set", "sbx-far", "up"]);
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/egress/registry.py");
         let mut registry = Command::new("ip")
-            .args(["netns", "exec", &name, "/usr/bin/python3"])
+            .args(["netns", "exec", &far, "/usr/bin/python3"])
             .arg(script)
             .arg(PUBLIC)
             .stdout(Stdio::piped())
@@ -103,9 +126,9 @@ impl Drop for Namespace {
     fn drop(&mut self) {
         let _ = self.registry.kill();
         let _ = self.registry.wait();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        for name in [self.name.clone(), format!("{}-far", self.name)] {
+            let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        }
     }
 }
 
