@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,6 +26,8 @@ use crate::rules::Rules;
 const MAX_HEAD: usize = 16 * 1024;
 /// Most connections a proxy records; past it only the counts go on.
 const MAX_RECORDS: usize = 1000;
+/// Connections of one proxy logged one by one; the rest are counted in its audit only.
+const MAX_LOGGED: u64 = 100;
 
 /// Resolves a host name to the addresses the proxy may try (each judged afterwards).
 pub trait Resolve: Send + Sync + fmt::Debug {
@@ -101,6 +103,9 @@ pub struct ProxyLimits {
     pub connect_timeout: Duration,
     /// Connections open at once; more wait.
     pub max_connections: usize,
+    /// A connection with no byte either way for this long is closed (a tunnel the
+    /// sandbox holds open and silent would otherwise keep one of `max_connections`).
+    pub idle_timeout: Duration,
 }
 
 impl Default for ProxyLimits {
@@ -110,6 +115,7 @@ impl Default for ProxyLimits {
             head_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             max_connections: 64,
+            idle_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -127,6 +133,8 @@ pub struct Audit {
     unrecorded: AtomicU64,
     /// Bytes through, both ways, all connections.
     bytes: AtomicU64,
+    /// Connections logged one by one so far (at most [`MAX_LOGGED`]).
+    logged: AtomicU64,
 }
 
 impl Audit {
@@ -146,13 +154,22 @@ impl Audit {
     }
 
     fn record(&self, connection: Connection) {
-        match connection.verdict {
-            Verdict::Allowed => {
-                tracing::debug!(host = %connection.host, port = connection.port, bytes_out = connection.bytes_out, bytes_in = connection.bytes_in, reason = ?connection.reason, "egress: allowed")
+        // A sandbox asking again and again must not grow skillbox's log without bound:
+        // the first connections are logged, the rest only counted in the audit.
+        let logged = self.logged.fetch_add(1, Ordering::Relaxed);
+        if logged < MAX_LOGGED {
+            match connection.verdict {
+                Verdict::Allowed => {
+                    tracing::debug!(host = %connection.host, port = connection.port, bytes_out = connection.bytes_out, bytes_in = connection.bytes_in, reason = ?connection.reason, "egress: allowed")
+                }
+                Verdict::Refused => {
+                    tracing::info!(host = %connection.host, port = connection.port, reason = ?connection.reason, "egress: refused")
+                }
             }
-            Verdict::Refused => {
-                tracing::info!(host = %connection.host, port = connection.port, reason = ?connection.reason, "egress: refused")
-            }
+        } else if logged == MAX_LOGGED {
+            tracing::info!(
+                "egress: {MAX_LOGGED} connections of this sandbox logged; the rest are not logged one by one"
+            );
         }
         if let Ok(mut records) = self.records.lock()
             && records.len() < MAX_RECORDS
@@ -525,8 +542,9 @@ impl Proxy {
             })
     }
 
-    /// Copies both ways until both sides are done, the proxy stops, or the byte bound
-    /// is reached: (bytes out, bytes back, why it was cut).
+    /// Copies both ways until both sides are done, the proxy stops, the byte bound is
+    /// reached, or no byte went either way for `idle_timeout`: (bytes out, bytes back,
+    /// why it was cut).
     async fn pump<C, S>(&self, client: &mut C, server: &mut S) -> (u64, u64, Option<String>)
     where
         C: AsyncRead + AsyncWrite + Unpin + Send,
@@ -535,14 +553,42 @@ impl Proxy {
         let (mut client_read, mut client_write) = tokio::io::split(client);
         let (mut server_read, mut server_write) = tokio::io::split(server);
         let cut = CancellationToken::new();
-        let out = copy(&self.inner, &mut client_read, &mut server_write, &cut);
-        let back = copy(&self.inner, &mut server_read, &mut client_write, &cut);
-        let (out, back) = tokio::select! {
-            both = async { tokio::join!(out, back) } => both,
-            () = self.inner.stop.cancelled() => return (0, 0, Some("the sandbox ended".into())),
+        let started = Instant::now();
+        let activity = Activity {
+            started,
+            last_ms: AtomicU64::new(0),
         };
-        let reason = out.1.or(back.1);
-        (out.0, back.0, reason)
+        let (out_bytes, back_bytes) = (AtomicU64::new(0), AtomicU64::new(0));
+        let out = copy(
+            &self.inner,
+            &mut client_read,
+            &mut server_write,
+            &cut,
+            &out_bytes,
+            &activity,
+        );
+        let back = copy(
+            &self.inner,
+            &mut server_read,
+            &mut client_write,
+            &cut,
+            &back_bytes,
+            &activity,
+        );
+        let idle = self.inner.limits.idle_timeout;
+        let reason = tokio::select! {
+            (out, back) = async { tokio::join!(out, back) } => out.or(back),
+            () = self.inner.stop.cancelled() => Some("the sandbox ended".into()),
+            () = activity.quiet_for(idle) => Some(format!(
+                "no bytes either way for {} s (the idle timeout): the connection was closed",
+                idle.as_secs_f64()
+            )),
+        };
+        (
+            out_bytes.load(Ordering::Relaxed),
+            back_bytes.load(Ordering::Relaxed),
+            reason,
+        )
     }
 }
 
@@ -560,40 +606,68 @@ impl Inner {
     }
 }
 
+/// When a connection last carried a byte, either way.
+struct Activity {
+    started: Instant,
+    /// Milliseconds from `started` to the last byte read.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        let now = self.started.elapsed().as_millis() as u64;
+        self.last_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// Ends once no byte went either way for `limit`.
+    async fn quiet_for(&self, limit: Duration) {
+        loop {
+            let last = self.started + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let quiet = last.elapsed();
+            if quiet >= limit {
+                return;
+            }
+            tokio::time::sleep(limit - quiet).await;
+        }
+    }
+}
+
 /// Copies `from` to `to` until end of file (then shuts `to` down), an error, or the
-/// bound: (bytes, why it was cut).
+/// bound, adding each byte copied to `copied`: why it was cut.
 async fn copy<R, W>(
     inner: &Inner,
     from: &mut R,
     to: &mut W,
     cut: &CancellationToken,
-) -> (u64, Option<String>)
+    copied: &AtomicU64,
+    activity: &Activity,
+) -> Option<String>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut copied = 0u64;
     loop {
         let n = tokio::select! {
-            () = cut.cancelled() => return (copied, None),
+            () = cut.cancelled() => return None,
             read = from.read(&mut buf) => match read {
                 Ok(0) | Err(_) => {
                     let _ = to.shutdown().await;
-                    return (copied, None);
+                    return None;
                 }
                 Ok(n) => n,
             },
         };
+        activity.touch();
         if let Err(why) = inner.charge(n as u64) {
             cut.cancel();
-            return (copied, Some(why));
+            return Some(why);
         }
         if to.write_all(&buf[..n]).await.is_err() {
             cut.cancel();
-            return (copied, None);
+            return None;
         }
-        copied += n as u64;
+        copied.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 

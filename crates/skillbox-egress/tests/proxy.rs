@@ -515,3 +515,143 @@ fn request_heads_count_against_the_egress_byte_bound() {
         },
     );
 }
+
+/// A tunnel with no byte either way for `idle_timeout` is closed (and says so in the
+/// audit); one that keeps carrying bytes stays open past it.
+#[test]
+fn an_idle_tunnel_is_closed() {
+    in_netns("an_idle_tunnel_is_closed", || async {
+        // A server that reads and never answers, nor closes.
+        let listener = listen(PUBLIC);
+        let port = listener.local_addr().unwrap().port();
+        let (got, mut received) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.send(n).unwrap(),
+                }
+            }
+            // Held open until the test ends: only the proxy closes the tunnel.
+            std::future::pending::<()>().await;
+        });
+        let idle = Duration::from_millis(400);
+        let (proxy, addr) = start(
+            &[&format!("allowed.test:{port}")],
+            ProxyLimits {
+                idle_timeout: idle,
+                ..ProxyLimits::default()
+            },
+        )
+        .await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(format!("CONNECT allowed.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            client.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+        // A byte every 100 ms, for three times the idle timeout: the tunnel carries
+        // them all.
+        let opened = std::time::Instant::now();
+        let mut sent = 0;
+        let mut last_sent = opened;
+        while opened.elapsed() < idle * 3 {
+            client.write_all(b"x").await.unwrap();
+            last_sent = std::time::Instant::now();
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut through = 0;
+        while through < sent {
+            through += tokio::time::timeout(Duration::from_secs(10), received.recv())
+                .await
+                .expect("the tunnel stopped carrying bytes while they flowed")
+                .unwrap();
+        }
+        // Then silence: the proxy closes it, about the idle timeout later.
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut rest))
+            .await
+            .expect("an idle tunnel was never closed")
+            .unwrap();
+        let quiet = last_sent.elapsed();
+        assert!(quiet >= idle, "closed after {quiet:?} of quiet");
+        proxy.stop().await;
+        let connections = proxy.audit().connections();
+        assert_eq!(connections.len(), 1, "{connections:#?}");
+        assert_eq!(connections[0].verdict, Verdict::Allowed);
+        assert_eq!(connections[0].bytes_out, sent as u64, "{connections:#?}");
+        let reason = connections[0].reason.as_deref().unwrap_or_default();
+        assert!(reason.contains("idle timeout"), "{reason}");
+    });
+}
+
+/// Everything a subscriber is given, as text.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A sandbox asking for refused names again and again does not grow skillbox's log
+/// without bound: the first connections are logged, then one line says the rest are
+/// not; the audit still counts them all.
+#[test]
+fn refusals_past_the_first_are_counted_not_logged() {
+    let _alone = one_at_a_time();
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    let asked = 250;
+    tracing::subscriber::with_default(subscriber, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let (proxy, addr) = start(&["allowed.test"], ProxyLimits::default()).await;
+                for i in 0..asked {
+                    let answer = ask(
+                        addr,
+                        format!("CONNECT refused-{i}.test:443 HTTP/1.1\r\n\r\n").as_bytes(),
+                    )
+                    .await;
+                    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+                }
+                proxy.stop().await;
+                let connections = proxy.audit().connections();
+                assert_eq!(connections.len(), asked, "every refusal is in the audit");
+            });
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let refused = text
+        .lines()
+        .filter(|l| l.contains("egress: refused"))
+        .count();
+    assert_eq!(refused, 100, "{text}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("the rest are not logged one by one"))
+            .count(),
+        1,
+        "{text}"
+    );
+}
