@@ -105,7 +105,8 @@ impl DockerBackend {
     /// Keeps `size` started containers ready for sandboxes of `spec`: `create` of such
     /// a sandbox then costs no container create and start (about 200 ms here), only a
     /// check that the container still runs. Each pooled container is handed out once,
-    /// and its place is refilled in the background. A spec that would make a different
+    /// and its place is refilled in the background once its sandbox is cleaned up (or
+    /// at once when the take left the pool empty). A spec that would make a different
     /// container (other limits, a workdir, mounts) gets a fresh one, as without a pool.
     /// [`DockerBackend::shutdown`] removes what the pool holds.
     pub fn with_pool(mut self, size: usize, spec: &SandboxSpec) -> EnvResult<Self> {
@@ -147,6 +148,13 @@ impl DockerBackend {
                 .await?
                 .into_sandbox(spec.limits.clone()),
         };
+        if let Some(pool) = &self.pool {
+            let (pool, launcher) = (pool.clone(), self.launcher.clone());
+            sandbox.after_cleanup =
+                std::sync::Mutex::new(Some(crate::sandbox::AfterCleanup(Box::new(move || {
+                    pool.refill(&launcher)
+                }))));
+        }
         // Before any of the sandbox's code runs; a failure drops (removes) the container.
         sandbox.egress = crate::egress::attach(
             sandbox.container(),

@@ -477,6 +477,10 @@ impl FileSystem for DockerSandbox {
 
     async fn cleanup(&self) -> EnvResult<()> {
         self.container().remove().await;
+        let after = self.after_cleanup.lock().ok().and_then(|mut a| a.take());
+        if let Some(after) = after {
+            (after.0)();
+        }
         // The container's processes are gone: the proxy's connections end (recorded).
         if let Some(proxy) = &self.egress {
             proxy.stop().await;

@@ -299,9 +299,18 @@ impl Pool {
             return None;
         }
         loop {
-            let warm = self.state.lock().ok()?.ready.pop();
-            // Its place, or after failed refills (once the backoff is over) the pool's.
-            self.refill(launcher);
+            let (warm, emptied) = {
+                let mut state = self.state.lock().ok()?;
+                let warm = state.ready.pop();
+                (warm, state.ready.is_empty())
+            };
+            // A run's place is refilled once it has been removed (see
+            // `DockerBackend::create`), so the refill does not compete with the run it
+            // serves; only a pool this take empties refills now, for the runs that come
+            // meanwhile.
+            if emptied {
+                self.refill(launcher);
+            }
             let warm = warm?;
             if warm.is_running().await {
                 return Some(warm);

@@ -16,6 +16,15 @@ use tokio::sync::OwnedMutexGuard;
 use crate::config::WORKSPACE;
 use crate::container::Container;
 
+/// What a sandbox's cleanup does after removing its container.
+pub(crate) struct AfterCleanup(pub(crate) Box<dyn FnOnce() + Send>);
+
+impl std::fmt::Debug for AfterCleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AfterCleanup")
+    }
+}
+
 /// A docker (or gvisor) sandbox: one running container.
 #[derive(Debug)]
 pub struct DockerSandbox {
@@ -29,6 +38,8 @@ pub struct DockerSandbox {
     /// cleanup: another exec first kills it (nothing of the sandbox may run while an
     /// exec's wrapper reads its key).
     pub(crate) unsettled: std::sync::atomic::AtomicBool,
+    /// Called once the container is removed by cleanup (the pool refills its place).
+    pub(crate) after_cleanup: Mutex<Option<AfterCleanup>>,
     /// The egress proxy listening in the container's network namespace (a network
     /// policy on docker); `None`: no network.
     pub(crate) egress: Option<skillbox_egress::Proxy>,
@@ -53,6 +64,7 @@ impl DockerSandbox {
             generation: AtomicU64::new(0),
             read_ahead: Mutex::new(None),
             unsettled: std::sync::atomic::AtomicBool::new(false),
+            after_cleanup: Mutex::new(None),
             egress: None,
         }
     }

@@ -571,6 +571,19 @@ async fn a_pool_hands_out_each_started_container_once() {
     assert_eq!(started.len(), 2, "{started:?}");
 
     let first = backend.create(spec()).await.unwrap();
+    // Its place is refilled when it is cleaned up, not while it runs: the pool does not
+    // start a container beside a run it serves (it would have started one by now).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        backend.pooled(),
+        1,
+        "the pool refilled while its sandbox ran"
+    );
+    assert_eq!(
+        ours(&docker).await.len(),
+        2,
+        "a container was started beside the run"
+    );
     // The timeout is the exec's, not the container's: still the pool's spec.
     let quick = SandboxSpec {
         limits: skillbox_env::Limits {
@@ -637,6 +650,11 @@ async fn a_pool_hands_out_each_started_container_once() {
         sandbox.cleanup().await.unwrap();
         assert_removed(&docker, sandbox.container_id(), "after cleanup").await;
     }
+    // A cleanup refills the place of what it removed.
+    let taken = backend.create(spec()).await.unwrap();
+    assert_eq!(backend.pooled(), 1);
+    taken.cleanup().await.unwrap();
+    pool_holds(&backend, 2).await;
     // A pooled container removed from outside is not handed out.
     let pooled = ours(&docker).await;
     for id in &pooled {
