@@ -69,10 +69,15 @@ impl Default for ServerConfig {
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
+        // Two runs a core: a run waits on the kernel (namespaces, the cgroup move) long
+        // enough that one a core leaves the CPU idle. Measured on 2 cores (POST /v1/run
+        // of `node 0` at concurrency 8, against bare spawns): 57% with 2 slots, 68%
+        // with 4, 70% with 8 (docs/benchmarks.md).
+        let runs = cores * 2;
         ServerConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            max_concurrency: cores,
-            max_queue: cores * 8,
+            max_concurrency: runs,
+            max_queue: runs * 8,
             body_limit: 48 * 1024 * 1024,
             agents: None,
             keys: None,

@@ -14,7 +14,7 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: SocketAddr,
-    /// Runs at once [default: the number of cores]
+    /// Runs at once [default: 2 × the number of cores]
     #[arg(long)]
     max_concurrency: Option<usize>,
     /// Runs that may wait for a slot before new ones get 429 [default: 8 × max-concurrency]
