@@ -29,12 +29,18 @@ use crate::outcome::{
     ExecEnd, Kill, MAX_INPUTS, Measured, Seen, Status, StatusKey, outcome, split_status,
 };
 use crate::reset::{kill_all, settle};
-use crate::runtime::{NR_PRCTL, NR_SECCOMP};
-use crate::sandbox::DockerSandbox;
+use crate::runtime::{FS_PY, NR_PRCTL, NR_SECCOMP, READ_AHEAD_BYTES};
+use crate::sandbox::{DockerSandbox, WalkAhead};
 
 const EXEC_PL: &str = include_str!("helpers/exec.pl");
 /// Bytes of stderr held back until the end, where the wrapper's status line is.
 const HOLD_BACK: usize = 128;
+/// What starts the frame in which the wrapper sends a walk announced with the exec
+/// (`walk_after`): `MARKER <length> LF <the file helper's walkread output>`, right
+/// before the status line (see helpers/exec.pl).
+const WALK_MARKER: &[u8] = b"\0skillbox-walk:";
+/// The largest walk frame: a bigger walk is made by its own helper run.
+const MAX_WALK_FRAME: usize = 16 * 1024 * 1024;
 /// After the status line of a sandbox's last exec, how long its output may take to
 /// end before what holds it open is killed (no reset is paid when it ends in time).
 const LAST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
@@ -135,6 +141,7 @@ fn wrapper_argv(
     container: &Container,
     cwd: &str,
     inputs: usize,
+    walk: Vec<String>,
     env: &std::collections::BTreeMap<String, String>,
     command: Vec<String>,
 ) -> Vec<String> {
@@ -148,8 +155,10 @@ fn wrapper_argv(
         cwd.to_string(),
         // See helpers/exec.pl.
         inputs.to_string(),
-        env.len().to_string(),
+        walk.len().to_string(),
     ];
+    argv.extend(walk);
+    argv.push(env.len().to_string());
     argv.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
     argv.extend(command);
     argv
@@ -236,6 +245,54 @@ struct Reading {
     /// The sandbox's last exec ([`ExecRequest::last`]): what the command leaves in the
     /// background is left to cleanup, unless it holds the output open.
     last: bool,
+    /// The wrapper makes a walk after the command: stderr from a walk marker on is held
+    /// back (at most a frame's worth) until the end tells whether it is the frame.
+    walk: bool,
+    /// The walk's output, from its frame.
+    walked: Option<Vec<u8>>,
+}
+
+/// Where stderr's held-back part starts in `tail`: the first walk marker, if one is
+/// expected and what follows it can still be a frame; else the last [`HOLD_BACK`] bytes.
+fn hold_from(tail: &[u8], walk: &mut bool) -> usize {
+    let limit = tail.len().saturating_sub(HOLD_BACK);
+    if !*walk {
+        return limit;
+    }
+    let Some(at) = find(tail, WALK_MARKER) else {
+        return limit;
+    };
+    if tail.len() - at > MAX_WALK_FRAME + 64 + HOLD_BACK {
+        // Too long to be a frame: the command's own bytes. No frame is looked for any more.
+        *walk = false;
+        return limit;
+    }
+    at.min(limit)
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Splits the walk frame off the end of stderr (`tail`, the status line already off):
+/// where the command's own stderr ends, and the walk's output if a whole frame ends
+/// exactly there.
+fn split_walk(tail: &[u8]) -> (usize, Option<Vec<u8>>) {
+    let mut from = 0;
+    while let Some(rel) = find(&tail[from..], WALK_MARKER) {
+        let at = from + rel;
+        let header = &tail[at + WALK_MARKER.len()..];
+        if let Some(nl) = header.iter().take(12).position(|&b| b == b'\n')
+            && let Some(len) = std::str::from_utf8(&header[..nl])
+                .ok()
+                .and_then(|t| t.parse::<usize>().ok())
+            && header.len() == nl + 1 + len
+        {
+            return (at, Some(header[nl + 1..].to_vec()));
+        }
+        from = at + 1;
+    }
+    (tail.len(), None)
 }
 
 impl Reading {
@@ -261,7 +318,10 @@ impl Reading {
                     Some(Ok(LogOutput::StdOut { message })) => self.stdout.feed(&message, &self.tx).await,
                     Some(Ok(LogOutput::StdErr { message })) => {
                         self.tail.extend_from_slice(&message);
-                        if phase == Phase::Running && split_status(&self.tail, &self.key).1.is_some() {
+                        // The status line is the last: it is within the new bytes and
+                        // what was held back before them.
+                        let recent = self.tail.len().saturating_sub(message.len() + HOLD_BACK);
+                        if phase == Phase::Running && split_status(&self.tail[recent..], &self.key).1.is_some() {
                             phase = Phase::Settling;
                             if self.last {
                                 grace = Some(tokio::time::Instant::now() + LAST_GRACE);
@@ -269,8 +329,9 @@ impl Reading {
                                 reset = Some(start_reset(&container, false));
                             }
                         }
-                        if self.tail.len() > HOLD_BACK {
-                            let emit: Vec<u8> = self.tail.drain(..self.tail.len() - HOLD_BACK).collect();
+                        let from = hold_from(&self.tail, &mut self.walk);
+                        if from > 0 {
+                            let emit: Vec<u8> = self.tail.drain(..from).collect();
                             self.stderr.feed(&emit, &self.tx).await;
                         }
                     }
@@ -329,6 +390,11 @@ impl Reading {
         }
         let (end, status) = split_status(&self.tail, &self.key);
         let tail = std::mem::take(&mut self.tail);
+        let (end, walked) = match (self.walk, status) {
+            (true, Some(_)) => split_walk(&tail[..end]),
+            _ => (end, None),
+        };
+        self.walked = walked;
         self.stderr.feed(&tail[..end], &self.tx).await;
         // The output ended without the status line starting a reset (the command and
         // everything it started closed it): check that nothing is left.
@@ -428,7 +494,32 @@ impl DockerSandbox {
         let command = request.command.to_argv();
         let program = command.first().cloned().unwrap_or_default();
         let env = self.exec_env(&request.env);
-        let argv = wrapper_argv(&container, &cwd, inputs.len(), &env, command);
+        // The walk announced, made by the file helper after the command, in this exec.
+        let walk_after = request.walk_after.filter(|w| w.root.is_absolute());
+        let walk_argv = walk_after.as_ref().map(|w| {
+            let budget = timeout.as_secs().to_string();
+            let mut argv: Vec<String> =
+                [&budget, container.runtime.python(), "-I", "-S", "-c", FS_PY]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+            argv.push("walkread".into());
+            argv.push(w.root.display().to_string());
+            argv.push(w.max_entries.to_string());
+            argv.push(READ_AHEAD_BYTES.to_string());
+            argv.extend(w.prune.iter().cloned());
+            argv
+        });
+        let argv = wrapper_argv(
+            &container,
+            &cwd,
+            inputs.len(),
+            walk_argv.unwrap_or_default(),
+            &env,
+            command,
+        );
+        let generation = self.generation();
+        let walk_slot = self.walk_ahead.clone();
         let input_paths: Vec<String> = inputs.iter().map(|(p, _)| p.clone()).collect();
         let (output, writer) = start(
             &container,
@@ -456,8 +547,20 @@ impl DockerSandbox {
                 key,
                 writer: Some(writer),
                 last,
+                walk: walk_after.is_some(),
+                walked: None,
             };
             let seen = reading.read(output, deadline, &cancel).await;
+            // Kept before the exec answers: the walk that follows finds it.
+            if let (Some(walk), Some(out)) = (walk_after, reading.walked.take())
+                && let Ok(mut slot) = walk_slot.lock()
+            {
+                *slot = Some(WalkAhead {
+                    generation,
+                    walk,
+                    out,
+                });
+            }
             let end = ExecEnd::from(seen);
             let died = matches!(end, ExecEnd::ContainerDied);
             if died {
@@ -508,7 +611,7 @@ mod tests {
         let mut child = std::process::Command::new("perl")
             .args(["-e", EXEC_PL])
             .args([NR_PRCTL.to_string(), NR_SECCOMP.to_string()])
-            .args([filter_hex(), "/", "0", "0"])
+            .args([filter_hex(), "/", "0", "0", "0"])
             .args(command)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())

@@ -12,19 +12,56 @@ use skillbox_env::{
 };
 
 use crate::daemon::{Collected, MAX_READ_BYTES, collect_exec};
+use crate::runtime::{FS_PY, READ_AHEAD_BYTES};
 use crate::sandbox::DockerSandbox;
 
-const FS_PY: &str = include_str!("helpers/fs.py");
 /// What one `readmany` helper run prints at most, about: the files after that go to
 /// the next run.
 const READ_BATCH_BYTES: u64 = 256 * 1024 * 1024;
 /// The largest file `read_files` reads: a run's output must hold it after a batch.
 const READ_MAX_FILE_BYTES: u64 = MAX_READ_BYTES as u64 - READ_BATCH_BYTES - 4096;
-/// A walk whose regular files come to at most this many bytes reads them too, in the
-/// same helper run, for the `read_files` that follows (a run's collection).
-const READ_AHEAD_BYTES: u64 = 8 * 1024 * 1024;
-
 impl DockerSandbox {
+    /// The walk in the file helper's `walkread` output `out` (its listing, then what it
+    /// read ahead, kept for `generation`): `None` when `out` is not such an output, an
+    /// error when it lists more than `max_entries`.
+    fn parse_walk(
+        &self,
+        root: &Path,
+        out: &[u8],
+        max_entries: usize,
+        generation: u64,
+    ) -> Option<EnvResult<Vec<WalkEntry>>> {
+        let (line, rest) = match out.iter().position(|&b| b == b'\n') {
+            Some(end) => (&out[..end], &out[end + 1..]),
+            None => (out, &[][..]),
+        };
+        let v: serde_json::Value = serde_json::from_slice(line).ok()?;
+        let listed = v.as_array()?;
+        if listed.len() > max_entries {
+            return Some(Err(too_many_entries(root, max_entries)));
+        }
+        let entries = listed
+            .iter()
+            .map(|e| {
+                Some(WalkEntry {
+                    path: e.get(0)?.as_str()?.to_string(),
+                    kind: kind_of(e.get(1)?.as_str()?),
+                    size: e.get(2)?.as_u64()?,
+                    executable: e.get(3).and_then(|x| x.as_bool()).unwrap_or(false),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        if !rest.is_empty() {
+            let read = parse_read_ahead(rest, entries.len())?;
+            let files = read
+                .into_iter()
+                .map(|(index, answer)| (self.arg(&root.join(&entries[index].path)), answer))
+                .collect();
+            self.keep_read_ahead(generation, files);
+        }
+        Some(Ok(entries))
+    }
+
     /// Runs one of skillbox's helper commands (not the caller's code) to the end and
     /// collects what it printed.
     async fn helper(
@@ -293,6 +330,15 @@ impl FileSystem for DockerSandbox {
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<WalkEntry>> {
         let root = self.absolute(root);
+        // Made by the exec just before, in its own round trip (`walk_after`); what does
+        // not read as a walk (the command's own bytes, framed to look like one) is
+        // walked again.
+        if let Some(out) = self.take_walk_ahead(&root, prune, max_entries)
+            && let Some(walked) = self.parse_walk(&root, &out, max_entries, self.generation())
+        {
+            tracing::debug!(root = %root.display(), "docker: walk answered from the exec before it");
+            return walked;
+        }
         let mut args = vec![
             self.arg(&root),
             max_entries.to_string(),
@@ -301,38 +347,8 @@ impl FileSystem for DockerSandbox {
         args.extend(prune.iter().map(|p| p.to_string()));
         let before = self.generation();
         let out = self.fs_op("walkread", &args, None, &root, cancel).await?;
-        let (line, rest) = match out.iter().position(|&b| b == b'\n') {
-            Some(end) => (&out[..end], &out[end + 1..]),
-            None => (&out[..], &[][..]),
-        };
-        let v: serde_json::Value =
-            serde_json::from_slice(line).map_err(|_| bad_answer("walk", &root))?;
-        let listed = v.as_array().ok_or_else(|| bad_answer("walk", &root))?;
-        if listed.len() > max_entries {
-            return Err(too_many_entries(&root, max_entries));
-        }
-        let entries = listed
-            .iter()
-            .map(|e| {
-                Some(WalkEntry {
-                    path: e.get(0)?.as_str()?.to_string(),
-                    kind: kind_of(e.get(1)?.as_str()?),
-                    size: e.get(2)?.as_u64()?,
-                    executable: e.get(3).and_then(|x| x.as_bool()).unwrap_or(false),
-                })
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad_answer("walk", &root))?;
-        if !rest.is_empty() {
-            let read =
-                parse_read_ahead(rest, entries.len()).ok_or_else(|| bad_answer("walk", &root))?;
-            let files = read
-                .into_iter()
-                .map(|(index, answer)| (self.arg(&root.join(&entries[index].path)), answer))
-                .collect();
-            self.keep_read_ahead(before + 1, files);
-        }
-        Ok(entries)
+        self.parse_walk(&root, &out, max_entries, before + 1)
+            .unwrap_or_else(|| Err(bad_answer("walk", &root)))
     }
 
     /// As few helper runs as the bytes allow (about [`READ_BATCH_BYTES`] each).

@@ -67,3 +67,9 @@ impl Runtime {
         }
     }
 }
+
+/// skillbox's file helper (`helpers/fs.py`), run by the runtime's python.
+pub(crate) const FS_PY: &str = include_str!("helpers/fs.py");
+/// A walk whose regular files come to at most this many bytes reads them too, in the
+/// same helper run, for the `read_files` that follows (a run's collection).
+pub(crate) const READ_AHEAD_BYTES: u64 = 8 * 1024 * 1024;

@@ -38,11 +38,23 @@ pub struct DockerSandbox {
     /// cleanup: another exec first kills it (nothing of the sandbox may run while an
     /// exec's wrapper reads its key).
     pub(crate) unsettled: std::sync::atomic::AtomicBool,
+    /// The walk an exec made after its command (`walk_after`), for the walk that follows.
+    pub(crate) walk_ahead: Arc<Mutex<Option<WalkAhead>>>,
     /// Called once the container is removed by cleanup (the pool refills its place).
     pub(crate) after_cleanup: Mutex<Option<AfterCleanup>>,
     /// The egress proxy listening in the container's network namespace (a network
     /// policy on docker); `None`: no network.
     pub(crate) egress: Option<skillbox_egress::Proxy>,
+}
+
+/// The output of the file helper's `walkread` that an exec made after its command, good
+/// for that walk while nothing else has begun since the exec.
+#[derive(Debug)]
+pub(crate) struct WalkAhead {
+    /// The exec's generation.
+    pub(crate) generation: u64,
+    pub(crate) walk: skillbox_env::WalkAfter,
+    pub(crate) out: Vec<u8>,
 }
 
 /// The contents a `walk` read along with its listing (a small tree), for the
@@ -64,6 +76,7 @@ impl DockerSandbox {
             generation: AtomicU64::new(0),
             read_ahead: Mutex::new(None),
             unsettled: std::sync::atomic::AtomicBool::new(false),
+            walk_ahead: Arc::new(Mutex::new(None)),
             after_cleanup: Mutex::new(None),
             egress: None,
         }
@@ -94,6 +107,27 @@ impl DockerSandbox {
         if let Ok(mut ahead) = self.read_ahead.lock() {
             *ahead = None;
         }
+    }
+
+    /// What an exec's walk printed, if it made exactly this walk (root absolute) and
+    /// nothing else began since; given up either way.
+    pub(crate) fn take_walk_ahead(
+        &self,
+        root: &Path,
+        prune: &[&str],
+        max_entries: usize,
+    ) -> Option<Vec<u8>> {
+        let ahead = self.walk_ahead.lock().ok()?.take()?;
+        let same = ahead.generation == self.generation()
+            && ahead.walk.root == root
+            && ahead.walk.max_entries == max_entries
+            && ahead
+                .walk
+                .prune
+                .iter()
+                .map(String::as_str)
+                .eq(prune.iter().copied());
+        same.then_some(ahead.out)
     }
 
     pub(crate) fn generation(&self) -> u64 {

@@ -50,6 +50,20 @@ pub struct ExecRequest {
     /// cleanup, instead of killing it before the exec returns. The exec still ends
     /// when the command does (what holds its output open is killed).
     pub last: bool,
+    /// The walk the caller makes as soon as the exec ends (a run's collection). A
+    /// backend for which each operation is a round trip (the container ones) may make
+    /// it at the end of the exec's own and answer that walk from it, as long as nothing
+    /// else began in the sandbox since.
+    pub walk_after: Option<WalkAfter>,
+}
+
+/// A [`FileSystem::walk`](crate::FileSystem::walk) to come, as [`ExecRequest::walk_after`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalkAfter {
+    /// Absolute, in the sandbox.
+    pub root: PathBuf,
+    pub prune: Vec<String>,
+    pub max_entries: usize,
 }
 
 impl ExecRequest {
@@ -73,6 +87,7 @@ impl ExecRequest {
             stdin: None,
             timeout: None,
             last: false,
+            walk_after: None,
         }
     }
 
@@ -99,6 +114,12 @@ impl ExecRequest {
     /// Marks the sandbox's last exec (see [`ExecRequest::last`]).
     pub fn last(mut self) -> Self {
         self.last = true;
+        self
+    }
+
+    /// Announces the walk that follows the exec (see [`ExecRequest::walk_after`]).
+    pub fn walk_after(mut self, walk: WalkAfter) -> Self {
+        self.walk_after = Some(walk);
         self
     }
 

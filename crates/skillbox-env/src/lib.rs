@@ -22,7 +22,9 @@ pub mod testkit;
 pub use backend::Backend;
 pub use data_dir::{default_data_dir, own_data_dir};
 pub use error::{EnvError, EnvResult, ErrorCode, errno_code};
-pub use exec::{Command, Duplex, Endpoint, ExecConnector, ExecEvent, ExecRequest, ExecStream};
+pub use exec::{
+    Command, Duplex, Endpoint, ExecConnector, ExecEvent, ExecRequest, ExecStream, WalkAfter,
+};
 pub use exit::{Ended, Ending};
 pub use fs::{
     DirEntry, FileInfo, FileKind, FileRead, FileSystem, MAX_TREE_BYTES, MAX_TREE_ENTRIES,

@@ -842,6 +842,8 @@ impl Runner {
         if scope.is_none() {
             request = request.last();
         }
+        // The collection's walk may come back with the exec.
+        request = request.walk_after(skillbox_store::collection_walk(&env.absolute(workspace)));
         // The script is written in the same round trip as it runs.
         let output = env
             .write_and_exec(

@@ -82,6 +82,16 @@ pub struct StoredArtifact {
 /// `.git/config` comes back unless asked for). Symlinks, special files and a top-level
 /// `.tmp` directory are skipped. Exceeding a limit is an error (code
 /// `resource_exhausted`) naming the limit and the file; files not selected never count.
+/// The walk [`collect_artifacts`] makes of `root` (absolute), for an exec to announce
+/// ([`skillbox_env::ExecRequest::walk_after`]).
+pub fn collection_walk(root: &Path) -> skillbox_env::WalkAfter {
+    skillbox_env::WalkAfter {
+        root: root.to_path_buf(),
+        prune: vec![SCRATCH_DIR.to_string()],
+        max_entries: MAX_ENTRIES,
+    }
+}
+
 pub async fn collect_artifacts(
     env: &dyn ExecutionEnv,
     root: &Path,

@@ -12,7 +12,8 @@ mod snapshots;
 mod store;
 
 pub use collect::{
-    CollectLimits, CollectedFile, StoredArtifact, collect_artifacts, content_type, store_all,
+    CollectLimits, CollectedFile, StoredArtifact, collect_artifacts, collection_walk, content_type,
+    store_all,
 };
 pub use error::{CollectLimit, StoreError};
 pub use owners::{ObjectOwners, OwnedObject};

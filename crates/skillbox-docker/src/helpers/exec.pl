@@ -14,11 +14,23 @@
 # header line "<length> <path>" then exactly that many bytes, each written as a new
 # 0644 file (made beside the path, renamed over it) as the sandbox's user. A failed
 # write ends the exec with kind input and n = index * 4096 + errno; nothing runs.
+# A walk to make after the command (a run's collection, in the same exec) comes as a
+# count and that many arguments: the file helper's command line. Its output, when it
+# succeeds and is at most 16 MiB, goes on stderr just before the status line, framed
+# (an empty frame when there is none):
+#   NUL "skillbox-walk:<length>" LF <output>
 # The caller's environment variables come as arguments (a count, then KEY=VALUE each)
 # and are set only in the child, after the filter: none of them can reach perl itself
 # (PERL5OPT, PERL5LIB, LD_PRELOAD would run code before the filter is in place).
 use POSIX ();
-my ($prctl, $seccomp, $filter_hex, $cwd, $ninputs, $nenv, @rest) = @ARGV;
+my ($prctl, $seccomp, $filter_hex, $cwd, $ninputs, $nwalk, @rest) = @ARGV;
+my @walk = splice(@rest, 0, $nwalk);
+# The first is the exec's timeout in seconds: the walk is skipped when less than 4 s
+# of it are left, and bounded to half of what is left (at most 10 s), so it never
+# makes a command that ended in time look timed out.
+my $budget = @walk ? shift(@walk) : 0;
+my $started = time;
+my $nenv = shift(@rest);
 my @env = splice(@rest, 0, $nenv);
 my @cmd = @rest;
 my $line = '';
@@ -76,6 +88,36 @@ for my $i (0 .. $ninputs - 1) {
         status("input " . ($i * 4096 + $e));
     }
 }
+sub walk {
+    my $left = $budget - (time - $started) - 1;
+    return if $left < 4;
+    my $bound = int($left / 2) > 10 ? 10 : int($left / 2);
+    pipe(my $from, my $to) or return;
+    my $child = fork();
+    defined($child) or return;
+    if ($child == 0) {
+        close($from);
+        open(STDIN, '<', '/dev/null');
+        open(STDOUT, '>&', $to) or POSIX::_exit(1);
+        open(STDERR, '>', '/dev/null');
+        exec { $walk[0] } @walk;
+        POSIX::_exit(127);
+    }
+    close($to);
+    my $out = '';
+    my $late = 0;
+    local $SIG{ALRM} = sub { $late = 1; kill('KILL', $child); };
+    alarm($bound);
+    while (!$late) {
+        my $got = sysread($from, $out, 65536, length($out));
+        last unless $got;
+        if (length($out) > 16777216) { kill('KILL', $child); $late = 1; }
+    }
+    waitpid($child, 0);
+    alarm(0);
+    return if $? || $late;
+    return $out;
+}
 chdir($cwd) or status("cwd " . ($! + 0));
 pipe(my $r, my $w) or status("setup " . ($! + 0));
 my $pid = fork();
@@ -96,4 +138,17 @@ sysread($r, $err, 16);
 waitpid($pid, 0);
 my $st = $?;
 status("exec $err") if length($err);
+if (@walk) {
+    # Always a frame, empty when there is no walk: the last frame is skillbox's, so
+    # one the command printed at the end of its stderr stays the command's.
+    my $out = walk();
+    $out = '' unless defined($out);
+    my $frame = "\0skillbox-walk:" . length($out) . "\n" . $out;
+    my $off = 0;
+    while ($off < length($frame)) {
+        my $put = syswrite(STDERR, $frame, length($frame) - $off, $off);
+        last unless $put;
+        $off += $put;
+    }
+}
 status(($st & 127) ? "signal " . ($st & 127) : "exit " . ($st >> 8));

@@ -1377,6 +1377,53 @@ pub async fn write_and_exec_writes_before_it_runs(env: &dyn ExecutionEnv) {
     );
 }
 
+/// An exec that announces the walk to come ([`ExecRequest::walk_after`]) changes
+/// nothing of what that walk and the reads after it answer, and the command's stderr is
+/// kept whole, even where it looks like the frame a container backend sends a walk in.
+pub async fn walk_after_an_exec_answers_as_a_walk_would(env: &dyn ExecutionEnv) {
+    mkdir(env, "w").await;
+    let root = env.absolute(path("w"));
+    let walk = crate::WalkAfter {
+        root: root.clone(),
+        prune: vec![".tmp".into()],
+        max_entries: 100,
+    };
+    let script = "mkdir -p sub .tmp && printf one > a.txt && printf two > sub/b.txt \
+                  && printf x > .tmp/c && printf '\\000skillbox-walk:5\\nhello' >&2";
+    let output = run(env, ExecRequest::shell(script).cwd("w").walk_after(walk)).await;
+    assert!(output.success(), "{output:?}");
+    assert_eq!(output.stderr, b"\0skillbox-walk:5\nhello", "{output:?}");
+    let walked = within("walk", env.walk(&root, &[".tmp"], 100, &live()))
+        .await
+        .unwrap_or_else(|e| panic!("walk: {e}"));
+    let read = within(
+        "read_files",
+        env.read_files(&[root.join("a.txt"), root.join("sub/b.txt")], 1024, &live()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("read_files: {e}"));
+    assert_eq!(
+        read,
+        vec![
+            FileRead::Content(b"one".to_vec()),
+            FileRead::Content(b"two".to_vec())
+        ]
+    );
+    // The same walk made afresh answers the same.
+    let again = within("walk", env.walk(&root, &[".tmp"], 100, &live()))
+        .await
+        .unwrap_or_else(|e| panic!("walk again: {e}"));
+    assert_eq!(walked, again);
+    let mut paths: Vec<&str> = walked.iter().map(|e| e.path.as_str()).collect();
+    paths.sort_unstable();
+    assert_eq!(paths, [".tmp", "a.txt", "sub", "sub/b.txt"]);
+    // Only that walk: another one (a bound of its own) is made as it asks.
+    let error = within("walk", env.walk(&root, &[".tmp"], 2, &live()))
+        .await
+        .expect_err("4 entries passed a bound of 2");
+    assert_eq!(error.code, ErrorCode::ResourceExhausted, "{error}");
+}
+
 pub async fn exec_runs_a_shell_script(env: &dyn ExecutionEnv) {
     let output = run(
         env,

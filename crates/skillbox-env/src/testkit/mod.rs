@@ -136,6 +136,7 @@ macro_rules! conformance_suite {
                     exec_runs_an_argv,
                     exec_runs_a_shell_script,
                     write_and_exec_writes_before_it_runs,
+                    walk_after_an_exec_answers_as_a_walk_would,
                     exec_and_files_share_the_cwd,
                     exec_feeds_stdin,
                     exec_passes_env_vars,
