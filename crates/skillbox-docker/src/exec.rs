@@ -359,6 +359,7 @@ impl Reading {
                     }
                 }, if grace.is_some() && reset.is_none() && phase == Phase::Settling => {
                     grace = None;
+                    tracing::debug!(container = %container.id, "docker: a last exec's output is still open {LAST_GRACE:?} after its status: resetting");
                     reset = Some(start_reset(&container, false));
                 }
                 () = tokio::time::sleep_until(deadline), if phase.kill().is_none() => {
