@@ -482,9 +482,12 @@ impl DockerSandbox {
         }
         let turn = self.take_turn(cancel).await?;
         let container = self.container().clone();
-        if self.unsettled.swap(request.last, Ordering::SeqCst) {
+        // Cleared only once what the last exec left is dead (a caller that gives up
+        // meanwhile leaves it set).
+        if self.unsettled.load(Ordering::SeqCst) {
             settle(&container).await?;
         }
+        self.unsettled.store(request.last, Ordering::SeqCst);
         let backend = self.backend_name();
         let timeout = request
             .timeout
@@ -521,6 +524,10 @@ impl DockerSandbox {
         );
         let generation = self.generation();
         let walk_slot = self.walk_ahead.clone();
+        // What a last exec leaves in the background runs until the container goes, but
+        // its network ends with the exec: the proxy stops (its record complete) before
+        // the exec answers.
+        let egress = request.last.then(|| self.egress.clone()).flatten();
         let input_paths: Vec<String> = inputs.iter().map(|(p, _)| p.clone()).collect();
         let (output, writer) = start(
             &container,
@@ -552,6 +559,9 @@ impl DockerSandbox {
                 walked: None,
             };
             let seen = reading.read(output, deadline, &cancel).await;
+            if let Some(proxy) = egress {
+                proxy.stop().await;
+            }
             // Kept before the exec answers: the walk that follows finds it.
             if let (Some(walk), Some(out)) = (walk_after, reading.walked.take())
                 && let Ok(mut slot) = walk_slot.lock()

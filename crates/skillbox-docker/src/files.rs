@@ -35,22 +35,10 @@ impl DockerSandbox {
             Some(end) => (&out[..end], &out[end + 1..]),
             None => (out, &[][..]),
         };
-        let v: serde_json::Value = serde_json::from_slice(line).ok()?;
-        let listed = v.as_array()?;
-        if listed.len() > max_entries {
+        let entries = listing(line)?;
+        if entries.len() > max_entries {
             return Some(Err(too_many_entries(root, max_entries)));
         }
-        let entries = listed
-            .iter()
-            .map(|e| {
-                Some(WalkEntry {
-                    path: e.get(0)?.as_str()?.to_string(),
-                    kind: kind_of(e.get(1)?.as_str()?),
-                    size: e.get(2)?.as_u64()?,
-                    executable: e.get(3).and_then(|x| x.as_bool()).unwrap_or(false),
-                })
-            })
-            .collect::<Option<Vec<_>>>()?;
         if !rest.is_empty() {
             let read = parse_read_ahead(rest, entries.len())?;
             let files = read
@@ -505,6 +493,40 @@ impl FileSystem for DockerSandbox {
     }
 }
 
+/// The entries of a walk's listing line (`[[path, kind, size, executable], …]`): `None`
+/// unless every path is one a file system can hold beneath the root, each once (a walk
+/// that came in an exec's frame is the sandbox's to forge, and what it lists becomes
+/// artifact paths).
+fn listing(line: &[u8]) -> Option<Vec<WalkEntry>> {
+    let v: serde_json::Value = serde_json::from_slice(line).ok()?;
+    let entries = v
+        .as_array()?
+        .iter()
+        .map(|e| {
+            Some(WalkEntry {
+                path: e.get(0)?.as_str()?.to_string(),
+                kind: kind_of(e.get(1)?.as_str()?),
+                size: e.get(2)?.as_u64()?,
+                executable: e.get(3).and_then(|x| x.as_bool()).unwrap_or(false),
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let mut seen = std::collections::HashSet::with_capacity(entries.len());
+    entries
+        .iter()
+        .all(|e| plain_relative(&e.path) && seen.insert(e.path.as_str()))
+        .then_some(entries)
+}
+
+/// A relative path of plain names: not empty, no NUL, no empty, `.` or `..` component.
+fn plain_relative(path: &str) -> bool {
+    !path.is_empty()
+        && !path.contains('\0')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
 /// What the helper's `puttree` reads on stdin: one JSON line listing the entries in
 /// order (`[path, "dir"]` or `[path, "file", executable, size]`, paths `/`-separated),
 /// then the content of every file back to back, in the same order.
@@ -561,6 +583,32 @@ async fn temp_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A listing (a walk's first line, which may come in an exec's frame the sandbox
+    /// can forge) is taken only when every path is plain, relative and listed once.
+    #[test]
+    fn a_listing_with_a_path_no_file_system_holds_is_refused() {
+        let good = br#"[["a","dir",0,false],["a/b.txt","file",3,false],[".hidden","file",1,true]]"#;
+        let entries = listing(good).expect("a plain listing");
+        assert_eq!(entries.len(), 3);
+        assert!(entries[2].executable);
+        assert_eq!(listing(b"[]").map(|e| e.len()), Some(0));
+        for bad in [
+            r#"[["/etc/x","file",1,false]]"#,
+            r#"[["../x","file",1,false]]"#,
+            r#"[["a/../../x","file",1,false]]"#,
+            r#"[["a//b","file",1,false]]"#,
+            r#"[["a/./b","file",1,false]]"#,
+            r#"[["","file",1,false]]"#,
+            r#"[["a/","file",1,false]]"#,
+            r#"[["a\u0000b","file",1,false]]"#,
+            r#"[["x","file",1,false],["x","file",2,false]]"#,
+            r#"[["x","file",-1,false]]"#,
+            r#"{"x":1}"#,
+        ] {
+            assert!(listing(bad.as_bytes()).is_none(), "{bad} was taken");
+        }
+    }
 
     /// Runs the file helper's `readmany` here, on the host, over `paths`.
     fn readmany(paths: &[&Path], limit: u64, budget: u64) -> Vec<u8> {

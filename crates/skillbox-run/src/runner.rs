@@ -614,17 +614,19 @@ impl Runner {
         &self.backends
     }
 
-    /// Waits for the removals of sandboxes whose runs answered, then removes the
-    /// containers of runs still in flight (a server shutting down).
+    /// Removes the containers of runs still in flight and of runs that answered (a
+    /// server shutting down), then waits for the removals already going.
     pub async fn shutdown(&self) {
         self.cleanups.close();
+        // The backends first: their pools close (a removal still going refills nothing)
+        // and every container they made goes, those of detached removals too.
+        self.backends.shutdown().await;
         if tokio::time::timeout(DETACHED_WAIT, self.cleanups.wait())
             .await
             .is_err()
         {
             tracing::warn!("run: sandbox removals still going after {DETACHED_WAIT:?}");
         }
-        self.backends.shutdown().await;
     }
 
     /// Removes a run's sandbox: after the run answers when that is allowed and a slot

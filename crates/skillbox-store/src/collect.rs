@@ -74,14 +74,6 @@ pub struct StoredArtifact {
     pub content_type: String,
 }
 
-/// The files under `root` that a run created or changed, sorted by path.
-///
-/// `inputs` maps the relative paths of the files the run was given to the sha256 of
-/// their content; such a file is skipped while its content is unchanged. Only files
-/// `outputs` selects are collected (by default none with a hidden component: no
-/// `.git/config` comes back unless asked for). Symlinks, special files and a top-level
-/// `.tmp` directory are skipped. Exceeding a limit is an error (code
-/// `resource_exhausted`) naming the limit and the file; files not selected never count.
 /// The walk [`collect_artifacts`] makes of `root` (absolute), for an exec to announce
 /// ([`skillbox_env::ExecRequest::walk_after`]).
 pub fn collection_walk(root: &Path) -> skillbox_env::WalkAfter {
@@ -92,6 +84,14 @@ pub fn collection_walk(root: &Path) -> skillbox_env::WalkAfter {
     }
 }
 
+/// The files under `root` that a run created or changed, sorted by path.
+///
+/// `inputs` maps the relative paths of the files the run was given to the sha256 of
+/// their content; such a file is skipped while its content is unchanged. Only files
+/// `outputs` selects are collected (by default none with a hidden component: no
+/// `.git/config` comes back unless asked for). Symlinks, special files and a top-level
+/// `.tmp` directory are skipped. Exceeding a limit is an error (code
+/// `resource_exhausted`) naming the limit and the file; files not selected never count.
 pub async fn collect_artifacts(
     env: &dyn ExecutionEnv,
     root: &Path,
