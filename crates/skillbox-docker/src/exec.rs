@@ -29,7 +29,7 @@ use crate::outcome::{
     ExecEnd, Kill, MAX_INPUTS, Measured, Seen, Status, StatusKey, outcome, split_status,
 };
 use crate::reset::{kill_all, settle};
-use crate::runtime::{FS_PY, NR_PRCTL, NR_SECCOMP, READ_AHEAD_BYTES};
+use crate::runtime::{NR_PRCTL, NR_SECCOMP, helper_argv, walkread_args};
 use crate::sandbox::{DockerSandbox, WalkAhead};
 
 const EXEC_PL: &str = include_str!("helpers/exec.pl");
@@ -501,17 +501,11 @@ impl DockerSandbox {
         // The walk announced, made by the file helper after the command, in this exec.
         let walk_after = request.walk_after.filter(|w| w.root.is_absolute());
         let walk_argv = walk_after.as_ref().map(|w| {
-            let budget = timeout.as_secs().to_string();
-            let mut argv: Vec<String> =
-                [&budget, container.runtime.python(), "-I", "-S", "-c", FS_PY]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
-            argv.push("walkread".into());
-            argv.push(w.root.display().to_string());
-            argv.push(w.max_entries.to_string());
-            argv.push(READ_AHEAD_BYTES.to_string());
-            argv.extend(w.prune.iter().cloned());
+            let prune: Vec<&str> = w.prune.iter().map(String::as_str).collect();
+            let args = walkread_args(&w.root.display().to_string(), w.max_entries, &prune);
+            // The wrapper's budget first, then the helper's command line.
+            let mut argv = vec![timeout.as_secs().to_string()];
+            argv.extend(helper_argv(container.runtime, "walkread", &args));
             argv
         });
         let argv = wrapper_argv(

@@ -12,7 +12,7 @@ use skillbox_env::{
 };
 
 use crate::daemon::{Collected, MAX_READ_BYTES, collect_exec};
-use crate::runtime::{FS_PY, READ_AHEAD_BYTES};
+use crate::runtime::{helper_argv, walkread_args};
 use crate::sandbox::DockerSandbox;
 
 /// What one `readmany` helper run prints at most, about: the files after that go to
@@ -93,12 +93,7 @@ impl DockerSandbox {
         path: &Path,
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<u8>> {
-        let python = self.container().runtime.python();
-        let mut argv: Vec<String> = [python, "-I", "-S", "-c", FS_PY, op]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        argv.extend(args.iter().cloned());
+        let argv = helper_argv(self.container().runtime, op, args);
         let out = self.helper(argv, stdin, cancel).await?;
         match out.exit_code {
             Some(0) => Ok(out.stdout),
@@ -327,12 +322,7 @@ impl FileSystem for DockerSandbox {
             tracing::debug!(root = %root.display(), "docker: walk answered from the exec before it");
             return walked;
         }
-        let mut args = vec![
-            self.arg(&root),
-            max_entries.to_string(),
-            READ_AHEAD_BYTES.to_string(),
-        ];
-        args.extend(prune.iter().map(|p| p.to_string()));
+        let args = walkread_args(&self.arg(&root), max_entries, prune);
         let before = self.generation();
         let out = self.fs_op("walkread", &args, None, &root, cancel).await?;
         self.parse_walk(&root, &out, max_entries, before + 1)
@@ -583,6 +573,7 @@ async fn temp_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::FS_PY;
 
     /// A listing (a walk's first line, which may come in an exec's frame the sandbox
     /// can forge) is taken only when every path is plain, relative and listed once.

@@ -73,3 +73,25 @@ pub(crate) const FS_PY: &str = include_str!("helpers/fs.py");
 /// A walk whose regular files come to at most this many bytes reads them too, in the
 /// same helper run, for the `read_files` that follows (a run's collection).
 pub(crate) const READ_AHEAD_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The file helper's command line under `runtime`: operation `op` with `args`.
+pub(crate) fn helper_argv(runtime: Runtime, op: &str, args: &[String]) -> Vec<String> {
+    let mut argv: Vec<String> = [runtime.python(), "-I", "-S", "-c", FS_PY, op]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(args.iter().cloned());
+    argv
+}
+
+/// The arguments of the helper's `walkread` of `root` (absolute, as the helper takes
+/// it): the same walk whether it runs on its own or at the end of an exec.
+pub(crate) fn walkread_args(root: &str, max_entries: usize, prune: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        root.to_string(),
+        max_entries.to_string(),
+        READ_AHEAD_BYTES.to_string(),
+    ];
+    args.extend(prune.iter().map(|p| p.to_string()));
+    args
+}
