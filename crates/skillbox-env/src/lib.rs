@@ -84,7 +84,8 @@ pub trait ExecutionEnv: FileSystem + Shell {
     /// Writes `files` (each as [`FileSystem::write`] does; their directories must
     /// exist), then runs `request` as [`Shell::exec`] does. A failed write runs nothing.
     /// A backend for which each operation is a round trip (the container ones) does
-    /// both in one.
+    /// both in one; there each file is made new with mode 0644 (a replaced file's mode
+    /// is not kept), which is what a run's script needs.
     async fn write_and_exec(
         &self,
         files: Vec<(std::path::PathBuf, Vec<u8>)>,
