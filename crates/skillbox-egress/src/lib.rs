@@ -17,6 +17,9 @@ pub mod netns;
 mod proxy;
 mod rules;
 mod secrets;
+mod setup;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use addr::{forbidden, own_address};
 pub use proxy::{
@@ -24,6 +27,7 @@ pub use proxy::{
 };
 pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
 pub use secrets::{Interceptor, MAX_SECRETS, Secrets};
+pub use setup::{SandboxEgress, SetupError, ca_files, sandbox_egress};
 pub use skillbox_protocol::SecretSpec;
 
 /// A sandbox's proxy for `network` (checked: a bad entry is the error), adding

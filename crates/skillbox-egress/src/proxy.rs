@@ -296,6 +296,24 @@ impl Proxy {
         self.inner.tasks.wait().await;
     }
 
+    /// Serves one client connection in a task of the proxy's own (so [`stop`](Self::stop)
+    /// waits for its record), once a slot is free: a sandbox's connection that reaches
+    /// skillbox as a stream (gVisor's bridge), not through a listener.
+    pub fn spawn<S>(&self, client: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let proxy = self.clone();
+        self.inner
+            .tasks
+            .spawn(async move { proxy.handle(client).await });
+    }
+
+    /// Whether [`stop`](Self::stop) was called: it serves nothing more.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.stop.is_cancelled()
+    }
+
     /// Serves one client connection to its end.
     pub async fn handle<S>(&self, client: S)
     where

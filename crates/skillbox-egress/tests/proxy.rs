@@ -7,23 +7,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
-use std::cell::RefCell;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use skillbox_egress::testkit::{self, HOST, PUBLIC, listen};
 use skillbox_egress::{NetworkPolicy, Proxy, ProxyLimits, Rules, StaticResolver, Verdict};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-/// A server's address, in the far namespace.
-const PUBLIC: &str = "203.0.113.7";
-/// The host's own address (the proxy's namespace's end of the veth).
-const HOST: &str = "203.0.113.1";
 
 /// Held by each test: one counts this process's fds, which the others' namespaces,
 /// `ip` children and sockets would change under it.
@@ -33,36 +26,14 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-thread_local! {
-    /// The far namespace of the test running on this thread.
-    static FAR: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// Removes the far namespace however the test ends.
-struct Far(String);
-
-impl Drop for Far {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let status = Command::new("ip").args(args).status().unwrap();
-    assert!(status.success(), "ip {args:?}");
-}
-
-/// Runs `body` on a thread of its own in a new network namespace (the host's, here)
-/// with `lo` up and [`HOST`] on a veth whose other end, in a far namespace, has
-/// [`PUBLIC`]; `None` when this process may not make them.
+/// Runs `body` in the test's network namespaces (`skillbox_egress::testkit`), one test
+/// at a time; `None` when this process may not make them.
 fn in_netns<F, Fut>(test: &str, body: F) -> Option<()>
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        let why = "making network namespaces with a veth between them needs root";
+    if let Some(why) = testkit::cannot_run() {
         assert!(
             std::env::var("SKILLBOX_REQUIRE_ALL").as_deref() != Ok("1"),
             "{test}: cannot run here and SKILLBOX_REQUIRE_ALL=1: {why}"
@@ -71,73 +42,8 @@ where
         return None;
     }
     let _alone = one_at_a_time();
-    let far = format!("sbx-proxy-{}-{}", std::process::id(), test.len());
-    let done = std::thread::spawn(move || {
-        // SAFETY: unshare on this thread only (a network namespace is per thread);
-        // the thread is ours and ends with the test.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(
-            rc,
-            0,
-            "unshare(CLONE_NEWNET): {}",
-            io::Error::last_os_error()
-        );
-        // A child forked from this thread is in its namespace.
-        ip(&["netns", "add", &far]);
-        let _far = Far(far.clone());
-        ip(&["link", "set", "lo", "up"]);
-        ip(&[
-            "link", "add", "sbx-host", "type", "veth", "peer", "name", "sbx-far", "netns", &far,
-        ]);
-        ip(&["addr", "add", &format!("{HOST}/24"), "dev", "sbx-host"]);
-        ip(&["link", "set", "sbx-host", "up"]);
-        ip(&[
-            "-n",
-            &far,
-            "addr",
-            "add",
-            &format!("{PUBLIC}/24"),
-            "dev",
-            "sbx-far",
-        ]);
-        ip(&["-n", &far, "link", "set", "sbx-far", "up"]);
-        ip(&["-n", &far, "link", "set", "lo", "up"]);
-        FAR.with(|f| *f.borrow_mut() = Some(far.clone()));
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(body());
-    });
-    done.join().unwrap();
+    testkit::in_netns(body);
     Some(())
-}
-
-/// A listener on `ip`, port 0: for [`PUBLIC`] in the far namespace (a socket keeps the
-/// namespace it was made in), else in this thread's.
-fn listen(ip: &str) -> TcpListener {
-    let bind = |ip: String| {
-        let listener = std::net::TcpListener::bind((ip.as_str(), 0)).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        listener
-    };
-    let listener = if ip == PUBLIC {
-        let far = FAR.with(|f| f.borrow().clone()).expect("inside in_netns");
-        let ip = ip.to_string();
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(format!("/run/netns/{far}")).unwrap();
-            // SAFETY: setns on this short-lived thread only, with a namespace fd we
-            // hold open.
-            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
-            bind(ip)
-        })
-        .join()
-        .unwrap()
-    } else {
-        bind(ip.to_string())
-    };
-    TcpListener::from_std(listener).unwrap()
 }
 
 /// A server that answers every connection with what it was sent first (up to the end

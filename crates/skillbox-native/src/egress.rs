@@ -22,48 +22,25 @@ pub(crate) fn proxy_for(
     resolver: &std::sync::Arc<dyn skillbox_egress::Resolve>,
     upstream_roots: &[rustls_pki_types::CertificateDer<'static>],
 ) -> skillbox_env::EnvResult<Option<Egress>> {
-    let invalid = |e: String| skillbox_env::EnvError::invalid(e);
     if policy.wants_egress() && policy.listen_ports.contains(&EGRESS_PORT) {
-        return Err(invalid(format!(
+        return Err(skillbox_env::EnvError::invalid(format!(
             "listenPorts: {EGRESS_PORT} is where the egress proxy listens in a sandbox with a network policy"
         )));
     }
-    if !policy.secrets.is_empty() && !policy.wants_egress() {
-        return Err(invalid(
-            "secrets: they go out through the egress proxy; give network.allow with their hosts"
-                .into(),
-        ));
-    }
-    let (mut env, mut ca_pem, mut secrets) = (Vec::new(), None, None);
-    if !policy.secrets.is_empty() {
-        let checked = skillbox_egress::Secrets::new(&policy.secrets).map_err(invalid)?;
-        let interceptor = skillbox_egress::Interceptor::new(upstream_roots)
-            .map_err(|e| skillbox_env::EnvError::unavailable(format!("egress secrets: {e}")))?;
-        env = checked.env();
-        for name in [
-            "SSL_CERT_FILE",
-            "REQUESTS_CA_BUNDLE",
-            "CURL_CA_BUNDLE",
-            "PIP_CERT",
-            "GIT_SSL_CAINFO",
-        ] {
-            env.push((name.to_string(), format!("{CA_DIR}/ca-bundle.pem")));
-        }
-        env.push((
-            "NODE_EXTRA_CA_CERTS".to_string(),
-            format!("{CA_DIR}/ca.pem"),
-        ));
-        ca_pem = Some(interceptor.ca_pem().to_string());
-        secrets = Some((checked, interceptor));
-    }
-    let proxy = skillbox_egress::proxy_for(
+    skillbox_egress::sandbox_egress(
         policy.network.as_ref(),
         policy.egress_bytes,
+        &policy.secrets,
         resolver.clone(),
-        secrets,
+        upstream_roots,
+        CA_DIR,
     )
-    .map_err(|e| invalid(e.to_string()))?;
-    Ok(proxy.map(|proxy| Egress { proxy, env, ca_pem }))
+    .map_err(|e| match e {
+        skillbox_egress::SetupError::Invalid(_) => skillbox_env::EnvError::invalid(e.to_string()),
+        skillbox_egress::SetupError::Unavailable(_) => {
+            skillbox_env::EnvError::unavailable(e.to_string())
+        }
+    })
 }
 
 /// Where a sandbox with secrets finds its CA (read-only): `ca.pem`, and
@@ -72,12 +49,7 @@ pub(crate) const CA_DIR: &str = "/skillbox-egress";
 
 /// A sandbox's egress: its proxy, the environment its execs get beyond the proxy's
 /// (secrets' placeholders, the CA's paths), and its CA when it adds secrets.
-#[derive(Debug)]
-pub(crate) struct Egress {
-    pub(crate) proxy: skillbox_egress::Proxy,
-    pub(crate) env: Vec<(String, String)>,
-    pub(crate) ca_pem: Option<String>,
-}
+pub(crate) type Egress = skillbox_egress::SandboxEgress;
 
 /// Writes the CA files into `dir` (made here, 0755, files 0644: public certificates
 /// only) for a read-only mount at [`CA_DIR`].
@@ -85,11 +57,7 @@ pub(crate) fn write_ca_dir(dir: &std::path::Path, ca_pem: &str) -> std::io::Resu
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
-    for (name, body) in [
-        ("ca.pem", ca_pem.to_string()),
-        ("ca-bundle.pem", format!("{system}\n{ca_pem}")),
-    ] {
+    for (name, body) in skillbox_egress::ca_files(ca_pem) {
         let path = dir.join(name);
         std::fs::write(&path, body)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;

@@ -11,155 +11,31 @@
 mod common;
 
 use std::future::Future;
-use std::io;
 use std::process::Command;
 use std::sync::Arc;
 
+use skillbox_egress::testkit::{self, HOST, PUBLIC};
 use skillbox_egress::{NetworkPolicy, StaticResolver, Verdict};
 use skillbox_env::{CancellationToken, ExecRequest, ExecutionEnv, SandboxPolicy, SandboxSpec};
 use skillbox_native::NativeBackend;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
-/// A server's address, in the far namespace.
-const PUBLIC: &str = "203.0.113.7";
-/// The host's own address (the test thread's namespace's end of the veth): the proxy
-/// refuses it, so servers live behind the veth, as a real server is.
-const HOST: &str = "203.0.113.1";
-
-thread_local! {
-    /// The far namespace of the test running on this thread.
-    static FAR: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Removes the far namespace however the test ends.
-struct Far(String);
-
-impl Drop for Far {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let status = Command::new("ip").args(args).status().unwrap();
-    assert!(status.success(), "ip {args:?}");
-}
-
-/// Runs `body` on a thread of its own in a new network namespace (standing for the
-/// host: the proxy's connections are made from there) with `lo` up and [`HOST`] on a
-/// veth whose other end, in a far namespace, has [`PUBLIC`]; skipped when this process
-/// may not make them.
+/// Runs `body` in the test's network namespaces (`skillbox_egress::testkit`): its
+/// thread's own, standing for the host, and a far one behind a veth where [`PUBLIC`]
+/// serves; skipped when this process may not make them or the sandbox cannot run.
 fn in_netns<F, Fut>(test: &str, body: F)
 where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        skillbox_env::testkit::skip(
-            test,
-            "making network namespaces with a veth between them needs root",
-        );
+    if let Some(why) = testkit::cannot_run() {
+        skillbox_env::testkit::skip(test, why);
         return;
     }
     if let Err(why) = common::data_dir().map(drop) {
         skillbox_env::testkit::skip(test, &why);
         return;
     }
-    let far = format!("sbx-native-egress-{}-{}", std::process::id(), test.len());
-    let done = std::thread::spawn(move || {
-        // SAFETY: unshare on this thread only; the thread is ours and ends with the test.
-        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(
-            rc,
-            0,
-            "unshare(CLONE_NEWNET): {}",
-            io::Error::last_os_error()
-        );
-        // A child forked from this thread is in its namespace.
-        ip(&["netns", "add", &far]);
-        let _far = Far(far.clone());
-        ip(&["link", "set", "lo", "up"]);
-        ip(&[
-            "link", "add", "sbx-host", "type", "veth", "peer", "name", "sbx-far", "netns", &far,
-        ]);
-        ip(&["addr", "add", &format!("{HOST}/24"), "dev", "sbx-host"]);
-        ip(&["link", "set", "sbx-host", "up"]);
-        ip(&[
-            "-n",
-            &far,
-            "addr",
-            "add",
-            &format!("{PUBLIC}/24"),
-            "dev",
-            "sbx-far",
-        ]);
-        ip(&["-n", &far, "link", "set", "sbx-far", "up"]);
-        ip(&["-n", &far, "link", "set", "lo", "up"]);
-        FAR.with(|f| *f.borrow_mut() = Some(far.clone()));
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(body());
-    });
-    done.join().unwrap();
-}
-
-/// A listener on [`PUBLIC`], port 0, in the far namespace (a socket keeps the namespace
-/// it was made in).
-fn listen_far() -> TcpListener {
-    let far = FAR.with(|f| f.borrow().clone()).expect("inside in_netns");
-    let listener = std::thread::spawn(move || {
-        let ns = std::fs::File::open(format!("/run/netns/{far}")).unwrap();
-        // SAFETY: setns on this short-lived thread only, with a namespace fd we hold.
-        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
-        let listener = std::net::TcpListener::bind((PUBLIC, 0)).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        listener
-    })
-    .join()
-    .unwrap();
-    TcpListener::from_std(listener).unwrap()
-}
-
-/// An HTTP server answering every request with the request line it got.
-async fn http_server(ip: &str) -> u16 {
-    let listener = if ip == PUBLIC {
-        listen_far()
-    } else {
-        TcpListener::bind((ip, 0)).await.unwrap()
-    };
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        loop {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&got)
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                let body = format!("served {line}");
-                let answer = format!(
-                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = stream.write_all(answer.as_bytes()).await;
-            });
-        }
-    });
-    port
+    testkit::in_netns(body);
 }
 
 async fn sandbox(network: Option<NetworkPolicy>) -> Box<dyn ExecutionEnv> {
@@ -218,10 +94,10 @@ fn allowed_names_are_reached_through_the_proxy_and_nothing_else() {
     in_netns(
         "allowed_names_are_reached_through_the_proxy_and_nothing_else",
         || async {
-            let port = http_server(PUBLIC).await;
-            let local = http_server("127.0.0.1").await;
+            let port = testkit::http_server(PUBLIC).await;
+            let local = testkit::http_server("127.0.0.1").await;
             // A host service on every address: its public one is the host's own too.
-            let everywhere = http_server("0.0.0.0").await;
+            let everywhere = testkit::http_server("0.0.0.0").await;
             let env = sandbox(Some(NetworkPolicy {
                 allow: vec![
                     format!("allowed.test:{port}"),
@@ -334,7 +210,7 @@ fn without_a_policy_there_is_no_proxy_and_no_route() {
     in_netns(
         "without_a_policy_there_is_no_proxy_and_no_route",
         || async {
-            let port = http_server(PUBLIC).await;
+            let port = testkit::http_server(PUBLIC).await;
             let env = sandbox(None).await;
             let probe = format!(
                 r#"
@@ -375,91 +251,6 @@ for address in [("127.0.0.1", 3128), ({PUBLIC:?}, {port})]:
 
 const SECRET: &str = "real-key-0f3c9a7e51";
 
-/// A CA of the test's own, and a TLS server config for `api.test` and `other.test`
-/// signed by it.
-fn test_tls() -> (
-    rustls::pki_types::CertificateDer<'static>,
-    String,
-    Arc<rustls::ServerConfig>,
-) {
-    let mut params = rcgen::CertificateParams::default();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    // Its own name: a leaf with the issuer's name would read as self-signed.
-    params.distinguished_name = rcgen::DistinguishedName::new();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "skillbox test CA");
-    let ca =
-        rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(vec!["api.test".to_string(), "other.test".to_string()])
-            .unwrap()
-            .signed_by(&key, &ca)
-            .unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
-    (ca.der().clone(), ca.pem(), Arc::new(config))
-}
-
-/// An HTTPS server recording (SNI, Authorization) of every request; it answers `ok`.
-async fn https_server(
-    config: Arc<rustls::ServerConfig>,
-    seen: Arc<std::sync::Mutex<Vec<(String, String)>>>,
-) -> u16 {
-    let listener = listen_far();
-    let port = listener.local_addr().unwrap().port();
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let (acceptor, seen) = (acceptor.clone(), seen.clone());
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(stream).await else {
-                    return;
-                };
-                let sni = tls
-                    .get_ref()
-                    .1
-                    .server_name()
-                    .unwrap_or_default()
-                    .to_string();
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&got).into_owned();
-                let auth = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Authorization: "))
-                    .unwrap_or_default()
-                    .to_string();
-                seen.lock().unwrap().push((sni, auth));
-                let _ = tls
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-                    )
-                    .await;
-                let _ = tls.shutdown().await;
-            });
-        }
-    });
-    port
-}
-
 /// A secret bound to one host: the sandbox sees only a placeholder; the proxy puts the
 /// value in the request's headers for that host (the server sees it) and nowhere else
 /// (another allowed host gets the placeholder); the value is in no output, file or
@@ -469,9 +260,9 @@ fn secrets_are_added_at_egress_for_their_hosts_only() {
     in_netns(
         "secrets_are_added_at_egress_for_their_hosts_only",
         || async {
-            let (ca, test_ca, config) = test_tls();
-            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-            let port = https_server(config, seen.clone()).await;
+            let (ca, test_ca, config) = testkit::test_tls(&["api.test", "other.test"]);
+            let seen = testkit::Seen::default();
+            let port = testkit::https_server(config, seen.clone()).await;
             let data = common::data_dir().unwrap();
             let backend = NativeBackend::new(&data)
                 .with_resolver(Arc::new(
@@ -496,20 +287,7 @@ fn secrets_are_added_at_egress_for_their_hosts_only() {
                 ..skillbox_env::testkit::spec()
             };
             let env: Box<dyn ExecutionEnv> = Box::new(backend.create(spec).await.unwrap());
-            let script = format!(
-                r#"
-import os, ssl, urllib.request
-key = os.environ["API_KEY"]
-print(key.startswith("skillbox-secret-"), len(key))
-# other.test is reached through a plain tunnel: its certificate is the test CA's
-# (a real host's would be a public CA's, already in the bundle).
-context = ssl.create_default_context()
-context.load_verify_locations(cadata="""{test_ca}""")
-for host in ["api.test", "other.test"]:
-    request = urllib.request.Request("https://" + host + ":{port}/", headers={{"Authorization": "Bearer " + key}})
-    print(host, urllib.request.urlopen(request, timeout=10, context=context).read().decode())
-"#
-            );
+            let script = testkit::secret_script(&["api.test", "other.test"], port, &test_ca);
             let (code, out, err) = python(env.as_ref(), &script).await;
             assert_eq!(
                 (code, out.as_str()),
