@@ -27,6 +27,11 @@ pub struct DockerBackend {
     launcher: Launcher,
     owner: String,
     pool: Option<Arc<Pool>>,
+    /// Resolves the names a sandbox's egress proxy connects to.
+    resolver: Arc<dyn skillbox_egress::Resolve>,
+    /// Roots the egress proxy trusts for the hosts it adds secrets for, beyond the
+    /// public web roots (a private CA; tests).
+    upstream_roots: Arc<Vec<rustls_pki_types::CertificateDer<'static>>>,
 }
 
 /// The registered runtimes in the daemon's info.
@@ -89,9 +94,28 @@ impl DockerBackend {
             },
             owner: owner_label(),
             pool: None,
+            resolver: Arc::new(skillbox_egress::SystemResolver),
+            upstream_roots: Arc::default(),
         };
         this.sweep().await;
         Ok(this)
+    }
+
+    /// The resolver of the sandboxes' egress proxies (the host's getaddrinfo by
+    /// default). Every address it answers is still judged before a connect.
+    pub fn with_resolver(mut self, resolver: Arc<dyn skillbox_egress::Resolve>) -> Self {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Roots the egress proxy also trusts when it opens TLS to a host it adds secrets
+    /// for (a private CA), beyond the public web roots.
+    pub fn with_upstream_roots(
+        mut self,
+        roots: Vec<rustls_pki_types::CertificateDer<'static>>,
+    ) -> Self {
+        self.upstream_roots = Arc::new(roots);
+        self
     }
 
     pub fn runtime(&self) -> Runtime {
@@ -159,7 +183,8 @@ impl DockerBackend {
         sandbox.egress = crate::egress::attach(
             sandbox.container(),
             &spec.policy,
-            Arc::new(skillbox_egress::SystemResolver),
+            self.resolver.clone(),
+            &self.upstream_roots,
         )
         .await?;
         Ok(sandbox)

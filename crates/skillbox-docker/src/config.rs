@@ -104,12 +104,6 @@ pub(crate) fn container_config(
             ..Default::default()
         }),
     }
-    // gVisor's network stack is its own: a listener in the container's namespace would
-    // not be on the sandbox's loopback (docker's egress: egress.rs).
-    if runtime == Runtime::Runsc {
-        spec.policy.refuse_egress("gvisor")?;
-    }
-    spec.policy.refuse_secrets(runtime.backend().as_str())?;
     for mount in &spec.policy.read_only_mounts {
         let target = skillbox_env::path::normalize(&mount.sandbox);
         if !mount.host.is_absolute() || !target.is_absolute() {

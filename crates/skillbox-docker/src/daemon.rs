@@ -163,6 +163,19 @@ pub(crate) async fn collect_exec(
     argv: Vec<String>,
     stdin: Option<Vec<u8>>,
 ) -> EnvResult<Collected> {
+    collect_exec_as(docker, id, backend, what, argv, stdin, None).await
+}
+
+/// [`collect_exec`] as `user` (the container's own when `None`).
+pub(crate) async fn collect_exec_as(
+    docker: &Docker,
+    id: &str,
+    backend: BackendKind,
+    what: &'static str,
+    argv: Vec<String>,
+    stdin: Option<Vec<u8>>,
+    user: Option<&str>,
+) -> EnvResult<Collected> {
     let exec = docker
         .create_exec(
             id,
@@ -172,6 +185,7 @@ pub(crate) async fn collect_exec(
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
                 working_dir: Some("/".into()),
+                user: user.map(str::to_string),
                 ..Default::default()
             },
         )

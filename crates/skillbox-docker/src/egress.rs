@@ -1,15 +1,18 @@
-//! Egress for a docker sandbox (DESIGN.md §2.8): the container keeps `NetworkMode
-//! none` (only `lo`). skillbox joins the container's network namespace from a thread
-//! of its own, makes a socket listening on `127.0.0.1:3128` there, and serves it with
-//! the sandbox's proxy from its own namespace, before any of the sandbox's code runs.
-//! That takes a local daemon (the container's init is a process skillbox can see) and
-//! root (joining a namespace another process made); otherwise, and under runsc (whose
-//! network stack is gVisor's own, not the namespace's), a network policy is refused.
+//! Egress for a docker or gvisor sandbox (DESIGN.md §8): the container keeps
+//! `NetworkMode none` (only `lo`). Under runc skillbox joins the container's network
+//! namespace from a thread of its own, makes a socket listening on `127.0.0.1:3128`
+//! there, and serves it with the sandbox's proxy from its own namespace, before any of
+//! the sandbox's code runs. That takes a local daemon (the container's init is a
+//! process skillbox can see) and root (joining a namespace another process made);
+//! otherwise a network policy is refused. Under runsc, whose network stack is gVisor's
+//! own, a bridge in the sandbox carries the connections over an exec's stdio
+//! (`bridge.rs`). A sandbox with secrets gets its CA's files in [`CA_DIR`].
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use skillbox_egress::{Proxy, Resolve};
+use rustls_pki_types::CertificateDer;
+use skillbox_egress::{Resolve, SandboxEgress, SetupError};
 use skillbox_env::{EnvError, EnvResult, SandboxPolicy};
 
 use crate::container::Container;
@@ -19,29 +22,58 @@ fn unavailable(why: impl std::fmt::Display) -> EnvError {
     EnvError::unavailable(format!("egress: {why}"))
 }
 
-/// The sandbox's proxy for `policy`, listening in `container`'s network namespace and
-/// served until the container is removed; `None` without egress.
+/// Where a sandbox with secrets finds its CA: `ca.pem`, and `ca-bundle.pem` (the host's
+/// roots and it), made by root before any of the sandbox's code runs (a directory the
+/// sandbox's user cannot change, in `/tmp`: the root file system is read-only).
+pub(crate) const CA_DIR: &str = "/tmp/.skillbox-egress";
+
+/// Makes [`CA_DIR`] from the two files on stdin (`ca.pem`, NUL, `ca-bundle.pem`): 0755
+/// and 0644, owned by root. Fails if anything is there already.
+const WRITE_CA_PY: &str = r#"import os, sys
+ca, bundle = sys.stdin.buffer.read().split(b"\0", 1)
+os.umask(0o022)
+os.mkdir(sys.argv[1], 0o755)
+for name, body in (("ca.pem", ca), ("ca-bundle.pem", bundle)):
+    fd = os.open(os.path.join(sys.argv[1], name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(body)
+"#;
+
+/// The sandbox's egress for `policy`, its proxy listening in `container`'s network
+/// namespace and served until the container is removed; `None` without egress.
 pub(crate) async fn attach(
     container: &Container,
     policy: &SandboxPolicy,
     resolver: Arc<dyn Resolve>,
-) -> EnvResult<Option<Proxy>> {
-    let proxy =
-        skillbox_egress::proxy_for(policy.network.as_ref(), policy.egress_bytes, resolver, None)
-            .map_err(|e| EnvError::invalid(e.to_string()))?;
-    let Some(proxy) = proxy else {
+    upstream_roots: &[CertificateDer<'static>],
+) -> EnvResult<Option<SandboxEgress>> {
+    let egress = skillbox_egress::sandbox_egress(
+        policy.network.as_ref(),
+        policy.egress_bytes,
+        &policy.secrets,
+        resolver,
+        upstream_roots,
+        CA_DIR,
+    )
+    .map_err(|e| match e {
+        SetupError::Invalid(_) => EnvError::invalid(e.to_string()),
+        SetupError::Unavailable(_) => EnvError::unavailable(e.to_string()),
+    })?;
+    let Some(egress) = egress else {
         return Ok(None);
     };
-    if container.runtime == Runtime::Runsc {
+    // SAFETY: geteuid has no preconditions.
+    if container.runtime == Runtime::Runc && unsafe { libc::geteuid() } != 0 {
         return Err(unavailable(
-            "the gvisor backend has no egress proxy yet (gVisor's network stack is its own); use native or docker",
+            "on docker, skillbox listens in the container's network namespace, which needs root; run skillbox as root or use the native or gvisor backend",
         ));
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(unavailable(
-            "on docker, skillbox listens in the container's network namespace, which needs root; run skillbox as root or use the native backend",
-        ));
+    if let Some(ca_pem) = &egress.ca_pem {
+        write_ca(container, ca_pem).await?;
+    }
+    if container.runtime == Runtime::Runsc {
+        crate::bridge::attach(container, egress.proxy.clone()).await?;
+        return Ok(Some(egress));
     }
     let net = container_netns(container).await?;
     let listener = skillbox_egress::netns::listen_in(net.as_fd()).map_err(|e| {
@@ -52,9 +84,44 @@ pub(crate) async fn attach(
     let listener = std::net::TcpListener::from(listener);
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| unavailable(format!("the proxy's listener: {e}")))?;
-    let (serving, until) = (proxy.clone(), container.shutdown.clone());
+    let (serving, until) = (egress.proxy.clone(), container.shutdown.clone());
     tokio::spawn(async move { serving.serve_until(listener, until).await });
-    Ok(Some(proxy))
+    Ok(Some(egress))
+}
+
+/// Writes the CA's files into [`CA_DIR`] as root (the container keeps no capability:
+/// root there owns what it makes, nothing more).
+async fn write_ca(container: &Container, ca_pem: &str) -> EnvResult<()> {
+    let [(_, ca), (_, bundle)] = skillbox_egress::ca_files(ca_pem);
+    let mut stdin = ca.into_bytes();
+    stdin.push(0);
+    stdin.extend_from_slice(bundle.as_bytes());
+    let argv = vec![
+        container.runtime.python().to_string(),
+        "-I".into(),
+        "-S".into(),
+        "-c".into(),
+        WRITE_CA_PY.into(),
+        CA_DIR.into(),
+    ];
+    let out = crate::daemon::collect_exec_as(
+        &container.docker,
+        &container.id,
+        container.runtime.backend(),
+        "write the egress CA",
+        argv,
+        Some(stdin),
+        Some("0"),
+    )
+    .await?;
+    if out.exit_code != Some(0) {
+        return Err(unavailable(format!(
+            "egress secrets: cannot write the CA at {CA_DIR} in the container (exit {:?}): {}",
+            out.exit_code,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
 }
 
 /// The container's network namespace, through its init's host pid: checked to be that

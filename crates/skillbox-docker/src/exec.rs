@@ -521,7 +521,10 @@ impl DockerSandbox {
         // What a last exec leaves in the background runs until the container goes, but
         // its network ends with the exec: the proxy stops (its record complete) before
         // the exec answers.
-        let egress = request.last.then(|| self.egress.clone()).flatten();
+        let egress = request
+            .last
+            .then(|| self.egress.as_ref().map(|e| e.proxy.clone()))
+            .flatten();
         let input_paths: Vec<String> = inputs.iter().map(|(p, _)| p.clone()).collect();
         let (output, writer) = start(
             &container,

@@ -476,8 +476,8 @@ impl FileSystem for DockerSandbox {
             (after.0)();
         }
         // The container's processes are gone: the proxy's connections end (recorded).
-        if let Some(proxy) = &self.egress {
-            proxy.stop().await;
+        if let Some(egress) = &self.egress {
+            egress.proxy.stop().await;
         }
         Ok(())
     }

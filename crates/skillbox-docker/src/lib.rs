@@ -31,6 +31,7 @@
 //! `image` (`skillbox image build`).
 
 mod backend;
+mod bridge;
 mod config;
 mod container;
 mod daemon;

@@ -15,10 +15,14 @@ use crate::container::Container;
 use crate::daemon::{collect_exec, op_error, unavailable};
 use crate::runtime::{NR_PRCTL, Runtime};
 
-/// Kills every process in the container but pid 1 and itself, in passes (stopping them
-/// first, so a fork bomb cannot outrun it), until only zombies are left; prints how many
-/// live ones remain. Used under runsc, where a kill through init's signal can hit an exec
-/// while it starts, which runsc does not survive.
+/// Kills every process in the container but pid 1, itself and root's, in passes
+/// (stopping them first, so a fork bomb cannot outrun it), until only zombies are left;
+/// prints how many live ones remain. Used under runsc, where a kill through init's
+/// signal can hit an exec while it starts, which runsc does not survive. Root's are
+/// skillbox's own (the egress bridge, `bridge.rs`): the sandbox's code never has uid 0
+/// (a non-root user, no capabilities, no new privileges), and the real uid is read
+/// from `status`, which the process cannot change (a non-dumpable one's `/proc` entry
+/// is root's, so its owner would not do).
 const KILL_PL: &str = r#"syscall($ARGV[0], 4, 0, 0, 0, 0) == 0 or exit 3;
 my $left = 0;
 for my $pass (1 .. 200) {
@@ -27,7 +31,12 @@ for my $pass (1 .. 200) {
     for my $pid (grep { /^\d+$/ && $_ != 1 && $_ != $$ } readdir($d)) {
         open(my $f, '<', "/proc/$pid/stat") or next;
         my $st = <$f> // '';
-        push @p, $pid unless $st =~ /\) Z /;
+        next if $st =~ /\) Z /;
+        my $uid;
+        if (open(my $s, '<', "/proc/$pid/status")) {
+            ($uid) = map { /^Uid:\s+(\d+)/ ? ($1) : () } <$s>;
+        }
+        push @p, $pid unless defined($uid) && $uid == 0;
     }
     closedir($d);
     $left = scalar @p;

@@ -44,7 +44,7 @@ pub struct DockerSandbox {
     pub(crate) after_cleanup: Mutex<Option<AfterCleanup>>,
     /// The egress proxy listening in the container's network namespace (a network
     /// policy on docker); `None`: no network.
-    pub(crate) egress: Option<skillbox_egress::Proxy>,
+    pub(crate) egress: Option<skillbox_egress::SandboxEgress>,
 }
 
 /// The output of the file helper's `walkread` that an exec made after its command, good
@@ -82,19 +82,21 @@ impl DockerSandbox {
         }
     }
 
-    /// The exec's environment: the proxy's variables when the sandbox has egress, then
-    /// the request's own (which win).
+    /// The exec's environment: the proxy's variables and the egress's own (secrets'
+    /// placeholders, the CA's paths) when the sandbox has egress, then the request's
+    /// own (which win).
     pub(crate) fn exec_env(
         &self,
         asked: &std::collections::BTreeMap<String, String>,
     ) -> std::collections::BTreeMap<String, String> {
         let mut env = std::collections::BTreeMap::new();
-        if self.egress.is_some() {
+        if let Some(egress) = &self.egress {
             env.extend(
                 skillbox_egress::netns::proxy_env()
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v)),
             );
+            env.extend(egress.env.iter().cloned());
         }
         env.extend(asked.iter().map(|(k, v)| (k.clone(), v.clone())));
         env
@@ -227,7 +229,7 @@ impl ExecutionEnv for DockerSandbox {
     fn egress(&self) -> Vec<skillbox_egress::Connection> {
         self.egress
             .as_ref()
-            .map(|p| p.audit().connections())
+            .map(|e| e.proxy.audit().connections())
             .unwrap_or_default()
     }
 

@@ -196,24 +196,20 @@ impl SandboxPolicy {
         self.network.as_ref().is_some_and(|n| !n.allow.is_empty())
     }
 
-    /// The refusal of a backend that cannot add secrets at egress, when this policy has
-    /// some.
-    pub fn refuse_secrets(&self, backend: &str) -> Result<(), crate::EnvError> {
+    /// The refusal of a backend that has no egress proxy, when this policy asks for one
+    /// (a network policy, or secrets, which go out through the proxy).
+    pub fn refuse_egress(&self, backend: &str) -> Result<(), crate::EnvError> {
         if !self.secrets.is_empty() {
             return Err(crate::EnvError::unavailable(format!(
-                "egress secrets: the {backend} backend cannot add secrets at egress yet; use the native backend"
+                "egress secrets: the {backend} backend has no egress proxy to add them at; \
+                 use the native, docker or gvisor backend"
             )));
         }
-        Ok(())
-    }
-
-    /// The refusal of a backend that has no egress proxy, when this policy asks for one.
-    pub fn refuse_egress(&self, backend: &str) -> Result<(), crate::EnvError> {
         if self.wants_egress() {
             return Err(crate::EnvError::unavailable(format!(
                 "egress: the {backend} backend has no egress proxy yet, and a sandbox with a \
                  network policy never runs with more network or less than it asked; use the \
-                 native backend"
+                 native, docker or gvisor backend"
             )));
         }
         Ok(())

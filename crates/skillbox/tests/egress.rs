@@ -311,14 +311,14 @@ fn what_is_not_allowed_is_not_reached() {
         text(&out.stderr)
     );
 
-    // gVisor has no proxy yet: refused, naming egress, rather than run without it.
+    // Wasm has no proxy: refused, naming egress, rather than run without it.
     let out = ns.skillbox(
         data.path(),
         &[
             "run",
             &fetch,
             "--backend",
-            "gvisor",
+            "wasm",
             "--allow-net",
             "files.example.org",
         ],
@@ -563,14 +563,21 @@ fn mcp_run_script_reaches_only_what_its_network_allows() {
     assert!(child.wait().unwrap().success());
 }
 
-/// On docker the container keeps `NetworkMode none`; the proxy listens in its network
-/// namespace: an allowed address is reached through it, another host is refused, and
-/// without a policy the container has no route.
+/// On docker and gvisor the container keeps `NetworkMode none`; the proxy listens in
+/// its network namespace (docker) or behind a bridge in the sandbox (gvisor): an
+/// allowed address is reached through it, another host is refused, and without a
+/// policy the container has no route.
 #[test]
-fn docker_reaches_what_it_allows_through_the_proxy() {
-    let Some(ns) = Namespace::new("docker_reaches_what_it_allows_through_the_proxy") else {
+fn containers_reach_what_they_allow_through_the_proxy() {
+    let Some(ns) = Namespace::new("containers_reach_what_they_allow_through_the_proxy") else {
         return;
     };
+    for backend in ["docker", "gvisor"] {
+        container_reaches_what_it_allows(&ns, backend);
+    }
+}
+
+fn container_reaches_what_it_allows(ns: &Namespace, backend: &str) {
     let data = tempfile::tempdir().unwrap();
     let scripts = tempfile::tempdir().unwrap();
     let url = format!("http://{PUBLIC}:{}/simple/skillbox-egress-probe/", ns.port);
@@ -590,7 +597,7 @@ fn docker_reaches_what_it_allows_through_the_proxy() {
             "run",
             &fetch,
             "--backend",
-            "docker",
+            backend,
             "--allow-net",
             &allow,
             "--json",
@@ -611,7 +618,7 @@ fn docker_reaches_what_it_allows_through_the_proxy() {
             "run",
             &fetch,
             "--backend",
-            "docker",
+            backend,
             "--allow-net",
             "files.example.org",
         ],
@@ -624,7 +631,7 @@ fn docker_reaches_what_it_allows_through_the_proxy() {
     );
 
     let before = ns.requests().len();
-    let out = ns.skillbox(data.path(), &["run", &fetch, "--backend", "docker"]);
+    let out = ns.skillbox(data.path(), &["run", &fetch, "--backend", backend]);
     assert!(
         text(&out.stdout).starts_with("ERROR"),
         "{}{}",
@@ -636,7 +643,7 @@ fn docker_reaches_what_it_allows_through_the_proxy() {
 
 /// `--secret NAME=HOST` reads the value from skillbox's own environment (never the
 /// command line); a name not set there is bad usage, a bad name or host is named, and a
-/// backend that cannot add secrets refuses them.
+/// backend that cannot add secrets (wasm: no egress proxy) refuses them.
 #[test]
 fn secret_flags_are_checked() {
     if !native_or_skip("secret_flags_are_checked") {
@@ -712,7 +719,7 @@ fn secret_flags_are_checked() {
     let out = run(
         &[
             "--backend",
-            "docker",
+            "wasm",
             "--allow-net",
             "api.example.com",
             "--secret",

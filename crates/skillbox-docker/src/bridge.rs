@@ -1,0 +1,359 @@
+//! Egress under gVisor (DESIGN.md §8): gVisor's network stack is its own, so a socket
+//! skillbox makes in the container's network namespace is not on the sandbox's loopback.
+//! Instead a bridge (`helpers/bridge.py`) runs in the container as root (the sandbox's
+//! user can neither signal, trace nor write to it), listens on the sandbox's
+//! `127.0.0.1:EGRESS_PORT`, and carries each connection as frames over its exec's stdin
+//! and stdout; here each becomes a stream the sandbox's proxy serves, as if accepted
+//! from a listener. No network is added to the container.
+//!
+//! The bridge decides nothing: every stream meets the proxy's rules, so frames are
+//! read as untrusted (bounded, checked), and a bridge that misbehaves ends only its own
+//! connections. Memory here is bounded: frames of at most [`MAX_FRAME`] bytes, at most
+//! [`MAX_STREAMS`] streams, each with a queue of [`STREAM_QUEUE`] frames; a stream
+//! whose queue is full holds back the bridge's output until it drains.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::exec::{StartExecOptions, StartExecResults};
+use bollard::models::ExecConfig;
+use futures_util::{Stream, StreamExt};
+use skillbox_egress::Proxy;
+use skillbox_egress::netns::EGRESS_PORT;
+use skillbox_env::{CancellationToken, EnvResult};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::container::Container;
+use crate::daemon::{op_error, unavailable};
+
+const BRIDGE_PY: &str = include_str!("helpers/bridge.py");
+
+const HEADER: usize = 9;
+/// The bridge sends at most 64 KiB a frame; a larger one is not the bridge's.
+const MAX_FRAME: usize = 1 << 20;
+/// As many as the bridge keeps; an open past them is closed at once.
+const MAX_STREAMS: usize = 256;
+const STREAM_QUEUE: usize = 16;
+/// How long the bridge may take to listen.
+const READY_BOUND: Duration = Duration::from_secs(15);
+
+const READY: u8 = 0;
+const OPEN: u8 = 1;
+const DATA: u8 = 2;
+const EOF: u8 = 3;
+const CLOSE: u8 = 4;
+
+fn frame(id: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(HEADER + payload.len());
+    frame.extend_from_slice(&id.to_be_bytes());
+    frame.push(kind);
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// The frames in the bridge's output, as it comes in pieces.
+#[derive(Default)]
+struct Decoder {
+    buf: Vec<u8>,
+}
+
+impl Decoder {
+    fn feed(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame (id, kind, payload), if there is one; an error for what no
+    /// bridge sends.
+    fn next(&mut self) -> Result<Option<(u32, u8, Vec<u8>)>, String> {
+        let Some(head) = self.buf.get(..HEADER) else {
+            return Ok(None);
+        };
+        let id = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+        let kind = head[4];
+        let len = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) as usize;
+        if kind > CLOSE {
+            return Err(format!("a frame of kind {kind}"));
+        }
+        if len > MAX_FRAME {
+            return Err(format!("a frame of {len} bytes"));
+        }
+        if self.buf.len() < HEADER + len {
+            return Ok(None);
+        }
+        let payload = self.buf[HEADER..HEADER + len].to_vec();
+        self.buf.drain(..HEADER + len);
+        Ok(Some((id, kind, payload)))
+    }
+}
+
+/// What the bridge says of one stream.
+enum Inbound {
+    Data(Vec<u8>),
+    Eof,
+}
+
+/// Starts the bridge in `container` and serves what it carries with `proxy`, until the
+/// container goes; returns once the bridge listens (before any of the sandbox's code
+/// runs), or `unavailable` if it does not.
+pub(crate) async fn attach(container: &Container, proxy: Proxy) -> EnvResult<()> {
+    let backend = container.runtime.backend();
+    let what = "start the egress bridge";
+    let argv = vec![
+        container.runtime.python().to_string(),
+        "-I".into(),
+        "-S".into(),
+        "-c".into(),
+        BRIDGE_PY.into(),
+        EGRESS_PORT.to_string(),
+    ];
+    let exec = container
+        .docker
+        .create_exec(
+            &container.id,
+            ExecConfig {
+                cmd: Some(argv),
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                working_dir: Some("/".into()),
+                user: Some("0".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| op_error(backend, what, &e))?;
+    let started = container
+        .docker
+        .start_exec(&exec.id, None::<StartExecOptions>)
+        .await
+        .map_err(|e| op_error(backend, what, &e))?;
+    let StartExecResults::Attached { mut output, input } = started else {
+        return Err(unavailable("egress: the bridge's exec did not attach"));
+    };
+    let mut decoder = Decoder::default();
+    let mut stderr = Vec::new();
+    let ready = tokio::time::timeout(READY_BOUND, async {
+        loop {
+            match output.next().await {
+                Some(Ok(LogOutput::StdOut { message })) => {
+                    decoder.feed(&message);
+                    match decoder.next() {
+                        Ok(Some((0, READY, _))) => return Ok(()),
+                        Ok(Some(_)) => return Err("it spoke before it listened".to_string()),
+                        Ok(None) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    if stderr.len() < 4096 {
+                        stderr.extend_from_slice(&message);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("it ended".to_string()),
+            }
+        }
+    })
+    .await;
+    match ready {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => {
+            return Err(unavailable(format!(
+                "egress: the bridge in the gvisor sandbox did not start ({why}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            )));
+        }
+        Err(_) => {
+            return Err(unavailable(format!(
+                "egress: the bridge in the gvisor sandbox did not listen within {READY_BOUND:?}"
+            )));
+        }
+    }
+    tokio::spawn(serve(
+        output,
+        input,
+        decoder,
+        proxy,
+        container.shutdown.clone(),
+    ));
+    Ok(())
+}
+
+/// Carries the bridge's streams to `proxy` until the bridge or the container ends.
+async fn serve<O, I>(
+    mut output: O,
+    mut input: I,
+    mut decoder: Decoder,
+    proxy: Proxy,
+    until: CancellationToken,
+) where
+    O: Stream<Item = Result<LogOutput, bollard::errors::Error>> + Unpin,
+    I: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (to_bridge, mut frames) = mpsc::channel::<Vec<u8>>(64);
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = frames.recv().await {
+            if input.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut streams: HashMap<u32, mpsc::Sender<Inbound>> = HashMap::new();
+    'serving: loop {
+        loop {
+            let (id, kind, payload) = match decoder.next() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(why) => {
+                    tracing::warn!(%why, "egress: the gvisor bridge sent what no bridge sends; its connections end");
+                    break 'serving;
+                }
+            };
+            match kind {
+                OPEN => {
+                    streams.retain(|_, s| !s.is_closed());
+                    if streams.contains_key(&id)
+                        || streams.len() >= MAX_STREAMS
+                        || proxy.is_stopped()
+                    {
+                        let _ = to_bridge.send(frame(id, CLOSE, &[])).await;
+                        continue;
+                    }
+                    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                    proxy.spawn(theirs);
+                    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+                    streams.insert(id, tx);
+                    tokio::spawn(stream(id, ours, rx, to_bridge.clone()));
+                }
+                DATA | EOF => {
+                    let Some(tx) = streams.get(&id) else {
+                        continue;
+                    };
+                    let message = if kind == DATA {
+                        Inbound::Data(payload)
+                    } else {
+                        Inbound::Eof
+                    };
+                    let sent = tokio::select! {
+                        () = until.cancelled() => break 'serving,
+                        sent = tx.send(message) => sent,
+                    };
+                    if sent.is_err() {
+                        streams.remove(&id);
+                    }
+                }
+                CLOSE => {
+                    streams.remove(&id);
+                }
+                _ => {}
+            }
+        }
+        let next = tokio::select! {
+            () = until.cancelled() => break,
+            next = output.next() => next,
+        };
+        match next {
+            Some(Ok(LogOutput::StdOut { message })) => decoder.feed(&message),
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => break,
+        }
+    }
+    drop(streams);
+    writer.abort();
+}
+
+/// One connection: what the proxy sends goes to the bridge; what the bridge sends goes
+/// to the proxy, each way on its own (neither waits for the other), until both ends are
+/// done or the bridge closes it.
+async fn stream(
+    id: u32,
+    ours: tokio::io::DuplexStream,
+    mut inbound: mpsc::Receiver<Inbound>,
+    to_bridge: mpsc::Sender<Vec<u8>>,
+) {
+    let (mut from_proxy, mut to_proxy) = tokio::io::split(ours);
+    let up = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from_proxy.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = to_bridge.send(frame(id, EOF, &[])).await;
+                    return;
+                }
+                Ok(n) => {
+                    if to_bridge.send(frame(id, DATA, &buf[..n])).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    tokio::pin!(up);
+    let mut up_done = false;
+    // Until the bridge's side ends: `true` when it closed the stream (or went away).
+    let closed = {
+        let down = async {
+            while let Some(message) = inbound.recv().await {
+                match message {
+                    Inbound::Data(bytes) => {
+                        if to_proxy.write_all(&bytes).await.is_err() {
+                            return false;
+                        }
+                    }
+                    Inbound::Eof => {
+                        let _ = to_proxy.shutdown().await;
+                        return false;
+                    }
+                }
+            }
+            true
+        };
+        tokio::pin!(down);
+        loop {
+            tokio::select! {
+                () = &mut up, if !up_done => up_done = true,
+                closed = &mut down => break closed,
+            }
+        }
+    };
+    if closed || up_done {
+        return;
+    }
+    // The bridge's side is done: what the proxy still sends goes on, unless the bridge
+    // closes the stream.
+    let closing = async { while inbound.recv().await.is_some() {} };
+    tokio::select! {
+        () = &mut up => {}
+        () = closing => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_decoded_across_pieces_and_bad_ones_refused() {
+        let mut decoder = Decoder::default();
+        let mut bytes = frame(7, DATA, b"hello");
+        bytes.extend(frame(7, EOF, &[]));
+        for piece in bytes.chunks(4) {
+            decoder.feed(piece);
+        }
+        assert_eq!(decoder.next().unwrap(), Some((7, DATA, b"hello".to_vec())));
+        assert_eq!(decoder.next().unwrap(), Some((7, EOF, Vec::new())));
+        assert_eq!(decoder.next().unwrap(), None);
+
+        let mut huge = Decoder::default();
+        huge.feed(&frame(1, DATA, &[])[..5]);
+        huge.feed(&((MAX_FRAME as u32) + 1).to_be_bytes());
+        assert!(huge.next().unwrap_err().contains("bytes"));
+        let mut odd = Decoder::default();
+        odd.feed(&frame(1, 9, b"x"));
+        assert!(odd.next().unwrap_err().contains("kind 9"));
+    }
+}

@@ -1,0 +1,151 @@
+# skillbox's egress bridge under gVisor (crates/skillbox-docker/src/bridge.rs): gVisor's
+# network stack is its own, so the proxy cannot listen in the sandbox's loopback from the
+# host. This listens there instead (as root, which the sandbox's user cannot signal,
+# trace or write to) and carries each connection over its stdin/stdout to skillbox, which
+# hands it to the sandbox's proxy. It decides nothing: every connection still meets the
+# proxy's rules on the host side, so a bridge the sandbox could subvert would only reach
+# what the proxy already lets it reach.
+#
+# Frames, both ways: stream id (u32), kind (u8), length (u32), payload (big-endian).
+# Kinds: 0 ready (to skillbox, once listening), 1 open (a new connection), 2 data,
+# 3 eof (no more data from this side), 4 close (the stream is gone).
+import os
+import select
+import socket
+import struct
+import sys
+
+HEADER = struct.Struct(">IBI")
+READY, OPEN, DATA, EOF, CLOSE = range(5)
+MAX_STREAMS = 256
+# Past this much not yet written to skillbox, the sockets are not read.
+OUT_HIGH = 1 << 20
+
+
+class Stream:
+    __slots__ = ("sock", "pending", "shut", "read_done", "write_done")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.pending = bytearray()
+        self.shut = False
+        self.read_done = False
+        self.write_done = False
+
+
+def main():
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", int(sys.argv[1])))
+    listener.listen(128)
+    listener.setblocking(False)
+    os.set_blocking(0, False)
+    os.set_blocking(1, False)
+    out = bytearray(HEADER.pack(0, READY, 0))
+    inbuf = bytearray()
+    streams = {}
+    by_sock = {}
+    next_id = 1
+
+    def send(sid, kind, payload=b""):
+        out.extend(HEADER.pack(sid, kind, len(payload)))
+        out.extend(payload)
+
+    def drop(sid):
+        stream = streams.pop(sid, None)
+        if stream is not None:
+            by_sock.pop(stream.sock, None)
+            stream.sock.close()
+
+    while True:
+        readers = [0, listener]
+        if len(out) < OUT_HIGH:
+            readers += [s.sock for s in streams.values() if not s.read_done]
+        writers = [s.sock for s in streams.values() if s.pending or (s.shut and not s.write_done)]
+        if out:
+            writers.append(1)
+        readable, writable, _ = select.select(readers, writers, [])
+        if 1 in writable:
+            try:
+                n = os.write(1, out)
+            except BlockingIOError:
+                n = 0
+            del out[:n]
+        if 0 in readable:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:
+                return
+            inbuf.extend(chunk)
+            while len(inbuf) >= HEADER.size:
+                sid, kind, length = HEADER.unpack_from(inbuf)
+                if len(inbuf) < HEADER.size + length:
+                    break
+                payload = bytes(inbuf[HEADER.size : HEADER.size + length])
+                del inbuf[: HEADER.size + length]
+                stream = streams.get(sid)
+                if stream is None:
+                    continue
+                if kind == DATA:
+                    stream.pending.extend(payload)
+                elif kind == EOF:
+                    stream.shut = True
+                elif kind == CLOSE:
+                    drop(sid)
+        if listener in readable:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                sock = None
+            if sock is not None:
+                if len(streams) >= MAX_STREAMS:
+                    sock.close()
+                else:
+                    sock.setblocking(False)
+                    sid = next_id
+                    next_id += 1
+                    streams[sid] = Stream(sock)
+                    by_sock[sock] = sid
+                    send(sid, OPEN)
+        for sock in writable:
+            sid = by_sock.get(sock)
+            if sid is None:
+                continue
+            stream = streams[sid]
+            try:
+                if stream.pending:
+                    n = sock.send(stream.pending)
+                    del stream.pending[:n]
+                if not stream.pending and stream.shut and not stream.write_done:
+                    sock.shutdown(socket.SHUT_WR)
+                    stream.write_done = True
+            except BlockingIOError:
+                pass
+            except OSError:
+                send(sid, CLOSE)
+                drop(sid)
+                continue
+            if stream.write_done and stream.read_done:
+                drop(sid)
+        for sock in readable:
+            sid = by_sock.get(sock)
+            if sid is None:
+                continue
+            stream = streams[sid]
+            try:
+                data = sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                send(sid, CLOSE)
+                drop(sid)
+                continue
+            if data:
+                send(sid, DATA, data)
+            else:
+                stream.read_done = True
+                send(sid, EOF)
+                if stream.write_done:
+                    drop(sid)
+
+
+main()

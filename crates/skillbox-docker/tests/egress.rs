@@ -1,0 +1,337 @@
+//! Egress from docker and gvisor sandboxes through skillbox's proxy (DESIGN.md §8),
+//! against real servers in network namespaces this test makes (never any outside
+//! address; `skillbox_egress::testkit`): the test's thread stands for the host, and
+//! `api.test` and `other.test` serve at 203.0.113.7 behind a veth. The containers keep
+//! `NetworkMode none`. Needs root and a daemon (skipped otherwise; a failure under
+//! SKILLBOX_REQUIRE_ALL=1).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use skillbox_docker::{DockerBackend, Runtime, image_tag};
+use skillbox_egress::testkit::{self, PUBLIC};
+use skillbox_egress::{NetworkPolicy, SecretSpec, StaticResolver};
+use skillbox_env::testkit::{limits, skip};
+use skillbox_env::{
+    CancellationToken, ExecRequest, ExecutionEnv, FileSystem, SandboxPolicy, SandboxSpec,
+};
+
+const SECRET: &str = "real-key-7d21c4b90e";
+
+fn image() -> String {
+    image_tag(&skillbox_run::NodeRuntime::new(std::path::Path::new("/")).id())
+}
+
+/// Runs `body` in the test's namespaces with a backend for `runtime` whose proxy
+/// resolves `api.test` and `other.test` to [`PUBLIC`] and trusts `roots` upstream;
+/// skipped where it cannot run.
+fn with_backend<F, Fut>(
+    test: &'static str,
+    runtime: Runtime,
+    roots: Vec<rustls_pki_types::CertificateDer<'static>>,
+    body: F,
+) where
+    F: FnOnce(DockerBackend) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    if let Some(why) = testkit::cannot_run() {
+        skip(test, why);
+        return;
+    }
+    testkit::in_netns(move || async move {
+        let backend = match DockerBackend::connect(runtime, image()).await {
+            Ok(backend) => backend,
+            Err(e) => {
+                skip(test, &e.to_string());
+                return;
+            }
+        };
+        let names = StaticResolver::of(&[("api.test", PUBLIC), ("other.test", PUBLIC)]).unwrap();
+        body(
+            backend
+                .with_resolver(Arc::new(names))
+                .with_upstream_roots(roots),
+        )
+        .await;
+    });
+}
+
+fn spec(network: Vec<String>, secrets: &[(&str, &str)]) -> SandboxSpec {
+    SandboxSpec {
+        limits: limits(),
+        policy: SandboxPolicy {
+            network: Some(NetworkPolicy {
+                allow: network,
+                deny: vec![],
+            }),
+            secrets: secrets
+                .iter()
+                .map(|(name, host)| {
+                    (
+                        name.to_string(),
+                        SecretSpec {
+                            value: SECRET.into(),
+                            hosts: vec![host.to_string()],
+                        },
+                    )
+                })
+                .collect(),
+            ..SandboxPolicy::default()
+        },
+        ..SandboxSpec::default()
+    }
+}
+
+async fn python(env: &dyn ExecutionEnv, script: &str, last: bool) -> (i32, String, String) {
+    let mut request = ExecRequest::argv(["python3", "-c", script]).timeout(Duration::from_secs(60));
+    if last {
+        request = request.last();
+    }
+    let out = env.exec(request, &CancellationToken::new()).await.unwrap();
+    (
+        out.exit_code.unwrap_or(-1),
+        out.stdout_text(),
+        out.stderr_text(),
+    )
+}
+
+/// A secret bound to one host: the sandbox sees only a placeholder and trusts the
+/// sandbox's CA through the usual variables; the proxy puts the value in the request's
+/// headers for that host (the server sees it) and nowhere else (another allowed host
+/// gets the placeholder); the value is in no output, record or container config; the
+/// CA's files are root's, so the sandbox's user cannot swap them.
+async fn check_secrets(backend: DockerBackend, test_ca: String, seen: testkit::Seen, port: u16) {
+    let env = backend
+        .create(spec(
+            vec![format!("api.test:{port}"), format!("other.test:{port}")],
+            &[("API_KEY", &format!("api.test:{port}"))],
+        ))
+        .await
+        .unwrap();
+    let script = testkit::secret_script(&["api.test", "other.test"], port, &test_ca);
+    let (code, out, err) = python(&env, &script, false).await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "True 48\napi.test ok\nother.test ok\n"),
+        "{err}"
+    );
+    assert!(!out.contains(SECRET) && !err.contains(SECRET));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(
+        seen[0],
+        ("api.test".to_string(), format!("Bearer {SECRET}"))
+    );
+    assert_eq!(seen[1].0, "other.test");
+    assert!(seen[1].1.starts_with("Bearer skillbox-secret-"), "{seen:?}");
+
+    // The CA's files cannot be replaced by the sandbox's user.
+    let (_, out, _) = python(
+        &env,
+        r#"
+import os
+d = os.environ["SSL_CERT_FILE"].rsplit("/", 1)[0]
+for attempt in (lambda: open(d + "/ca.pem", "w"), lambda: os.rename(d + "/ca.pem", "/tmp/x"), lambda: os.rmdir(d)):
+    try:
+        attempt()
+        print("CHANGED")
+    except OSError as e:
+        print("refused", e.errno)
+"#,
+        false,
+    )
+    .await;
+    assert!(!out.contains("CHANGED"), "{out}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+
+    let connections = env.egress();
+    assert_eq!(connections.len(), 2, "{connections:#?}");
+    assert!(!format!("{connections:?}").contains(SECRET));
+    let found = python(
+        &env,
+        &format!("import subprocess\nprint(subprocess.run(['grep', '-rl', '{SECRET}', '/workspace', '/tmp']).returncode)"),
+        false,
+    )
+    .await;
+    assert_eq!(found.1, "1\n", "{found:?}");
+    env.cleanup().await.unwrap();
+}
+
+fn secrets_test(test: &'static str, runtime: Runtime) {
+    let (ca, test_ca, config) = testkit::test_tls(&["api.test", "other.test"]);
+    with_backend(test, runtime, vec![ca], move |backend| async move {
+        let seen = testkit::Seen::default();
+        let port = testkit::https_server(config, seen.clone()).await;
+        check_secrets(backend, test_ca, seen, port).await;
+    });
+}
+
+#[test]
+fn docker_secrets_are_added_at_egress_for_their_hosts_only() {
+    secrets_test(
+        "docker_secrets_are_added_at_egress_for_their_hosts_only",
+        Runtime::Runc,
+    );
+}
+
+/// What a last exec leaves running keeps no network: the proxy stops when the exec
+/// ends. The leftover tries a fetch a second later and writes what happened; the server
+/// never sees it.
+async fn check_last_exec_leftovers(backend: DockerBackend) {
+    let port = testkit::http_server(PUBLIC).await;
+    let env = backend
+        .create(spec(vec![format!("api.test:{port}")], &[]))
+        .await
+        .unwrap();
+    let fetch = format!(
+        r#"
+import urllib.request
+try:
+    print(urllib.request.urlopen("http://api.test:{port}/now", timeout=10).read().decode())
+except Exception as e:
+    print("ERROR", type(e).__name__)
+"#
+    );
+    // While the sandbox's exec runs, the proxy serves it.
+    let (_, out, err) = python(&env, &fetch, false).await;
+    assert_eq!(out, "served GET /now HTTP/1.1\n", "{err}");
+    let later = format!(
+        r#"
+import os, subprocess, sys
+script = """
+import time, urllib.request
+time.sleep(1)
+try:
+    body = urllib.request.urlopen("http://api.test:{port}/later", timeout=5).read().decode()
+except Exception as e:
+    body = "ERROR " + type(e).__name__
+open("/workspace/later.txt", "w").write(body)
+"""
+subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+print("left")
+"#
+    );
+    let (code, out, err) = python(&env, &later, true).await;
+    assert_eq!((code, out.as_str()), (0, "left\n"), "{err}");
+    // The leftover runs on (until the next exec or the cleanup): give it its try.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let said = env
+        .read_text(
+            std::path::Path::new("/workspace/later.txt"),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert!(said.starts_with("ERROR"), "{said}");
+    let connections = env.egress();
+    assert_eq!(connections.len(), 1, "{connections:#?}");
+    env.cleanup().await.unwrap();
+}
+
+#[test]
+fn a_docker_last_execs_leftovers_get_no_network() {
+    with_backend(
+        "a_docker_last_execs_leftovers_get_no_network",
+        Runtime::Runc,
+        vec![],
+        check_last_exec_leftovers,
+    );
+}
+
+#[test]
+fn gvisor_secrets_are_added_at_egress_for_their_hosts_only() {
+    secrets_test(
+        "gvisor_secrets_are_added_at_egress_for_their_hosts_only",
+        Runtime::Runsc,
+    );
+}
+
+#[test]
+fn a_gvisor_last_execs_leftovers_get_no_network() {
+    with_backend(
+        "a_gvisor_last_execs_leftovers_get_no_network",
+        Runtime::Runsc,
+        vec![],
+        check_last_exec_leftovers,
+    );
+}
+
+/// The sandbox's code cannot take over or stop gVisor's egress bridge (root's, in the
+/// container): no signal, no write to its output, no trace; the network still works
+/// after the tries. And the reset, which spares root's processes, is not fooled by a
+/// leftover that makes itself non-dumpable (its `/proc` entry turns root's): it dies
+/// with the exec that left it.
+async fn check_bridge_holds(backend: DockerBackend) {
+    let port = testkit::http_server(PUBLIC).await;
+    let env = backend
+        .create(spec(vec![format!("api.test:{port}")], &[]))
+        .await
+        .unwrap();
+    let attack = r#"
+import ctypes, os, signal
+def uid(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+bridge = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid()) and uid(p) == 0]
+print("bridges", len(bridge))
+for pid in bridge:
+    for name, attempt in (
+        ("kill", lambda: os.kill(int(pid), signal.SIGKILL)),
+        ("stop", lambda: os.kill(int(pid), signal.SIGSTOP)),
+        ("write", lambda: open(f"/proc/{pid}/fd/1", "wb").write(b"\0\0\0\1\1\0\0\0\0")),
+        ("mem", lambda: open(f"/proc/{pid}/mem", "r+b")),
+        ("trace", lambda: ctypes.CDLL(None, use_errno=True).ptrace(16, int(pid), 0, 0) == 0 or (_ for _ in ()).throw(OSError(ctypes.get_errno(), "ptrace"))),
+    ):
+        try:
+            attempt()
+            print(name, "WORKED")
+        except OSError as e:
+            print(name, "refused")
+"#;
+    let (code, out, err) = python(&env, attack, false).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("bridges 1\n"), "{out}");
+    assert_eq!(out.matches("refused").count(), 5, "{out}");
+    let fetch = format!(
+        "import urllib.request\nprint(urllib.request.urlopen('http://api.test:{port}/after', timeout=10).read().decode())"
+    );
+    let (_, out, err) = python(&env, &fetch, false).await;
+    assert_eq!(out, "served GET /after HTTP/1.1\n", "{err}");
+
+    let leftover = r#"
+import subprocess, sys
+script = """
+import ctypes, time
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+time.sleep(3)
+open("/workspace/survived", "w").write("yes")
+"""
+subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+import time; time.sleep(0.5)
+print("left")
+"#;
+    let (_, out, err) = python(&env, leftover, false).await;
+    assert_eq!(out, "left\n", "{err}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, out, _) = python(
+        &env,
+        "import os\nprint(os.path.exists('/workspace/survived'))",
+        false,
+    )
+    .await;
+    assert_eq!(out, "False\n");
+    env.cleanup().await.unwrap();
+}
+
+#[test]
+fn the_gvisor_bridge_holds_against_the_sandbox() {
+    with_backend(
+        "the_gvisor_bridge_holds_against_the_sandbox",
+        Runtime::Runsc,
+        vec![],
+        check_bridge_holds,
+    );
+}
