@@ -150,8 +150,8 @@ fn write(dir: &Path, name: &str, body: &str) -> String {
 }
 
 /// `pip install` and `npm install` from the registry, through the proxy, with only the
-/// registry allowed, on native and docker; the run's egress record lists what went
-/// through.
+/// registry allowed, on native, docker and gvisor; the run's egress record lists what
+/// went through.
 #[test]
 fn pip_and_npm_install_through_the_proxy() {
     let Some(ns) = Namespace::new("pip_and_npm_install_through_the_proxy") else {
@@ -162,7 +162,7 @@ fn pip_and_npm_install_through_the_proxy() {
     let allow = format!("{PUBLIC}:{}", ns.port);
     let registry = format!("http://{PUBLIC}:{}", ns.port);
 
-    for backend in ["native", "docker"] {
+    for backend in ["native", "docker", "gvisor"] {
         let before = ns.requests().len();
         let pip = write(
             scripts.path(),
