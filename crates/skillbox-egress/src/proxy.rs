@@ -331,30 +331,27 @@ impl Proxy {
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
         let inner = &self.inner;
-        let head = tokio::select! {
+        let opening = tokio::select! {
             () = inner.stop.cancelled() => return,
-            read = tokio::time::timeout(inner.limits.head_timeout, read_head(&mut client)) => read,
+            read = tokio::time::timeout(inner.limits.head_timeout, read_opening(&mut client)) => read,
         };
-        let (head, rest) = match head {
-            Ok(Ok(read)) => read,
-            Ok(Err(why)) => {
-                refuse(&mut client, "400 Bad Request", &why).await;
+        let (door, target, rest) = match opening {
+            Ok(Ok(opened)) => opened,
+            Ok(Err((door, refusal))) => {
+                door.refuse(&mut client, &refusal).await;
                 return;
             }
             Err(_) => {
-                refuse(
-                    &mut client,
-                    "408 Request Timeout",
-                    "no request head in time",
-                )
-                .await;
-                return;
-            }
-        };
-        let target = match parse_head(&head) {
-            Ok(target) => target,
-            Err(why) => {
-                refuse(&mut client, "400 Bad Request", &why).await;
+                // Which door it was is not known yet when nothing came: HTTP's answer.
+                Door::Http
+                    .refuse(
+                        &mut client,
+                        &Refusal {
+                            status: "408 Request Timeout",
+                            reason: "no request head in time".into(),
+                        },
+                    )
+                    .await;
                 return;
             }
         };
@@ -374,7 +371,7 @@ impl Proxy {
         let (mut server, address) = match upstream {
             Ok(connected) => connected,
             Err(refusal) => {
-                refuse(&mut client, refusal.status, &refusal.reason).await;
+                door.refuse(&mut client, &refusal).await;
                 record.reason = Some(refusal.reason);
                 inner.audit.record(record);
                 return;
@@ -388,7 +385,7 @@ impl Proxy {
             record.verdict = Verdict::Allowed;
             record.address = Some(address.to_string());
             let (out, back, cut) = self
-                .intercept(client, server, &target.host, &bindings, &rest)
+                .intercept(client, server, door, &target.host, &bindings, &rest)
                 .await;
             record.bytes_out += out;
             record.bytes_in += back;
@@ -401,7 +398,14 @@ impl Proxy {
         let opening = target.forward.as_ref().map_or(0, Vec::len) + rest.len();
         if let Err(cut) = inner.charge(opening as u64) {
             drop(server);
-            refuse(&mut client, "403 Forbidden", &cut).await;
+            door.refuse(
+                &mut client,
+                &Refusal {
+                    status: "403 Forbidden",
+                    reason: cut.clone(),
+                },
+            )
+            .await;
             record.reason = Some(cut);
             inner.audit.record(record);
             return;
@@ -410,11 +414,7 @@ impl Proxy {
         record.address = Some(address.to_string());
         record.bytes_out = opening as u64;
         let opened = match &target.forward {
-            None => {
-                client
-                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    .await
-            }
+            None => client.write_all(door.established()).await,
             Some(forward) => server.write_all(forward).await,
         };
         if opened.is_ok() && !rest.is_empty() {
@@ -437,6 +437,7 @@ impl Proxy {
         &self,
         mut client: S,
         server: TcpStream,
+        door: Door,
         host: &str,
         bindings: &[(String, String)],
         early: &[u8],
@@ -447,11 +448,7 @@ impl Proxy {
         let Some((_, interceptor)) = &self.inner.secrets else {
             return (0, 0, None);
         };
-        if client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-            .is_err()
-        {
+        if client.write_all(door.established()).await.is_err() {
             return (0, 0, None);
         }
         if !early.is_empty() {
@@ -689,9 +686,166 @@ where
     }
 }
 
+/// How a client asked: an HTTP request (`CONNECT` or an absolute `http://` URL) or
+/// SOCKS5 (`CONNECT`, no authentication), told apart by the first byte (SOCKS5's is 5,
+/// which no HTTP method starts with). Each answers in its own words; what is allowed
+/// is the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Door {
+    Http,
+    Socks,
+}
+
+/// SOCKS5's reply codes (RFC 1928 §6).
+const SOCKS_FAILURE: u8 = 1;
+const SOCKS_NOT_ALLOWED: u8 = 2;
+const SOCKS_HOST_UNREACHABLE: u8 = 4;
+const SOCKS_COMMAND: u8 = 7;
+const SOCKS_ADDRESS_TYPE: u8 = 8;
+
+impl Door {
+    /// What a client is told when its tunnel is open.
+    fn established(self) -> &'static [u8] {
+        match self {
+            Door::Http => b"HTTP/1.1 200 Connection established\r\n\r\n",
+            Door::Socks => &[5, 0, 0, 1, 0, 0, 0, 0, 0, 0],
+        }
+    }
+
+    /// Refuses, then closes: HTTP says the status and the reason; SOCKS5 has only a
+    /// code for it (the reason is in the record).
+    async fn refuse<S: AsyncWrite + Unpin>(self, client: &mut S, refusal: &Refusal) {
+        match self {
+            Door::Http => refuse(client, refusal.status, &refusal.reason).await,
+            Door::Socks => {
+                let code = match refusal.status.split(' ').next() {
+                    Some("403") => SOCKS_NOT_ALLOWED,
+                    Some("502" | "504") => SOCKS_HOST_UNREACHABLE,
+                    Some("405") => SOCKS_COMMAND,
+                    Some("415") => SOCKS_ADDRESS_TYPE,
+                    _ => SOCKS_FAILURE,
+                };
+                let _ = client.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await;
+                let _ = client.shutdown().await;
+            }
+        }
+    }
+}
+
+fn bad_request(reason: impl Into<String>) -> Refusal {
+    Refusal {
+        status: "400 Bad Request",
+        reason: reason.into(),
+    }
+}
+
+/// What a client asks for, by either door: (the door, the target, bytes read past the
+/// request), or how to refuse it.
+async fn read_opening<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut S,
+) -> Result<(Door, Target, Vec<u8>), (Door, Refusal)> {
+    let mut first = [0u8; 1];
+    let n = client
+        .read(&mut first)
+        .await
+        .map_err(|e| (Door::Http, bad_request(format!("reading the request: {e}"))))?;
+    if n == 0 {
+        return Err((
+            Door::Http,
+            bad_request("the client closed before a whole request head"),
+        ));
+    }
+    if first[0] == 5 {
+        let target = read_socks(client)
+            .await
+            .map_err(|refusal| (Door::Socks, refusal))?;
+        return Ok((Door::Socks, target, Vec::new()));
+    }
+    let (head, rest) = read_head_after(client, first.to_vec())
+        .await
+        .map_err(|why| (Door::Http, bad_request(why)))?;
+    let target = parse_head(&head).map_err(|why| (Door::Http, bad_request(why)))?;
+    Ok((Door::Http, target, rest))
+}
+
+/// The rest of a SOCKS5 greeting (its version byte read), the method answered (no
+/// authentication), then the request: a `CONNECT` to an IPv4 or IPv6 address or a name.
+async fn read_socks<S: AsyncRead + AsyncWrite + Unpin>(client: &mut S) -> Result<Target, Refusal> {
+    let io = |e: std::io::Error| bad_request(format!("reading the SOCKS5 request: {e}"));
+    let count = client.read_u8().await.map_err(io)?;
+    let mut methods = vec![0u8; usize::from(count)];
+    client.read_exact(&mut methods).await.map_err(io)?;
+    if !methods.contains(&0) {
+        // No acceptable method: said in the greeting's own answer, then closed.
+        let _ = client.write_all(&[5, 0xff]).await;
+        let _ = client.shutdown().await;
+        return Err(bad_request("SOCKS5 without the no-authentication method"));
+    }
+    client.write_all(&[5, 0]).await.map_err(io)?;
+    let mut request = [0u8; 4];
+    client.read_exact(&mut request).await.map_err(io)?;
+    let [version, command, _, kind] = request;
+    if version != 5 {
+        return Err(bad_request(format!(
+            "a SOCKS5 request of version {version}"
+        )));
+    }
+    if command != 1 {
+        return Err(Refusal {
+            status: "405 Method Not Allowed",
+            reason: format!("SOCKS5 command {command}: only CONNECT is served"),
+        });
+    }
+    let host = match kind {
+        1 => {
+            let mut v4 = [0u8; 4];
+            client.read_exact(&mut v4).await.map_err(io)?;
+            std::net::Ipv4Addr::from(v4).to_string()
+        }
+        4 => {
+            let mut v6 = [0u8; 16];
+            client.read_exact(&mut v6).await.map_err(io)?;
+            std::net::Ipv6Addr::from(v6).to_string()
+        }
+        3 => {
+            let len = client.read_u8().await.map_err(io)?;
+            let mut name = vec![0u8; usize::from(len)];
+            client.read_exact(&mut name).await.map_err(io)?;
+            String::from_utf8(name)
+                .ok()
+                .filter(|n| {
+                    !n.is_empty() && !n.chars().any(|c| c.is_whitespace() || c.is_control())
+                })
+                .ok_or_else(|| bad_request("a SOCKS5 name that is not a host name"))?
+        }
+        other => {
+            return Err(Refusal {
+                status: "415 Unsupported Media Type",
+                reason: format!("SOCKS5 address type {other}"),
+            });
+        }
+    };
+    let port = client.read_u16().await.map_err(io)?;
+    if port == 0 {
+        return Err(bad_request("a SOCKS5 request for port 0"));
+    }
+    Ok(Target {
+        host: host.trim_end_matches('.').to_ascii_lowercase(),
+        port,
+        forward: None,
+    })
+}
+
 /// Reads up to the end of the request head: (head, bytes read past it).
 async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> Result<(Vec<u8>, Vec<u8>), String> {
-    let mut buf = Vec::with_capacity(1024);
+    read_head_after(client, Vec::with_capacity(1024)).await
+}
+
+/// [`read_head`] when `buf` was read already.
+async fn read_head_after<S: AsyncRead + Unpin>(
+    client: &mut S,
+    mut buf: Vec<u8>,
+) -> Result<(Vec<u8>, Vec<u8>), String> {
     let mut chunk = [0u8; 2048];
     loop {
         let n = client

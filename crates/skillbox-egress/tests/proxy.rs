@@ -250,6 +250,109 @@ fn allowed_names_are_reached_and_everything_else_refused() {
     );
 }
 
+/// A SOCKS5 `CONNECT` (RFC 1928, no authentication): the address as the client sent
+/// it (name, IPv4, IPv6) in the reply's code, then the tunnel; held to the same rules
+/// as an HTTP one.
+async fn socks(proxy: SocketAddr, address: &[u8], port: u16) -> (u8, String) {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream.write_all(&[5, 1, 0]).await.unwrap();
+    let mut chosen = [0u8; 2];
+    stream.read_exact(&mut chosen).await.unwrap();
+    assert_eq!(chosen, [5, 0]);
+    let mut request = vec![5, 1, 0];
+    request.extend_from_slice(address);
+    request.extend_from_slice(&port.to_be_bytes());
+    stream.write_all(&request).await.unwrap();
+    let mut reply = [0u8; 10];
+    stream.read_exact(&mut reply).await.unwrap();
+    assert_eq!((reply[0], reply[3]), (5, 1), "{reply:?}");
+    if reply[1] == 0 {
+        stream.write_all(b"hello").await.unwrap();
+    }
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    (reply[1], String::from_utf8_lossy(&rest).into_owned())
+}
+
+fn socks_name(name: &str) -> Vec<u8> {
+    let mut address = vec![3, name.len() as u8];
+    address.extend_from_slice(name.as_bytes());
+    address
+}
+
+#[test]
+fn socks5_is_held_to_the_same_rules() {
+    in_netns("socks5_is_held_to_the_same_rules", || async {
+        let server = echo_server(PUBLIC).await;
+        let local = echo_server("127.0.0.1").await;
+        let port = server.port();
+        let (proxy, addr) = start(
+            &[
+                &format!("allowed.test:{port}"),
+                &format!("rebind.test:{}", local.port()),
+                &format!("127.0.0.1:{}", local.port()),
+            ],
+            ProxyLimits::default(),
+        )
+        .await;
+        let public: std::net::Ipv4Addr = PUBLIC.parse().unwrap();
+        let mut v4 = vec![1];
+        v4.extend_from_slice(&public.octets());
+        let mut loopback = vec![1];
+        loopback.extend_from_slice(&[127, 0, 0, 1]);
+        let mut v6 = vec![4];
+        v6.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+
+        // An allowed name: the tunnel reaches the server.
+        assert_eq!(
+            socks(addr, &socks_name("allowed.test"), port).await,
+            (0, "server saw: hello".to_string())
+        );
+        // Not on the list (by name or address), denied, resolving to loopback, a
+        // loopback literal (v4 and v6): "not allowed by the ruleset", nothing reached.
+        for (address, to) in [
+            (socks_name("other.test"), port),
+            (socks_name("denied.allowed.test"), port),
+            (v4, port),
+            (socks_name("rebind.test"), local.port()),
+            (loopback, local.port()),
+            (v6, local.port()),
+        ] {
+            assert_eq!(
+                socks(addr, &address, to).await,
+                (2, String::new()),
+                "{address:?}"
+            );
+        }
+        // A command other than CONNECT is refused as such.
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(&[5, 1, 0]).await.unwrap();
+        let mut chosen = [0u8; 2];
+        stream.read_exact(&mut chosen).await.unwrap();
+        let mut bind = vec![5, 2, 0];
+        bind.extend_from_slice(&socks_name("allowed.test"));
+        bind.extend_from_slice(&port.to_be_bytes());
+        stream.write_all(&bind).await.unwrap();
+        let mut reply = [0u8; 10];
+        stream.read_exact(&mut reply).await.unwrap();
+        assert_eq!(reply[1], 7);
+
+        proxy.stop().await;
+        let connections = proxy.audit().connections();
+        let verdicts: Vec<_> = connections.iter().map(|c| c.verdict).collect();
+        assert_eq!(verdicts.len(), 7, "{connections:#?}");
+        assert_eq!(verdicts[0], Verdict::Allowed);
+        assert!(verdicts[1..].iter().all(|v| *v == Verdict::Refused));
+        assert_eq!(
+            connections[0].address.as_deref(),
+            Some(&*server.to_string())
+        );
+    });
+}
+
 #[test]
 fn the_egress_byte_bound_cuts_the_connection() {
     in_netns("the_egress_byte_bound_cuts_the_connection", || async {
