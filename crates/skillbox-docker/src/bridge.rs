@@ -32,10 +32,13 @@ const BRIDGE_PY: &str = include_str!("helpers/bridge.py");
 
 const HEADER: usize = 9;
 /// The bridge sends at most 64 KiB a frame; a larger one is not the bridge's.
-const MAX_FRAME: usize = 1 << 20;
-/// As many as the bridge keeps; an open past them is closed at once.
-const MAX_STREAMS: usize = 256;
-const STREAM_QUEUE: usize = 16;
+const MAX_FRAME: usize = 64 * 1024;
+/// An open past them is closed at once (the proxy serves 64 at a time; the rest wait
+/// for a slot).
+const MAX_STREAMS: usize = 128;
+/// Frames held for a stream the proxy has not taken yet: with the others, at most
+/// 128 × 4 × 64 KiB = 32 MiB a sandbox, whatever the sandbox's code does.
+const STREAM_QUEUE: usize = 4;
 /// How long the bridge may take to listen.
 const READY_BOUND: Duration = Duration::from_secs(15);
 

@@ -335,3 +335,100 @@ fn the_gvisor_bridge_holds_against_the_sandbox() {
         check_bridge_holds,
     );
 }
+
+/// A download larger than every buffer on the way (the bridge's, the streams' queues,
+/// the proxy's) arrives whole, and an upload too: through gVisor's bridge and through
+/// docker's listener. Prints the download's rate (no bar: a test times nothing).
+async fn check_large_transfers(backend: DockerBackend) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SIZE: usize = 24 * 1024 * 1024;
+    let listener = testkit::listen(PUBLIC);
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let answer = if head.starts_with("POST") {
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .unwrap()
+                        .trim()
+                        .parse()
+                        .unwrap();
+                    let mut body = vec![0u8; len];
+                    stream.read_exact(&mut body).await.unwrap();
+                    let sum: u64 = body.iter().map(|&b| u64::from(b)).sum();
+                    format!("{len} {sum}").into_bytes()
+                } else {
+                    (0..SIZE).map(|i| (i % 251) as u8).collect()
+                };
+                let _ = stream
+                    .write_all(
+                        format!(
+                            "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n",
+                            answer.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+                let _ = stream.write_all(&answer).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let env = backend
+        .create(spec(vec![format!("api.test:{port}")], &[]))
+        .await
+        .unwrap();
+    let script = format!(
+        r#"
+import time, urllib.request
+start = time.monotonic()
+body = urllib.request.urlopen("http://api.test:{port}/big", timeout=60).read()
+took = time.monotonic() - start
+print(len(body), all(b == i % 251 for i, b in enumerate(body[:100000])), sum(body) % 1000003)
+up = bytes(i % 7 for i in range({SIZE}))
+print(urllib.request.urlopen(urllib.request.Request("http://api.test:{port}/up", data=up), timeout=60).read().decode(), sum(up))
+print("download MB/s", round(len(body) / took / 1e6))
+"#
+    );
+    let (code, out, err) = python(&env, &script, false).await;
+    let expected: u64 = (0..SIZE).map(|i| (i % 251) as u64).sum::<u64>() % 1_000_003;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(lines[0], format!("{SIZE} True {expected}"), "{out}{err}");
+    let (sent, sum) = lines[1].rsplit_once(' ').unwrap();
+    assert_eq!(sent, format!("{SIZE} {sum}"), "{out}");
+    eprintln!("{}", lines[2]);
+    env.cleanup().await.unwrap();
+}
+
+#[test]
+fn large_transfers_through_the_gvisor_bridge_arrive_whole() {
+    with_backend(
+        "large_transfers_through_the_gvisor_bridge_arrive_whole",
+        Runtime::Runsc,
+        vec![],
+        check_large_transfers,
+    );
+}
+
+#[test]
+fn large_transfers_through_the_docker_proxy_arrive_whole() {
+    with_backend(
+        "large_transfers_through_the_docker_proxy_arrive_whole",
+        Runtime::Runc,
+        vec![],
+        check_large_transfers,
+    );
+}

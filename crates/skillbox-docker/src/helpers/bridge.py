@@ -17,7 +17,7 @@ import sys
 
 HEADER = struct.Struct(">IBI")
 READY, OPEN, DATA, EOF, CLOSE = range(5)
-MAX_STREAMS = 256
+MAX_STREAMS = 128
 # Past this much not yet written to skillbox, the sockets are not read.
 OUT_HIGH = 1 << 20
 
