@@ -111,7 +111,7 @@ pub struct NativeSandbox {
     pub(crate) root: Root,
     /// Per bind: the source captured at create (root, on a kernel that clones detached
     /// mounts); empty where binds are looked up by path at each exec.
-    pub(crate) bind_trees: Vec<Option<OwnedFd>>,
+    pub(crate) bind_trees: Vec<Option<crate::trees::Captured>>,
     /// The tmpfs shown as `/workspace` when the sandbox owns its workspace and has a
     /// disk bound; dropping it frees everything the sandbox wrote there.
     pub(crate) scratch: Option<Arc<crate::scratch::Scratch>>,
@@ -393,24 +393,37 @@ impl NativeSandbox {
         // again. Those are the workspace and the policy's mounts, which come after it;
         // the system dirs and the synthesized /etc sit under directories only root (or
         // this user, in its own data dir) can change, and stay looked up by path.
-        let mut bind_trees = Vec::new();
-        if crate::trees::captured_here() {
-            for (i, op) in root.layout.mounts.iter().enumerate() {
-                if let crate::child::MountOp::Bind { source, .. } = op {
-                    if source.is_empty() || i < root.layout.workspace_op {
-                        bind_trees.push(None);
-                        continue;
-                    }
-                    let tree = crate::trees::capture(source).map_err(|e| {
-                        unavailable(
-                            "mount_ns",
-                            format!("open_tree {}: {e}", source.to_string_lossy()),
-                        )
-                    })?;
-                    bind_trees.push(Some(tree));
+        // With none of those (a temp workspace on the sandbox's tmpfs) nothing is
+        // captured, and nothing is probed.
+        let binds = root
+            .layout
+            .mounts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| match op {
+                crate::child::MountOp::Bind { source, .. } => {
+                    Some((!source.is_empty() && i >= root.layout.workspace_op).then_some(source))
                 }
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        let sources = binds
+            .iter()
+            .flatten()
+            .map(|s| s.as_c_str())
+            .collect::<Vec<_>>();
+        let bind_trees = match crate::trees::capture_sources(&sources)
+            .map_err(|e| unavailable("mount_ns", format!("open_tree {}: {}", e.source, e.error)))?
+        {
+            Some(captured) => {
+                let mut captured = captured.into_iter();
+                binds
+                    .iter()
+                    .map(|source| source.and_then(|_| captured.next()))
+                    .collect()
             }
-        }
+            None => Vec::new(),
+        };
         Ok(NativeSandbox {
             root,
             bind_trees,
@@ -530,7 +543,7 @@ impl NativeSandbox {
     }
 
     /// The workspace's bind source as captured at create, if it was.
-    fn workspace_bind_tree(&self) -> Option<&OwnedFd> {
+    fn workspace_bind_tree(&self) -> Option<&crate::trees::Captured> {
         self.bind_trees
             .get(self.workspace_bind_slot())
             .and_then(Option::as_ref)
@@ -612,7 +625,8 @@ impl Shell for NativeSandbox {
         let workspace_tree = if self.idmapped {
             let captured = self.workspace_bind_tree();
             let tree = match captured {
-                Some(tree) => crate::trees::reclone(tree)
+                Some(tree) => tree
+                    .clone_for_exec()
                     .map_err(|e| format!("open_tree of the captured workspace: {e}"))
                     .and_then(|clone| crate::idmap::idmapped(clone, &self.workspace)),
                 None => crate::idmap::idmapped_tree(&self.workspace),
@@ -631,7 +645,7 @@ impl Shell for NativeSandbox {
             .enumerate()
             .map(|(slot, tree)| match tree {
                 Some(tree) if !(self.idmapped && slot == self.workspace_bind_slot()) => {
-                    crate::trees::reclone(tree).map(Some)
+                    tree.clone_for_exec().map(Some)
                 }
                 _ => Ok(None),
             })
