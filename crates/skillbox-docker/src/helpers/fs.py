@@ -2,7 +2,11 @@
 # user, so it sees exactly what the sandbox's processes see. Reads write the content to
 # stdout; other operations print one JSON value. Failures print {"errno", "msg"} to
 # stderr (and "entry", the entry of a batch that failed) and exit 1.
-import ctypes, errno, json, os, stat, sys, tempfile
+# Only cheap modules at the top: under gVisor each module costs a few ms to load (json
+# and tempfile bring re, shutil, random, bz2, lzma: ~60 ms), and a run's collection
+# walks in every run. json is loaded only to parse (put_tree, readmany); output is
+# written by `dumps` below.
+import ctypes, errno, os, stat, sys
 
 # Not dumpable: the sandbox's code runs as the same uid and may be running right now;
 # it must not be able to read or write this process's memory through /proc.
@@ -10,6 +14,42 @@ if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
     sys.exit(3)
 
 TMP = '/workspace/.tmp'
+
+_ESCAPES = {'"': '\\"', '\\': '\\\\', '\n': '\\n', '\r': '\\r', '\t': '\\t', '\b': '\\b', '\f': '\\f'}
+
+
+def _escape(c):
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    o = ord(c)
+    if 0x20 <= o < 0x7f:
+        return c
+    if o < 0x10000:
+        return '\\u%04x' % o
+    o -= 0x10000
+    return '\\u%04x\\u%04x' % (0xd800 | (o >> 10), 0xdc00 | (o & 0x3ff))
+
+
+def dumps(value):
+    """JSON for what this helper prints (None, bools, ints, strings, lists, tuples and
+    dicts with string keys), ASCII only, as json.dumps writes it."""
+    if value is None:
+        return 'null'
+    if value is True:
+        return 'true'
+    if value is False:
+        return 'false'
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        if value.isascii() and value.isprintable() and '"' not in value and '\\' not in value:
+            return '"' + value + '"'
+        return '"' + ''.join(_escape(c) for c in value) + '"'
+    if isinstance(value, (list, tuple)):
+        return '[' + ', '.join(dumps(v) for v in value) + ']'
+    if isinstance(value, dict):
+        return '{' + ', '.join(dumps(k) + ': ' + dumps(v) for k, v in value.items()) + '}'
+    raise TypeError('cannot write %r as JSON' % type(value))
 
 
 def kind(mode):
@@ -170,6 +210,7 @@ def put_tree(base, stream):
         made.add(path)
 
     makedirs(base)
+    import json
     for entry in json.loads(stream.readline()):
         rel = entry[0]
         try:
@@ -298,7 +339,7 @@ def main(op, args):
         # content as readmany answers it, in the listing's order, one record per file
         # ({"i": its index in the listing, "s": ...}). Over that, the listing alone.
         found, paths = walk(args[0], int(args[1]), set(args[3:]))
-        out.write(json.dumps(found).encode() + b'\n')
+        out.write(dumps(found).encode() + b'\n')
         budget = int(args[2])
         if len(found) > int(args[1]) or sum(e[2] for e in found if e[1] == 'file') > budget:
             return None
@@ -308,7 +349,7 @@ def main(op, args):
                 continue
             header, data = read_one(paths[index], budget - written)
             header['i'] = index
-            out.write(json.dumps(header).encode() + b'\n')
+            out.write(dumps(header).encode() + b'\n')
             if data is None:
                 continue
             out.write(data)
@@ -320,6 +361,7 @@ def main(op, args):
         # the rest is left for another run ("later").
         limit, budget = int(args[0]), int(args[1])
         written = 0
+        import json
         for path in json.loads(sys.stdin.buffer.read()):
             path = resolve(path)
             try:
@@ -335,7 +377,7 @@ def main(op, args):
                     out.write(b'{"s":"notfile"}\n')
                 else:
                     # This file's error, named by the caller; the rest is not read.
-                    out.write(json.dumps({'s': 'error', 'errno': e.errno or 0}).encode() + b'\n')
+                    out.write(dumps({'s': 'error', 'errno': e.errno or 0}).encode() + b'\n')
                     return None
                 continue
             try:
@@ -344,7 +386,7 @@ def main(op, args):
                     out.write(b'{"s":"notfile"}\n')
                     continue
                 if st.st_size > limit:
-                    out.write(json.dumps({'s': 'toolarge', 'n': st.st_size}).encode() + b'\n')
+                    out.write(dumps({'s': 'toolarge', 'n': st.st_size}).encode() + b'\n')
                     continue
                 if written and written + st.st_size > budget:
                     out.write(b'{"s":"later"}\n')
@@ -358,15 +400,15 @@ def main(op, args):
                         chunks.append(chunk)
                         got += len(chunk)
                 except OSError as e:
-                    out.write(json.dumps({'s': 'error', 'errno': e.errno or 0}).encode() + b'\n')
+                    out.write(dumps({'s': 'error', 'errno': e.errno or 0}).encode() + b'\n')
                     return None
                 data = b''.join(chunks)
             finally:
                 os.close(fd)
             if len(data) > limit:
-                out.write(json.dumps({'s': 'toolarge', 'n': max(len(data), st.st_size)}).encode() + b'\n')
+                out.write(dumps({'s': 'toolarge', 'n': max(len(data), st.st_size)}).encode() + b'\n')
                 continue
-            out.write(json.dumps({'s': 'ok', 'n': len(data)}).encode() + b'\n')
+            out.write(dumps({'s': 'ok', 'n': len(data)}).encode() + b'\n')
             out.write(data)
             written += len(data)
         return None
@@ -397,6 +439,7 @@ def main(op, args):
         return True
     if op == 'mktemp':
         os.makedirs(TMP, exist_ok=True)
+        import tempfile
         if args[0] == 'dir':
             return tempfile.mkdtemp(prefix=args[1], dir=TMP)
         fd, path = tempfile.mkstemp(prefix=args[1], dir=TMP)
@@ -408,12 +451,12 @@ def main(op, args):
 try:
     result = main(sys.argv[1], sys.argv[2:])
     if sys.argv[1] not in ('read', 'readmany', 'walkread'):
-        sys.stdout.write(json.dumps(result))
+        sys.stdout.write(dumps(result))
     sys.stdout.flush()
 except OSError as e:
     failed = {'errno': e.errno or 0, 'msg': e.strerror or str(e)}
     # The entry of a batch (below the path given) that failed.
     if getattr(e, 'entry', None) is not None:
         failed['entry'] = e.entry
-    sys.stderr.write(json.dumps(failed))
+    sys.stderr.write(dumps(failed))
     sys.exit(1)
