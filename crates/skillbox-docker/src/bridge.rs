@@ -144,7 +144,13 @@ pub(crate) async fn attach(container: &Container, proxy: Proxy) -> EnvResult<()>
                 Some(Ok(LogOutput::StdOut { message })) => {
                     decoder.feed(&message);
                     match decoder.next() {
-                        Ok(Some((0, READY, _))) => return Ok(()),
+                        Ok(Some((0, READY, pid))) => {
+                            return std::str::from_utf8(&pid)
+                                .ok()
+                                .and_then(|p| p.parse::<u32>().ok())
+                                .filter(|&p| p > 1)
+                                .ok_or_else(|| "it sent no pid".to_string());
+                        }
                         Ok(Some(_)) => return Err("it spoke before it listened".to_string()),
                         Ok(None) => {}
                         Err(e) => return Err(e),
@@ -163,7 +169,9 @@ pub(crate) async fn attach(container: &Container, proxy: Proxy) -> EnvResult<()>
     })
     .await;
     match ready {
-        Ok(Ok(())) => {}
+        Ok(Ok(pid)) => container
+            .bridge_pid
+            .store(pid, std::sync::atomic::Ordering::SeqCst),
         Ok(Err(why)) => {
             return Err(unavailable(format!(
                 "egress: the bridge in the gvisor sandbox did not start ({why}): {}",

@@ -39,6 +39,9 @@ pub(crate) struct Container {
     pub(crate) died: CancellationToken,
     /// Out-of-memory events the daemon reported for the container.
     pub(crate) ooms: AtomicU64,
+    /// The pid (seen from inside) of skillbox's egress bridge under runsc, which the
+    /// in-container reset spares while it is root's; 0 for none.
+    pub(crate) bridge_pid: std::sync::atomic::AtomicU32,
     live: Live,
 }
 
@@ -66,6 +69,7 @@ impl Container {
             removed: AtomicBool::new(false),
             died: CancellationToken::new(),
             ooms: AtomicU64::new(0),
+            bridge_pid: std::sync::atomic::AtomicU32::new(0),
             live,
         });
         tokio::spawn(watch(Arc::downgrade(&container), since));

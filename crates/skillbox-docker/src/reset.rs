@@ -15,28 +15,33 @@ use crate::container::Container;
 use crate::daemon::{collect_exec, op_error, unavailable};
 use crate::runtime::{NR_PRCTL, Runtime};
 
-/// Kills every process in the container but pid 1, itself and root's, in passes
-/// (stopping them first, so a fork bomb cannot outrun it), until only zombies are left;
-/// prints how many live ones remain. Used under runsc, where a kill through init's
-/// signal can hit an exec while it starts, which runsc does not survive. Root's are
-/// skillbox's own (the egress bridge, `bridge.rs`): the sandbox's code never has uid 0
-/// (a non-root user, no capabilities, no new privileges), and the real uid is read
-/// from `status`, which the process cannot change (a non-dumpable one's `/proc` entry
-/// is root's, so its owner would not do).
+/// Kills every process in the container but pid 1, itself and skillbox's egress bridge
+/// (the pid given, spared only while its uid is 0), in passes (stopping them first, so
+/// a fork bomb cannot outrun it), until only zombies are left; prints how many live
+/// ones remain. Used under runsc, where a kill through init's signal can hit an exec
+/// while it starts, which runsc does not survive. A process names itself (comm, which
+/// `/proc` shows inside `stat`'s parentheses and on `status`'s first line, newlines and
+/// all), so the state is read after `stat`'s last `)` and the uid from `status`'s last
+/// `Uid:` line; and only the bridge's pid is ever spared: the sandbox's code never has
+/// uid 0 (a non-root user, no capabilities, no new privileges), so a pid the bridge
+/// left and the sandbox took is killed.
 const KILL_PL: &str = r#"syscall($ARGV[0], 4, 0, 0, 0, 0) == 0 or exit 3;
+my $spare = $ARGV[1];
 my $left = 0;
 for my $pass (1 .. 200) {
     opendir(my $d, '/proc') or exit 1;
     my @p;
     for my $pid (grep { /^\d+$/ && $_ != 1 && $_ != $$ } readdir($d)) {
         open(my $f, '<', "/proc/$pid/stat") or next;
+        local $/;
         my $st = <$f> // '';
-        next if $st =~ /\) Z /;
-        my $uid;
-        if (open(my $s, '<', "/proc/$pid/status")) {
-            ($uid) = map { /^Uid:\s+(\d+)/ ? ($1) : () } <$s>;
+        my $close = rindex($st, ')');
+        next if $close >= 0 && substr($st, $close + 2, 1) eq 'Z';
+        if ($pid == $spare && open(my $s, '<', "/proc/$pid/status")) {
+            my @uid = map { /^Uid:\s+(\d+)/ ? ($1) : () } split(/\n/, <$s> // '');
+            next if @uid && $uid[-1] == 0;
         }
-        push @p, $pid unless defined($uid) && $uid == 0;
+        push @p, $pid;
     }
     closedir($d);
     $left = scalar @p;
@@ -192,6 +197,7 @@ async fn kill_from_inside(container: &Container) -> EnvResult<()> {
         "-e".into(),
         KILL_PL.into(),
         NR_PRCTL.to_string(),
+        container.bridge_pid.load(Ordering::SeqCst).to_string(),
     ];
     let out = bounded(collect_exec(
         &container.docker,

@@ -260,9 +260,9 @@ fn a_gvisor_last_execs_leftovers_get_no_network() {
 
 /// The sandbox's code cannot take over or stop gVisor's egress bridge (root's, in the
 /// container): no signal, no write to its output, no trace; the network still works
-/// after the tries. And the reset, which spares root's processes, is not fooled by a
-/// leftover that makes itself non-dumpable (its `/proc` entry turns root's): it dies
-/// with the exec that left it.
+/// after the tries. And the reset, which spares the bridge, is not fooled by leftovers
+/// dressed as it or as zombies (non-dumpable, a name with a fake `Uid: 0` line, a name
+/// with `) Z `): they die with the exec that left them.
 async fn check_bridge_holds(backend: DockerBackend) {
     let port = testkit::http_server(PUBLIC).await;
     let env = backend
@@ -301,15 +301,23 @@ for pid in bridge:
     let (_, out, err) = python(&env, &fetch, false).await;
     assert_eq!(out, "served GET /after HTTP/1.1\n", "{err}");
 
+    // Leftovers that dress up for the reset: non-dumpable (its `/proc` entry turns
+    // root's on Linux), named with a fake `Uid: 0` line for `status`, named to look like
+    // a zombie in `stat`.
     let leftover = r#"
 import subprocess, sys
 script = """
-import ctypes, time
-ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+import ctypes, sys, time
+libc = ctypes.CDLL(None)
+if sys.argv[1] == "undumpable":
+    libc.prctl(4, 0, 0, 0, 0)
+else:
+    libc.prctl(15, ctypes.c_char_p(sys.argv[1].encode()), 0, 0, 0)
 time.sleep(3)
-open("/workspace/survived", "w").write("yes")
+open("/workspace/survived-" + str(len(sys.argv[1])), "w").write("yes")
 """
-subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+for name in ["undumpable", "a\nUid:\t0\n", "x) Z "]:
+    subprocess.Popen([sys.executable, "-c", script, name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 import time; time.sleep(0.5)
 print("left")
 "#;
@@ -318,11 +326,11 @@ print("left")
     tokio::time::sleep(Duration::from_secs(5)).await;
     let (_, out, _) = python(
         &env,
-        "import os\nprint(os.path.exists('/workspace/survived'))",
+        "import glob\nprint(sorted(glob.glob('/workspace/survived-*')))",
         false,
     )
     .await;
-    assert_eq!(out, "False\n");
+    assert_eq!(out, "[]\n");
     env.cleanup().await.unwrap();
 }
 

@@ -7,7 +7,7 @@
 # what the proxy already lets it reach.
 #
 # Frames, both ways: stream id (u32), kind (u8), length (u32), payload (big-endian).
-# Kinds: 0 ready (to skillbox, once listening), 1 open (a new connection), 2 data,
+# Kinds: 0 ready (to skillbox, once listening; its pid), 1 open (a new connection), 2 data,
 # 3 eof (no more data from this side), 4 close (the stream is gone).
 import os
 import select
@@ -41,7 +41,9 @@ def main():
     listener.setblocking(False)
     os.set_blocking(0, False)
     os.set_blocking(1, False)
-    out = bytearray(HEADER.pack(0, READY, 0))
+    # Its pid, which the reset spares (seen from inside, as the reset sees it).
+    me = str(os.getpid()).encode()
+    out = bytearray(HEADER.pack(0, READY, len(me)) + me)
     inbuf = bytearray()
     streams = {}
     by_sock = {}
