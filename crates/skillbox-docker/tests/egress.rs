@@ -440,3 +440,59 @@ fn large_transfers_through_the_docker_proxy_arrive_whole() {
         check_large_transfers,
     );
 }
+
+/// A connection whose upstream stops reading holds back only itself: while one upload
+/// is stuck (the server reads its head, then nothing), another request through the
+/// bridge is answered.
+async fn check_stalled_upload(backend: DockerBackend) {
+    use tokio::io::AsyncReadExt;
+    let sink = testkit::listen(PUBLIC);
+    let sink_port = sink.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut stream, _) = sink.accept().await.unwrap();
+            let mut byte = [0u8; 1];
+            let _ = stream.read(&mut byte).await;
+            held.push(stream);
+        }
+    });
+    let port = testkit::http_server(PUBLIC).await;
+    let env = backend
+        .create(spec(
+            vec![format!("api.test:{port}"), format!("api.test:{sink_port}")],
+            &[],
+        ))
+        .await
+        .unwrap();
+    let script = format!(
+        r#"
+import threading, time, urllib.request
+def upload():
+    try:
+        urllib.request.urlopen(urllib.request.Request("http://api.test:{sink_port}/up", data=b"x" * (48 << 20)), timeout=30)
+    except Exception:
+        pass
+threading.Thread(target=upload, daemon=True).start()
+time.sleep(2)
+print(urllib.request.urlopen("http://api.test:{port}/beside", timeout=10).read().decode())
+"#
+    );
+    let (code, out, err) = python(&env, &script, false).await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "served GET /beside HTTP/1.1\n"),
+        "{err}"
+    );
+    env.cleanup().await.unwrap();
+}
+
+#[test]
+fn a_stalled_upload_through_the_gvisor_bridge_holds_back_only_itself() {
+    with_backend(
+        "a_stalled_upload_through_the_gvisor_bridge_holds_back_only_itself",
+        Runtime::Runsc,
+        vec![],
+        check_stalled_upload,
+    );
+}

@@ -8,7 +8,11 @@
 #
 # Frames, both ways: stream id (u32), kind (u8), length (u32), payload (big-endian).
 # Kinds: 0 ready (to skillbox, once listening; its pid), 1 open (a new connection), 2 data,
-# 3 eof (no more data from this side), 4 close (the stream is gone).
+# 3 eof (no more data from this side), 4 close (the stream is done: from skillbox,
+# after what it sent is delivered), 5 credit (a u32:
+# bytes delivered, which the other side may send again). Each side sends a stream at
+# most WINDOW bytes beyond what the other has credited (a data frame from here counts at
+# least MIN_COST), so a connection that is slow to read holds back only itself.
 import os
 import select
 import socket
@@ -16,14 +20,19 @@ import struct
 import sys
 
 HEADER = struct.Struct(">IBI")
-READY, OPEN, DATA, EOF, CLOSE = range(5)
+CREDIT_PAYLOAD = struct.Struct(">I")
+READY, OPEN, DATA, EOF, CLOSE, CREDIT = range(6)
 MAX_STREAMS = 128
+WINDOW = 256 * 1024
+MIN_COST = 1024
+# Credit is sent back once this much is delivered (or the stream's bytes are all out).
+CREDIT_STEP = 32 * 1024
 # Past this much not yet written to skillbox, the sockets are not read.
 OUT_HIGH = 1 << 20
 
 
 class Stream:
-    __slots__ = ("sock", "pending", "shut", "read_done", "write_done")
+    __slots__ = ("sock", "pending", "shut", "read_done", "write_done", "window", "delivered")
 
     def __init__(self, sock):
         self.sock = sock
@@ -31,6 +40,9 @@ class Stream:
         self.shut = False
         self.read_done = False
         self.write_done = False
+        # What may still be sent to skillbox; what went to the socket, not credited yet.
+        self.window = WINDOW
+        self.delivered = 0
 
 
 def main():
@@ -62,7 +74,7 @@ def main():
     while True:
         readers = [0, listener]
         if len(out) < OUT_HIGH:
-            readers += [s.sock for s in streams.values() if not s.read_done]
+            readers += [s.sock for s in streams.values() if not s.read_done and s.window >= MIN_COST]
         writers = [s.sock for s in streams.values() if s.pending or (s.shut and not s.write_done)]
         if out:
             writers.append(1)
@@ -92,7 +104,14 @@ def main():
                 elif kind == EOF:
                     stream.shut = True
                 elif kind == CLOSE:
-                    drop(sid)
+                    # skillbox is done with it: what it sent is still delivered, then
+                    # the socket closes.
+                    stream.shut = True
+                    stream.read_done = True
+                    if not stream.pending:
+                        drop(sid)
+                elif kind == CREDIT and length == CREDIT_PAYLOAD.size:
+                    stream.window = min(WINDOW, stream.window + CREDIT_PAYLOAD.unpack(payload)[0])
         if listener in readable:
             try:
                 sock, _ = listener.accept()
@@ -117,6 +136,10 @@ def main():
                 if stream.pending:
                     n = sock.send(stream.pending)
                     del stream.pending[:n]
+                    stream.delivered += n
+                    if stream.delivered >= CREDIT_STEP or not stream.pending:
+                        send(sid, CREDIT, CREDIT_PAYLOAD.pack(stream.delivered))
+                        stream.delivered = 0
                 if not stream.pending and stream.shut and not stream.write_done:
                     sock.shutdown(socket.SHUT_WR)
                     stream.write_done = True
@@ -134,7 +157,7 @@ def main():
                 continue
             stream = streams[sid]
             try:
-                data = sock.recv(1 << 16)
+                data = sock.recv(min(1 << 16, stream.window))
             except BlockingIOError:
                 continue
             except OSError:
@@ -142,6 +165,7 @@ def main():
                 drop(sid)
                 continue
             if data:
+                stream.window -= max(len(data), MIN_COST)
                 send(sid, DATA, data)
             else:
                 stream.read_done = True
