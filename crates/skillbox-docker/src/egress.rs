@@ -27,13 +27,26 @@ fn unavailable(why: impl std::fmt::Display) -> EnvError {
 /// sandbox's user cannot change, in `/tmp`: the root file system is read-only).
 pub(crate) const CA_DIR: &str = "/tmp/.skillbox-egress";
 
-/// Makes [`CA_DIR`] from the two files on stdin (`ca.pem`, NUL, `ca-bundle.pem`): 0755
-/// and 0644, owned by root. Fails if anything is there already.
+/// Makes [`CA_DIR`]: `ca.pem` from stdin, and `ca-bundle.pem` of the image's own public
+/// roots (the first bundle of argv[2:] there) then it; 0755 and 0644, owned by root.
+/// Fails if anything is there already, or (exit 4) when the image has no roots.
 const WRITE_CA_PY: &str = r#"import os, sys
-ca, bundle = sys.stdin.buffer.read().split(b"\0", 1)
+ca = sys.stdin.buffer.read()
+roots = None
+for path in sys.argv[2:]:
+    try:
+        with open(path, "rb") as f:
+            roots = f.read()
+    except OSError:
+        continue
+    if b"BEGIN CERTIFICATE" in roots:
+        break
+    roots = None
+if roots is None:
+    sys.exit(4)
 os.umask(0o022)
 os.mkdir(sys.argv[1], 0o755)
-for name, body in (("ca.pem", ca), ("ca-bundle.pem", bundle)):
+for name, body in (("ca.pem", ca), ("ca-bundle.pem", roots + b"\n" + ca)):
     fd = os.open(os.path.join(sys.argv[1], name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(body)
@@ -92,11 +105,7 @@ pub(crate) async fn attach(
 /// Writes the CA's files into [`CA_DIR`] as root (the container keeps no capability:
 /// root there owns what it makes, nothing more).
 async fn write_ca(container: &Container, ca_pem: &str) -> EnvResult<()> {
-    let [(_, ca), (_, bundle)] = skillbox_egress::ca_files(ca_pem);
-    let mut stdin = ca.into_bytes();
-    stdin.push(0);
-    stdin.extend_from_slice(bundle.as_bytes());
-    let argv = vec![
+    let mut argv = vec![
         container.runtime.python().to_string(),
         "-I".into(),
         "-S".into(),
@@ -104,18 +113,25 @@ async fn write_ca(container: &Container, ca_pem: &str) -> EnvResult<()> {
         WRITE_CA_PY.into(),
         CA_DIR.into(),
     ];
+    argv.extend(skillbox_egress::ROOT_BUNDLES.iter().map(|p| p.to_string()));
     let out = crate::daemon::collect_exec_as(
         &container.docker,
         &container.id,
         container.runtime.backend(),
         "write the egress CA",
         argv,
-        Some(stdin),
+        Some(ca_pem.as_bytes().to_vec()),
         Some("0"),
     )
     .await?;
+    if out.exit_code == Some(4) {
+        return Err(EnvError::unavailable(format!(
+            "egress secrets: the image has no bundle of public roots (looked at {}); build it with the ca-certificates package",
+            skillbox_egress::ROOT_BUNDLES.join(", ")
+        )));
+    }
     if out.exit_code != Some(0) {
-        return Err(unavailable(format!(
+        return Err(EnvError::unavailable(format!(
             "egress secrets: cannot write the CA at {CA_DIR} in the container (exit {:?}): {}",
             out.exit_code,
             String::from_utf8_lossy(&out.stderr).trim()

@@ -100,7 +100,7 @@ async fn python(env: &dyn ExecutionEnv, script: &str, last: bool) -> (i32, Strin
 /// A secret bound to one host: the sandbox sees only a placeholder and trusts the
 /// sandbox's CA through the usual variables; the proxy puts the value in the request's
 /// headers for that host (the server sees it) and nowhere else (another allowed host
-/// gets the placeholder); the value is in no output, record or container config; the
+/// gets the placeholder); the value is in no output, record or file of the sandbox; the
 /// CA's files are root's, so the sandbox's user cannot swap them.
 async fn check_secrets(backend: DockerBackend, test_ca: String, seen: testkit::Seen, port: u16) {
     let env = backend
@@ -133,6 +133,7 @@ async fn check_secrets(backend: DockerBackend, test_ca: String, seen: testkit::S
         r#"
 import os
 d = os.environ["SSL_CERT_FILE"].rsplit("/", 1)[0]
+print("roots", open(d + "/ca-bundle.pem").read().count("BEGIN CERTIFICATE") > 100)
 for attempt in (lambda: open(d + "/ca.pem", "w"), lambda: os.rename(d + "/ca.pem", "/tmp/x"), lambda: os.rmdir(d)):
     try:
         attempt()
@@ -144,7 +145,9 @@ for attempt in (lambda: open(d + "/ca.pem", "w"), lambda: os.rename(d + "/ca.pem
     )
     .await;
     assert!(!out.contains("CHANGED"), "{out}");
-    assert_eq!(out.lines().count(), 3, "{out}");
+    // The bundle has the image's public roots too, not only the sandbox's CA.
+    assert!(out.starts_with("roots True\n"), "{out}");
+    assert_eq!(out.lines().count(), 4, "{out}");
 
     let connections = env.egress();
     assert_eq!(connections.len(), 2, "{connections:#?}");

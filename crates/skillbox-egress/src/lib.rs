@@ -27,7 +27,7 @@ pub use proxy::{
 };
 pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
 pub use secrets::{Interceptor, MAX_SECRETS, Secrets};
-pub use setup::{SandboxEgress, SetupError, ca_files, sandbox_egress};
+pub use setup::{ROOT_BUNDLES, SandboxEgress, SetupError, ca_files, sandbox_egress};
 pub use skillbox_protocol::SecretSpec;
 
 /// A sandbox's proxy for `network` (checked: a bad entry is the error), adding

@@ -34,14 +34,33 @@ pub enum SetupError {
     Unavailable(String),
 }
 
+/// Where a Linux system keeps its bundle of public roots (Debian and its kin, then
+/// Fedora and its kin, then others), in the order looked at.
+pub const ROOT_BUNDLES: [&str; 4] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
 /// The CA files, by name, that [`sandbox_egress`]'s environment points at in `ca_dir`:
-/// `ca.pem` (the sandbox's CA) and `ca-bundle.pem` (the host's roots, then it).
-pub fn ca_files(ca_pem: &str) -> [(&'static str, String); 2] {
-    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
-    [
+/// `ca.pem` (the sandbox's CA) and `ca-bundle.pem` (this host's public roots, then
+/// it); an error naming where it looked when this host has no bundle of roots (a
+/// bundle of the sandbox's CA alone would make every other TLS host fail to verify).
+pub fn ca_files(ca_pem: &str) -> Result<[(&'static str, String); 2], String> {
+    let system = ROOT_BUNDLES
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok().filter(|b| b.contains("BEGIN CERTIFICATE")))
+        .ok_or_else(|| {
+            format!(
+                "egress secrets: no bundle of public roots on this host (looked at {}); install the ca-certificates package",
+                ROOT_BUNDLES.join(", ")
+            )
+        })?;
+    Ok([
         ("ca.pem", ca_pem.to_string()),
         ("ca-bundle.pem", format!("{system}\n{ca_pem}")),
-    ]
+    ])
 }
 
 /// The egress of a sandbox with `network` and `secrets`, its CA's files shown at

@@ -57,7 +57,8 @@ pub(crate) fn write_ca_dir(dir: &std::path::Path, ca_pem: &str) -> std::io::Resu
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
-    for (name, body) in skillbox_egress::ca_files(ca_pem) {
+    let files = skillbox_egress::ca_files(ca_pem).map_err(std::io::Error::other)?;
+    for (name, body) in files {
         let path = dir.join(name);
         std::fs::write(&path, body)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
