@@ -218,15 +218,23 @@ print("left")
     );
     let (code, out, err) = python(&env, &later, true).await;
     assert_eq!((code, out.as_str()), (0, "left\n"), "{err}");
-    // The leftover runs on (until the next exec or the cleanup): give it its try.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let said = env
-        .read_text(
-            std::path::Path::new("/workspace/later.txt"),
-            &CancellationToken::new(),
-        )
-        .await
-        .unwrap();
+    // The leftover runs on (until the next exec or the cleanup): it has its try.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let said = loop {
+        let read = env
+            .read_text(
+                std::path::Path::new("/workspace/later.txt"),
+                &CancellationToken::new(),
+            )
+            .await;
+        match read {
+            Ok(said) if !said.is_empty() => break said,
+            _ if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("the leftover wrote nothing in time: {other:?}"),
+        }
+    };
     assert!(said.starts_with("ERROR"), "{said}");
     let connections = env.egress();
     assert_eq!(connections.len(), 1, "{connections:#?}");
@@ -306,34 +314,48 @@ for pid in bridge:
 
     // Leftovers that dress up for the reset: non-dumpable (its `/proc` entry turns
     // root's on Linux), named with a fake `Uid: 0` line for `status`, named to look like
-    // a zombie in `stat`.
+    // a zombie in `stat`. Each writes its pid, then waits; the exec's reset must kill
+    // them (the next exec kills nothing first: it sees what the reset left).
     let leftover = r#"
-import subprocess, sys
+import os, subprocess, sys, time
 script = """
-import ctypes, sys, time
+import ctypes, os, sys, time
 libc = ctypes.CDLL(None)
 if sys.argv[1] == "undumpable":
     libc.prctl(4, 0, 0, 0, 0)
 else:
     libc.prctl(15, ctypes.c_char_p(sys.argv[1].encode()), 0, 0, 0)
-time.sleep(3)
-open("/workspace/survived-" + str(len(sys.argv[1])), "w").write("yes")
+open("/workspace/pid-" + str(len(sys.argv[1])), "w").write(str(os.getpid()))
+time.sleep(120)
 """
 for name in ["undumpable", "a\nUid:\t0\n", "x) Z "]:
     subprocess.Popen([sys.executable, "-c", script, name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-import time; time.sleep(0.5)
+deadline = time.monotonic() + 20
+while len([f for f in os.listdir("/workspace") if f.startswith("pid-")]) < 3 and time.monotonic() < deadline:
+    time.sleep(0.05)
 print("left")
 "#;
     let (_, out, err) = python(&env, leftover, false).await;
     assert_eq!(out, "left\n", "{err}");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let (_, out, _) = python(
+    let (_, out, err) = python(
         &env,
-        "import glob\nprint(sorted(glob.glob('/workspace/survived-*')))",
+        r#"
+import glob
+alive = []
+for f in sorted(glob.glob("/workspace/pid-*")):
+    pid = open(f).read()
+    try:
+        st = open("/proc/" + pid + "/stat").read()
+    except OSError:
+        continue
+    if st[st.rindex(")") + 2] != "Z":
+        alive.append(f)
+print(len(glob.glob("/workspace/pid-*")), alive)
+"#,
         false,
     )
     .await;
-    assert_eq!(out, "[]\n");
+    assert_eq!(out, "3 []\n", "{err}");
     env.cleanup().await.unwrap();
 }
 

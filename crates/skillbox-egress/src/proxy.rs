@@ -333,25 +333,12 @@ impl Proxy {
         let inner = &self.inner;
         let opening = tokio::select! {
             () = inner.stop.cancelled() => return,
-            read = tokio::time::timeout(inner.limits.head_timeout, read_opening(&mut client)) => read,
+            read = read_opening(&mut client, inner.limits.head_timeout) => read,
         };
         let (door, target, rest) = match opening {
-            Ok(Ok(opened)) => opened,
-            Ok(Err((door, refusal))) => {
+            Ok(opened) => opened,
+            Err((door, refusal)) => {
                 door.refuse(&mut client, &refusal).await;
-                return;
-            }
-            Err(_) => {
-                // Which door it was is not known yet when nothing came: HTTP's answer.
-                Door::Http
-                    .refuse(
-                        &mut client,
-                        &Refusal {
-                            status: "408 Request Timeout",
-                            reason: "no request head in time".into(),
-                        },
-                    )
-                    .await;
                 return;
             }
         };
@@ -718,6 +705,11 @@ impl Door {
         match self {
             Door::Http => refuse(client, refusal.status, &refusal.reason).await,
             Door::Socks => {
+                if refusal.status.starts_with("406") {
+                    // Answered in the greeting already.
+                    let _ = client.shutdown().await;
+                    return;
+                }
                 let code = match refusal.status.split(' ').next() {
                     Some("403") => SOCKS_NOT_ALLOWED,
                     Some("502" | "504") => SOCKS_HOST_UNREACHABLE,
@@ -739,15 +731,26 @@ fn bad_request(reason: impl Into<String>) -> Refusal {
     }
 }
 
-/// What a client asks for, by either door: (the door, the target, bytes read past the
-/// request), or how to refuse it.
+/// What a client asks for, by either door, within `limit`: (the door, the target,
+/// bytes read past the request), or how to refuse it (at the door it came to).
 async fn read_opening<S: AsyncRead + AsyncWrite + Unpin>(
     client: &mut S,
+    limit: Duration,
 ) -> Result<(Door, Target, Vec<u8>), (Door, Refusal)> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let late = |door: Door| {
+        (
+            door,
+            Refusal {
+                status: "408 Request Timeout",
+                reason: "no request head in time".into(),
+            },
+        )
+    };
     let mut first = [0u8; 1];
-    let n = client
-        .read(&mut first)
+    let n = tokio::time::timeout_at(deadline, client.read(&mut first))
         .await
+        .map_err(|_| late(Door::Http))?
         .map_err(|e| (Door::Http, bad_request(format!("reading the request: {e}"))))?;
     if n == 0 {
         return Err((
@@ -756,13 +759,15 @@ async fn read_opening<S: AsyncRead + AsyncWrite + Unpin>(
         ));
     }
     if first[0] == 5 {
-        let target = read_socks(client)
+        let target = tokio::time::timeout_at(deadline, read_socks(client))
             .await
+            .map_err(|_| late(Door::Socks))?
             .map_err(|refusal| (Door::Socks, refusal))?;
         return Ok((Door::Socks, target, Vec::new()));
     }
-    let (head, rest) = read_head_after(client, first.to_vec())
+    let (head, rest) = tokio::time::timeout_at(deadline, read_head_after(client, first.to_vec()))
         .await
+        .map_err(|_| late(Door::Http))?
         .map_err(|why| (Door::Http, bad_request(why)))?;
     let target = parse_head(&head).map_err(|why| (Door::Http, bad_request(why)))?;
     Ok((Door::Http, target, rest))
@@ -776,10 +781,12 @@ async fn read_socks<S: AsyncRead + AsyncWrite + Unpin>(client: &mut S) -> Result
     let mut methods = vec![0u8; usize::from(count)];
     client.read_exact(&mut methods).await.map_err(io)?;
     if !methods.contains(&0) {
-        // No acceptable method: said in the greeting's own answer, then closed.
+        // No acceptable method: said in the greeting's own answer (no reply follows).
         let _ = client.write_all(&[5, 0xff]).await;
-        let _ = client.shutdown().await;
-        return Err(bad_request("SOCKS5 without the no-authentication method"));
+        return Err(Refusal {
+            status: "406 Not Acceptable",
+            reason: "SOCKS5 without the no-authentication method".into(),
+        });
     }
     client.write_all(&[5, 0]).await.map_err(io)?;
     let mut request = [0u8; 4];

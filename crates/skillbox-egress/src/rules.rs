@@ -69,6 +69,29 @@ impl Rule {
                 "a host, not a URL: write files.example.org or files.example.org:443".into(),
             );
         }
+        // An IPv6 literal in brackets, `[::1]` or `[::1]:443`: its canonical form.
+        if let Some(bracketed) = entry.strip_prefix('[') {
+            let (address, after) = bracketed
+                .split_once(']')
+                .ok_or("an IPv6 address in brackets: [2001:db8::1] or [2001:db8::1]:443")?;
+            let address: std::net::Ipv6Addr = address
+                .parse()
+                .map_err(|_| format!("{address:?} is not an IPv6 address"))?;
+            let port = match after.strip_prefix(':') {
+                Some(port) => Ports::One(
+                    port.parse()
+                        .ok()
+                        .filter(|&p| p != 0)
+                        .ok_or_else(|| format!("port {port:?} is not a number from 1 to 65535"))?,
+                ),
+                None if after.is_empty() => no_port,
+                None => return Err("an IPv6 address in brackets: [2001:db8::1]:443".into()),
+            };
+            return Ok(Rule {
+                host: HostPattern::Exact(address.to_string()),
+                port,
+            });
+        }
         let (host, port) = match entry.rsplit_once(':') {
             Some((host, port)) => {
                 let port: u16 = port
@@ -111,7 +134,14 @@ impl Rule {
         };
         port_ok
             && match &self.host {
-                HostPattern::Exact(name) => name == host,
+                // An address literal is compared in its canonical form (`0:0::1` is
+                // `::1`).
+                HostPattern::Exact(name) => {
+                    name == host
+                        || host
+                            .parse::<std::net::IpAddr>()
+                            .is_ok_and(|ip| ip.to_string() == *name)
+                }
                 HostPattern::Below(domain) => host
                     .strip_suffix(domain.as_str())
                     .is_some_and(|rest| rest.len() > 1 && rest.ends_with('.')),
@@ -241,6 +271,19 @@ mod tests {
         assert!(r.check("badexample.com", 8443).is_err());
         assert!(r.check("a.example.com", 443).is_err());
         assert!(r.check("pypi.org", 443).is_ok());
+    }
+
+    #[test]
+    fn ipv6_literals_in_brackets_match_in_canonical_form() {
+        let r = rules(&["[2001:DB8::1]:8443", "[2001:db8::2]"], &[]);
+        assert!(r.check("2001:db8::1", 8443).is_ok());
+        assert!(r.check("2001:db8:0:0::1", 8443).is_ok());
+        assert!(r.check("2001:db8::1", 443).is_err());
+        assert!(r.check("2001:db8::2", 443).is_ok());
+        assert!(r.check("2001:db8::3", 443).is_err());
+        for bad in ["[2001:db8::1", "[not-v6]:443", "[::1]x", "[::1]:0"] {
+            assert!(Rule::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

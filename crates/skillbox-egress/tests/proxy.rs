@@ -292,8 +292,12 @@ fn socks5_is_held_to_the_same_rules() {
         let (proxy, addr) = start(
             &[
                 &format!("allowed.test:{port}"),
+                // Covers denied.allowed.test, which the deny list refuses.
+                &format!("*.allowed.test:{port}"),
                 &format!("rebind.test:{}", local.port()),
                 &format!("127.0.0.1:{}", local.port()),
+                // Allowed by the rules, refused by the address check.
+                &format!("[::1]:{}", local.port()),
             ],
             ProxyLimits::default(),
         )
@@ -350,6 +354,10 @@ fn socks5_is_held_to_the_same_rules() {
             connections[0].address.as_deref(),
             Some(&*server.to_string())
         );
+        let reason = |i: usize| connections[i].reason.clone().unwrap_or_default();
+        assert!(reason(2).contains("network.deny"), "{}", reason(2));
+        assert!(reason(4).contains("loopback"), "{}", reason(4));
+        assert!(reason(6).contains("loopback"), "{}", reason(6));
     });
 }
 

@@ -266,7 +266,7 @@ pub(crate) fn all(capabilities: Option<&[String]>) -> Vec<Tool> {
             "Run one script in a fresh sandbox and collect the files it leaves in /workspace. \
              It has no network unless `network.allow` names hosts (e.g. [\"pypi.org\", \
              \"files.pythonhosted.org\"]): those, and only those, are reached through \
-             skillbox's proxy (HTTP_PROXY is set; native and docker backends), and each \
+             skillbox's proxy (HTTP_PROXY is set; native, docker and gvisor backends), and each \
              connection is listed in `egress`. Answers exitCode, stdout, stderr and each file \
              made, with a skillbox://objects/… resource URI to read it back (resources/read) \
              and, over HTTP, a download link. Node scripts can require('pptxgenjs') to make \
