@@ -269,10 +269,19 @@ async fn socks(proxy: SocketAddr, address: &[u8], port: u16) -> (u8, String) {
     if reply[1] == 0 {
         stream.write_all(b"hello").await.unwrap();
     }
+    // To its end, or until it is cut (a reset when the proxy closes with bytes unread).
     let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest))
+    let mut chunk = [0u8; 16 * 1024];
+    let reading = async {
+        while let Ok(n) = stream.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+            rest.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), reading)
         .await
-        .unwrap()
         .unwrap();
     (reply[1], String::from_utf8_lossy(&rest).into_owned())
 }
@@ -368,8 +377,12 @@ fn the_egress_byte_bound_cuts_the_connection() {
         let listener = listen(PUBLIC);
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.unwrap();
-            let _ = stream.write_all(&vec![b'x'; 1 << 20]).await;
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let _ = stream.write_all(&vec![b'x'; 1 << 20]).await;
+                });
+            }
         });
         let (proxy, addr) = start(
             &[&format!("allowed.test:{port}")],
@@ -392,6 +405,30 @@ fn the_egress_byte_bound_cuts_the_connection() {
         proxy.stop().await;
         let connections = proxy.audit().connections();
         assert_eq!(connections.len(), 1);
+        let reason = connections[0].reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("limits.egressBytes (65536 bytes) reached"),
+            "{reason}"
+        );
+
+        // Through the SOCKS5 door, the same bound.
+        let (proxy, addr) = start(
+            &[&format!("allowed.test:{port}")],
+            ProxyLimits {
+                egress_bytes: Some(64 * 1024),
+                ..ProxyLimits::default()
+            },
+        )
+        .await;
+        let (code, body) = socks(addr, &socks_name("allowed.test"), port).await;
+        assert_eq!(code, 0);
+        assert!(
+            body.len() <= 64 * 1024,
+            "{} bytes came through a 64 KiB bound",
+            body.len()
+        );
+        proxy.stop().await;
+        let connections = proxy.audit().connections();
         let reason = connections[0].reason.as_deref().unwrap_or_default();
         assert!(
             reason.contains("limits.egressBytes (65536 bytes) reached"),
