@@ -20,8 +20,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::exec::{StartExecOptions, StartExecResults};
-use bollard::models::ExecConfig;
 use futures_util::{Stream, StreamExt};
 use skillbox_egress::Proxy;
 use skillbox_egress::netns::EGRESS_PORT;
@@ -30,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use crate::container::Container;
-use crate::daemon::{op_error, unavailable};
+use crate::daemon::{Attach, Attached, start_attached, unavailable};
 
 const BRIDGE_PY: &str = include_str!("helpers/bridge.py");
 
@@ -120,7 +118,6 @@ impl Decoder {
 }
 
 /// The bytes a side may still send on a stream, and a wake-up when it may send more.
-#[derive(Default)]
 struct Window {
     left: std::sync::atomic::AtomicU64,
     more: tokio::sync::Notify,
@@ -194,30 +191,15 @@ pub(crate) async fn attach(container: &Container, proxy: Proxy) -> EnvResult<()>
         BRIDGE_PY.into(),
         EGRESS_PORT.to_string(),
     ];
-    let exec = container
-        .docker
-        .create_exec(
-            &container.id,
-            ExecConfig {
-                cmd: Some(argv),
-                attach_stdin: Some(true),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                working_dir: Some("/".into()),
-                user: Some("0".into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| op_error(backend, what, &e))?;
-    let started = container
-        .docker
-        .start_exec(&exec.id, None::<StartExecOptions>)
-        .await
-        .map_err(|e| op_error(backend, what, &e))?;
-    let StartExecResults::Attached { mut output, input } = started else {
-        return Err(unavailable("egress: the bridge's exec did not attach"));
+    let attach = Attach {
+        argv,
+        stdin: true,
+        user: Some("0"),
+        output_capacity: None,
     };
+    let Attached {
+        mut output, input, ..
+    } = start_attached(&container.docker, &container.id, backend, what, attach).await?;
     let mut decoder = Decoder::default();
     let mut stderr = Vec::new();
     let ready = tokio::time::timeout(READY_BOUND, async {

@@ -166,6 +166,76 @@ pub(crate) async fn collect_exec(
     collect_exec_as(docker, id, backend, what, argv, stdin, None).await
 }
 
+/// An exec's output (stdout and stderr, demultiplexed) and its stdin.
+pub(crate) type ExecOutput = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+>;
+pub(crate) type ExecInput = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// How [`start_attached`] runs a command in a container.
+pub(crate) struct Attach<'a> {
+    pub(crate) argv: Vec<String>,
+    /// Whether the command gets a stdin (else it reads end of file).
+    pub(crate) stdin: bool,
+    /// The container's own user when `None`.
+    pub(crate) user: Option<&'a str>,
+    /// How much output the client holds before it stops reading (bollard's default
+    /// when `None`).
+    pub(crate) output_capacity: Option<usize>,
+}
+
+/// A started exec: its id (to inspect how it ended), its output and its stdin.
+pub(crate) struct Attached {
+    pub(crate) id: String,
+    pub(crate) output: ExecOutput,
+    pub(crate) input: ExecInput,
+}
+
+/// Starts `attach.argv` in the container from `/`, attached.
+pub(crate) async fn start_attached(
+    docker: &Docker,
+    id: &str,
+    backend: BackendKind,
+    what: &'static str,
+    attach: Attach<'_>,
+) -> EnvResult<Attached> {
+    let exec = docker
+        .create_exec(
+            id,
+            ExecConfig {
+                cmd: Some(attach.argv),
+                attach_stdin: Some(attach.stdin),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                working_dir: Some("/".into()),
+                user: attach.user.map(str::to_string),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| op_error(backend, what, &e))?;
+    let options = attach.output_capacity.map(|capacity| StartExecOptions {
+        detach: false,
+        tty: false,
+        output_capacity: Some(capacity),
+    });
+    let started = docker
+        .start_exec(&exec.id, options)
+        .await
+        .map_err(|e| op_error(backend, what, &e))?;
+    let StartExecResults::Attached { output, input } = started else {
+        return Err(EnvError::new(
+            ErrorCode::Unknown,
+            format!("{what}: the exec did not attach"),
+        ));
+    };
+    Ok(Attached {
+        id: exec.id,
+        output,
+        input,
+    })
+}
+
 /// [`collect_exec`] as `user` (the container's own when `None`).
 pub(crate) async fn collect_exec_as(
     docker: &Docker,
@@ -176,32 +246,17 @@ pub(crate) async fn collect_exec_as(
     stdin: Option<Vec<u8>>,
     user: Option<&str>,
 ) -> EnvResult<Collected> {
-    let exec = docker
-        .create_exec(
-            id,
-            ExecConfig {
-                cmd: Some(argv),
-                attach_stdin: Some(stdin.is_some()),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                working_dir: Some("/".into()),
-                user: user.map(str::to_string),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| op_error(backend, what, &e))?;
-    let started = docker
-        .start_exec(&exec.id, None::<StartExecOptions>)
-        .await
-        .map_err(|e| op_error(backend, what, &e))?;
-    let StartExecResults::Attached {
+    let attach = Attach {
+        argv,
+        stdin: stdin.is_some(),
+        user,
+        output_capacity: None,
+    };
+    let Attached {
+        id: exec,
         mut output,
         mut input,
-    } = started
-    else {
-        return Err(EnvError::new(ErrorCode::Unknown, "exec did not attach"));
-    };
+    } = start_attached(docker, id, backend, what, attach).await?;
     let writer = stdin.map(|data| {
         tokio::spawn(async move {
             let _ = input.write_all(&data).await;
@@ -233,7 +288,7 @@ pub(crate) async fn collect_exec_as(
         writer.abort();
     }
     let inspected = docker
-        .inspect_exec(&exec.id)
+        .inspect_exec(&exec)
         .await
         .map_err(|e| op_error(backend, what, &e))?;
     collected.exit_code = inspected.exit_code;

@@ -12,19 +12,16 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bollard::container::LogOutput;
-use bollard::exec::{StartExecOptions, StartExecResults};
-use bollard::models::ExecConfig;
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use skillbox_env::{
-    CancellationToken, EnvError, EnvResult, ErrorCode, ExecEvent, ExecRequest, ExecStream, Shell,
-    Truncated,
+    CancellationToken, EnvError, EnvResult, ExecEvent, ExecRequest, ExecStream, Shell, Truncated,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use crate::container::Container;
-use crate::daemon::op_error;
+use crate::daemon::{Attach, Attached, op_error, start_attached};
 use crate::outcome::{
     ExecEnd, Kill, MAX_INPUTS, Measured, Seen, Status, StatusKey, outcome, split_status,
 };
@@ -164,7 +161,7 @@ fn wrapper_argv(
     argv
 }
 
-type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+type Output = crate::daemon::ExecOutput;
 
 /// The input files as the wrapper reads them after its key: a header line
 /// `<length> <path>`, then the bytes, for each (see helpers/exec.pl).
@@ -187,37 +184,22 @@ async fn start(
     inputs: Vec<u8>,
     stdin: Option<Vec<u8>>,
 ) -> EnvResult<(Output, tokio::task::JoinHandle<()>)> {
-    let backend = container.runtime.backend();
-    let exec = container
-        .docker
-        .create_exec(
-            &container.id,
-            ExecConfig {
-                cmd: Some(argv),
-                attach_stdin: Some(true),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                working_dir: Some("/".into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| op_error(backend, "exec", &e))?;
-    let started = container
-        .docker
-        .start_exec(
-            &exec.id,
-            Some(StartExecOptions {
-                detach: false,
-                tty: false,
-                output_capacity: Some(64 * 1024),
-            }),
-        )
-        .await
-        .map_err(|e| op_error(backend, "exec", &e))?;
-    let StartExecResults::Attached { output, mut input } = started else {
-        return Err(EnvError::new(ErrorCode::Unknown, "exec did not attach"));
+    let attach = Attach {
+        argv,
+        stdin: true,
+        user: None,
+        output_capacity: Some(64 * 1024),
     };
+    let Attached {
+        output, mut input, ..
+    } = start_attached(
+        &container.docker,
+        &container.id,
+        container.runtime.backend(),
+        "exec",
+        attach,
+    )
+    .await?;
     let key = key.line();
     let writer = tokio::spawn(async move {
         if input.write_all(key.as_bytes()).await.is_ok()
