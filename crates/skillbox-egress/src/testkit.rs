@@ -268,3 +268,21 @@ for host in {hosts:?}:
 "#
     )
 }
+
+/// Checks what [`secret_script`] for `api.test` and `other.test` printed (`code`,
+/// `out`, `err`) and what the HTTPS server saw, for a secret `value` bound to
+/// `api.test` only: the script saw a placeholder and reached both hosts; `api.test` got
+/// the value in its header, `other.test` the placeholder; the value is in no output.
+pub fn assert_secret_only_for_its_host(value: &str, code: i32, out: &str, err: &str, seen: &Seen) {
+    assert_eq!(
+        (code, out),
+        (0, "True 48\napi.test ok\nother.test ok\n"),
+        "{err}"
+    );
+    assert!(!out.contains(value) && !err.contains(value));
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], ("api.test".to_string(), format!("Bearer {value}")));
+    assert_eq!(seen[1].0, "other.test");
+    assert!(seen[1].1.starts_with("Bearer skillbox-secret-"), "{seen:?}");
+}

@@ -289,20 +289,7 @@ fn secrets_are_added_at_egress_for_their_hosts_only() {
             let env: Box<dyn ExecutionEnv> = Box::new(backend.create(spec).await.unwrap());
             let script = testkit::secret_script(&["api.test", "other.test"], port, &test_ca);
             let (code, out, err) = python(env.as_ref(), &script).await;
-            assert_eq!(
-                (code, out.as_str()),
-                (0, "True 48\napi.test ok\nother.test ok\n"),
-                "{err}"
-            );
-            assert!(!out.contains(SECRET) && !err.contains(SECRET));
-            let seen = seen.lock().unwrap().clone();
-            assert_eq!(seen.len(), 2, "{seen:?}");
-            assert_eq!(
-                seen[0],
-                ("api.test".to_string(), format!("Bearer {SECRET}"))
-            );
-            assert_eq!(seen[1].0, "other.test");
-            assert!(seen[1].1.starts_with("Bearer skillbox-secret-"), "{seen:?}");
+            testkit::assert_secret_only_for_its_host(SECRET, code, &out, &err, &seen);
             let connections = env.egress();
             assert_eq!(connections.len(), 2, "{connections:#?}");
             assert!(!format!("{connections:?}").contains(SECRET));
