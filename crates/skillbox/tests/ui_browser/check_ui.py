@@ -28,6 +28,9 @@ from pathlib import Path
 from playwright.sync_api import ConsoleMessage, Page, expect, sync_playwright
 
 TIMEOUT_MS = 60_000
+# `expect` keeps its own default (5 s) apart from the context's; the slide previews are
+# rendered by LibreOffice after the run, which takes longer than that on a busy 2-core machine.
+expect.set_options(timeout=TIMEOUT_MS)
 
 
 def shot(page: Page, directory: Path, name: str) -> None:
