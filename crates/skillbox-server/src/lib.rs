@@ -121,7 +121,7 @@ pub async fn serve_on(
         runs.cancel();
         // MCP calls end too, and the MCP sessions' streams with them.
         if let Some(mcp) = mcp {
-            mcp.stop();
+            mcp.server.stop();
         }
     });
     listen::accept_loop(
@@ -137,7 +137,7 @@ pub async fn serve_on(
     // Every session ends with it: nothing of one is left behind.
     sessions::close_all(&state).await;
     if let Some(mcp) = &state.mcp {
-        mcp.close().await;
+        mcp.server.close().await;
     }
     // The services it supervises end with it: nothing it started is left running.
     state.stop_services().await;

@@ -97,8 +97,24 @@ impl Door for ServerDoor {
     }
 }
 
+/// `/mcp`: the MCP tools and the one HTTP service that serves them, so that what
+/// `/metrics` counts is the sessions `/mcp` holds.
+#[derive(Debug, Clone)]
+pub(crate) struct Mcp {
+    pub(crate) server: McpServer,
+    pub(crate) http: HttpService,
+}
+
+impl Mcp {
+    pub(crate) fn of(state: &AppState) -> Mcp {
+        let server = server(state);
+        let http = service(state, &server);
+        Mcp { server, http }
+    }
+}
+
 /// The MCP server of `state`: its sandboxes bounded as its HTTP sessions are.
-pub(crate) fn server(state: &AppState) -> McpServer {
+fn server(state: &AppState) -> McpServer {
     let sessions = state.config.sessions;
     McpServer::behind(
         state.runner.clone(),
@@ -118,7 +134,7 @@ pub(crate) fn server(state: &AppState) -> McpServer {
 /// The `/mcp` service of `server`: an MCP session idle for the HTTP sessions' idle
 /// time plus the longest run ends (a running call never looks idle to a client that
 /// waits on it); at most `mcp_sessions` are open.
-pub(crate) fn service(state: &AppState, server: &McpServer) -> HttpService {
+fn service(state: &AppState, server: &McpServer) -> HttpService {
     server.http_service(HttpConfig {
         max_body_bytes: state.config.body_limit,
         idle: state.config.sessions.default_idle

@@ -102,8 +102,8 @@ pub fn router(state: AppState) -> Router {
     let limit = state.config.body_limit;
     // `/mcp` is rmcp's own service; the key check (the guard below) runs before it.
     let mcp = match &state.mcp {
-        Some(server) => Router::new()
-            .route_service("/mcp", mcp::service(&state, server))
+        Some(served) => Router::new()
+            .route_service("/mcp", served.http.clone())
             .layer(middleware::from_fn_with_state(state.clone(), mcp::caller)),
         None => Router::new(),
     };

@@ -530,9 +530,14 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
     let mut text = state.metrics.render();
     if let Some(mcp) = &state.mcp {
         text.push_str(&format!(
+            "# HELP skillbox_mcp_sessions_open MCP sessions (/mcp) open (or opening) now.\n\
+             # TYPE skillbox_mcp_sessions_open gauge\nskillbox_mcp_sessions_open {}\n",
+            mcp.http.sessions_open().await
+        ));
+        text.push_str(&format!(
             "# HELP skillbox_mcp_sandboxes_open MCP sessions' sandboxes open (or opening) now.\n\
              # TYPE skillbox_mcp_sandboxes_open gauge\nskillbox_mcp_sandboxes_open {}\n",
-            mcp.sandboxes_open()
+            mcp.server.sandboxes_open()
         ));
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)

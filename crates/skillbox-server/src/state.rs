@@ -125,8 +125,9 @@ pub struct AppState {
     pub(crate) sessions: Arc<crate::sessions::Sessions>,
     /// The slide previews' cache and render slot.
     pub(crate) previews: Arc<crate::previews::Previews>,
-    /// The MCP tools served at `/mcp` (`None` only in the copy their door holds).
-    pub(crate) mcp: Option<skillbox_mcp::McpServer>,
+    /// The MCP tools served at `/mcp`, and their HTTP service (`None` only in the copy
+    /// their door holds).
+    pub(crate) mcp: Option<crate::mcp::Mcp>,
     runs: CancellationToken,
 }
 
@@ -164,7 +165,7 @@ impl AppState {
             mcp: None,
             runs,
         };
-        state.mcp = Some(crate::mcp::server(&state));
+        state.mcp = Some(crate::mcp::Mcp::of(&state));
         state
     }
 
