@@ -344,7 +344,10 @@ impl Reading {
                     tracing::debug!(container = %container.id, "docker: a last exec's output is still open {LAST_GRACE:?} after its status: resetting");
                     reset = Some(start_reset(&container, false));
                 }
-                () = tokio::time::sleep_until(deadline), if phase.kill().is_none() => {
+                // Not once the status is in: the command has ended, and its status is
+                // the outcome however long settling what it left takes (the settle is
+                // bounded, and kills all it finds).
+                () = tokio::time::sleep_until(deadline), if phase == Phase::Running => {
                     phase = Phase::Killing(Kill::Deadline);
                     reset = Some(start_reset(&container, true));
                 }
@@ -587,6 +590,8 @@ impl DockerSandbox {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// Runs the exec wrapper here, on the host (under its own seccomp filter), with
@@ -645,5 +650,86 @@ mod tests {
         // Without a key the wrapper runs nothing and says nothing.
         let (stdout, stderr, status) = wrapper("\n", &["echo", "ran"], b"", &key);
         assert_eq!((stdout.len(), stderr.len(), status), (0, 0, None));
+    }
+
+    /// A reading of a container no daemon answers for: nothing the test drives may
+    /// reach one (a reset would fail, and show).
+    fn reading(key: StatusKey, last: bool, walk: bool) -> (Reading, ExecStream) {
+        let docker = bollard::Docker::connect_with_http(
+            "http://127.0.0.1:1",
+            5,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .unwrap();
+        let container = Container::started(
+            docker,
+            "no-such-container".into(),
+            crate::runtime::Runtime::Runc,
+            skillbox_env::Limits::default(),
+            "1".into(),
+            crate::daemon::Live::default(),
+            0,
+        );
+        let (tx, stream) = ExecStream::channel();
+        let reading = Reading {
+            container,
+            tx,
+            stdout: Capped::new(1 << 20, false),
+            stderr: Capped::new(1 << 20, true),
+            tail: Vec::new(),
+            key,
+            writer: None,
+            last,
+            walk,
+            walked: None,
+        };
+        (reading, stream)
+    }
+
+    /// Stderr `frames` (each after the pause before it), then the output's end after
+    /// `end`.
+    fn output(frames: Vec<(Duration, Vec<u8>)>, end: Duration) -> Output {
+        let frames = futures_util::stream::iter(frames).then(|(pause, message)| async move {
+            tokio::time::sleep(pause).await;
+            Ok(LogOutput::StdErr {
+                message: Bytes::from(message),
+            })
+        });
+        let end = futures_util::stream::once(tokio::time::sleep(end))
+            .filter_map(|()| async { None::<Result<LogOutput, bollard::errors::Error>> });
+        Box::pin(frames.chain(end))
+    }
+
+    fn status_line(key: &StatusKey, status: Status, text: &str) -> Vec<u8> {
+        format!("\0skillbox-status:{}:{text}\n", key.tag(status).unwrap()).into_bytes()
+    }
+
+    /// A last exec's status is in; its output stays open a while (what it left holds
+    /// it), and the deadline passes meanwhile: the command had ended, so the exec ends
+    /// with its status, not as timed out, and nothing is killed.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_after_the_status_line_is_not_a_timeout() {
+        let key = StatusKey::random();
+        let (mut reading, _events) = reading(key, true, false);
+        let status = status_line(&key, Status::Exit(0), "exit 0");
+        let start = tokio::time::Instant::now();
+        // The deadline falls within the last exec's grace, before its output ends.
+        let deadline = start + Duration::from_millis(50);
+        assert!(Duration::from_millis(80) < LAST_GRACE);
+        let output = output(vec![(Duration::ZERO, status)], Duration::from_millis(80));
+        let seen = reading
+            .read(output, deadline, &CancellationToken::new())
+            .await;
+        assert!(tokio::time::Instant::now() >= deadline);
+        assert_eq!(seen.kill, None, "{seen:?}");
+        assert_eq!(seen.status, Some(Status::Exit(0)), "{seen:?}");
+        assert!(seen.failure.is_none() && !seen.died, "{seen:?}");
+        assert_eq!(
+            ExecEnd::from(seen),
+            ExecEnd::Finished {
+                status: Some(Status::Exit(0)),
+                timed_out: false
+            }
+        );
     }
 }

@@ -123,7 +123,7 @@ impl StatusKey {
     }
 
     /// The tag of `status` under this key, as the wrapper writes it (32 hex digits).
-    fn tag(&self, status: Status) -> Option<String> {
+    pub(crate) fn tag(&self, status: Status) -> Option<String> {
         let m = status.message()?;
         Some(
             self.pairs
