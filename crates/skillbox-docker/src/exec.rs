@@ -228,32 +228,56 @@ struct Reading {
     /// background is left to cleanup, unless it holds the output open.
     last: bool,
     /// The wrapper makes a walk after the command: stderr from a walk marker on is held
-    /// back (at most a frame's worth) until the end tells whether it is the frame.
+    /// back while it can still be the frame (at most the length its header gives, and
+    /// the status line), until the end tells whether it is.
     walk: bool,
     /// The walk's output, from its frame.
     walked: Option<Vec<u8>>,
 }
 
-/// Where stderr's held-back part starts in `tail`: the first walk marker, if one is
-/// expected and what follows it can still be a frame; else the last [`HOLD_BACK`] bytes.
-fn hold_from(tail: &[u8], walk: &mut bool) -> usize {
+/// Where stderr's held-back part starts in `tail`: the first walk marker that can still
+/// start the frame, if one is expected (`walk`); else the last [`HOLD_BACK`] bytes. A
+/// look-alike the command wrote is let go as soon as what follows it cannot be a frame.
+fn hold_from(tail: &[u8], walk: bool) -> usize {
     let limit = tail.len().saturating_sub(HOLD_BACK);
-    if !*walk {
+    if !walk {
         return limit;
     }
-    let Some(at) = find(tail, WALK_MARKER) else {
-        return limit;
-    };
-    if tail.len() - at > MAX_WALK_FRAME + 64 + HOLD_BACK {
-        // Too long to be a frame: the command's own bytes. No frame is looked for any more.
-        *walk = false;
-        return limit;
+    let mut from = 0;
+    while let Some(rel) = find(&tail[from..], WALK_MARKER) {
+        let at = from + rel;
+        if may_be_frame(&tail[at + WALK_MARKER.len()..]) {
+            return at.min(limit);
+        }
+        from = at + 1;
     }
-    at.min(limit)
+    limit
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A frame's header, after its marker: the length of its output in decimal digits, LF
+/// within the first 12 bytes; `Some((header length with the LF, output length))`.
+fn frame_header(rest: &[u8]) -> Option<(usize, usize)> {
+    let nl = rest.iter().take(12).position(|&b| b == b'\n')?;
+    let digits = &rest[..nl];
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let len = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some((nl + 1, len))
+}
+
+/// Whether `rest`, what follows a walk marker up to the end of stderr so far, can still
+/// be a frame with at most the status line after it: a header not all in yet, or one
+/// of at most [`MAX_WALK_FRAME`] bytes that `rest` does not outrun.
+fn may_be_frame(rest: &[u8]) -> bool {
+    match frame_header(rest) {
+        Some((header, len)) => len <= MAX_WALK_FRAME && rest.len() - header <= len + HOLD_BACK,
+        None => rest.len() < 12 && rest.iter().all(u8::is_ascii_digit),
+    }
 }
 
 /// Splits the walk frame off the end of stderr (`tail`, the status line already off):
@@ -263,14 +287,11 @@ fn split_walk(tail: &[u8]) -> (usize, Option<Vec<u8>>) {
     let mut from = 0;
     while let Some(rel) = find(&tail[from..], WALK_MARKER) {
         let at = from + rel;
-        let header = &tail[at + WALK_MARKER.len()..];
-        if let Some(nl) = header.iter().take(12).position(|&b| b == b'\n')
-            && let Some(len) = std::str::from_utf8(&header[..nl])
-                .ok()
-                .and_then(|t| t.parse::<usize>().ok())
-            && header.len() == nl + 1 + len
+        let rest = &tail[at + WALK_MARKER.len()..];
+        if let Some((header, len)) = frame_header(rest)
+            && rest.len() == header + len
         {
-            return (at, Some(header[nl + 1..].to_vec()));
+            return (at, Some(rest[header..].to_vec()));
         }
         from = at + 1;
     }
@@ -311,7 +332,7 @@ impl Reading {
                                 reset = Some(start_reset(&container, false));
                             }
                         }
-                        let from = hold_from(&self.tail, &mut self.walk);
+                        let from = hold_from(&self.tail, self.walk);
                         if from > 0 {
                             let emit: Vec<u8> = self.tail.drain(..from).collect();
                             self.stderr.feed(&emit, &self.tx).await;
@@ -702,6 +723,110 @@ mod tests {
 
     fn status_line(key: &StatusKey, status: Status, text: &str) -> Vec<u8> {
         format!("\0skillbox-status:{}:{text}\n", key.tag(status).unwrap()).into_bytes()
+    }
+
+    /// The marker and what follows it, for a failed assertion.
+    fn shown(tail: &[u8]) -> String {
+        let at = tail.iter().position(|&b| b == 0).unwrap_or(0);
+        String::from_utf8_lossy(&tail[at..tail.len().min(at + 32)]).into_owned()
+    }
+
+    /// Stderr held back by [`hold_from`], for `tail`, with a walk expected.
+    fn held(tail: &[u8]) -> usize {
+        tail.len() - hold_from(tail, true)
+    }
+
+    /// A walk marker holds stderr back only while what follows it can still be the
+    /// frame: a look-alike is let go as soon as it cannot be (a header that is not a
+    /// length, a length over the largest frame, more bytes than its length), and a
+    /// marker after it can still be the frame.
+    #[test]
+    fn only_what_can_still_be_the_walk_frame_is_held_back() {
+        let bulk = vec![b'x'; 10_000];
+        // The command's stderr before the marker (longer than what is always held).
+        let before = vec![b'e'; 1000];
+        let marked =
+            |header: &[u8], rest: &[u8]| [&before[..], b"\0skillbox-walk:", header, rest].concat();
+        // No marker: the last bytes, where the status line will be.
+        assert_eq!(held(&bulk), HOLD_BACK);
+        // A frame on its way, or a header not all in yet: held from its marker.
+        for tail in [
+            marked(b"", b""),
+            marked(b"10", b""),
+            marked(b"12000\n", &bulk),
+            marked(b"10000\n", &bulk),
+            // A whole frame and a status line after it.
+            marked(b"9872\n", &bulk),
+        ] {
+            let from_marker = tail.len() - before.len();
+            assert_eq!(held(&tail), from_marker.max(HOLD_BACK), "{}", shown(&tail));
+        }
+        // Look-alikes: what the command wrote is let go but the last bytes.
+        for tail in [
+            marked(b"oops\n", &bulk),
+            marked(b"", &bulk),
+            marked(b"+5\n", &bulk),
+            marked(b"\n", &bulk),
+            marked(b"111111111111\n", &bulk),
+            // Longer than the largest frame.
+            marked(b"16777217\n", &bulk),
+            // More bytes than a frame of its length and a status line.
+            marked(b"9871\n", &bulk),
+            marked(b"10\n", &bulk),
+        ] {
+            assert_eq!(held(&tail), HOLD_BACK, "{}", shown(&tail));
+        }
+        // A look-alike, then a marker that can still be the frame: held from the
+        // second.
+        let frame = [&b"\0skillbox-walk:500\n"[..], &[b'y'; 300]].concat();
+        let second = [marked(b"x", &bulk), frame.clone()].concat();
+        assert_eq!(held(&second), frame.len());
+        // No walk asked for: no marker is anything.
+        let tail = marked(b"10000\n", &bulk);
+        assert_eq!(tail.len() - hold_from(&tail, false), HOLD_BACK);
+    }
+
+    /// A look-alike of the walk marker early in stderr does not hold the command's
+    /// stderr back while it runs; the real frame at the end is still taken.
+    #[tokio::test(start_paused = true)]
+    async fn stderr_after_a_walk_marker_look_alike_streams() {
+        let key = StatusKey::random();
+        let (mut reading, mut events) = reading(key, true, true);
+        let mut early = b"\0skillbox-walk:not a frame\n".to_vec();
+        early.extend(vec![b'x'; 64 * 1024]);
+        let mut end = b"\0skillbox-walk:7\nlisting".to_vec();
+        end.extend(status_line(&key, Status::Exit(0), "exit 0"));
+        let running = Duration::from_secs(60);
+        let output = output(
+            vec![(Duration::ZERO, early.clone()), (running, end)],
+            Duration::ZERO,
+        );
+        let start = tokio::time::Instant::now();
+        let read = tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + 2 * running;
+            let seen = reading
+                .read(output, deadline, &CancellationToken::new())
+                .await;
+            (reading, seen)
+        });
+        // All but the last bytes arrive while the command still runs.
+        let mut got = Vec::new();
+        while got.len() < early.len() - HOLD_BACK {
+            match tokio::time::timeout(running / 2, events.next()).await {
+                Ok(Some(Ok(ExecEvent::Stderr(chunk)))) => got.extend_from_slice(&chunk),
+                other => panic!("{other:?} with {} bytes of stderr in", got.len()),
+            }
+        }
+        assert!(start.elapsed() < running);
+        let (reading, seen) = read.await.unwrap();
+        assert_eq!(seen.status, Some(Status::Exit(0)), "{seen:?}");
+        assert_eq!(reading.walked.as_deref(), Some(&b"listing"[..]));
+        while let Ok(Some(Ok(ExecEvent::Stderr(chunk)))) =
+            tokio::time::timeout(Duration::ZERO, events.next()).await
+        {
+            got.extend_from_slice(&chunk);
+        }
+        assert_eq!(got, early);
     }
 
     /// A last exec's status is in; its output stays open a while (what it left holds
