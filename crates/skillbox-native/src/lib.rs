@@ -17,7 +17,15 @@ mod probe;
 mod sandbox;
 mod scratch;
 mod spawn;
+mod spawner;
 mod trees;
 
 pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};
+
+/// The spawner process: a long-lived caller (the server) has sandboxes cloned by a
+/// small copy of its program instead of by itself.
+pub mod spawner_process {
+    pub use crate::spawn::use_spawner_process as start;
+    pub use crate::spawner::{SUBCOMMAND, main};
+}

@@ -36,6 +36,9 @@ pub struct InitProcess {
     pid: i32,
     pidfd: OwnedFd,
     reaped: bool,
+    /// Cloned by the spawner process, whose kernel-side reaping leaves us only the
+    /// pidfd to learn that it exited (see `spawner`).
+    theirs: bool,
 }
 
 impl InitProcess {
@@ -53,9 +56,12 @@ impl InitProcess {
         };
     }
 
-    /// Reaps init if it has exited; true once reaped.
+    /// Reaps init if it has exited; true once reaped (or, for the spawner process's
+    /// child, once it exited: the kernel reaps it).
     pub fn try_reap(&mut self) -> bool {
-        if !self.reaped {
+        if !self.reaped && self.theirs {
+            self.reaped = exited(&self.pidfd);
+        } else if !self.reaped {
             let mut status = 0;
             // SAFETY: a non-blocking wait on our own child.
             let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
@@ -82,6 +88,9 @@ impl Drop for InitProcess {
             return;
         }
         self.kill();
+        if self.theirs {
+            return;
+        }
         let pid = self.pid;
         // The namespace takes a moment to die; reap it off this thread.
         let reaper = std::thread::Builder::new()
@@ -198,7 +207,7 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Job>> {
                             cgroup,
                             reply,
                         } => {
-                            let _ = reply.send(clone_sandbox(plan, ids, cgroup.as_deref()));
+                            let _ = reply.send(clone_sandbox(plan, ids, cgroup.as_deref(), true));
                         }
                         Job::Run(work) => work(),
                     }
@@ -214,6 +223,36 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Job>> {
 /// Starts the spawner thread ahead of the first exec, off the critical path.
 pub fn warm_up() {
     spawner();
+}
+
+/// Has sandboxes cloned by a spawner process (see `spawner`) started from `program`
+/// with `args` before its subcommand: for a long-lived caller whose address space is
+/// large. Returns the process's pid. On error nothing changed: sandboxes are cloned
+/// here, as before.
+pub fn use_spawner_process(program: &std::path::Path, args: &[String]) -> std::io::Result<u32> {
+    let (reply, answer) = mpsc::channel();
+    let (program, args) = (program.to_path_buf(), args.to_vec());
+    let job = Job::Run(Box::new(move || {
+        // On v2 the host's detection may move this process into a leaf of its own:
+        // first, so that the spawner process starts there too.
+        let _ = crate::cgroup::Host::get();
+        let started = if crate::spawner::running() {
+            Err(std::io::Error::other(
+                "a spawner process is already running",
+            ))
+        } else {
+            crate::spawner::start(&program, &args)
+        };
+        let _ = reply.send(started);
+    }));
+    spawner()
+        .lock()
+        .map_err(|_| std::io::Error::other("the sandbox spawner is poisoned"))?
+        .send(job)
+        .map_err(|_| std::io::Error::other("the sandbox spawner thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the sandbox spawner dropped the request"))?
 }
 
 /// Runs `work` on the spawner thread, between starts (or here, if it is gone).
@@ -259,13 +298,62 @@ pub fn start_here(
     ids: HostIds,
     cgroup: Option<&ExecCgroup>,
 ) -> Result<Started, String> {
-    clone_sandbox(Box::new(plan), ids, cgroup)
+    clone_sandbox(Box::new(plan), ids, cgroup, false)
 }
 
+/// Clones init from `plan` (on v2 straight into the cgroup `into`): its pid and pidfd.
+/// The child runs `init_main` and never returns here.
+pub(crate) fn clone_init(
+    plan: &ChildPlan,
+    into: Option<std::os::fd::RawFd>,
+) -> std::io::Result<(i32, OwnedFd)> {
+    let mut pidfd: libc::c_int = -1;
+    // SAFETY: clone_args is plain data; zeroed is its documented default.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = NAMESPACES | libc::CLONE_PIDFD as u64;
+    args.pidfd = (&mut pidfd as *mut libc::c_int) as u64;
+    args.exit_signal = libc::SIGCHLD as u64;
+    if let Some(fd) = into {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd as u64;
+    }
+    // SAFETY: clone3 with no stack behaves like fork; the child only runs `init_main`,
+    // which never returns and uses raw syscalls only.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    if pid == 0 {
+        // SAFETY: we are the child; see above.
+        unsafe { child::init_main(plan) }
+    }
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel gave us this pidfd.
+    Ok((pid as i32, unsafe { OwnedFd::from_raw_fd(pidfd) }))
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd turns readable).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one pollfd, without waiting.
+    unsafe { libc::poll(&mut poll, 1, 0) == 1 }
+}
+
+/// Starts a sandbox; `remote`: by the spawner process if one runs.
 fn clone_sandbox(
     mut plan: Box<ChildPlan>,
     ids: HostIds,
     cgroup: Option<&ExecCgroup>,
+    remote: bool,
 ) -> Result<Started, String> {
     let pipes = pipes().map_err(|e| format!("pipes: {e}"))?;
     let [sync_r, error_w, status_w, stdin_r, stdout_w, stderr_w] = &pipes.child;
@@ -283,46 +371,29 @@ fn clone_sandbox(
         Some(Err(e)) => return Err(format!("cgroup: cannot open the exec cgroup: {e}")),
         None => None,
     };
-    let mut pidfd: libc::c_int = -1;
-    // SAFETY: clone_args is plain data; zeroed is its documented default.
-    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
-    args.flags = NAMESPACES | libc::CLONE_PIDFD as u64;
-    args.pidfd = (&mut pidfd as *mut libc::c_int) as u64;
-    args.exit_signal = libc::SIGCHLD as u64;
-    if let Some(fd) = &into {
-        args.flags |= CLONE_INTO_CGROUP;
-        args.cgroup = fd.as_raw_fd() as u64;
-    }
-    // SAFETY: clone3 with no stack behaves like fork; the child only runs `init_main`,
-    // which never returns and uses raw syscalls only.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut libc::clone_args,
-            std::mem::size_of::<libc::clone_args>(),
-        )
+    let into_fd = into.as_ref().map(AsRawFd::as_raw_fd);
+    let by_spawner = if remote {
+        crate::spawner::clone_init(&plan, into_fd)
+    } else {
+        Ok(None)
     };
-    if pid == 0 {
-        // SAFETY: we are the child; see above.
-        unsafe { child::init_main(&plan) }
-    }
-    if pid < 0 {
-        let err = std::io::Error::last_os_error();
-        return Err(format!(
-            "user_ns: cannot create the sandbox namespaces (clone3: {err}); check that unprivileged user namespaces are enabled (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
-        ));
-    }
-    let pid = pid as i32;
+    let (pid, pidfd, theirs) = match by_spawner {
+        Ok(Some((pid, pidfd))) => (pid, pidfd, true),
+        Ok(None) => match clone_init(&plan, into_fd) {
+            Ok((pid, pidfd)) => (pid, pidfd, false),
+            Err(err) => return Err(clone_error(&err)),
+        },
+        Err(err) => return Err(clone_error(&err)),
+    };
     let plan_clear_groups = plan.clear_groups;
     let plan_egress = plan.egress;
-    // SAFETY: the kernel gave us this pidfd.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop(pipes.child);
     // From here on, any early return drops `init`, which kills and reaps the child.
     let init = InitProcess {
         pid,
         pidfd,
         reaped: false,
+        theirs,
     };
     let maps = (|| -> std::io::Result<()> {
         // Unprivileged, the kernel wants setgroups denied before a gid map; as root we
@@ -349,6 +420,11 @@ fn clone_sandbox(
         net: open_namespace(pid, "net"),
         user: open_namespace(pid, "user"),
     };
+    // The spawner process's child is reaped as it exits, and its pid is free again: if
+    // it already exited, what the pid named above may be another process.
+    if init.theirs && exited(&init.pidfd) {
+        return Err("the sandbox's init exited before it was started".into());
+    }
     // The egress listener before init goes: the sandbox's code finds it there from its
     // first instruction, and cannot take its port first.
     let egress = if plan_egress {
@@ -401,6 +477,12 @@ fn clone_sandbox(
         namespaces,
         egress,
     })
+}
+
+fn clone_error(err: &std::io::Error) -> String {
+    format!(
+        "user_ns: cannot create the sandbox namespaces (clone3: {err}); check that unprivileged user namespaces are enabled (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
+    )
 }
 
 fn open_namespace(pid: i32, kind: &str) -> Option<OwnedFd> {

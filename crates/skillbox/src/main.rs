@@ -126,6 +126,15 @@ fn main() -> ExitCode {
         let code = skillbox_wasm::runner::main(&args[2..]);
         return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
     }
+    // The server's spawner process: this binary again, cloning sandboxes for it.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == skillbox_native::spawner_process::SUBCOMMAND)
+    {
+        let args: Vec<String> = std::env::args().skip(2).collect();
+        let code = skillbox_native::spawner_process::main(&args);
+        return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
+    }
     skillbox_wasm::runner::this_program_runs_guests();
     // Without SKILLBOX_LOG, a plain level filter: parsing filter directives costs
     // more than a one-shot exec wants to spend on logging it will not do.

@@ -168,6 +168,17 @@ fn capabilities(
 }
 
 pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
+    // Native sandboxes are cloned by a small copy of this program, not by the server,
+    // whose address space each clone would copy. Without it they are cloned here, as
+    // the one-shot commands do: slower, nothing weaker.
+    // (`/proc/self/exe` still names this program after an upgrade replaced its file.)
+    match skillbox_native::spawner_process::start(Path::new("/proc/self/exe"), &[]) {
+        Ok(pid) => tracing::debug!(pid, "the spawner process started"),
+        Err(e) => tracing::warn!(
+            error = %e,
+            "cannot start the spawner process; native sandboxes are cloned by the server"
+        ),
+    }
     let keys = match api_keys(args.api_keys.as_deref()) {
         Ok(keys) => keys,
         Err(e) => {

@@ -720,6 +720,142 @@ fn run_remote_goes_through_serve() {
     );
 }
 
+/// The pids whose parent is `parent`, with their command lines.
+fn children_of(parent: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The fields after the command name's closing parenthesis: state, then ppid.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == parent {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            found.push((pid, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Whether `pid` still runs (gone, or a zombie waiting for its reaper, is not running).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| !stat[stat.rfind(')').unwrap()..].starts_with(") Z"))
+}
+
+fn wait_for<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(value) = found() {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited a minute for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// `serve` has its native sandboxes cloned by its spawner process (a small copy of the
+/// binary), not by itself: a run's init is the spawner process's child. When the
+/// server is killed, the spawner process and every sandbox go with it; and a server
+/// whose spawner process died clones its sandboxes itself, so runs still work.
+#[test]
+fn serve_clones_sandboxes_in_its_spawner_process_and_none_outlives_it() {
+    if !native_or_skip("serve_clones_sandboxes_in_its_spawner_process") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("wait.sh");
+    std::fs::write(&script, "echo started; sleep 300").unwrap();
+    let remote_run = |addr: &str, script: &Path| {
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(dir.path().join("client"))
+            .arg("run")
+            .arg(script)
+            .args(["--remote", &format!("http://{addr}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+
+    let (mut server, addr) = start_serve(&[]);
+    let spawner = wait_for("the spawner process", || {
+        children_of(server.id())
+            .into_iter()
+            .find(|(_, cmdline)| cmdline.contains("__skillbox-spawner"))
+            .map(|(pid, _)| pid)
+    });
+    let mut client = remote_run(&addr, &script);
+    // The run's init, the spawner process's child, and the script under it.
+    let (init, sleeper) = wait_for("the run's sandbox under the spawner process", || {
+        children_of(spawner).into_iter().find_map(|(init, _)| {
+            // The script's shell may exec its last command or fork it.
+            let mut below = children_of(init);
+            let shells: Vec<u32> = below.iter().map(|(pid, _)| *pid).collect();
+            below.extend(shells.into_iter().flat_map(children_of));
+            let sleeper = below
+                .into_iter()
+                .find(|(_, cmdline)| cmdline.starts_with("sleep 300"))?;
+            Some((init, sleeper.0))
+        })
+    });
+    assert!(
+        !children_of(server.id()).iter().any(|(pid, _)| *pid == init),
+        "the server cloned the sandbox itself"
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let _ = client.wait();
+    for (what, pid) in [
+        ("spawner process", spawner),
+        ("init", init),
+        ("script", sleeper),
+    ] {
+        wait_for(
+            &format!("the killed server's {what} ({pid}) to end"),
+            || (!running(pid)).then_some(()),
+        );
+    }
+
+    // The spawner process killed under a running server: runs go on, cloned by it.
+    let (mut server, addr) = start_serve(&[]);
+    let spawner = wait_for("the spawner process", || {
+        children_of(server.id())
+            .into_iter()
+            .find(|(_, cmdline)| cmdline.contains("__skillbox-spawner"))
+            .map(|(pid, _)| pid)
+    });
+    // SAFETY: signalling a process this test found under its own server.
+    unsafe { libc::kill(spawner as i32, libc::SIGKILL) };
+    let quick = dir.path().join("quick.sh");
+    std::fs::write(&quick, "echo still runs").unwrap();
+    let result = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(dir.path().join("client"))
+        .arg("run")
+        .arg(&quick)
+        .args(["--remote", &format!("http://{addr}")])
+        .output()
+        .unwrap();
+    // SAFETY: signalling the server we started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    server.wait().unwrap();
+    assert!(result.status.success(), "{}", text(&result.stderr));
+    assert_eq!(text(&result.stdout), "still runs\n");
+}
+
 /// `run --remote` against a server that has API keys: the key from `SKILLBOX_API_KEY`
 /// gets the run through; without it the server's 401 is the error, named.
 #[test]
