@@ -54,7 +54,7 @@ pub struct RunArgs {
     /// Let the code reach HOST through skillbox's egress proxy (repeatable; host,
     /// host:port, *.domain, *.domain:port; no port means 80 and 443). Without it the
     /// run has no network at all. Loopback, private and metadata addresses are never
-    /// reached, whatever a name resolves to. Native backend only.
+    /// reached, whatever a name resolves to. Native, docker and gvisor (not wasm).
     #[arg(long = "allow-net", value_name = "HOST")]
     allow_net: Vec<String>,
     /// Never let the code reach HOST, even when --allow-net covers it (repeatable; no
@@ -64,7 +64,7 @@ pub struct RunArgs {
     /// Let the code use the secret in this process's $NAME without seeing it: the
     /// sandbox gets a placeholder in NAME, and the egress proxy puts the value in the
     /// headers of HTTPS requests to HOST only (repeatable; HOST as --allow-net's, no port
-    /// meaning 443; each must also be allowed). Native backend only.
+    /// meaning 443; each must also be allowed). Native, docker and gvisor.
     #[arg(
         long = "secret",
         value_name = "NAME=HOST[,HOST…]",
