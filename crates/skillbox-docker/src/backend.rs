@@ -129,8 +129,8 @@ impl DockerBackend {
     /// Keeps `size` started containers ready for sandboxes of `spec`: `create` of such
     /// a sandbox then costs no container create and start (about 200 ms here), only a
     /// check that the container still runs. Each pooled container is handed out once,
-    /// and its place is refilled in the background once its sandbox is cleaned up (or
-    /// at once when the take left the pool empty). A spec that would make a different
+    /// and its place is refilled in the background once its sandbox is cleaned up, or
+    /// dropped and its container removed (or at once when the take left the pool empty). A spec that would make a different
     /// container (other limits, a workdir, mounts) gets a fresh one, as without a pool.
     /// [`DockerBackend::shutdown`] removes what the pool holds.
     pub fn with_pool(mut self, size: usize, spec: &SandboxSpec) -> EnvResult<Self> {

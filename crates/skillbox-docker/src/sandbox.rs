@@ -40,7 +40,8 @@ pub struct DockerSandbox {
     pub(crate) unsettled: std::sync::atomic::AtomicBool,
     /// The walk an exec made after its command (`walk_after`), for the walk that follows.
     pub(crate) walk_ahead: Arc<Mutex<Option<WalkAhead>>>,
-    /// Called once the container is removed by cleanup (the pool refills its place).
+    /// Called once the container is removed by cleanup, or after a drop (the pool
+    /// refills its place).
     pub(crate) after_cleanup: Mutex<Option<AfterCleanup>>,
     /// The egress proxy listening in the container's network namespace (a network
     /// policy on docker); `None`: no network.
@@ -253,7 +254,11 @@ impl ExecutionEnv for DockerSandbox {
 
 impl Drop for DockerSandbox {
     fn drop(&mut self) {
-        if self.container.is_removed() {
+        // Not taken by a cleanup: the pool's place is refilled once the container is
+        // gone, as after a cleanup (a pool refills on a runtime: within one only).
+        let after = self.after_cleanup.get_mut().ok().and_then(Option::take);
+        let removed = self.container.is_removed();
+        if removed && after.is_none() {
             return;
         }
         // Dropped without cleanup (a cancelled caller): the container goes anyway.
@@ -261,8 +266,14 @@ impl Drop for DockerSandbox {
         let container = self.container.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
-                handle.spawn(async move { container.remove().await });
+                handle.spawn(async move {
+                    container.remove().await;
+                    if let Some(after) = after {
+                        (after.0)();
+                    }
+                });
             }
+            Err(_) if removed => {}
             Err(_) => {
                 std::thread::spawn(move || {
                     if let Ok(rt) = tokio::runtime::Builder::new_current_thread()

@@ -688,6 +688,38 @@ async fn a_pool_hands_out_each_started_container_once() {
     panic!("containers left after shutdown: {:?}", ours(&docker).await);
 }
 
+/// A pooled sandbox dropped without cleanup (a cancelled caller) is removed, and its
+/// place is refilled once it is gone, as after a cleanup, though its take did not empty
+/// the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_pooled_sandbox_has_its_place_refilled() {
+    let test = "a_dropped_pooled_sandbox_has_its_place_refilled";
+    let Some(backend) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let docker = docker().await;
+    let backend = backend.with_pool(2, &spec()).unwrap();
+    pool_holds(&backend, 2).await;
+    let sandbox = backend.create(spec()).await.unwrap();
+    assert_eq!(backend.pooled(), 1);
+    let dropped = sandbox.container_id().to_string();
+    drop(sandbox);
+    assert_removed(&docker, &dropped, "after a drop").await;
+    pool_holds(&backend, 2).await;
+    let now = ours(&docker).await;
+    assert_eq!(now.len(), 2, "{now:?}");
+    assert!(!now.contains(&dropped), "{now:?}");
+
+    backend.shutdown().await;
+    for _ in 0..100 {
+        if ours(&docker).await.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("containers left after shutdown: {:?}", ours(&docker).await);
+}
+
 /// Shutdown right after the pool starts filling, and then the process's runtime goes
 /// (as when `serve` returns): the containers still being started are removed before
 /// shutdown returns, not left behind by starts the runtime's end cut short.
