@@ -85,6 +85,14 @@ pub const STEP_MOUNT: u32 = 1000;
 /// `STEP_OPEN_TREE + index`: capturing a bind source failed.
 pub const STEP_OPEN_TREE: u32 = 100_000;
 
+/// At most this many arguments and environment variables: the payload's argv and envp
+/// arrays (4096 and 1024 slots) keep a terminating null after them.
+pub const MAX_ARGS: usize = 4000;
+pub const MAX_ENV: usize = 1000;
+
+/// The payload's stack: its argv/envp arrays live on it until exec.
+pub const PAYLOAD_STACK: usize = 256 * 1024;
+
 /// At most this many bind mounts per sandbox.
 pub const MAX_BINDS: usize = 128;
 
@@ -101,7 +109,8 @@ pub struct ChildPlan {
     pub argv: Vec<CString>,
     pub env: Vec<CString>,
     pub fds: ChildFds,
-    /// The payload's stack until it execs (allocated here: init cannot allocate).
+    /// The payload's stack until it execs, [`PAYLOAD_STACK`] bytes (allocated before
+    /// the clone, by whoever clones: init cannot allocate).
     pub payload_stack: Vec<u8>,
     /// The parent makes the egress proxy's listener in the exec's network namespace
     /// before letting init go (the child does nothing with it).

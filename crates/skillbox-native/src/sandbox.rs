@@ -22,15 +22,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::cgroup::{self, ExecCgroup};
 use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC};
+use crate::child::{MAX_ARGS, MAX_ENV};
 use crate::landlock;
 use crate::layout::{self, Root, WORKSPACE};
 use crate::spawn::{self, HostIds, InitProcess, Started};
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-const MAX_ARGS: usize = 4000;
-/// The payload's argv/envp arrays live on this stack until exec.
-const PAYLOAD_STACK: usize = 256 * 1024;
-const MAX_ENV: usize = 1000;
 
 /// Creates native sandboxes under `<data_dir>/native`.
 #[derive(Debug, Clone)]
@@ -523,7 +520,8 @@ impl NativeSandbox {
                 .iter()
                 .map(|(k, v)| c(&format!("{k}={v}")))
                 .collect::<EnvResult<_>>()?,
-            payload_stack: vec![0; PAYLOAD_STACK],
+            // Allocated by whoever clones (`spawn`): the spawner process has its own.
+            payload_stack: Vec::new(),
             egress: self.egress.is_some(),
             workspace_tree: -1,
             bind_trees: Vec::new(),

@@ -36,9 +36,6 @@ pub struct InitProcess {
     pid: i32,
     pidfd: OwnedFd,
     reaped: bool,
-    /// Cloned by the spawner process, whose kernel-side reaping leaves us only the
-    /// pidfd to learn that it exited (see `spawner`).
-    theirs: bool,
 }
 
 impl InitProcess {
@@ -56,12 +53,9 @@ impl InitProcess {
         };
     }
 
-    /// Reaps init if it has exited; true once reaped (or, for the spawner process's
-    /// child, once it exited: the kernel reaps it).
+    /// Reaps init if it has exited; true once reaped.
     pub fn try_reap(&mut self) -> bool {
-        if !self.reaped && self.theirs {
-            self.reaped = exited(&self.pidfd);
-        } else if !self.reaped {
+        if !self.reaped {
             let mut status = 0;
             // SAFETY: a non-blocking wait on our own child.
             let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
@@ -88,9 +82,6 @@ impl Drop for InitProcess {
             return;
         }
         self.kill();
-        if self.theirs {
-            return;
-        }
         let pid = self.pid;
         // The namespace takes a moment to die; reap it off this thread.
         let reaper = std::thread::Builder::new()
@@ -302,17 +293,30 @@ pub fn start_here(
 }
 
 /// Clones init from `plan` (on v2 straight into the cgroup `into`): its pid and pidfd.
-/// The child runs `init_main` and never returns here.
+/// The child runs `init_main` and never returns here. `sibling` (the spawner process):
+/// init becomes this process's parent's child (`CLONE_PARENT`), so to the server it is
+/// its own child, as if cloned in process: reaped by it, and killed when its spawner
+/// thread exits.
 pub(crate) fn clone_init(
     plan: &ChildPlan,
     into: Option<std::os::fd::RawFd>,
+    sibling: bool,
 ) -> std::io::Result<(i32, OwnedFd)> {
+    // Init starts the payload on this stack: never clone without it.
+    if plan.payload_stack.len() < child::PAYLOAD_STACK {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let mut pidfd: libc::c_int = -1;
     // SAFETY: clone_args is plain data; zeroed is its documented default.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
     args.flags = NAMESPACES | libc::CLONE_PIDFD as u64;
     args.pidfd = (&mut pidfd as *mut libc::c_int) as u64;
-    args.exit_signal = libc::SIGCHLD as u64;
+    if sibling {
+        // clone3 wants no exit signal here: the child takes this process's (SIGCHLD).
+        args.flags |= libc::CLONE_PARENT as u64;
+    } else {
+        args.exit_signal = libc::SIGCHLD as u64;
+    }
     if let Some(fd) = into {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = fd as u64;
@@ -335,17 +339,6 @@ pub(crate) fn clone_init(
     }
     // SAFETY: the kernel gave us this pidfd.
     Ok((pid as i32, unsafe { OwnedFd::from_raw_fd(pidfd) }))
-}
-
-/// Whether the process behind `pidfd` has exited (its pidfd turns readable).
-fn exited(pidfd: &OwnedFd) -> bool {
-    let mut poll = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: poll on one pollfd, without waiting.
-    unsafe { libc::poll(&mut poll, 1, 0) == 1 }
 }
 
 /// Starts a sandbox; `remote`: by the spawner process if one runs.
@@ -373,17 +366,16 @@ fn clone_sandbox(
     };
     let into_fd = into.as_ref().map(AsRawFd::as_raw_fd);
     let by_spawner = if remote {
-        crate::spawner::clone_init(&plan, into_fd)
+        crate::spawner::clone_init(&plan, into_fd)?
     } else {
-        Ok(None)
+        None
     };
-    let (pid, pidfd, theirs) = match by_spawner {
-        Ok(Some((pid, pidfd))) => (pid, pidfd, true),
-        Ok(None) => match clone_init(&plan, into_fd) {
-            Ok((pid, pidfd)) => (pid, pidfd, false),
-            Err(err) => return Err(clone_error(&err)),
-        },
-        Err(err) => return Err(clone_error(&err)),
+    let (pid, pidfd) = match by_spawner {
+        Some(cloned) => cloned,
+        None => {
+            plan.payload_stack = vec![0; child::PAYLOAD_STACK];
+            clone_init(&plan, into_fd, false).map_err(|e| clone_error(&e))?
+        }
     };
     let plan_clear_groups = plan.clear_groups;
     let plan_egress = plan.egress;
@@ -393,7 +385,6 @@ fn clone_sandbox(
         pid,
         pidfd,
         reaped: false,
-        theirs,
     };
     let maps = (|| -> std::io::Result<()> {
         // Unprivileged, the kernel wants setgroups denied before a gid map; as root we
@@ -420,11 +411,6 @@ fn clone_sandbox(
         net: open_namespace(pid, "net"),
         user: open_namespace(pid, "user"),
     };
-    // The spawner process's child is reaped as it exits, and its pid is free again: if
-    // it already exited, what the pid named above may be another process.
-    if init.theirs && exited(&init.pidfd) {
-        return Err("the sandbox's init exited before it was started".into());
-    }
     // The egress listener before init goes: the sandbox's code finds it there from its
     // first instruction, and cannot take its port first.
     let egress = if plan_egress {
@@ -479,7 +465,7 @@ fn clone_sandbox(
     })
 }
 
-fn clone_error(err: &std::io::Error) -> String {
+pub(crate) fn clone_error(err: &std::io::Error) -> String {
     format!(
         "user_ns: cannot create the sandbox namespaces (clone3: {err}); check that unprivileged user namespaces are enabled (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
     )

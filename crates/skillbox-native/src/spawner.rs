@@ -10,13 +10,15 @@
 //!
 //! The two talk over a socketpair (this process's stdin). A request is the plan,
 //! encoded, with its fds attached (`SCM_RIGHTS`); the answer is init's pid with its
-//! pidfd, or an errno. Init is this process's child: this process ignores `SIGCHLD`, so
-//! the kernel reaps init, and the server follows it through its pidfd.
+//! pidfd, or what failed. Init is cloned with `CLONE_PARENT`: it is the server's child,
+//! exactly as when the server clones it, reaped by the server, holding its pid until
+//! then, and killed when the server's spawner thread exits (its parent-death signal).
+//! So this process's own death ends no sandbox.
 //!
 //! Lifetimes: this process gets `SIGKILL` when the server's spawner thread (which lives
-//! as long as the server) exits, and init gets it when this process exits, so no
-//! sandbox outlives the server. Should this process die, the server clones in-process
-//! again (same isolation, slower), with a warning.
+//! as long as the server) exits, and exits at its socket's end. Should it die, the
+//! start it was asked for fails and later ones are cloned in the server again (same
+//! isolation, slower), with a warning.
 
 use std::ffi::{CStr, CString};
 use std::io::{self, Read, Write};
@@ -37,8 +39,10 @@ pub const SUBCOMMAND: &str = "__skillbox-spawner";
 const MAX_FDS: usize = 6 + 2 + crate::child::MAX_BINDS + 1;
 /// A request's encoded plan may not be larger (argv and env are bounded far below).
 const MAX_REQUEST: usize = 64 << 20;
-/// A payload stack larger than this is refused (the plan's is a few hundred KiB).
-const MAX_STACK: u64 = 64 << 20;
+/// Linux's number of resource limits.
+const RLIM_NLIMITS: usize = 16;
+/// The kernel's limit on a seccomp filter's length.
+const BPF_MAXINSNS: usize = 4096;
 /// No field of the encoding uses this index: the field has no fd.
 const NO_FD: u32 = u32::MAX;
 
@@ -65,7 +69,6 @@ fn encode(plan: &ChildPlan, into: Option<RawFd>) -> (Vec<u8>, Vec<RawFd>) {
     w.cstrs(&plan.programs);
     w.cstrs(&plan.argv);
     w.cstrs(&plan.env);
-    w.u64(plan.payload_stack.len() as u64);
     w.bool(plan.egress);
     w.fd(plan.workspace_tree);
     w.fd(plan.workspace_source);
@@ -151,8 +154,8 @@ fn encode(plan: &ChildPlan, into: Option<RawFd>) -> (Vec<u8>, Vec<RawFd>) {
     (w.bytes, w.fds)
 }
 
-/// The plan of a request, its fds now this process's; and the cgroup fd, if any.
-/// `None` for anything malformed.
+/// The plan of a request, its fds now this process's (its payload stack still empty);
+/// and the cgroup fd, if any. `None` for anything malformed.
 fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
     let mut r = Reader { bytes, fds };
     let pipe_fds = ChildFds {
@@ -169,10 +172,6 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
     let programs = r.cstrs()?;
     let argv = r.cstrs()?;
     let env = r.cstrs()?;
-    let stack = r.u64()?;
-    if stack > MAX_STACK {
-        return None;
-    }
     let egress = r.bool()?;
     let workspace_tree = r.fd()?;
     let workspace_source = r.fd()?;
@@ -226,7 +225,17 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
         })
     })?;
     let workspace_op = usize::try_from(r.u64()?).ok()?;
-    if !r.bytes.is_empty() || workspace_op >= mounts.len().max(1) {
+    // What init's fixed arrays and the kernel can hold, checked here as the sandbox
+    // checks it before sending: argv and envp keep their terminating nulls, the filter
+    // is not cut to a prefix, no bind tree is dropped.
+    let fits = r.bytes.is_empty()
+        && workspace_op < mounts.len().max(1)
+        && argv.len() <= crate::child::MAX_ARGS
+        && env.len() <= crate::child::MAX_ENV
+        && bind_trees.len() <= crate::child::MAX_BINDS
+        && rlimits.len() <= RLIM_NLIMITS
+        && seccomp.len() <= BPF_MAXINSNS;
+    if !fits {
         return None;
     }
     let plan = ChildPlan {
@@ -246,7 +255,8 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
         argv,
         env,
         fds: pipe_fds,
-        payload_stack: vec![0; stack as usize],
+        // Given by the caller (see `main`), which keeps one stack for every request.
+        payload_stack: Vec::new(),
         egress,
         workspace_tree,
         workspace_source,
@@ -457,60 +467,89 @@ fn recv_with_fds(socket: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>
 // ---- This process ----
 
 /// The spawner process's body: answers requests on stdin until the server closes it.
-/// Returns the exit code.
+/// Returns the exit code; says why on stderr when it is not 0.
 pub fn main(args: &[String]) -> i32 {
-    // SAFETY: prctl, getppid and signal with no pointers.
+    let fail = |why: &str| {
+        eprintln!("skillbox spawner process: {why}");
+        1
+    };
+    // SAFETY: prctl, getppid, signal, close_range and chdir with no pointers but a
+    // static string.
     unsafe {
         // Set before exec by the server; set again in case, then make sure the server did
         // not die before it was in place.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
         let server = args.first().and_then(|p| p.parse::<i32>().ok());
         if server != Some(libc::getppid()) {
-            return 1;
+            return fail("not started by the server it names");
         }
-        // The kernel reaps what this process clones; the server follows it by pidfd.
-        libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+        // The server stops it (its socket's end, its death); a terminal's or a service
+        // manager's signals to the server's group are the server's to handle.
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        // Nothing of whoever started the server: no fd but stdio (the socket is 0), no
+        // directory held.
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+        libc::chdir(c"/".as_ptr());
     }
     // SAFETY: stdin is the socketpair's end the server gave us, ours alone.
     let socket = UnixStream::from(unsafe { OwnedFd::from_raw_fd(0) });
+    if (&socket).write_all(&[READY]).is_err() {
+        return fail("cannot greet the server");
+    }
+    // One payload stack for every init: each clone shares it copy-on-write and writes
+    // only the few pages it uses, and this process never writes it again. (A fresh one
+    // a request cost a memset of its every page here: glibc serves it from the heap
+    // once a freed large block has raised its mmap threshold.)
+    let mut stack: Vec<u8> = vec![0; crate::child::PAYLOAD_STACK];
     loop {
         let mut header = [0u8; 4];
         let fds = match recv_with_fds(&socket, &mut header) {
             Ok(fds) => fds,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return 0,
-            Err(_) => return 1,
+            Err(e) => return fail(&format!("cannot read a request: {e}")),
         };
         let len = u32::from_le_bytes(header) as usize;
         if len > MAX_REQUEST {
-            return 1;
+            return fail(&format!("a request of {len} bytes"));
         }
         let mut body = vec![0u8; len];
-        if (&socket).read_exact(&mut body).is_err() {
-            return 1;
+        if let Err(e) = (&socket).read_exact(&mut body) {
+            return fail(&format!("cannot read a request: {e}"));
         }
         let answer = match decode(&body, &fds) {
-            Some((plan, into)) => crate::spawn::clone_init(&plan, into),
-            None => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+            Some((mut plan, into)) => {
+                plan.payload_stack = std::mem::take(&mut stack);
+                let cloned = crate::spawn::clone_init(&plan, into, true);
+                stack = std::mem::take(&mut plan.payload_stack);
+                cloned.map_err(|e| (CLONE_FAILED, e.raw_os_error().unwrap_or(libc::EIO)))
+            }
+            None => Err((MALFORMED, libc::EINVAL)),
         };
         drop(fds);
         let sent = match answer {
-            Ok((pid, pidfd)) => send_with_fds(&socket, &reply(pid, 0), &[pidfd.as_raw_fd()]),
-            Err(e) => send_with_fds(
-                &socket,
-                &reply(0, e.raw_os_error().unwrap_or(libc::EIO)),
-                &[],
-            ),
+            Ok((pid, pidfd)) => send_with_fds(&socket, &reply(pid, 0, 0), &[pidfd.as_raw_fd()]),
+            Err((what, errno)) => send_with_fds(&socket, &reply(0, what, errno), &[]),
         };
-        if sent.is_err() {
-            return 1;
+        if let Err(e) = sent {
+            return fail(&format!("cannot answer: {e}"));
         }
     }
 }
 
-fn reply(pid: i32, errno: i32) -> [u8; 8] {
-    let mut bytes = [0u8; 8];
+/// The byte the spawner process sends once it is ready for requests.
+const READY: u8 = 0x5b;
+/// What failed, in an answer without a pid.
+const CLONE_FAILED: i32 = 1;
+const MALFORMED: i32 = 2;
+
+/// An answer: init's pid (0 when none), what failed and its errno.
+fn reply(pid: i32, what: i32, errno: i32) -> [u8; 12] {
+    let mut bytes = [0u8; 12];
     bytes[..4].copy_from_slice(&pid.to_le_bytes());
-    bytes[4..].copy_from_slice(&errno.to_le_bytes());
+    bytes[4..8].copy_from_slice(&what.to_le_bytes());
+    bytes[8..].copy_from_slice(&errno.to_le_bytes());
     bytes
 }
 
@@ -530,9 +569,10 @@ fn remote() -> &'static Mutex<Option<Remote>> {
 
 /// Starts the spawner process from `program` (this program, which must answer
 /// [`SUBCOMMAND`] by calling [`main`]), with `args` before the subcommand's own (a test
-/// binary's filter). Call once, on the thread that will clone (its exit kills the
-/// process), after the cgroup host was detected (on v2 that moves this process into
-/// its own leaf, where the spawner process must start too).
+/// binary's filter), and waits for it to say it is ready. Call once, on the thread that
+/// will clone (its exit kills the process, and every init it cloned), after the cgroup
+/// host was detected (on v2 that moves this process into its own leaf, where the
+/// spawner process must start too).
 pub(crate) fn start(program: &std::path::Path, args: &[String]) -> io::Result<u32> {
     let (ours, theirs) = UnixStream::pair()?;
     let mut command = Command::new(program);
@@ -541,6 +581,9 @@ pub(crate) fn start(program: &std::path::Path, args: &[String]) -> io::Result<u3
         .arg(SUBCOMMAND)
         .arg(std::process::id().to_string())
         .env_clear()
+        .current_dir("/")
+        // Out of the server's process group: a terminal's ^C is the server's to handle.
+        .process_group(0)
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
@@ -553,7 +596,27 @@ pub(crate) fn start(program: &std::path::Path, args: &[String]) -> io::Result<u3
             Ok(())
         });
     }
-    let process = command.spawn()?;
+    let mut process = command.spawn()?;
+    let ready = (|| {
+        ours.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+        let mut byte = [0u8];
+        (&ours).read_exact(&mut byte)?;
+        ours.set_read_timeout(None)?;
+        if byte[0] == READY {
+            Ok(())
+        } else {
+            Err(io::Error::other(
+                "it sent something other than its greeting",
+            ))
+        }
+    })();
+    if let Err(e) = ready {
+        let _ = process.kill();
+        let status = process.wait()?;
+        return Err(io::Error::other(format!(
+            "the spawner process did not start ({status}): {e}"
+        )));
+    }
     let pid = process.id();
     *remote().lock().map_err(|_| io::Error::other("poisoned"))? = Some(Remote {
         socket: ours,
@@ -568,49 +631,69 @@ pub(crate) fn running() -> bool {
 }
 
 /// Has the spawner process clone init from `plan`: `Ok(None)` when there is no spawner
-/// process (any more), and the caller clones itself.
+/// process, and the caller clones itself. When the spawner process fails, this start
+/// fails (an init it may have cloned still holds this start's pipes) and later ones
+/// are cloned by the caller.
 pub(crate) fn clone_init(
     plan: &ChildPlan,
     into: Option<RawFd>,
-) -> io::Result<Option<(i32, OwnedFd)>> {
+) -> Result<Option<(i32, OwnedFd)>, String> {
     let Ok(mut guard) = remote().lock() else {
         return Ok(None);
     };
     let Some(remote) = guard.as_mut() else {
         return Ok(None);
     };
+    // Found dead between starts: nothing was asked of it, so this start is cloned here.
+    if let Ok(Some(status)) = remote.process.try_wait() {
+        tracing::warn!(%status, "native: the spawner process exited; sandboxes are cloned by the server from now on");
+        *guard = None;
+        return Ok(None);
+    }
     match ask(&remote.socket, plan, into) {
-        Ok(answer) => answer.map(Some),
+        Ok(Ok(cloned)) => Ok(Some(cloned)),
+        Ok(Err(e)) => Err(e),
         Err(e) => {
-            let status = remote.process.try_wait().ok().flatten();
-            tracing::warn!(error = %e, ?status, "native: the spawner process failed; cloning sandboxes in the server from now on");
             let _ = remote.process.kill();
-            let _ = remote.process.wait();
+            let status = remote.process.wait();
+            tracing::warn!(error = %e, ?status, "native: the spawner process failed; sandboxes are cloned by the server from now on");
             *guard = None;
-            Ok(None)
+            Err(format!(
+                "native: the spawner process failed ({e}); run again (sandboxes are now cloned by the server)"
+            ))
         }
     }
 }
 
-/// One request and its answer. The outer error is the channel's, the inner the clone's.
+/// One request and its answer. The outer error is the channel's, the inner the start's.
 fn ask(
     socket: &UnixStream,
     plan: &ChildPlan,
     into: Option<RawFd>,
-) -> io::Result<io::Result<(i32, OwnedFd)>> {
+) -> io::Result<Result<(i32, OwnedFd), String>> {
     let (body, fds) = encode(plan, into);
     if fds.len() > MAX_FDS || body.len() > MAX_REQUEST {
-        return Ok(Err(io::Error::from_raw_os_error(libc::E2BIG)));
+        return Ok(Err(format!(
+            "native: this sandbox's plan is too large to send to the spawner process ({} fds, {} bytes)",
+            fds.len(),
+            body.len()
+        )));
     }
     send_with_fds(socket, &(body.len() as u32).to_le_bytes(), &fds)?;
     (&*socket).write_all(&body)?;
-    let mut answer = [0u8; 8];
+    let mut answer = [0u8; 12];
     let mut fds = recv_with_fds(socket, &mut answer)?;
-    let pid = i32::from_le_bytes([answer[0], answer[1], answer[2], answer[3]]);
-    let errno = i32::from_le_bytes([answer[4], answer[5], answer[6], answer[7]]);
-    match (pid, fds.pop()) {
-        (1.., Some(pidfd)) if fds.is_empty() => Ok(Ok((pid, pidfd))),
-        (0, None) if errno > 0 => Ok(Err(io::Error::from_raw_os_error(errno))),
+    let word =
+        |i: usize| i32::from_le_bytes([answer[i], answer[i + 1], answer[i + 2], answer[i + 3]]);
+    let (pid, what, errno) = (word(0), word(4), word(8));
+    match (pid, what, fds.pop()) {
+        (1.., 0, Some(pidfd)) if fds.is_empty() => Ok(Ok((pid, pidfd))),
+        (0, CLONE_FAILED, None) if errno > 0 => Ok(Err(crate::spawn::clone_error(
+            &io::Error::from_raw_os_error(errno),
+        ))),
+        (0, MALFORMED, None) => Ok(Err(
+            "native: the spawner process refused this sandbox's plan as malformed".into(),
+        )),
         _ => Err(io::Error::other("a malformed answer")),
     }
 }
@@ -695,7 +778,7 @@ mod tests {
                 stdout: fds[0],
                 stderr: fds[1],
             },
-            payload_stack: vec![0; 256 << 10],
+            payload_stack: Vec::new(),
             egress: true,
             workspace_tree: -1,
             workspace_source: fds[2],
@@ -753,7 +836,10 @@ mod tests {
             (&plan_b.cwd, &plan_b.programs, &plan_b.argv, &plan_b.env),
             (&sent.cwd, &sent.programs, &sent.argv, &sent.env)
         );
-        assert_eq!(plan_b.payload_stack.len(), sent.payload_stack.len());
+        assert!(
+            plan_b.payload_stack.is_empty(),
+            "the spawner process has its own"
+        );
         assert!(plan_b.clear_groups && plan_b.egress);
     }
 
@@ -779,6 +865,14 @@ mod tests {
         let mut longer = body.clone();
         longer.push(0);
         assert!(decode(&longer, &owned).is_none());
+        // More arguments than init's argv array holds with its null: refused.
+        let mut many = plan([raw[0], raw[1], raw[2], raw[3]]);
+        many.argv = vec![CString::new("x").unwrap(); crate::child::MAX_ARGS + 1];
+        let (body_many, _) = encode(&many, None);
+        assert!(decode(&body_many, &owned).is_none());
+        many.argv.pop();
+        let (body_many, _) = encode(&many, None);
+        assert!(decode(&body_many, &owned).is_some());
         // An fd index past the fds that came: refused.
         assert!(decode(&body, &owned[..owned.len() - 1]).is_none());
         // A list that claims more items than bytes are left: refused before allocating.

@@ -765,18 +765,42 @@ fn wait_for<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// The parent pid of `pid`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(1)?.parse().ok()
+}
+
+/// The process running exactly `argv`.
+fn process_running(argv: &[&str]) -> Option<u32> {
+    let wanted: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            (std::fs::read(format!("/proc/{pid}/cmdline")).ok()? == wanted).then_some(pid)
+        })
+}
+
 /// `serve` has its native sandboxes cloned by its spawner process (a small copy of the
-/// binary), not by itself: a run's init is the spawner process's child. When the
-/// server is killed, the spawner process and every sandbox go with it; and a server
-/// whose spawner process died clones its sandboxes itself, so runs still work.
+/// binary, holding no fd but its stdio), as the server's own children (`CLONE_PARENT`).
+/// The spawner process's death ends no run, and later runs are cloned by the server;
+/// when the server is killed, the spawner process and every sandbox go with it.
 #[test]
 fn serve_clones_sandboxes_in_its_spawner_process_and_none_outlives_it() {
     if !native_or_skip("serve_clones_sandboxes_in_its_spawner_process") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("wait.sh");
-    std::fs::write(&script, "echo started; sleep 300").unwrap();
+    // A sleep no other test runs, found by its command line.
+    let nap = format!("2.{}", std::process::id());
+    let script = dir.path().join("nap.sh");
+    std::fs::write(&script, format!("echo started; sleep {nap}; echo done")).unwrap();
     let remote_run = |addr: &str, script: &Path| {
         Command::new(BIN)
             .arg("--data-dir")
@@ -784,37 +808,74 @@ fn serve_clones_sandboxes_in_its_spawner_process_and_none_outlives_it() {
             .arg("run")
             .arg(script)
             .args(["--remote", &format!("http://{addr}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap()
     };
+    let spawner_of = |server: u32| {
+        wait_for("the spawner process", || {
+            children_of(server)
+                .into_iter()
+                .find(|(_, cmdline)| cmdline.contains("__skillbox-spawner"))
+                .map(|(pid, _)| pid)
+        })
+    };
+    // The run's init: the sleep's nearest ancestor that is a copy of the spawner process.
+    let init_of_the_nap = || {
+        wait_for("the run's sandbox", || {
+            let mut pid = process_running(&["sleep", &nap])?;
+            for _ in 0..4 {
+                pid = parent_of(pid)?;
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                if String::from_utf8_lossy(&cmdline).contains("__skillbox-spawner") {
+                    return Some(pid);
+                }
+            }
+            None
+        })
+    };
 
     let (mut server, addr) = start_serve(&[]);
-    let spawner = wait_for("the spawner process", || {
-        children_of(server.id())
-            .into_iter()
-            .find(|(_, cmdline)| cmdline.contains("__skillbox-spawner"))
-            .map(|(pid, _)| pid)
-    });
-    let mut client = remote_run(&addr, &script);
-    // The run's init, the spawner process's child, and the script under it.
-    let (init, sleeper) = wait_for("the run's sandbox under the spawner process", || {
-        children_of(spawner).into_iter().find_map(|(init, _)| {
-            // The script's shell may exec its last command or fork it.
-            let mut below = children_of(init);
-            let shells: Vec<u32> = below.iter().map(|(pid, _)| *pid).collect();
-            below.extend(shells.into_iter().flat_map(children_of));
-            let sleeper = below
-                .into_iter()
-                .find(|(_, cmdline)| cmdline.starts_with("sleep 300"))?;
-            Some((init, sleeper.0))
-        })
-    });
-    assert!(
-        !children_of(server.id()).iter().any(|(pid, _)| *pid == init),
-        "the server cloned the sandbox itself"
+    let spawner = spawner_of(server.id());
+    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{spawner}/fd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    fds.sort();
+    assert_eq!(
+        fds,
+        ["0", "1", "2"],
+        "the spawner process holds only its stdio"
     );
+    // A run cloned by the spawner process is the server's child; killing the spawner
+    // process ends nothing of it.
+    let client = remote_run(&addr, &script);
+    let init = init_of_the_nap();
+    assert_eq!(
+        parent_of(init),
+        Some(server.id()),
+        "init is the server's child"
+    );
+    // SAFETY: signalling a process this test found under its own server.
+    unsafe { libc::kill(spawner as i32, libc::SIGKILL) };
+    let result = client.wait_with_output().unwrap();
+    assert!(result.status.success(), "{}", text(&result.stderr));
+    assert_eq!(text(&result.stdout), "started\ndone\n");
+    // And the next run is cloned by the server.
+    let result = remote_run(&addr, &script).wait_with_output().unwrap();
+    assert!(result.status.success(), "{}", text(&result.stderr));
+    assert_eq!(text(&result.stdout), "started\ndone\n");
+    // SAFETY: signalling the server we started.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    server.wait().unwrap();
+
+    // A killed server takes its spawner process and its sandboxes with it.
+    let (mut server, addr) = start_serve(&[]);
+    let spawner = spawner_of(server.id());
+    let mut client = remote_run(&addr, &script);
+    let init = init_of_the_nap();
+    let sleeper = process_running(&["sleep", &nap]).unwrap();
     server.kill().unwrap();
     server.wait().unwrap();
     let _ = client.wait();
@@ -828,32 +889,6 @@ fn serve_clones_sandboxes_in_its_spawner_process_and_none_outlives_it() {
             || (!running(pid)).then_some(()),
         );
     }
-
-    // The spawner process killed under a running server: runs go on, cloned by it.
-    let (mut server, addr) = start_serve(&[]);
-    let spawner = wait_for("the spawner process", || {
-        children_of(server.id())
-            .into_iter()
-            .find(|(_, cmdline)| cmdline.contains("__skillbox-spawner"))
-            .map(|(pid, _)| pid)
-    });
-    // SAFETY: signalling a process this test found under its own server.
-    unsafe { libc::kill(spawner as i32, libc::SIGKILL) };
-    let quick = dir.path().join("quick.sh");
-    std::fs::write(&quick, "echo still runs").unwrap();
-    let result = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(dir.path().join("client"))
-        .arg("run")
-        .arg(&quick)
-        .args(["--remote", &format!("http://{addr}")])
-        .output()
-        .unwrap();
-    // SAFETY: signalling the server we started.
-    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
-    server.wait().unwrap();
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    assert_eq!(text(&result.stdout), "still runs\n");
 }
 
 /// `run --remote` against a server that has API keys: the key from `SKILLBOX_API_KEY`

@@ -1,0 +1,106 @@
+//! The shared conformance and adversarial suites again, with every sandbox cloned by a
+//! spawner process, as `skillbox serve` has them: this test binary, started again, is
+//! that process (the ignored test below is its body).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod common;
+
+use std::sync::OnceLock;
+
+use skillbox_env::SandboxSpec;
+use skillbox_env::testkit::Made;
+use skillbox_native::NativeBackend;
+use skillbox_native::spawner_process;
+
+/// This binary as the spawner process: the ignored test [`spawner_process_body`], found
+/// by its exact name.
+fn start_spawner_process() {
+    static STARTED: OnceLock<u32> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let args = [
+            "--exact",
+            "spawner_process_body",
+            "--ignored",
+            "--nocapture",
+        ]
+        .map(String::from);
+        let program = std::env::current_exe().unwrap();
+        spawner_process::start(&program, &args).expect("the spawner process starts")
+    });
+}
+
+/// Each test gets its own data dir, removed with the env's cleanup.
+async fn make_env(spec: SandboxSpec) -> Made {
+    let data = common::data_dir()?;
+    start_spawner_process();
+    let sandbox = NativeBackend::new(&data)
+        .create(spec)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Box::new(sandbox))
+}
+
+skillbox_env::conformance_suite!(make_env);
+skillbox_env::adversarial_suite!(make_env);
+
+#[test]
+#[ignore = "the spawner process's body: run by the tests above in a process of its own"]
+fn spawner_process_body() {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(at) = args.iter().position(|a| a == spawner_process::SUBCOMMAND) else {
+        return;
+    };
+    std::process::exit(spawner_process::main(&args[at + 1..]));
+}
+
+/// A sandbox's init is this process's child (`CLONE_PARENT`), not the spawner
+/// process's: reaped by us, and its pid ours until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_is_the_callers_child_not_the_spawner_processes() {
+    use skillbox_env::{CancellationToken, ExecEvent, ExecRequest};
+    let made = make_env(skillbox_env::testkit::spec()).await;
+    let Some(env) = skillbox_env::testkit::require(made, "init_is_the_callers_child") else {
+        return;
+    };
+    let marker = format!("{}", 970_000_000 + std::process::id());
+    let mut stream = env
+        .exec_stream(
+            ExecRequest::shell(format!("echo ready; exec sleep {marker}")),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("exec");
+    match stream.next().await {
+        Some(Ok(ExecEvent::Stdout(chunk))) => assert_eq!(&chunk[..], b"ready\n"),
+        other => panic!("expected the ready line, got {other:?}"),
+    }
+    let parent_of = |pid: &str| -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("PPid:"))?;
+        line[5..].trim().parse().ok()
+    };
+    let sleeper = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c == format!("sleep\0{marker}\0").as_bytes())
+        })
+        .expect("the sandbox's sleep");
+    let init = parent_of(&sleeper).expect("the sleep's parent");
+    assert_eq!(
+        parent_of(&init.to_string()),
+        Some(std::process::id()),
+        "init's parent is the process that asked for it"
+    );
+    // And the spawner process made it: init is a copy of it, its command line too.
+    let cmdline = std::fs::read(format!("/proc/{init}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains(spawner_process::SUBCOMMAND),
+        "init was not cloned by the spawner process: {}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    env.cleanup().await.unwrap();
+}
