@@ -12,8 +12,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+from common import rate
 
 SKILLBOX, DATA = sys.argv[1], sys.argv[2]
 QUICK = bool(os.environ.get("QUICK"))
@@ -105,26 +106,6 @@ def post_run(conn, backend):
     if response.status != 200 or json.loads(payload).get("exitCode") != 0:
         raise SystemExit(f"bench/all.sh: POST /v1/run on {backend}: {response.status} {payload[:300]!r}")
     return took
-
-
-def rate(worker, concurrency, seconds):
-    """Completions per second of `worker()` from `concurrency` threads for `seconds`."""
-    counts = [0] * concurrency
-    end = time.monotonic() + seconds
-
-    def loop(i):
-        state = {}
-        while time.monotonic() < end:
-            worker(state)
-            counts[i] += 1
-
-    threads = [threading.Thread(target=loop, args=(i,)) for i in range(concurrency)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.monotonic() - start)
 
 
 def main():
