@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{Server, is_error, shared_data_dir, start, start_with};
+use super::{Server, is_error, metrics_text, shared_data_dir, start, start_with};
 
 const KEY_A: &str = "tenant-a-token-0123456789";
 const KEY_B: &str = "tenant-b-token-9876543210";
@@ -167,15 +167,7 @@ async fn a_foreign_host_header_is_refused_before_anything_runs() {
         let json: Value = response.json().await.unwrap();
         assert!(is_error(&json, "permission_denied"), "{json}");
     }
-    let metrics = server
-        .http
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&server).await;
     assert!(
         metrics.contains("skillbox_runs_total{outcome=\"ok\"} 0"),
         "a refused request ran nothing: {metrics}"

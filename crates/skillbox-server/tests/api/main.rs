@@ -195,6 +195,16 @@ contact.addText("hello@workspacex.example · +1 555 0100", { x: 0.5, y: 1.5, w: 
 pres.writeFile({ fileName: "workspacex.pptx" }).then((name) => console.log("wrote " + name));
 "#;
 
+/// The text of `GET /metrics`.
+async fn metrics_text(server: &Server) -> String {
+    let response = server
+        .http
+        .get(format!("{}/metrics", server.base))
+        .send()
+        .await;
+    response.unwrap().text().await.unwrap()
+}
+
 fn is_error(json: &Value, code: &str) -> bool {
     json["error"]["code"] == code
         && json["error"]["message"]
@@ -542,15 +552,7 @@ async fn objects_health_metrics_and_openapi() {
 
 /// The gauge `/metrics` reads from `/mcp`'s own session table.
 async fn mcp_gauges(server: &Server) -> (String, String) {
-    let metrics = server
-        .http
-        .get(format!("{}/metrics", server.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(server).await;
     let value = |name: &str| -> String {
         let lines: Vec<&str> = metrics
             .lines()
@@ -659,15 +661,7 @@ async fn a_full_queue_answers_429_with_retry_after() {
     // Wait until the slow run holds the only slot (bounded poll on /metrics).
     let mut busy = false;
     for _ in 0..200 {
-        let metrics = server
-            .http
-            .get(format!("{}/metrics", server.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics_text(&server).await;
         if metrics.contains("skillbox_runs_in_flight 1") {
             busy = true;
             break;
