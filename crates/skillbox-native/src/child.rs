@@ -81,6 +81,8 @@ pub const STEP_CHDIR: u32 = 14;
 pub const STEP_EXEC: u32 = 15;
 pub const STEP_IDS: u32 = 16;
 pub const STEP_CLOSE_FDS: u32 = 17;
+/// A prepared init's command was malformed (a parent's bug, never the sandbox's).
+pub const STEP_COMMAND: u32 = 18;
 pub const STEP_MOUNT: u32 = 1000;
 /// `STEP_OPEN_TREE + index`: capturing a bind source failed.
 pub const STEP_OPEN_TREE: u32 = 100_000;
@@ -90,8 +92,20 @@ pub const STEP_OPEN_TREE: u32 = 100_000;
 pub const MAX_ARGS: usize = 4000;
 pub const MAX_ENV: usize = 1000;
 
+/// At most this many candidate program paths (the PATH search's directories).
+pub const MAX_PROGRAMS: usize = 256;
+
 /// The payload's stack: its argv/envp arrays live on it until exec.
 pub const PAYLOAD_STACK: usize = 256 * 1024;
+
+/// The largest command a prepared init takes (`ChildPlan::late`): its cwd, programs,
+/// argv and env, each NUL-terminated. Small enough that the parent's one write to the
+/// sync pipe never blocks; a larger command starts a sandbox the usual way.
+pub const LATE_BYTES: usize = 32 * 1024;
+
+/// A late command's header: its body's length, then how many programs, arguments and
+/// environment variables follow the cwd.
+pub const LATE_HEADER: usize = 16;
 
 /// At most this many bind mounts per sandbox.
 pub const MAX_BINDS: usize = 128;
@@ -112,6 +126,12 @@ pub struct ChildPlan {
     /// The payload's stack until it execs, [`PAYLOAD_STACK`] bytes (allocated before
     /// the clone, by whoever clones: init cannot allocate).
     pub payload_stack: Vec<u8>,
+    /// A prepared init: `cwd`, `programs`, `argv` and `env` are left empty and come
+    /// once every layer is in place, as the go-ahead itself (see [`late_command`]).
+    pub late: bool,
+    /// Where a prepared init reads its command, [`LATE_BYTES`] (allocated before the
+    /// clone, by whoever clones, when `late`).
+    pub late_buffer: Vec<u8>,
     /// The parent makes the egress proxy's listener in the exec's network namespace
     /// before letting init go (the child does nothing with it).
     pub egress: bool,
@@ -536,10 +556,21 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
             ) as _,
         );
 
-        if libc::read(fds.sync, (&mut byte as *mut u8).cast(), 1) != 1 {
-            libc::_exit(1);
-        }
+        // The go-ahead: a byte, or for a prepared init its command.
+        let late = if plan.late {
+            match read_late_command(fds.sync, plan) {
+                Ok(command) => Some(command),
+                Err(0) => libc::_exit(1),
+                Err(err) => fail(fds, STEP_COMMAND, err),
+            }
+        } else {
+            if libc::read(fds.sync, (&mut byte as *mut u8).cast(), 1) != 1 {
+                libc::_exit(1);
+            }
+            None
+        };
         libc::close(fds.sync);
+        let launch = Launch { plan, late };
         // vfork-style: the payload borrows init's memory (on its own stack) until it
         // execs, so nothing is copied for a process that is about to be replaced.
         let stack = plan.payload_stack.as_ptr() as usize + plan.payload_stack.len();
@@ -547,7 +578,7 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
             payload_entry,
             (stack & !15) as *mut libc::c_void,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (plan as *const ChildPlan).cast_mut().cast(),
+            (&launch as *const Launch).cast_mut().cast(),
         );
         check(fds, STEP_FORK, pid as libc::c_long);
         libc::close(fds.error);
@@ -571,13 +602,113 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
     }
 }
 
-/// The payload: stdio, session, cwd, then exec. Every layer is already in place.
-extern "C" fn payload_entry(plan: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `plan` is the init's plan, alive (init is suspended) until we exec.
-    unsafe { payload_main(&*(plan as *const ChildPlan)) }
+/// What the payload runs: the plan's command, or a prepared init's, read late.
+struct Launch<'a> {
+    plan: &'a ChildPlan,
+    late: Option<LateCommand<'a>>,
 }
 
-unsafe fn payload_main(plan: &ChildPlan) -> ! {
+/// A command read by a prepared init: NUL-terminated strings, the cwd first, then
+/// `counts` programs, arguments and environment variables.
+struct LateCommand<'a> {
+    strings: &'a [u8],
+    counts: [usize; 3],
+}
+
+/// Encodes a command for a prepared init; `None` when it is larger than it can take
+/// (or has more entries than its arrays hold): start a sandbox the usual way then.
+pub fn late_command(
+    cwd: &CString,
+    programs: &[CString],
+    argv: &[CString],
+    env: &[CString],
+) -> Option<Vec<u8>> {
+    let strings = std::iter::once(cwd)
+        .chain(programs)
+        .chain(argv)
+        .chain(env)
+        .map(|s| s.as_bytes_with_nul().len())
+        .sum::<usize>();
+    let fits = strings <= LATE_BYTES
+        && programs.len() <= MAX_PROGRAMS
+        && (1..=MAX_ARGS).contains(&argv.len())
+        && env.len() <= MAX_ENV;
+    if !fits {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(LATE_HEADER + strings);
+    for n in [strings, programs.len(), argv.len(), env.len()] {
+        bytes.extend_from_slice(&(n as u32).to_ne_bytes());
+    }
+    for s in std::iter::once(cwd).chain(programs).chain(argv).chain(env) {
+        bytes.extend_from_slice(s.as_bytes_with_nul());
+    }
+    Some(bytes)
+}
+
+/// Reads `len` bytes from `fd` into `buf`; false at end of file or on an error.
+unsafe fn read_full(fd: i32, buf: *mut u8, len: usize) -> bool {
+    let mut got = 0;
+    while got < len {
+        // SAFETY: `buf` has room for `len` bytes; raw read on our own pipe.
+        let n = unsafe { libc::read(fd, buf.add(got).cast(), len - got) };
+        if n > 0 {
+            got += n as usize;
+        } else if n == 0 || errno() != libc::EINTR {
+            return false;
+        }
+    }
+    true
+}
+
+/// A prepared init's go-ahead: its command, into the plan's late buffer. `Err(0)`: the
+/// parent went away (no command will come); otherwise the errno of a malformed one.
+unsafe fn read_late_command(fd: i32, plan: &ChildPlan) -> Result<LateCommand<'_>, i32> {
+    let mut header = [0u8; LATE_HEADER];
+    // SAFETY: reads into our own arrays; the late buffer is this process's copy, which
+    // nothing else in it refers to.
+    unsafe {
+        if !read_full(fd, header.as_mut_ptr(), LATE_HEADER) {
+            return Err(0);
+        }
+        let field = |i: usize| {
+            u32::from_ne_bytes([
+                header[4 * i],
+                header[4 * i + 1],
+                header[4 * i + 2],
+                header[4 * i + 3],
+            ]) as usize
+        };
+        let (len, counts) = (field(0), [field(1), field(2), field(3)]);
+        let well_formed = len <= plan.late_buffer.len()
+            && counts[0] <= MAX_PROGRAMS
+            && (1..=MAX_ARGS).contains(&counts[1])
+            && counts[2] <= MAX_ENV;
+        if !well_formed {
+            return Err(libc::E2BIG);
+        }
+        let buffer = plan.late_buffer.as_ptr().cast_mut();
+        if !read_full(fd, buffer, len) {
+            return Err(0);
+        }
+        let strings = std::slice::from_raw_parts(buffer, len);
+        // Exactly one NUL ends each string, and the last byte is one.
+        let nuls = strings.iter().filter(|&&b| b == 0).count();
+        if strings.last() != Some(&0) || nuls != 1 + counts[0] + counts[1] + counts[2] {
+            return Err(libc::EINVAL);
+        }
+        Ok(LateCommand { strings, counts })
+    }
+}
+
+/// The payload: stdio, session, cwd, then exec. Every layer is already in place.
+extern "C" fn payload_entry(launch: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `launch` is on init's stack, alive (init is suspended) until we exec.
+    unsafe { payload_main(&*(launch as *const Launch)) }
+}
+
+unsafe fn payload_main(launch: &Launch) -> ! {
+    let plan = launch.plan;
     let fds = &plan.fds;
     // SAFETY: raw syscalls on plan data, as the module docs describe.
     unsafe {
@@ -597,19 +728,47 @@ unsafe fn payload_main(plan: &ChildPlan) -> ! {
                 libc::CLOSE_RANGE_CLOEXEC,
             ),
         );
-        check(fds, STEP_CHDIR, libc::chdir(plan.cwd.as_ptr()) as _);
+        // The command's strings, each array ending in a null.
+        let null = std::ptr::null::<libc::c_char>();
+        let mut programs: [*const libc::c_char; MAX_PROGRAMS + 1] = [null; MAX_PROGRAMS + 1];
+        let mut argv: [*const libc::c_char; 4096] = [null; 4096];
+        let mut envp: [*const libc::c_char; 1024] = [null; 1024];
+        let cwd = match &launch.late {
+            None => {
+                let fill = |slots: &mut [*const libc::c_char], from: &[CString]| {
+                    for (slot, s) in slots.iter_mut().zip(from) {
+                        *slot = s.as_ptr();
+                    }
+                };
+                fill(&mut programs[..MAX_PROGRAMS], &plan.programs);
+                fill(&mut argv[..MAX_ARGS], &plan.argv);
+                fill(&mut envp[..MAX_ENV], &plan.env);
+                plan.cwd.as_ptr()
+            }
+            Some(late) => {
+                let mut strings = late
+                    .strings
+                    .split(|&b| b == 0)
+                    .map(|s| s.as_ptr().cast::<libc::c_char>());
+                let cwd = strings.next().unwrap_or(null);
+                let [n_programs, n_argv, n_env] = late.counts;
+                for (slots, n) in [
+                    (&mut programs[..], n_programs),
+                    (&mut argv[..], n_argv),
+                    (&mut envp[..], n_env),
+                ] {
+                    for (slot, s) in slots.iter_mut().zip(strings.by_ref().take(n)) {
+                        *slot = s;
+                    }
+                }
+                cwd
+            }
+        };
+        check(fds, STEP_CHDIR, libc::chdir(cwd) as _);
 
-        let mut argv: [*const libc::c_char; 4096] = [std::ptr::null(); 4096];
-        for (slot, arg) in argv.iter_mut().zip(plan.argv.iter()) {
-            *slot = arg.as_ptr();
-        }
-        let mut envp: [*const libc::c_char; 1024] = [std::ptr::null(); 1024];
-        for (slot, var) in envp.iter_mut().zip(plan.env.iter()) {
-            *slot = var.as_ptr();
-        }
         let mut err = libc::ENOENT;
-        for program in &plan.programs {
-            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        for &program in programs.iter().take_while(|p| !p.is_null()) {
+            libc::execve(program, argv.as_ptr(), envp.as_ptr());
             let e = errno();
             // Keep looking past missing entries, but remember a real refusal.
             if e != libc::ENOENT && e != libc::ENOTDIR {

@@ -644,6 +644,10 @@ impl FileSystem for NativeSandbox {
         self.cleaned
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.shutdown.cancel();
+        // An init started ahead of an exec that never came is killed (its cgroup goes
+        // once it is gone).
+        let prepared = self.prepared.lock().ok().and_then(|mut slot| slot.take());
+        drop(prepared);
         self.running.close();
         self.running.wait().await;
         // Its processes are gone: the proxy's connections end (each recorded).

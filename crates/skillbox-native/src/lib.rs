@@ -19,6 +19,7 @@ mod scratch;
 mod spawn;
 mod spawner;
 mod trees;
+mod warm;
 
 pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};

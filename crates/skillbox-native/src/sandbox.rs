@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::cgroup::{self, ExecCgroup};
 use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC};
-use crate::child::{MAX_ARGS, MAX_ENV};
+use crate::child::{MAX_ARGS, MAX_ENV, MAX_PROGRAMS};
 use crate::landlock;
 use crate::layout::{self, Root, WORKSPACE};
 use crate::spawn::{self, HostIds, InitProcess, Started};
@@ -38,6 +38,8 @@ pub struct NativeBackend {
     /// Roots the egress proxy trusts for the hosts it adds secrets for, beyond the
     /// public web roots (a private CA; tests).
     upstream_roots: Arc<Vec<rustls_pki_types::CertificateDer<'static>>>,
+    /// Sandboxes made ahead, with their first exec prepared (`with_warm`).
+    warm: Option<Arc<crate::warm::Warm>>,
 }
 
 impl NativeBackend {
@@ -46,6 +48,30 @@ impl NativeBackend {
             data_dir: data_dir.into(),
             resolver: Arc::new(skillbox_egress::SystemResolver),
             upstream_roots: Arc::default(),
+            warm: None,
+        }
+    }
+
+    /// Keeps up to `size` sandboxes made ahead for the shape of the last `create`
+    /// (limits and policy; a temp workspace and no egress), each with its first exec's
+    /// init started and locked down: a run that takes one pays only for its command.
+    /// Every sandbox this backend's `create` hands out then has its first exec
+    /// prepared, made ahead or not. `size` 0: none of this.
+    pub fn with_warm(mut self, size: usize) -> Self {
+        self.warm = (size > 0).then(|| crate::warm::Warm::new(size));
+        self
+    }
+
+    /// How many sandboxes are made ahead and ready now.
+    pub fn warm_ready(&self) -> usize {
+        self.warm.as_ref().map_or(0, |warm| warm.ready())
+    }
+
+    /// Drops the sandboxes made ahead (each kills its prepared init) and stops making
+    /// them until the next `create`.
+    pub fn drain_warm(&self) {
+        if let Some(warm) = &self.warm {
+            drop(warm.drain());
         }
     }
 
@@ -85,20 +111,39 @@ impl NativeBackend {
     /// Prepares a sandbox: its root, `/etc`, workspace and limits. Refuses with
     /// `unavailable` naming the layer this host cannot give.
     pub async fn create(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
+        let Some(warm) = &self.warm else {
+            return self.maker()(spec).await;
+        };
+        if let Some(sandbox) = warm.take(&spec, &self.maker()) {
+            tracing::debug!(dir = %sandbox.dir.display(), "native: sandbox made ahead");
+            return Ok(sandbox);
+        }
+        let sandbox = self.maker()(spec).await?;
+        sandbox.prepare_exec().await?;
+        Ok(sandbox)
+    }
+
+    /// How a sandbox is made, off the async threads.
+    fn maker(&self) -> crate::warm::Make {
         let data_dir = self.data_dir.clone();
         let resolver = self.resolver.clone();
         let roots = self.upstream_roots.clone();
-        crate::spawn::warm_up();
-        tokio::task::spawn_blocking(move || {
-            NativeSandbox::prepare(&data_dir, spec, false, &resolver, &roots)
+        Arc::new(move |spec| {
+            let (data_dir, resolver, roots) = (data_dir.clone(), resolver.clone(), roots.clone());
+            Box::pin(async move {
+                crate::spawn::warm_up();
+                tokio::task::spawn_blocking(move || {
+                    NativeSandbox::prepare(&data_dir, spec, false, &resolver, &roots)
+                })
+                .await
+                .map_err(|e| {
+                    EnvError::new(
+                        ErrorCode::Unknown,
+                        format!("native: setup worker failed: {e}"),
+                    )
+                })?
+            })
         })
-        .await
-        .map_err(|e| {
-            EnvError::new(
-                ErrorCode::Unknown,
-                format!("native: setup worker failed: {e}"),
-            )
-        })?
     }
 }
 
@@ -140,6 +185,47 @@ pub struct NativeSandbox {
     /// The host directory of the CA files shown at `/skillbox-egress` (secrets),
     /// removed with the sandbox.
     pub(crate) egress_dir: Option<PathBuf>,
+    /// The next exec's init, started ahead of its command with every layer in place
+    /// ([`NativeSandbox::prepare_exec`]): that exec pays only for its command.
+    pub(crate) prepared: Mutex<Option<PreparedExec>>,
+}
+
+/// An exec's init, cloned into its namespaces and cgroup and locked down, waiting for
+/// its command. Dropped unused, it is killed, and its cgroup removed off this thread.
+#[derive(Debug)]
+pub(crate) struct PreparedExec {
+    started: Option<Started>,
+    cgroup: Option<Arc<ExecCgroup>>,
+}
+
+impl PreparedExec {
+    /// Whether its init still waits (one killed meanwhile has exited).
+    fn waiting(&mut self) -> bool {
+        self.started
+            .as_mut()
+            .is_some_and(|started| !started.init.try_reap())
+    }
+
+    fn take(mut self) -> Option<(Started, Option<Arc<ExecCgroup>>)> {
+        let started = self.started.take()?;
+        Some((started, self.cgroup.take()))
+    }
+}
+
+impl Drop for PreparedExec {
+    fn drop(&mut self) {
+        if let Some(started) = self.started.take() {
+            started.init.kill();
+            drop(started);
+        }
+        // Removing the cgroup waits for the killed init to be gone.
+        if let Some(cgroup) = self.cgroup.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(cgroup))),
+                Err(_) => drop(cgroup),
+            }
+        }
+    }
 }
 
 fn seccomp_filter() -> Vec<libc::sock_filter> {
@@ -441,6 +527,7 @@ impl NativeSandbox {
             cgroup_host,
             egress: None,
             egress_dir: None,
+            prepared: Mutex::new(None),
         })
     }
 
@@ -453,6 +540,41 @@ impl NativeSandbox {
         (self.limits.memory_bytes.is_some() && self.cgroup_host.has("memory"))
             || (self.limits.pids.is_some() && self.cgroup_host.has("pids"))
             || self.limits.cpus.is_some()
+    }
+
+    /// The plan of an exec without its command: what [`NativeSandbox::prepare_exec`]
+    /// starts an init from.
+    fn layout_plan(&self) -> ChildPlan {
+        ChildPlan {
+            layout: self.root.layout.clone(),
+            // As root (an idmapped workspace too) the inherited supplementary groups
+            // are dropped; unprivileged, the kernel allows no setgroups at all.
+            // SAFETY: geteuid has no preconditions.
+            clear_groups: unsafe { libc::geteuid() } == 0,
+            cwd: CString::default(),
+            programs: Vec::new(),
+            argv: Vec::new(),
+            env: Vec::new(),
+            // Allocated by whoever clones (`spawn`): the spawner process has its own.
+            payload_stack: Vec::new(),
+            late: false,
+            late_buffer: Vec::new(),
+            egress: self.egress.is_some(),
+            workspace_tree: -1,
+            bind_trees: Vec::new(),
+            workspace_source: match &self.scratch {
+                Some(s) if s.attached_at().is_none() => std::os::fd::AsRawFd::as_raw_fd(&s.fd()),
+                _ => -1,
+            },
+            fds: ChildFds {
+                sync: -1,
+                error: -1,
+                status: -1,
+                stdin: -1,
+                stdout: -1,
+                stderr: -1,
+            },
+        }
     }
 
     fn child_plan(&self, request: &ExecRequest) -> EnvResult<ChildPlan> {
@@ -506,12 +628,12 @@ impl NativeSandbox {
                 .map(|d| c(&format!("{d}/{}", argv[0])))
                 .collect::<EnvResult<Vec<_>>>()?
         };
+        if programs.len() > MAX_PROGRAMS {
+            return Err(EnvError::invalid(format!(
+                "env PATH: more than {MAX_PROGRAMS} directories"
+            )));
+        }
         Ok(ChildPlan {
-            layout: self.root.layout.clone(),
-            // As root (an idmapped workspace too) the inherited supplementary groups
-            // are dropped; unprivileged, the kernel allows no setgroups at all.
-            // SAFETY: geteuid has no preconditions.
-            clear_groups: unsafe { libc::geteuid() } == 0,
             cwd: CString::new(cwd.as_os_str().as_bytes())
                 .map_err(|_| EnvError::invalid("cwd: contains a NUL byte"))?,
             programs,
@@ -520,24 +642,99 @@ impl NativeSandbox {
                 .iter()
                 .map(|(k, v)| c(&format!("{k}={v}")))
                 .collect::<EnvResult<_>>()?,
-            // Allocated by whoever clones (`spawn`): the spawner process has its own.
-            payload_stack: Vec::new(),
-            egress: self.egress.is_some(),
-            workspace_tree: -1,
-            bind_trees: Vec::new(),
-            workspace_source: match &self.scratch {
-                Some(s) if s.attached_at().is_none() => std::os::fd::AsRawFd::as_raw_fd(&s.fd()),
-                _ => -1,
-            },
-            fds: ChildFds {
-                sync: -1,
-                error: -1,
-                status: -1,
-                stdin: -1,
-                stdout: -1,
-                stderr: -1,
-            },
+            ..self.layout_plan()
         })
+    }
+
+    /// Starts the next exec's init now, ahead of its command: its clone, maps, root,
+    /// layers and cgroup, so that exec only sends its command. Not for a sandbox with
+    /// egress (its listener and proxy are per exec) nor a one-shot one; a sandbox holds
+    /// one at most.
+    pub async fn prepare_exec(&self) -> EnvResult<()> {
+        if self.egress.is_some() || self.one_shot || self.shutdown.is_cancelled() {
+            return Ok(());
+        }
+        let plan = ChildPlan {
+            late: true,
+            ..self.layout_plan()
+        };
+        let (started, cgroup) = self.start_init(plan).await?;
+        let prepared = PreparedExec {
+            started: Some(started),
+            cgroup,
+        };
+        if let Ok(mut slot) = self.prepared.lock() {
+            slot.get_or_insert(prepared);
+        }
+        Ok(())
+    }
+
+    /// Clones an exec's init from `plan`, in its cgroup: the clones of the captured
+    /// binds it attaches are made here and dropped once it has its own.
+    async fn start_init(
+        &self,
+        mut plan: ChildPlan,
+    ) -> EnvResult<(Started, Option<Arc<ExecCgroup>>)> {
+        // A detached mount attaches once: an idmapped workspace is cloned per exec.
+        let workspace_tree = if self.idmapped {
+            let captured = self.workspace_bind_tree();
+            let tree = match captured {
+                Some(tree) => tree
+                    .clone_for_exec()
+                    .map_err(|e| format!("open_tree of the captured workspace: {e}"))
+                    .and_then(|clone| crate::idmap::idmapped(clone, &self.workspace)),
+                None => crate::idmap::idmapped_tree(&self.workspace),
+            }
+            .map_err(|e| unavailable("idmapped workspace", e))?;
+            plan.workspace_tree = std::os::fd::AsRawFd::as_raw_fd(&tree);
+            Some(tree)
+        } else {
+            None
+        };
+        // The binds captured at create, cloned for this exec (a detached mount attaches
+        // once); the idmapped workspace has its own clone above.
+        let bind_clones = self
+            .bind_trees
+            .iter()
+            .enumerate()
+            .map(|(slot, tree)| match tree {
+                Some(tree) if !(self.idmapped && slot == self.workspace_bind_slot()) => {
+                    tree.clone_for_exec().map(Some)
+                }
+                _ => Ok(None),
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(|e| unavailable("mount_ns", format!("cloning a captured bind: {e}")))?;
+        plan.bind_trees = bind_clones
+            .iter()
+            .map(|t| t.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd))
+            .collect();
+        let cgroup = if self.needs_cgroup() {
+            let name = format!(
+                "{}-{}",
+                sandbox_counter(),
+                self.dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            );
+            Some(Arc::new(
+                ExecCgroup::create(self.cgroup_host, &self.limits, &name)
+                    .map_err(|e| unavailable("cgroup", e))?,
+            ))
+        } else {
+            None
+        };
+        let started = if self.one_shot {
+            spawn::start_here(plan, self.ids, cgroup.as_deref())
+        } else {
+            spawn::start(plan, self.ids, cgroup.clone()).await
+        }
+        .map_err(|e| unavailable("setup", e))?;
+        // The child has its copies (and moved them into place): ours can go.
+        drop(workspace_tree);
+        drop(bind_clones);
+        Ok((started, cgroup))
     }
 
     /// The workspace's bind source as captured at create, if it was.
@@ -618,75 +815,47 @@ impl Shell for NativeSandbox {
                 "native: this sandbox was cleaned up; create a new one",
             ));
         }
-        let mut plan = self.child_plan(&request)?;
-        // A detached mount attaches once: an idmapped workspace is cloned per exec.
-        let workspace_tree = if self.idmapped {
-            let captured = self.workspace_bind_tree();
-            let tree = match captured {
-                Some(tree) => tree
-                    .clone_for_exec()
-                    .map_err(|e| format!("open_tree of the captured workspace: {e}"))
-                    .and_then(|clone| crate::idmap::idmapped(clone, &self.workspace)),
-                None => crate::idmap::idmapped_tree(&self.workspace),
-            }
-            .map_err(|e| unavailable("idmapped workspace", e))?;
-            plan.workspace_tree = std::os::fd::AsRawFd::as_raw_fd(&tree);
-            Some(tree)
-        } else {
-            None
-        };
-        // The binds captured at create, cloned for this exec (a detached mount attaches
-        // once); the idmapped workspace has its own clone above.
-        let bind_clones = self
-            .bind_trees
-            .iter()
-            .enumerate()
-            .map(|(slot, tree)| match tree {
-                Some(tree) if !(self.idmapped && slot == self.workspace_bind_slot()) => {
-                    tree.clone_for_exec().map(Some)
-                }
-                _ => Ok(None),
-            })
-            .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| unavailable("mount_ns", format!("cloning a captured bind: {e}")))?;
-        plan.bind_trees = bind_clones
-            .iter()
-            .map(|t| t.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd))
-            .collect();
+        let plan = self.child_plan(&request)?;
         let timeout = request.timeout.unwrap_or(self.limits.timeout());
         let started_at = Instant::now();
         let deadline = tokio::time::Instant::now() + timeout;
-        let cgroup = if self.needs_cgroup() {
-            let name = format!(
-                "{}-{}",
-                sandbox_counter(),
-                self.dir
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            );
-            Some(Arc::new(
-                ExecCgroup::create(self.cgroup_host, &self.limits, &name)
-                    .map_err(|e| unavailable("cgroup", e))?,
-            ))
-        } else {
-            None
-        };
-        let Started {
-            mut init,
-            stdin,
-            stdout,
-            stderr,
-            error,
-            status,
-            namespaces,
-            egress,
-        } = if self.one_shot {
-            spawn::start_here(plan, self.ids, cgroup.as_deref())
-        } else {
-            spawn::start(plan, self.ids, cgroup.clone()).await
+        // A prepared init takes the command as it is; one too large for it is started
+        // the usual way (and the prepared one kept for a later exec).
+        let command = crate::child::late_command(&plan.cwd, &plan.programs, &plan.argv, &plan.env);
+        let prepared = match command {
+            Some(_) => self.prepared.lock().ok().and_then(|mut slot| slot.take()),
+            None => None,
         }
-        .map_err(|e| unavailable("setup", e))?;
+        .and_then(|mut prepared| prepared.waiting().then_some(prepared))
+        .and_then(PreparedExec::take);
+        let (
+            Started {
+                mut init,
+                stdin,
+                stdout,
+                stderr,
+                error,
+                status,
+                namespaces,
+                egress,
+                go: _,
+            },
+            cgroup,
+        ) = match (prepared, command) {
+            (Some((mut started, cgroup)), Some(command)) => {
+                if started.go(&command) {
+                    (started, cgroup)
+                } else {
+                    // Gone before its command came: dropped, and a fresh one started.
+                    drop(PreparedExec {
+                        started: Some(started),
+                        cgroup,
+                    });
+                    self.start_init(plan).await?
+                }
+            }
+            _ => self.start_init(plan).await?,
+        };
         // The proxy serves this exec's loopback listener until the exec's task ends.
         let egress_done = match (egress, self.egress.as_ref().map(|e| &e.proxy)) {
             (Some(listener), Some(proxy)) => {
@@ -700,9 +869,6 @@ impl Shell for NativeSandbox {
             }
             _ => None,
         };
-        // The child has its copies (and moved them into place): ours can go.
-        drop(workspace_tree);
-        drop(bind_clones);
         let spawned_at = Instant::now();
         let spawn_ms = started_at.elapsed().as_millis();
         tracing::debug!(spawn_ms, "native: sandbox cloned");

@@ -109,6 +109,37 @@ pub struct Started {
     pub namespaces: ExecNamespaces,
     /// The egress proxy's listener on the exec's loopback, when the plan asked for it.
     pub egress: Option<OwnedFd>,
+    /// A prepared init's go-ahead: its command goes here ([`Started::go`]).
+    pub go: Option<OwnedFd>,
+}
+
+impl Started {
+    /// Lets a prepared init run `command` (from [`child::late_command`]); false when it
+    /// is gone (its end of the pipe closed: killed meanwhile, or failed and said why
+    /// on its error pipe).
+    pub fn go(&mut self, command: &[u8]) -> bool {
+        let Some(go) = self.go.take() else {
+            return false;
+        };
+        let mut sent = 0;
+        while sent < command.len() {
+            // SAFETY: a write from a live slice to our own pipe. It cannot block: the
+            // pipe is empty and the command at most `child::LATE_BYTES` long.
+            let n = unsafe {
+                libc::write(
+                    go.as_raw_fd(),
+                    command[sent..].as_ptr().cast(),
+                    command.len() - sent,
+                )
+            };
+            if n > 0 {
+                sent += n as usize;
+            } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// The network and user namespaces of one exec (`None` where they could not be opened).
@@ -302,8 +333,11 @@ pub(crate) fn clone_init(
     into: Option<std::os::fd::RawFd>,
     sibling: bool,
 ) -> std::io::Result<(i32, OwnedFd)> {
-    // Init starts the payload on this stack: never clone without it.
-    if plan.payload_stack.len() < child::PAYLOAD_STACK {
+    // Init starts the payload on this stack (and a prepared one reads its command into
+    // that buffer): never clone without them.
+    if plan.payload_stack.len() < child::PAYLOAD_STACK
+        || (plan.late && plan.late_buffer.len() < child::LATE_BYTES)
+    {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
     let mut pidfd: libc::c_int = -1;
@@ -374,11 +408,15 @@ fn clone_sandbox(
         Some(cloned) => cloned,
         None => {
             plan.payload_stack = vec![0; child::PAYLOAD_STACK];
+            if plan.late {
+                plan.late_buffer = vec![0; child::LATE_BYTES];
+            }
             clone_init(&plan, into_fd, false).map_err(|e| clone_error(&e))?
         }
     };
     let plan_clear_groups = plan.clear_groups;
     let plan_egress = plan.egress;
+    let plan_late = plan.late;
     drop(pipes.child);
     // From here on, any early return drops `init`, which kills and reaps the child.
     let init = InitProcess {
@@ -449,7 +487,8 @@ fn clone_sandbox(
     {
         return Err(format!("cgroup: {e}"));
     }
-    if !go() {
+    // A prepared init waits for its command instead, which says the same.
+    if !plan_late && !go() {
         return Err("cannot signal the sandbox that its cgroup is ready".into());
     }
     let [stdin, stdout, stderr, error, status] = pipes.parent;
@@ -462,6 +501,7 @@ fn clone_sandbox(
         status,
         namespaces,
         egress,
+        go: plan_late.then_some(pipes.sync),
     })
 }
 

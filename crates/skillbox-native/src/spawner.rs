@@ -70,6 +70,7 @@ fn encode(plan: &ChildPlan, into: Option<RawFd>) -> (Vec<u8>, Vec<RawFd>) {
     w.cstrs(&plan.argv);
     w.cstrs(&plan.env);
     w.bool(plan.egress);
+    w.bool(plan.late);
     w.fd(plan.workspace_tree);
     w.fd(plan.workspace_source);
     w.u32(plan.bind_trees.len() as u32);
@@ -173,6 +174,7 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
     let argv = r.cstrs()?;
     let env = r.cstrs()?;
     let egress = r.bool()?;
+    let late = r.bool()?;
     let workspace_tree = r.fd()?;
     let workspace_source = r.fd()?;
     let bind_trees = r.list(|r| r.fd())?;
@@ -230,6 +232,7 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
     // is not cut to a prefix, no bind tree is dropped.
     let fits = r.bytes.is_empty()
         && workspace_op < mounts.len().max(1)
+        && programs.len() <= crate::child::MAX_PROGRAMS
         && argv.len() <= crate::child::MAX_ARGS
         && env.len() <= crate::child::MAX_ENV
         && bind_trees.len() <= crate::child::MAX_BINDS
@@ -255,8 +258,11 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
         argv,
         env,
         fds: pipe_fds,
-        // Given by the caller (see `main`), which keeps one stack for every request.
+        // Given by the caller (see `main`), which keeps one stack (and one late
+        // buffer) for every request.
         payload_stack: Vec::new(),
+        late,
+        late_buffer: Vec::new(),
         egress,
         workspace_tree,
         workspace_source,
@@ -503,6 +509,8 @@ pub fn main(args: &[String]) -> i32 {
     // a request cost a memset of its every page here: glibc serves it from the heap
     // once a freed large block has raised its mmap threshold.)
     let mut stack: Vec<u8> = vec![0; crate::child::PAYLOAD_STACK];
+    // Likewise the buffer a prepared init reads its command into.
+    let mut late_buffer: Vec<u8> = vec![0; crate::child::LATE_BYTES];
     loop {
         let mut header = [0u8; 4];
         let fds = match recv_with_fds(&socket, &mut header) {
@@ -521,8 +529,14 @@ pub fn main(args: &[String]) -> i32 {
         let answer = match decode(&body, &fds) {
             Some((mut plan, into)) => {
                 plan.payload_stack = std::mem::take(&mut stack);
+                if plan.late {
+                    plan.late_buffer = std::mem::take(&mut late_buffer);
+                }
                 let cloned = crate::spawn::clone_init(&plan, into, true);
                 stack = std::mem::take(&mut plan.payload_stack);
+                if plan.late {
+                    late_buffer = std::mem::take(&mut plan.late_buffer);
+                }
                 cloned.map_err(|e| (CLONE_FAILED, e.raw_os_error().unwrap_or(libc::EIO)))
             }
             None => Err((MALFORMED, libc::EINVAL)),
@@ -779,6 +793,8 @@ mod tests {
                 stderr: fds[1],
             },
             payload_stack: Vec::new(),
+            late: true,
+            late_buffer: Vec::new(),
             egress: true,
             workspace_tree: -1,
             workspace_source: fds[2],
@@ -840,7 +856,11 @@ mod tests {
             plan_b.payload_stack.is_empty(),
             "the spawner process has its own"
         );
-        assert!(plan_b.clear_groups && plan_b.egress);
+        assert!(plan_b.clear_groups && plan_b.egress && plan_b.late);
+        assert!(
+            plan_b.late_buffer.is_empty(),
+            "the spawner process has its own"
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 
 use skillbox_env::SandboxSpec;
 use skillbox_env::testkit::Made;
-use skillbox_native::NativeBackend;
 use skillbox_native::spawner_process;
+use skillbox_native::{NativeBackend, NativeSandbox};
 
 /// This binary as the spawner process: the ignored test [`spawner_process_body`], found
 /// by its exact name.
@@ -31,14 +31,17 @@ fn start_spawner_process() {
 }
 
 /// Each test gets its own data dir, removed with the env's cleanup.
-async fn make_env(spec: SandboxSpec) -> Made {
+async fn make_sandbox(spec: SandboxSpec) -> Result<NativeSandbox, String> {
     let data = common::data_dir()?;
     start_spawner_process();
-    let sandbox = NativeBackend::new(&data)
+    NativeBackend::new(&data)
         .create(spec)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(Box::new(sandbox))
+        .map_err(|e| e.to_string())
+}
+
+async fn make_env(spec: SandboxSpec) -> Made {
+    Ok(Box::new(make_sandbox(spec).await?))
 }
 
 skillbox_env::conformance_suite!(make_env);
@@ -58,8 +61,26 @@ fn spawner_process_body() {
 /// process's: reaped by us, and its pid ours until then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_is_the_callers_child_not_the_spawner_processes() {
-    use skillbox_env::{CancellationToken, ExecEvent, ExecRequest};
-    let made = make_env(skillbox_env::testkit::spec()).await;
+    check_init_origin(false).await;
+}
+
+/// The same for an init prepared ahead of its command (a pooled sandbox's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_init_is_the_callers_child_too() {
+    check_init_origin(true).await;
+}
+
+async fn check_init_origin(prepared: bool) {
+    use skillbox_env::{CancellationToken, ExecEvent, ExecRequest, ExecutionEnv};
+    let made = match make_sandbox(skillbox_env::testkit::spec()).await {
+        Ok(sandbox) => {
+            if prepared {
+                sandbox.prepare_exec().await.expect("prepare_exec");
+            }
+            Ok(Box::new(sandbox) as Box<dyn ExecutionEnv>)
+        }
+        Err(e) => Err(e),
+    };
     let Some(env) = skillbox_env::testkit::require(made, "init_is_the_callers_child") else {
         return;
     };

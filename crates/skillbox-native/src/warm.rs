@@ -1,0 +1,174 @@
+//! Sandboxes made ahead of the runs that take them (`NativeBackend::with_warm`): each
+//! is created for the shape the last run asked for (its limits and policy, with no
+//! caller's workspace and no egress) and has its first exec's init already started,
+//! locked down and in its cgroup ([`NativeSandbox::prepare_exec`]), so a run that takes
+//! one pays only for its command.
+//!
+//! Every sandbox is handed out once and never comes back; a place is refilled as soon
+//! as it is taken. A run of another shape makes the pool start over for that shape.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use skillbox_env::{EnvResult, Limits, SandboxPolicy, SandboxSpec};
+
+use crate::sandbox::NativeSandbox;
+
+/// What a pooled sandbox was made for: two specs of one shape make the same sandbox.
+#[derive(Debug, Clone, PartialEq)]
+struct Shape {
+    limits: Limits,
+    policy: SandboxPolicy,
+}
+
+impl Shape {
+    /// The shape of `spec`, if sandboxes of it can be made ahead: a temp workspace (a
+    /// caller's directory is the caller's) and no egress (a proxy and its secrets are
+    /// the run's own).
+    fn of(spec: &SandboxSpec) -> Option<Shape> {
+        let own = spec.workspace.is_none()
+            && spec.policy.network.is_none()
+            && spec.policy.secrets.is_empty();
+        own.then(|| Shape {
+            limits: spec.limits.clone(),
+            policy: spec.policy.clone(),
+        })
+    }
+
+    fn spec(&self) -> SandboxSpec {
+        SandboxSpec {
+            workspace: None,
+            limits: self.limits.clone(),
+            policy: self.policy.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    shape: Option<Shape>,
+    ready: Vec<NativeSandbox>,
+    /// Sandboxes being made for `shape`.
+    filling: usize,
+}
+
+/// The pool; shared by every clone of its backend.
+#[derive(Debug)]
+pub(crate) struct Warm {
+    size: usize,
+    state: Mutex<State>,
+}
+
+/// How a pooled sandbox is made: the backend's own create.
+pub(crate) type Make = Arc<
+    dyn Fn(SandboxSpec) -> Pin<Box<dyn Future<Output = EnvResult<NativeSandbox>> + Send>>
+        + Send
+        + Sync,
+>;
+
+impl Warm {
+    pub(crate) fn new(size: usize) -> Arc<Warm> {
+        Arc::new(Warm {
+            size,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// A sandbox made ahead for `spec`'s shape, if one is ready. Either way the pool
+    /// then fills up for that shape (dropping any made for another).
+    pub(crate) fn take(self: &Arc<Self>, spec: &SandboxSpec, make: &Make) -> Option<NativeSandbox> {
+        let shape = Shape::of(spec)?;
+        let (taken, stale) = {
+            let mut state = self.state.lock().ok()?;
+            let stale = if state.shape.as_ref() != Some(&shape) {
+                state.shape = Some(shape.clone());
+                state.filling = 0;
+                std::mem::take(&mut state.ready)
+            } else {
+                Vec::new()
+            };
+            (state.ready.pop(), stale)
+        };
+        // Made for another shape: dropped (each kills its prepared init).
+        drop(stale);
+        self.fill(shape, make);
+        taken
+    }
+
+    /// How many sandboxes are ready.
+    pub(crate) fn ready(&self) -> usize {
+        self.state.lock().map_or(0, |state| state.ready.len())
+    }
+
+    /// Claims a place to fill for `shape`, if the pool still wants one.
+    fn claim(&self, shape: &Shape) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        let wanted =
+            state.shape.as_ref() == Some(shape) && state.ready.len() + state.filling < self.size;
+        if wanted {
+            state.filling += 1;
+        }
+        wanted
+    }
+
+    /// Makes sandboxes of `shape` until the pool is full, one at a time, in the
+    /// background.
+    fn fill(self: &Arc<Self>, shape: Shape, make: &Make) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !self.claim(&shape) {
+            return;
+        }
+        let (warm, make) = (self.clone(), make.clone());
+        runtime.spawn(async move {
+            loop {
+                let made = match make(shape.spec()).await {
+                    Ok(sandbox) => match sandbox.prepare_exec().await {
+                        Ok(()) => Some(sandbox),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "native: cannot prepare a pooled sandbox's exec");
+                            None
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "native: cannot make a pooled sandbox");
+                        None
+                    }
+                };
+                {
+                    let Ok(mut state) = warm.state.lock() else {
+                        return;
+                    };
+                    // Made for a shape no longer wanted: dropped as it leaves.
+                    if state.shape.as_ref() != Some(&shape) {
+                        return;
+                    }
+                    state.filling = state.filling.saturating_sub(1);
+                    match made {
+                        Some(sandbox) => state.ready.push(sandbox),
+                        // Failed: stop here; the next take tries again.
+                        None => return,
+                    }
+                }
+                if !warm.claim(&shape) {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Drops every ready sandbox and stops filling (a backend going away).
+    pub(crate) fn drain(&self) -> Vec<NativeSandbox> {
+        match self.state.lock() {
+            Ok(mut state) => {
+                state.shape = None;
+                std::mem::take(&mut state.ready)
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+}
