@@ -62,6 +62,13 @@ impl NativeBackend {
         self
     }
 
+    /// Starts making sandboxes ahead for `spec`'s shape, before the first `create`.
+    pub fn prepare_warm(&self, spec: SandboxSpec) {
+        if let Some(warm) = &self.warm {
+            warm.prime(&spec, &self.maker());
+        }
+    }
+
     /// How many sandboxes are made ahead and ready now.
     pub fn warm_ready(&self) -> usize {
         self.warm.as_ref().map_or(0, |warm| warm.ready())

@@ -15,7 +15,8 @@ use skillbox_env::{EnvResult, Limits, SandboxPolicy, SandboxSpec};
 
 use crate::sandbox::NativeSandbox;
 
-/// What a pooled sandbox was made for: two specs of one shape make the same sandbox.
+/// What a pooled sandbox was made for: two specs of one shape make the same sandbox
+/// (the timeout is not part of it: it is the exec's, given when one is handed out).
 #[derive(Debug, Clone, PartialEq)]
 struct Shape {
     limits: Limits,
@@ -31,15 +32,23 @@ impl Shape {
             && spec.policy.network.is_none()
             && spec.policy.secrets.is_empty();
         own.then(|| Shape {
-            limits: spec.limits.clone(),
+            limits: Limits {
+                timeout_ms: 0,
+                ..spec.limits.clone()
+            },
             policy: spec.policy.clone(),
         })
     }
 
+    /// A spec of this shape to make a sandbox from (the default timeout: the one it
+    /// is handed out for sets its own).
     fn spec(&self) -> SandboxSpec {
         SandboxSpec {
             workspace: None,
-            limits: self.limits.clone(),
+            limits: Limits {
+                timeout_ms: Limits::default().timeout_ms,
+                ..self.limits.clone()
+            },
             policy: self.policy.clone(),
         }
     }
@@ -78,6 +87,22 @@ impl Warm {
     /// A sandbox made ahead for `spec`'s shape, if one is ready. Either way the pool
     /// then fills up for that shape (dropping any made for another).
     pub(crate) fn take(self: &Arc<Self>, spec: &SandboxSpec, make: &Make) -> Option<NativeSandbox> {
+        let mut taken = self.made_for(spec, make, true)?;
+        taken.limits = spec.limits.clone();
+        Some(taken)
+    }
+
+    /// Starts filling the pool for `spec`'s shape (dropping any made for another).
+    pub(crate) fn prime(self: &Arc<Self>, spec: &SandboxSpec, make: &Make) {
+        drop(self.made_for(spec, make, false));
+    }
+
+    fn made_for(
+        self: &Arc<Self>,
+        spec: &SandboxSpec,
+        make: &Make,
+        take: bool,
+    ) -> Option<NativeSandbox> {
         let shape = Shape::of(spec)?;
         let (taken, stale) = {
             let mut state = self.state.lock().ok()?;
@@ -88,7 +113,7 @@ impl Warm {
             } else {
                 Vec::new()
             };
-            (state.ready.pop(), stale)
+            (if take { state.ready.pop() } else { None }, stale)
         };
         // Made for another shape: dropped (each kills its prepared init).
         drop(stale);

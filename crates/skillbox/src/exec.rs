@@ -66,6 +66,14 @@ pub struct ExecArgs {
     command: Vec<String>,
 }
 
+/// The limits of an `exec` given no limit flags.
+pub fn default_limits() -> Limits {
+    Limits {
+        timeout_ms: DEFAULT_TIMEOUT.as_millis() as u64,
+        ..Limits::default()
+    }
+}
+
 fn usage(message: &str) -> ExitCode {
     eprintln!("skillbox exec: {message}");
     ExitCode::from(crate::EXIT_USAGE)
@@ -114,10 +122,10 @@ pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
     {
         return usage(&format!("--workdir {}: no such directory", dir.display()));
     }
-    let mut limits = Limits {
-        timeout_ms: args.timeout.unwrap_or(DEFAULT_TIMEOUT).as_millis() as u64,
-        ..Limits::default()
-    };
+    let mut limits = default_limits();
+    if let Some(timeout) = args.timeout {
+        limits.timeout_ms = timeout.as_millis() as u64;
+    }
     if let Some(Bound(memory)) = args.memory {
         limits.memory_bytes = memory;
     }
@@ -134,6 +142,18 @@ pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
     }
     if let Some(Bound(Some(inodes))) = args.inodes {
         limits.disk_inodes = Some(inodes);
+    }
+    // A `skillbox warm` on this data dir runs it in a sandbox it made ahead: the same
+    // backend, spec and command; only who makes the sandbox differs.
+    if args.backend == BackendKind::Native && args.workdir.is_none() {
+        let command = crate::warm::Exec {
+            limits: limits.clone(),
+            command: args.command.clone(),
+            json: args.json,
+        };
+        if let Some(code) = crate::warm::exec(data_dir, &command).await {
+            return code;
+        }
     }
     let env = match make_env(&args, data_dir, limits).await {
         Ok(env) => env,
@@ -164,18 +184,51 @@ async fn run_json(
     cancel: &CancellationToken,
 ) -> ExitCode {
     match env.exec(request, cancel).await {
-        Ok(output) => match serde_json::to_string(&output) {
+        Ok(output) => match json_line(&output) {
             Ok(text) => {
-                println!("{text}");
+                print!("{text}");
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("skillbox exec: cannot render the output: {e}");
+            Err(message) => {
+                eprint!("{message}");
                 ExitCode::from(crate::EXIT_SETUP_FAILED)
             }
         },
         Err(e) => failed(&e),
     }
+}
+
+/// `--json`'s line for `output`, or the message of why it cannot be rendered.
+pub fn json_line(output: &skillbox_env::ExecOutput) -> Result<String, String> {
+    serde_json::to_string(output)
+        .map(|text| format!("{text}\n"))
+        .map_err(|e| format!("skillbox exec: cannot render the output: {e}\n"))
+}
+
+/// What a streamed exec says on stderr when it ends (a timeout, a limit), and its
+/// exit status.
+pub fn ending(output: &skillbox_env::ExecOutput) -> (String, u8) {
+    let mut notes = String::new();
+    if output.timed_out {
+        notes.push_str("skillbox exec: timed out\n");
+    }
+    if let Some(limit) = output.limit_hit {
+        notes.push_str(&format!(
+            "skillbox exec: limit hit: {}\n",
+            serde_json::to_string(&limit)
+                .unwrap_or_default()
+                .trim_matches('"')
+        ));
+    }
+    (notes, output.shell_status().clamp(0, 255) as u8)
+}
+
+/// The message of a stream that ended without an exit status.
+pub fn no_ending() -> EnvError {
+    EnvError::new(
+        skillbox_env::ErrorCode::Unknown,
+        "the sandbox ended without an exit status",
+    )
 }
 
 async fn run_streaming(
@@ -197,24 +250,12 @@ async fn run_streaming(
                 let _ = err.write_all(&chunk).and_then(|()| err.flush());
             }
             Ok(ExecEvent::Exit(output)) => {
-                if output.timed_out {
-                    eprintln!("skillbox exec: timed out");
-                }
-                if let Some(limit) = output.limit_hit {
-                    eprintln!(
-                        "skillbox exec: limit hit: {}",
-                        serde_json::to_string(&limit)
-                            .unwrap_or_default()
-                            .trim_matches('"')
-                    );
-                }
-                return ExitCode::from(output.shell_status().clamp(0, 255) as u8);
+                let (notes, code) = ending(&output);
+                eprint!("{notes}");
+                return ExitCode::from(code);
             }
             Err(e) => return failed(&e),
         }
     }
-    failed(&EnvError::new(
-        skillbox_env::ErrorCode::Unknown,
-        "the sandbox ended without an exit status",
-    ))
+    failed(&no_ending())
 }

@@ -14,6 +14,7 @@ mod serve;
 mod session;
 mod skills;
 mod units;
+mod warm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -65,6 +66,9 @@ enum Command {
     /// Sessions on a `skillbox serve`: open one, run commands in it with their output
     /// streamed, move files in and out, end it.
     Session(session::SessionArgs),
+    /// Keep native sandboxes made ahead for `skillbox exec` on this data dir (until
+    /// SIGTERM or Ctrl-C): an exec then pays only for its command.
+    Warm(warm::WarmArgs),
 }
 
 /// Exit status for skillbox's own failures (the sandbox could not be set up), as
@@ -173,7 +177,7 @@ fn main() -> ExitCode {
         raise_open_files();
     }
     // One thread is fastest for a single exec or run; the server wants every core.
-    let mut builder = if matches!(cli.command, Command::Serve(_)) {
+    let mut builder = if matches!(cli.command, Command::Serve(_) | Command::Warm(_)) {
         tokio::runtime::Builder::new_multi_thread()
     } else {
         tokio::runtime::Builder::new_current_thread()
@@ -199,6 +203,7 @@ fn main() -> ExitCode {
             Command::Skills(args) => skills::run(args, &data_dir).await,
             Command::Mcp(args) => mcp::run(args, &data_dir).await,
             Command::Session(args) => session::run(args).await,
+            Command::Warm(args) => warm::serve(args, &data_dir).await,
         }
     })
 }

@@ -1105,3 +1105,163 @@ fn cap_lists_grants_and_holds_the_host_ceiling() {
     let schema: Value = serde_json::from_slice(&cap(&["schema"]).stdout).unwrap();
     assert!(schema["properties"]["lifecycle"].is_object());
 }
+
+/// `skillbox warm` on `data`, once its socket answers.
+fn start_warm(data: &Path) -> std::process::Child {
+    let mut server = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data)
+        .args(["warm", "--sandboxes", "2"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let socket = data.join("warm.sock");
+    wait_for("skillbox warm's socket", || {
+        assert!(server.try_wait().unwrap().is_none(), "skillbox warm exited");
+        std::os::unix::net::UnixStream::connect(&socket).ok()
+    });
+    server
+}
+
+/// `exec` through `skillbox warm`: the same answers as without it (output, closing
+/// lines, exit status, `--json`, limits, a timeout, a missing command), in sandboxes
+/// the server made (init its child); a client killed ends its command; another user
+/// is refused; SIGTERM leaves nothing behind.
+#[test]
+fn exec_through_skillbox_warm_answers_as_without_it() {
+    if !native_or_skip("exec_through_skillbox_warm") {
+        return;
+    }
+    let warm_data = tempfile::tempdir().unwrap();
+    let cold_data = tempfile::tempdir().unwrap();
+    let mut server = start_warm(warm_data.path());
+    let cases: &[&[&str]] = &[
+        &[
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; id -u; exit 3",
+        ],
+        &[
+            "exec",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo hi; echo there >&2",
+        ],
+        &["exec", "--timeout", "1s", "--", "sleep", "5"],
+        &[
+            "exec",
+            "--memory",
+            "64M",
+            "--",
+            "python3",
+            "-c",
+            "b = bytearray(256 << 20); print('not refused')",
+        ],
+        &["exec", "--pids", "none", "--", "sh", "-c", "kill -9 $$"],
+        &["exec", "--", "no-such-command-here"],
+    ];
+    let without_duration = |out: &str| {
+        let mut value: Value = serde_json::from_str(out).unwrap();
+        value["durationMs"] = Value::Null;
+        value
+    };
+    for args in cases {
+        let warm = skillbox(warm_data.path(), args);
+        let cold = skillbox(cold_data.path(), args);
+        assert_eq!(warm.status.code(), cold.status.code(), "{args:?}");
+        assert_eq!(text(&warm.stderr), text(&cold.stderr), "{args:?}");
+        if args.contains(&"--json") {
+            assert_eq!(
+                without_duration(&text(&warm.stdout)),
+                without_duration(&text(&cold.stdout)),
+                "{args:?}"
+            );
+        } else {
+            assert_eq!(text(&warm.stdout), text(&cold.stdout), "{args:?}");
+        }
+    }
+
+    // The sandbox is the server's: its init is the server's child.
+    let nap = format!("3.{}", std::process::id());
+    let mut client = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(warm_data.path())
+        .args(["exec", "--", "sleep", &nap])
+        .spawn()
+        .unwrap();
+    let sleeper = wait_for("the sleep", || process_running(&["sleep", &nap]));
+    let init = parent_of(sleeper).unwrap();
+    assert_eq!(
+        parent_of(init),
+        Some(server.id()),
+        "init is the server's child"
+    );
+    // A client that goes away ends its command.
+    client.kill().unwrap();
+    client.wait().unwrap();
+    wait_for("the sleep ended", || (!running(sleeper)).then_some(()));
+
+    // Another user cannot run anything through it, even where the socket is open to
+    // them: the server asks the kernel who connected.
+    if is_root() {
+        let socket = warm_data.path().join("warm.sock");
+        std::fs::set_permissions(
+            warm_data.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        )
+        .unwrap();
+        std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .unwrap();
+        let request = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "exec": {"limits": {}, "command": ["echo", "pwned"], "json": false},
+        })
+        .to_string();
+        let probe = format!(
+            "import os, socket, struct\n\
+             os.setgid(65534); os.setuid(65534)\n\
+             s = socket.socket(socket.AF_UNIX); s.connect({socket:?})\n\
+             body = {request:?}.encode()\n\
+             s.sendall(struct.pack('<I', len(body)) + body)\n\
+             got = b''\n\
+             while True:\n\
+             \x20   b = s.recv(65536)\n\
+             \x20   if not b: break\n\
+             \x20   got += b\n\
+             print(got)\n",
+            socket = socket.to_str().unwrap()
+        );
+        let out = Command::new("python3")
+            .args(["-c", &probe])
+            .output()
+            .unwrap();
+        let said = text(&out.stdout);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(said.contains("serves uid 0 only"), "{said}");
+        assert!(!said.contains("pwned"), "{said}");
+    }
+
+    // SIGTERM: the server stops, its socket and everything it made ahead go.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let status = server.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!warm_data.path().join("warm.sock").exists());
+    wait_for("the server's sandboxes gone", || {
+        children_of(server.id()).is_empty().then_some(())
+    });
+    let left: Vec<String> = std::fs::read_dir(warm_data.path().join("native"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.starts_with("etc-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // And exec, without it, makes its own sandbox again.
+    let out = skillbox(warm_data.path(), &["exec", "--", "echo", "alone"]);
+    assert_eq!(text(&out.stdout), "alone\n");
+}

@@ -1,0 +1,337 @@
+//! `skillbox warm`: native sandboxes made ahead for `skillbox exec` on one data dir.
+//!
+//! The server keeps a few sandboxes of the shape `exec` asks for, each with its first
+//! exec's init started and locked down (`NativeBackend::with_warm`), and listens on
+//! `<data>/warm.sock`: a unix socket in the private data dir, mode 0600, that answers
+//! only its own user (the peer's uid, from the kernel). `exec` with the native backend
+//! and no `--workdir` sends it the limits and the command, and relays what comes back:
+//! the command's stdout and stderr, then skillbox's own closing lines and the exit
+//! status, exactly what it would have printed itself. Without a server (or one of
+//! another version) `exec` makes its sandbox itself, as before.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use skillbox_env::{
+    CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, Limits, SandboxSpec,
+};
+use skillbox_native::NativeBackend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+#[derive(Debug, Args)]
+pub struct WarmArgs {
+    /// Sandboxes to keep made ahead, each with its init started and locked down.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    sandboxes: u16,
+}
+
+/// The socket's name in the data dir.
+pub const SOCKET: &str = "warm.sock";
+/// A request is at most this large (the command and the limits).
+const MAX_REQUEST: usize = 1 << 20;
+
+// Frames from the server: a kind byte, a little-endian u32 length, the bytes.
+/// The command's stdout (or `--json`'s line).
+const OUT: u8 = b'o';
+/// The command's stderr, and skillbox's own messages.
+const ERR: u8 = b'e';
+/// The end: one byte, the exit status.
+const END: u8 = b'x';
+/// The server is another version of skillbox: the client runs the command itself.
+const OTHER_VERSION: u8 = b'v';
+
+/// What `exec` asks for: the sandbox's limits and the command.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Exec {
+    pub limits: Limits,
+    pub command: Vec<String>,
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Request {
+    version: String,
+    exec: Exec,
+}
+
+fn socket_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(SOCKET)
+}
+
+// ---- The client: `skillbox exec` ----
+
+/// Runs `exec` in a sandbox the data dir's `skillbox warm` made ahead; `None` when no
+/// server answers there (or it is another version): the caller makes the sandbox.
+pub async fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
+    let mut stream = UnixStream::connect(socket_path(data_dir)).await.ok()?;
+    let request = serde_json::to_vec(&Request {
+        version: env!("CARGO_PKG_VERSION").into(),
+        exec: Exec {
+            limits: exec.limits.clone(),
+            command: exec.command.clone(),
+            json: exec.json,
+        },
+    })
+    .ok()?;
+    let mut head = (request.len() as u32).to_le_bytes().to_vec();
+    head.extend_from_slice(&request);
+    if stream.write_all(&head).await.is_err() {
+        return None;
+    }
+    tracing::debug!("exec: in a sandbox skillbox warm made ahead");
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let mut first = true;
+    loop {
+        let frame = tokio::select! {
+            frame = read_frame(&mut stream) => frame,
+            _ = tokio::signal::ctrl_c() => {
+                // Dropping the connection ends the command (the server sees it close).
+                eprintln!("skillbox exec: {}", EnvError::aborted("exec"));
+                return Some(ExitCode::from(crate::EXIT_SETUP_FAILED));
+            }
+        };
+        match frame {
+            Some((OTHER_VERSION, _)) if first => return None,
+            Some((OUT, bytes)) => {
+                let _ = out.write_all(&bytes).and_then(|()| out.flush());
+            }
+            Some((ERR, bytes)) => {
+                let _ = err.write_all(&bytes).and_then(|()| err.flush());
+            }
+            Some((END, bytes)) if bytes.len() == 1 => return Some(ExitCode::from(bytes[0])),
+            _ => {
+                eprintln!(
+                    "skillbox exec: skillbox warm (at {}) went away before the command ended",
+                    socket_path(data_dir).display()
+                );
+                return Some(ExitCode::from(crate::EXIT_SETUP_FAILED));
+            }
+        }
+        first = false;
+    }
+}
+
+async fn read_frame(stream: &mut UnixStream) -> Option<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head).await.ok()?;
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut bytes = vec![0u8; len];
+    stream.read_exact(&mut bytes).await.ok()?;
+    Some((head[0], bytes))
+}
+
+// ---- The server ----
+
+pub async fn serve(args: WarmArgs, data_dir: &Path) -> ExitCode {
+    let report = skillbox_native::probe();
+    if !report.available {
+        eprintln!(
+            "skillbox warm: the native sandbox is unavailable here: {}",
+            report.reason.unwrap_or_default()
+        );
+        return ExitCode::from(crate::EXIT_SETUP_FAILED);
+    }
+    let path = socket_path(data_dir);
+    let listener = match listen(&path).await {
+        Ok(listener) => listener,
+        Err(message) => {
+            eprintln!("skillbox warm: {message}");
+            return ExitCode::from(crate::EXIT_SETUP_FAILED);
+        }
+    };
+    // Sandboxes are cloned by a small copy of this program, as under `serve`.
+    if let Err(e) = skillbox_native::spawner_process::start(Path::new("/proc/self/exe"), &[]) {
+        tracing::warn!(error = %e, "warm: no spawner process; sandboxes are cloned here");
+    }
+    let backend = Arc::new(NativeBackend::new(data_dir).with_warm(usize::from(args.sandboxes)));
+    // Made ahead for what a plain `skillbox exec` asks for (the pool follows the last
+    // shape asked for after that).
+    backend.prepare_warm(SandboxSpec {
+        workspace: None,
+        limits: crate::exec::default_limits(),
+        ..SandboxSpec::default()
+    });
+    eprintln!(
+        "skillbox warm: {} sandbox(es) made ahead for `skillbox exec` on {}",
+        args.sandboxes,
+        path.display()
+    );
+    let connections = tokio_util::task::TaskTracker::new();
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(e) => {
+                eprintln!("skillbox warm: cannot watch SIGTERM: {e}");
+                return ExitCode::from(crate::EXIT_SETUP_FAILED);
+            }
+        };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_one(stream, backend.clone()));
+                }
+                Err(e) => tracing::warn!(error = %e, "warm: accept"),
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        }
+    }
+    drop(listener);
+    let _ = std::fs::remove_file(&path);
+    backend.drain_warm();
+    connections.close();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), connections.wait()).await;
+    eprintln!("skillbox warm: stopped");
+    ExitCode::SUCCESS
+}
+
+/// Binds the socket, mode 0600. A socket left by a server that is gone is replaced;
+/// one that answers is another server's.
+async fn listen(path: &Path) -> Result<UnixListener, String> {
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(format!(
+                "{} answers: another skillbox warm serves this data dir",
+                path.display()
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot make {} private: {e}", path.display()))?;
+    Ok(listener)
+}
+
+async fn send(stream: &mut tokio::net::unix::OwnedWriteHalf, kind: u8, bytes: &[u8]) -> bool {
+    let mut frame = Vec::with_capacity(5 + bytes.len());
+    frame.push(kind);
+    frame.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    frame.extend_from_slice(bytes);
+    stream.write_all(&frame).await.is_ok()
+}
+
+/// One `exec`: checked to come from this server's own user, run, answered.
+async fn serve_one(stream: UnixStream, backend: Arc<NativeBackend>) {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let peer = stream.peer_cred().map(|cred| cred.uid());
+    let (mut input, mut output) = stream.into_split();
+    let request = async {
+        let mut head = [0u8; 4];
+        input.read_exact(&mut head).await.ok()?;
+        let len = u32::from_le_bytes(head) as usize;
+        if len > MAX_REQUEST {
+            return None;
+        }
+        let mut bytes = vec![0u8; len];
+        input.read_exact(&mut bytes).await.ok()?;
+        serde_json::from_slice::<serde_json::Value>(&bytes).ok()
+    }
+    .await;
+    let Some(request) = request else {
+        return;
+    };
+    // Read first: a socket closed on an unread request resets, and the refusal with it.
+    if peer.as_ref().ok() != Some(&me) {
+        tracing::warn!(?peer, "warm: a connection from another user refused");
+        let message = format!("skillbox exec: skillbox warm serves uid {me} only, not {peer:?}\n");
+        let _ = send(&mut output, ERR, message.as_bytes()).await;
+        let _ = send(&mut output, END, &[crate::EXIT_SETUP_FAILED]).await;
+        return;
+    }
+    if request["version"] != env!("CARGO_PKG_VERSION") {
+        let _ = send(&mut output, OTHER_VERSION, &[]).await;
+        return;
+    }
+    let Ok(Request { exec, .. }) = serde_json::from_value::<Request>(request) else {
+        let _ = send(&mut output, ERR, b"skillbox exec: a malformed request\n").await;
+        let _ = send(&mut output, END, &[crate::EXIT_SETUP_FAILED]).await;
+        return;
+    };
+    let spec = SandboxSpec {
+        workspace: None,
+        limits: exec.limits,
+        ..SandboxSpec::default()
+    };
+    let env: Box<dyn ExecutionEnv> = match backend.create(spec).await {
+        Ok(sandbox) => Box::new(sandbox),
+        Err(e) => {
+            let _ = send(&mut output, ERR, format!("skillbox exec: {e}\n").as_bytes()).await;
+            let _ = send(&mut output, END, &[crate::EXIT_SETUP_FAILED]).await;
+            return;
+        }
+    };
+    // The client closing its end (it was interrupted or killed) ends the command.
+    let cancel = CancellationToken::new();
+    let watch = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let mut byte = [0u8; 1];
+            let _ = input.read(&mut byte).await;
+            cancel.cancel();
+        })
+    };
+    let request = ExecRequest::argv(exec.command);
+    let (code, notes) = if exec.json {
+        match env.exec(request, &cancel).await {
+            Ok(done) => match crate::exec::json_line(&done) {
+                Ok(line) => {
+                    send(&mut output, OUT, line.as_bytes()).await;
+                    (0, String::new())
+                }
+                Err(message) => (crate::EXIT_SETUP_FAILED, message),
+            },
+            Err(e) => (crate::EXIT_SETUP_FAILED, format!("skillbox exec: {e}\n")),
+        }
+    } else {
+        stream_exec(env.as_ref(), request, &cancel, &mut output).await
+    };
+    let _ = send(&mut output, ERR, notes.as_bytes()).await;
+    let _ = send(&mut output, END, &[code]).await;
+    drop(output);
+    watch.abort();
+    if let Err(e) = env.cleanup().await {
+        tracing::warn!(error = %e, "warm: cleanup");
+    }
+}
+
+/// The command's output as frames; its exit status and skillbox's closing lines.
+async fn stream_exec(
+    env: &dyn ExecutionEnv,
+    request: ExecRequest,
+    cancel: &CancellationToken,
+    output: &mut tokio::net::unix::OwnedWriteHalf,
+) -> (u8, String) {
+    let failed = |e: EnvError| (crate::EXIT_SETUP_FAILED, format!("skillbox exec: {e}\n"));
+    let mut stream = match env.exec_stream(request, cancel).await {
+        Ok(stream) => stream,
+        Err(e) => return failed(e),
+    };
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(ExecEvent::Stdout(chunk)) => {
+                send(output, OUT, &chunk).await;
+            }
+            Ok(ExecEvent::Stderr(chunk)) => {
+                send(output, ERR, &chunk).await;
+            }
+            Ok(ExecEvent::Exit(done)) => {
+                let (notes, code) = crate::exec::ending(&done);
+                return (code, notes);
+            }
+            Err(e) => return failed(e),
+        }
+    }
+    failed(crate::exec::no_ending())
+}
