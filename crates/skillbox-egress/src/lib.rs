@@ -11,10 +11,13 @@
 //! - [`Proxy`]: HTTP `CONNECT host:port` and absolute-form `http://` requests, checked
 //!   against the rules, resolved once, every address checked, one of them connected,
 //!   bytes counted against a bound, each connection recorded in an [`Audit`].
+//! - [`UpstreamRoots`]: a private CA's certificates the proxy also trusts when it opens
+//!   TLS to a host it adds secrets for (`--egress-ca`), checked once.
 
 mod addr;
 pub mod netns;
 mod proxy;
+mod roots;
 mod rules;
 mod secrets;
 mod setup;
@@ -25,6 +28,7 @@ pub use addr::{forbidden, own_address};
 pub use proxy::{
     Audit, Connection, Proxy, ProxyLimits, Resolve, StaticResolver, SystemResolver, Verdict,
 };
+pub use roots::{MAX_UPSTREAM_ROOTS, MAX_UPSTREAM_ROOTS_BYTES, UpstreamRoots};
 pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
 pub use secrets::{Interceptor, MAX_SECRETS, Secrets};
 pub use setup::{ROOT_BUNDLES, SandboxEgress, SetupError, ca_files, sandbox_egress};

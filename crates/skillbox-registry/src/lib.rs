@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use skillbox_docker::{DockerBackend, Runtime};
+use skillbox_egress::UpstreamRoots;
 use skillbox_env::{
     Backend, BackendKind, BackendReport, EnvError, EnvResult, ExecutionEnv, HostBackend,
     SandboxSpec,
@@ -36,6 +37,10 @@ pub struct RegistryConfig {
     /// The program that runs wasm guests: the skillbox binary, when it is the one
     /// running (see [`skillbox_wasm::runner::this_program_runs_guests`]).
     pub wasm_runner: Option<PathBuf>,
+    /// Roots the egress proxy also trusts when it opens TLS to a host it adds secrets
+    /// for (`--egress-ca`): given to every backend with egress (native, docker,
+    /// gvisor); the others refuse network and secrets altogether.
+    pub upstream_roots: UpstreamRoots,
 }
 
 impl RegistryConfig {
@@ -48,6 +53,7 @@ impl RegistryConfig {
             image: image.into(),
             warm_containers: 0,
             warm_spec: SandboxSpec::default(),
+            upstream_roots: UpstreamRoots::default(),
         }
     }
 }
@@ -69,7 +75,10 @@ fn not_built(kind: BackendKind) -> String {
 
 impl BackendRegistry {
     pub fn new(config: RegistryConfig) -> Self {
-        let native = Arc::new(NativeBackend::new(&config.data_dir));
+        let native = Arc::new(
+            NativeBackend::new(&config.data_dir)
+                .with_upstream_roots(config.upstream_roots.certificates().to_vec()),
+        );
         BackendRegistry {
             native: native.clone(),
             host: HostBackend::new(config.data_dir.join("host-tmp")),
@@ -102,7 +111,9 @@ impl BackendRegistry {
         };
         let backend = cell
             .get_or_try_init(|| async {
-                let backend = DockerBackend::connect(runtime, self.config.image.clone()).await?;
+                let backend = DockerBackend::connect(runtime, self.config.image.clone())
+                    .await?
+                    .with_upstream_roots(self.config.upstream_roots.certificates().to_vec());
                 let backend =
                     backend.with_pool(self.config.warm_containers, &self.config.warm_spec)?;
                 Ok::<_, EnvError>(Arc::new(backend))

@@ -94,6 +94,9 @@ pub struct RunnerConfig {
     /// (up to [`DETACHED_CLEANUPS`] at once; beyond that, before). Only for a process
     /// that calls [`Runner::shutdown`] before it exits (a server), which waits for them.
     pub detach_cleanup: bool,
+    /// Roots the egress proxy also trusts, beyond the public web's, when it opens TLS to
+    /// a host it adds a run's secrets for (`--egress-ca`: a private CA).
+    pub upstream_roots: skillbox_egress::UpstreamRoots,
 }
 
 /// How many removals of container sandboxes may go on after their runs answered.
@@ -116,6 +119,7 @@ impl RunnerConfig {
             skills_workspace: None,
             snapshots: SnapshotLimits::default(),
             detach_cleanup: false,
+            upstream_roots: skillbox_egress::UpstreamRoots::default(),
         }
     }
 
@@ -437,6 +441,7 @@ impl Runner {
     pub fn new(config: RunnerConfig, store: ArtifactStore) -> Self {
         let mut registry = registry_config(&config.data_dir);
         registry.warm_containers = config.warm_containers;
+        registry.upstream_roots = config.upstream_roots.clone();
         // The spec of every container run (see `run`): no workdir, no mounts.
         registry.warm_spec = SandboxSpec {
             workspace: None,

@@ -71,6 +71,17 @@ pub struct RunArgs {
         requires = "allow_net"
     )]
     secrets: Vec<String>,
+    /// Also trust the CA certificates in FILE (PEM; at most 100 and 1 MiB) when the
+    /// egress proxy opens TLS to a --secret's host: for a private API whose certificate
+    /// an internal CA signed. The public web roots stay trusted. Native, docker and
+    /// gvisor; a --remote server takes its own (`skillbox serve --egress-ca`).
+    #[arg(
+        long = "egress-ca",
+        value_name = "FILE",
+        requires = "secrets",
+        conflicts_with = "remote"
+    )]
+    egress_ca: Option<PathBuf>,
     /// Bytes through the egress proxy, both ways, over all connections (10M, 1G)
     #[arg(long, value_parser = parse_size, requires = "allow_net")]
     egress_bytes: Option<u64>,
@@ -190,6 +201,15 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         );
     }
 
+    // Read once, before the run: a bad file is bad usage, named.
+    let upstream_roots = match &args.egress_ca {
+        Some(path) => match skillbox_egress::UpstreamRoots::read(path) {
+            Ok(roots) => roots,
+            Err(e) => return usage(&format!("--egress-ca {}: {e}", path.display())),
+        },
+        None => skillbox_egress::UpstreamRoots::default(),
+    };
+
     let sandbox: Box<dyn SkillSandbox> = match &args.remote {
         Some(url) => match HttpSkillSandbox::new(url.clone()) {
             Ok(client) => match &args.api_key {
@@ -210,6 +230,7 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
                     Some(dir) => Some(dir.clone()),
                     None => std::env::current_dir().ok(),
                 };
+                config.upstream_roots = upstream_roots;
             },
             CancellationToken::new(),
         )

@@ -90,6 +90,12 @@ pub struct ServeArgs {
     /// directory; without it, runs name no workspace skill]
     #[arg(long, value_name = "DIR")]
     project: Option<PathBuf>,
+    /// Also trust the CA certificates in FILE (PEM; at most 100 and 1 MiB) when the
+    /// egress proxy opens TLS to the host of a run's secret: for private APIs whose
+    /// certificates an internal CA signed. The public web roots stay trusted. Native,
+    /// docker and gvisor runs.
+    #[arg(long = "egress-ca", value_name = "FILE")]
+    egress_ca: Option<PathBuf>,
 }
 
 /// A retention age, or none.
@@ -250,6 +256,22 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
                     "skillbox serve: --project {}: not a directory",
                     project.display()
                 );
+                return ExitCode::from(crate::EXIT_USAGE);
+            }
+        }
+    }
+    if let Some(path) = &args.egress_ca {
+        match skillbox_egress::UpstreamRoots::read(path) {
+            Ok(roots) => {
+                eprintln!(
+                    "skillbox serve: the egress proxy also trusts the {} certificate(s) of {} upstream",
+                    roots.len(),
+                    path.display()
+                );
+                runner_config.upstream_roots = roots;
+            }
+            Err(e) => {
+                eprintln!("skillbox serve: --egress-ca {}: {e}", path.display());
                 return ExitCode::from(crate::EXIT_USAGE);
             }
         }
