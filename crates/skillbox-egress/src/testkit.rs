@@ -104,30 +104,37 @@ where
     done.join().unwrap();
 }
 
+fn bind(ip: &str) -> std::net::TcpListener {
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    listener
+}
+
 /// A listener on `ip`, port 0: for [`PUBLIC`] in the far namespace (a socket keeps the
 /// namespace it was made in), else in the calling thread's. Only inside [`in_netns`].
 pub fn listen(ip: &str) -> TcpListener {
-    let bind = |ip: String| {
-        let listener = std::net::TcpListener::bind((ip.as_str(), 0)).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        listener
-    };
-    let listener = if ip == PUBLIC {
+    if ip == PUBLIC {
         let far = FAR.with(|f| f.borrow().clone()).expect("inside in_netns");
-        let ip = ip.to_string();
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(format!("/run/netns/{far}")).unwrap();
-            // SAFETY: setns on this short-lived thread only, with a namespace fd held
-            // open.
-            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
-            bind(ip)
-        })
-        .join()
-        .unwrap()
-    } else {
-        bind(ip.to_string())
-    };
+        return listen_in_netns(&far, ip);
+    }
+    TcpListener::from_std(bind(ip)).unwrap()
+}
+
+/// A listener on `ip`, port 0, in the named network namespace `netns` (`ip netns add`),
+/// for a test that makes its own namespaces (a socket keeps the namespace it was made
+/// in, whichever thread serves it). Inside a tokio runtime.
+pub fn listen_in_netns(netns: &str, ip: &str) -> TcpListener {
+    let (netns, ip) = (netns.to_string(), ip.to_string());
+    let listener = std::thread::spawn(move || {
+        let ns = std::fs::File::open(format!("/run/netns/{netns}")).unwrap();
+        // SAFETY: setns on this short-lived thread only, with a namespace fd held
+        // open.
+        let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
+        bind(&ip)
+    })
+    .join()
+    .unwrap();
     TcpListener::from_std(listener).unwrap()
 }
 
@@ -212,7 +219,15 @@ pub type Seen = Arc<Mutex<Vec<(String, String)>>>;
 /// An HTTPS server on [`PUBLIC`] recording each request in `seen`; it answers `ok`. Its
 /// port.
 pub async fn https_server(config: Arc<rustls::ServerConfig>, seen: Seen) -> u16 {
-    let listener = listen(PUBLIC);
+    https_server_on(listen(PUBLIC), config, seen).await
+}
+
+/// [`https_server`] on a listener of the caller's ([`listen_in_netns`]).
+pub async fn https_server_on(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    seen: Seen,
+) -> u16 {
     let port = listener.local_addr().unwrap().port();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     tokio::spawn(async move {

@@ -2,7 +2,9 @@
 //! binary, in network namespaces this test makes (never any outside address): skillbox
 //! runs in one (the host's, here: 203.0.113.1 on a veth), and behind that veth, in
 //! another, tests/egress/registry.py serves a PyPI simple index and an npm registry on
-//! 203.0.113.7; so the proxy reaches the registry and nothing else. Needs root and `ip`
+//! 203.0.113.7; so the proxy reaches the registry and nothing else. The secret tests
+//! add an HTTPS server there (`skillbox_egress::testkit`), as `api.test` and
+//! `other.test`, names the namespace's own `/etc/hosts` gives. Needs root and `ip`
 //! (skipped otherwise; a failure under SKILLBOX_REQUIRE_ALL=1).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
@@ -13,8 +15,9 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-use common::{BIN, native_or_skip, text};
+use common::{BIN, backend_or_skip, native_or_skip, text};
 use serde_json::Value;
+use skillbox_egress::testkit;
 
 const PUBLIC: &str = "203.0.113.7";
 /// The host's own address: skillbox's namespace's end of the veth to the registry's.
@@ -40,7 +43,10 @@ impl Namespace {
             skillbox_env::testkit::skip(test, "a named network namespace needs root");
             return None;
         }
-        let name = format!("sbx-egress-{}-{}", std::process::id(), test.len());
+        // Tests of one process (cargo test's threads) each get their own.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("sbx-egress-{}-{n}", std::process::id());
         let ip = |args: &[&str]| {
             let status = Command::new("ip").args(args).status().expect("ip");
             assert!(status.success(), "ip {args:?}");
@@ -108,13 +114,38 @@ impl Namespace {
 
     /// `skillbox --data-dir DATA ARGS` run inside the namespace.
     fn skillbox(&self, data: &Path, args: &[&str]) -> Output {
-        Command::new("ip")
+        self.command(data, args).output().unwrap()
+    }
+
+    /// The command of [`Namespace::skillbox`], to add to.
+    fn command(&self, data: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new("ip");
+        command
             .args(["netns", "exec", &self.name, BIN, "--data-dir"])
             .arg(data)
             .args(args)
-            .env_remove("NODE_EXTRA_CA_CERTS")
-            .output()
-            .unwrap()
+            .env_remove("NODE_EXTRA_CA_CERTS");
+        command
+    }
+
+    /// The namespace behind the veth, where [`PUBLIC`] is.
+    fn far(&self) -> String {
+        format!("{}-far", self.name)
+    }
+
+    /// `names` resolve to [`PUBLIC`] for what runs in the namespace: `ip netns exec`
+    /// shows `/etc/netns/NAME/hosts` as its `/etc/hosts` (removed with the namespace).
+    fn resolve(&self, names: &[&str]) {
+        let dir = Path::new("/etc/netns").join(&self.name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("hosts"),
+            format!(
+                "127.0.0.1 localhost\n::1 localhost\n{PUBLIC} {}\n",
+                names.join(" ")
+            ),
+        )
+        .unwrap();
     }
 
     fn requests(&self) -> Vec<String> {
@@ -126,9 +157,10 @@ impl Drop for Namespace {
     fn drop(&mut self) {
         let _ = self.registry.kill();
         let _ = self.registry.wait();
-        for name in [self.name.clone(), format!("{}-far", self.name)] {
+        for name in [self.name.clone(), self.far()] {
             let _ = Command::new("ip").args(["netns", "del", &name]).status();
         }
+        let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&self.name));
     }
 }
 
@@ -734,4 +766,415 @@ fn secret_flags_are_checked() {
         text(&out.stderr)
     );
     assert!(!text(&out.stdout).contains("ran"));
+}
+
+/// The value of the secret the tests below add at egress: only ever in skillbox's
+/// environment (never on a command line, never in a file the test writes).
+const SECRET: &str = "real-key-5be07c29d4a1";
+
+/// An HTTPS server behind the veth, as `api.test` and `other.test` (names the
+/// namespace resolves to [`PUBLIC`]), its certificate signed by a test CA that no
+/// public root vouches for.
+struct TlsServer {
+    /// The test CA's certificate, PEM, and the same in a file (for `--egress-ca`).
+    ca_pem: String,
+    ca_file: String,
+    seen: testkit::Seen,
+    port: u16,
+    _runtime: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsServer {
+    fn new(ns: &Namespace) -> TlsServer {
+        ns.resolve(&["api.test", "other.test"]);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (_, ca_pem, config) = testkit::test_tls(&["api.test", "other.test"]);
+        let seen = testkit::Seen::default();
+        let port = runtime.block_on(async {
+            let listener = testkit::listen_in_netns(&ns.far(), PUBLIC);
+            testkit::https_server_on(listener, config, seen.clone()).await
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = write(dir.path(), "internal-ca.pem", &ca_pem);
+        TlsServer {
+            ca_pem,
+            ca_file,
+            seen,
+            port,
+            _runtime: runtime,
+            _dir: dir,
+        }
+    }
+
+    /// What a run adds to reach both names, the secret bound to `api.test` only.
+    fn flags(&self) -> Vec<String> {
+        let port = self.port;
+        [
+            "--allow-net",
+            &format!("api.test:{port}"),
+            "--allow-net",
+            &format!("other.test:{port}"),
+            "--secret",
+            &format!("API_KEY=api.test:{port}"),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    }
+
+    /// A script that writes the placeholder it sees in `$API_KEY` to
+    /// `/workspace/placeholder.txt` (a file the run keeps) and prints it on stderr, then
+    /// fetches `https://api.test` and `https://other.test` with it in `Authorization`
+    /// (`testkit::secret_script`); in `dir`.
+    fn script(&self, dir: &Path) -> String {
+        let fetch = testkit::secret_script(&["api.test", "other.test"], self.port, &self.ca_pem);
+        write(
+            dir,
+            "call_api.py",
+            &format!(
+                "import os, sys\nkey = os.environ['API_KEY']\n\
+                 open('/workspace/placeholder.txt', 'w').write(key)\n\
+                 print('placeholder', key, file=sys.stderr, flush=True)\n{fetch}"
+            ),
+        )
+    }
+}
+
+/// The files under `dir` that hold `needle` (`grep -r`: every file, sqlite databases
+/// and their journals included; sockets and FIFOs skipped).
+fn files_holding(dir: &Path, needle: &str) -> Vec<String> {
+    let found = Command::new("grep")
+        .args(["-r", "-l", "-a", "--devices=skip", needle])
+        .arg(dir)
+        .output()
+        .unwrap();
+    // 1: no match, and no error.
+    assert!(
+        matches!(found.status.code(), Some(0 | 1)),
+        "grep {}: {}",
+        dir.display(),
+        text(&found.stderr)
+    );
+    text(&found.stdout).lines().map(str::to_string).collect()
+}
+
+/// [`SECRET`] is in no file under `dir`.
+fn assert_not_under(dir: &Path) {
+    let holding = files_holding(dir, SECRET);
+    assert!(holding.is_empty(), "{SECRET} in {holding:?}");
+}
+
+/// Checks a run of [`TlsServer::script`] (`out`, in plain mode, its files copied to
+/// `copied`) that should have reached both hosts: `api.test` saw the value and
+/// `other.test` the placeholder the script saw and kept; the value is in neither
+/// output (skillbox's logs included) nor the kept file, and nowhere under `dirs`.
+fn assert_secret_kept_nowhere(server: &TlsServer, out: &Output, copied: &Path, dirs: &[&Path]) {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    testkit::assert_secret_only_for_its_host(
+        SECRET,
+        out.status.code().unwrap_or(-1),
+        &stdout,
+        &stderr,
+        &server.seen,
+    );
+    let placeholder = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("placeholder "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(placeholder.starts_with("skillbox-secret-"), "{placeholder}");
+    assert_eq!(
+        server.seen.lock().unwrap()[1].1,
+        format!("Bearer {placeholder}")
+    );
+    let kept = std::fs::read_to_string(copied.join("placeholder.txt")).unwrap();
+    assert_eq!(kept, placeholder);
+    assert!(
+        stderr.contains(&format!("egress allowed api.test:{}", server.port)),
+        "{stderr}"
+    );
+    assert_not_under(copied);
+    for dir in dirs {
+        assert_not_under(dir);
+    }
+}
+
+/// `run --secret` with `--egress-ca`: the value, only in skillbox's environment,
+/// reaches `api.test` (whose certificate the test CA signed: the proxy trusts it
+/// because of the flag) and no other host; with skillbox logging everything
+/// (`SKILLBOX_LOG=trace`) it is in neither output, nor in the file the script kept
+/// (`--out`), nor anywhere under the data dir (the artifact store, what the sandbox
+/// left), on native, docker and gvisor. Without the flag the proxy refuses
+/// `api.test`'s certificate and the host gets nothing.
+#[test]
+fn a_secret_reaches_its_host_only_and_is_kept_nowhere() {
+    let test = "a_secret_reaches_its_host_only_and_is_kept_nowhere";
+    let Some(ns) = Namespace::new(test) else {
+        return;
+    };
+    let server = TlsServer::new(&ns);
+    let scripts = tempfile::tempdir().unwrap();
+    let script = server.script(scripts.path());
+    let flags = server.flags();
+    for backend in ["native", "docker", "gvisor"] {
+        if backend != "native" && !backend_or_skip(backend, test) {
+            continue;
+        }
+        server.seen.lock().unwrap().clear();
+        let (data, copied) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut args = vec!["run", &script, "--backend", backend, "--egress-ca"];
+        args.push(&server.ca_file);
+        args.extend(flags.iter().map(String::as_str));
+        args.extend(["--out", copied.path().to_str().unwrap()]);
+        let out = ns
+            .command(data.path(), &args)
+            .env("API_KEY", SECRET)
+            .env("SKILLBOX_LOG", "trace")
+            .output()
+            .unwrap();
+        assert!(
+            text(&out.stderr).contains("TRACE"),
+            "{backend}: logs at trace\n{}",
+            text(&out.stderr)
+        );
+        assert_secret_kept_nowhere(&server, &out, copied.path(), &[data.path()]);
+    }
+
+    // Without --egress-ca nothing vouches for api.test's certificate: the proxy's TLS
+    // to it fails (the connection's record says why), so the flag is what made it work.
+    server.seen.lock().unwrap().clear();
+    let data = tempfile::tempdir().unwrap();
+    let mut args = vec!["run", &script, "--json"];
+    args.extend(flags.iter().map(String::as_str));
+    let out = ns
+        .command(data.path(), &args)
+        .env("API_KEY", SECRET)
+        .env("SKILLBOX_LOG", "trace")
+        .output()
+        .unwrap();
+    let result = json(&out);
+    assert_ne!(result["exitCode"], 0, "{result:#}");
+    let api = result["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["host"] == "api.test")
+        .unwrap_or_else(|| panic!("{result:#}"));
+    let reason = api["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("TLS with api.test") && reason.contains("UnknownIssuer"),
+        "{result:#}"
+    );
+    assert!(server.seen.lock().unwrap().is_empty());
+    assert!(!text(&out.stdout).contains(SECRET) && !text(&out.stderr).contains(SECRET));
+    assert_not_under(data.path());
+}
+
+/// The same through `skillbox serve --egress-ca` and `POST /v1/run` (the CLI's
+/// `--remote`, the value only in the client's environment): the server, logging
+/// everything, keeps the value in no log line, no run record and no artifact.
+#[test]
+fn a_secret_through_serve_is_kept_nowhere() {
+    let test = "a_secret_through_serve_is_kept_nowhere";
+    let Some(ns) = Namespace::new(test) else {
+        return;
+    };
+    let server = TlsServer::new(&ns);
+    let scripts = tempfile::tempdir().unwrap();
+    let script = server.script(scripts.path());
+    // serve installs the Node runtime before it listens: the one the CLI tests share
+    // (installed once, with the network the test process has), copied in (8 MB; the
+    // data dir holds no links).
+    let shared = Path::new(env!("CARGO_TARGET_TMPDIR")).join("skillbox-cli-tests");
+    let setup = common::skillbox(&shared, &["setup", "--no-wasm"]);
+    assert!(setup.status.success(), "{}", text(&setup.stderr));
+    let data = tempfile::tempdir().unwrap();
+    let copy = Command::new("cp")
+        .arg("-a")
+        .arg(shared.join("runtimes"))
+        .arg(data.path())
+        .status()
+        .unwrap();
+    assert!(copy.success());
+
+    let addr = "127.0.0.1:18480";
+    let mut serve = ns
+        .command(
+            data.path(),
+            &[
+                "serve",
+                "--addr",
+                addr,
+                "--warm-containers",
+                "0",
+                "--egress-ca",
+                &server.ca_file,
+            ],
+        )
+        .env("SKILLBOX_LOG", "trace")
+        .env_remove("API_KEY")
+        .env_remove("SKILLBOX_API_KEYS")
+        .env_remove("SKILLBOX_API_KEYS_FILE")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (listening, ready) = std::sync::mpsc::channel();
+    let reader = {
+        let (logs, stderr) = (logs.clone(), serve.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("skillbox serve: listening") {
+                    let _ = listening.send(());
+                }
+                logs.lock().unwrap().push(line);
+            }
+        })
+    };
+    let started = ready.recv_timeout(std::time::Duration::from_secs(120));
+    assert!(
+        started.is_ok(),
+        "serve did not listen: {:?}",
+        logs.lock().unwrap()
+    );
+
+    let (client, copied) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let remote = format!("http://{addr}");
+    let flags = server.flags();
+    let mut args = vec!["run", &script, "--remote", &remote];
+    args.extend(flags.iter().map(String::as_str));
+    args.extend(["--out", copied.path().to_str().unwrap()]);
+    let out = ns
+        .command(client.path(), &args)
+        .env("API_KEY", SECRET)
+        .env("SKILLBOX_LOG", "trace")
+        .env_remove("SKILLBOX_API_KEY")
+        .output()
+        .unwrap();
+
+    // SAFETY: signalling the server this test started (`ip netns exec` execs it).
+    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    let status = serve.wait().unwrap();
+    reader.join().unwrap();
+    let logs = logs.lock().unwrap().clone();
+    assert!(status.success(), "{status:?}");
+    assert_secret_kept_nowhere(&server, &out, copied.path(), &[data.path(), client.path()]);
+    assert!(
+        logs.iter().any(|l| l.contains("TRACE")),
+        "the server logs at trace"
+    );
+    assert!(
+        logs.iter().all(|l| !l.contains(SECRET)),
+        "the server logged the value"
+    );
+    // The run's summary was kept, and grep reads it: the grep above looked at a record
+    // of this run.
+    let records = files_holding(data.path(), "placeholder.txt");
+    assert!(
+        records.iter().any(|f| f.contains("agent-runs.sqlite")),
+        "{records:?}"
+    );
+}
+
+/// `--egress-ca FILE` is read once, before anything runs: a file that is missing,
+/// empty, not PEM, or holds a private key is bad usage naming the flag and the file
+/// (a key's body is never echoed); the flag needs a `--secret` (only the TLS the proxy
+/// opens for a secret's host uses it) and cannot go to a `--remote` server (which has
+/// its own); `serve --egress-ca` is checked the same way.
+#[test]
+fn egress_ca_flags_are_checked() {
+    let data = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let script = write(files.path(), "x.py", "print('ran')\n");
+    let empty = write(files.path(), "empty.pem", "");
+    let garbage = write(files.path(), "garbage.pem", "not a certificate\n");
+    let key = write(
+        files.path(),
+        "key.pem",
+        "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIKeyBodyNeverEchoed000000000000000000000\n-----END PRIVATE KEY-----\n",
+    );
+    let missing = files.path().join("missing.pem").display().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            &script,
+            "--allow-net",
+            "api.example.com",
+            "--secret",
+            "API_KEY=api.example.com",
+        ];
+        args.extend_from_slice(extra);
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(&args)
+            .env("API_KEY", SECRET)
+            .output()
+            .unwrap()
+    };
+    for (file, said) in [
+        (&missing, "No such file"),
+        (&empty, "holds no certificate"),
+        (&garbage, "holds no certificate"),
+        (&key, "only CERTIFICATE sections"),
+        (&files.path().display().to_string(), "not a regular file"),
+    ] {
+        let out = run(&["--egress-ca", file]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{file}: {stderr}");
+        assert!(
+            stderr.contains(&format!("skillbox run: --egress-ca {file}: "))
+                && stderr.contains(said),
+            "{file}: {stderr}"
+        );
+        assert!(!stderr.contains("KeyBodyNeverEchoed"), "{stderr}");
+        assert!(!text(&out.stdout).contains("ran"));
+    }
+
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data.path())
+        .args([
+            "run",
+            &script,
+            "--allow-net",
+            "api.example.com",
+            "--egress-ca",
+            &key,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--secret"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = run(&["--egress-ca", &key, "--remote", "http://127.0.0.1:9"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--remote"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(["serve", "--addr", "127.0.0.1:9", "--egress-ca", &empty])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "skillbox serve: --egress-ca {empty}: holds no certificate"
+        )),
+        "{}",
+        text(&out.stderr)
+    );
 }
