@@ -361,7 +361,15 @@ unsafe fn drop_capabilities() -> libc::c_long {
 ///
 /// # Safety
 /// Only in the child of `clone3`, with `plan` as prepared by the parent.
-pub unsafe fn init_main(plan: &ChildPlan) -> ! {
+/// The memory init writes: the payload's stack and a prepared init's command buffer
+/// (pointers taken with `as_mut_ptr` before the clone, into the plan's own buffers).
+#[derive(Debug, Clone, Copy)]
+pub struct Writable {
+    pub stack: *mut u8,
+    pub late: *mut u8,
+}
+
+pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
     let fds = &plan.fds;
     // SAFETY: raw syscalls on plan data, as the module docs describe.
     unsafe {
@@ -558,7 +566,7 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
 
         // The go-ahead: a byte, or for a prepared init its command.
         let late = if plan.late {
-            match read_late_command(fds.sync, plan) {
+            match read_late_command(fds.sync, plan, memory.late) {
                 Ok(command) => Some(command),
                 Err(0) => libc::_exit(1),
                 Err(err) => fail(fds, STEP_COMMAND, err),
@@ -573,7 +581,7 @@ pub unsafe fn init_main(plan: &ChildPlan) -> ! {
         let launch = Launch { plan, late };
         // vfork-style: the payload borrows init's memory (on its own stack) until it
         // execs, so nothing is copied for a process that is about to be replaced.
-        let stack = plan.payload_stack.as_ptr() as usize + plan.payload_stack.len();
+        let stack = memory.stack as usize + plan.payload_stack.len();
         let pid = libc::clone(
             payload_entry,
             (stack & !15) as *mut libc::c_void,
@@ -663,7 +671,11 @@ unsafe fn read_full(fd: i32, buf: *mut u8, len: usize) -> bool {
 
 /// A prepared init's go-ahead: its command, into the plan's late buffer. `Err(0)`: the
 /// parent went away (no command will come); otherwise the errno of a malformed one.
-unsafe fn read_late_command(fd: i32, plan: &ChildPlan) -> Result<LateCommand<'_>, i32> {
+unsafe fn read_late_command(
+    fd: i32,
+    plan: &ChildPlan,
+    buffer: *mut u8,
+) -> Result<LateCommand<'_>, i32> {
     let mut header = [0u8; LATE_HEADER];
     // SAFETY: reads into our own arrays; the late buffer is this process's copy, which
     // nothing else in it refers to.
@@ -687,7 +699,6 @@ unsafe fn read_late_command(fd: i32, plan: &ChildPlan) -> Result<LateCommand<'_>
         if !well_formed {
             return Err(libc::E2BIG);
         }
-        let buffer = plan.late_buffer.as_ptr().cast_mut();
         if !read_full(fd, buffer, len) {
             return Err(0);
         }

@@ -74,8 +74,8 @@ impl NativeBackend {
         self.warm.as_ref().map_or(0, |warm| warm.ready())
     }
 
-    /// Drops the sandboxes made ahead (each kills its prepared init) and stops making
-    /// them until the next `create`.
+    /// Drops the sandboxes made ahead (each kills its prepared init) and makes no
+    /// more: for a server stopping.
     pub fn drain_warm(&self) {
         if let Some(warm) = &self.warm {
             drop(warm.drain());
@@ -121,6 +121,10 @@ impl NativeBackend {
         let Some(warm) = &self.warm else {
             return self.maker()(spec).await;
         };
+        // Checked here too: a sandbox made ahead takes this spec's limits as they are.
+        spec.limits
+            .validate()
+            .map_err(|e| EnvError::invalid(format!("limits: {e}")))?;
         if let Some(sandbox) = warm.take(&spec, &self.maker()) {
             tracing::debug!(dir = %sandbox.dir.display(), "native: sandbox made ahead");
             return Ok(sandbox);

@@ -123,8 +123,9 @@ impl Started {
         };
         let mut sent = 0;
         while sent < command.len() {
-            // SAFETY: a write from a live slice to our own pipe. It cannot block: the
-            // pipe is empty and the command at most `child::LATE_BYTES` long.
+            // SAFETY: a write from a live slice to our own pipe. The pipe is empty and
+            // the command at most `child::LATE_BYTES` long, so it fits at once (unless
+            // the user is past `pipe-user-pages-soft`: then it waits for init to read).
             let n = unsafe {
                 libc::write(
                     go.as_raw_fd(),
@@ -329,7 +330,7 @@ pub fn start_here(
 /// its own child, as if cloned in process: reaped by it, and killed when its spawner
 /// thread exits.
 pub(crate) fn clone_init(
-    plan: &ChildPlan,
+    plan: &mut ChildPlan,
     into: Option<std::os::fd::RawFd>,
     sibling: bool,
 ) -> std::io::Result<(i32, OwnedFd)> {
@@ -340,6 +341,11 @@ pub(crate) fn clone_init(
     {
         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
+    let memory = child::Writable {
+        stack: plan.payload_stack.as_mut_ptr(),
+        late: plan.late_buffer.as_mut_ptr(),
+    };
+    let plan = &*plan;
     let mut pidfd: libc::c_int = -1;
     // SAFETY: clone_args is plain data; zeroed is its documented default.
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
@@ -365,8 +371,9 @@ pub(crate) fn clone_init(
         )
     };
     if pid == 0 {
-        // SAFETY: we are the child; see above.
-        unsafe { child::init_main(plan) }
+        // SAFETY: we are the child; see above. The buffers are this process's copies,
+        // written only through these pointers.
+        unsafe { child::init_main(plan, memory) }
     }
     if pid < 0 {
         return Err(std::io::Error::last_os_error());
@@ -411,7 +418,7 @@ fn clone_sandbox(
             if plan.late {
                 plan.late_buffer = vec![0; child::LATE_BYTES];
             }
-            clone_init(&plan, into_fd, false).map_err(|e| clone_error(&e))?
+            clone_init(&mut plan, into_fd, false).map_err(|e| clone_error(&e))?
         }
     };
     let plan_clear_groups = plan.clear_groups;

@@ -532,7 +532,7 @@ pub fn main(args: &[String]) -> i32 {
                 if plan.late {
                     plan.late_buffer = std::mem::take(&mut late_buffer);
                 }
-                let cloned = crate::spawn::clone_init(&plan, into, true);
+                let cloned = crate::spawn::clone_init(&mut plan, into, true);
                 stack = std::mem::take(&mut plan.payload_stack);
                 if plan.late {
                     late_buffer = std::mem::take(&mut plan.late_buffer);

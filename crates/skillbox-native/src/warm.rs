@@ -57,9 +57,13 @@ impl Shape {
 #[derive(Debug, Default)]
 struct State {
     shape: Option<Shape>,
+    /// Counts the shapes the pool was filled for: a fill of an older one stops.
+    generation: u64,
     ready: Vec<NativeSandbox>,
     /// Sandboxes being made for `shape`.
     filling: usize,
+    /// Drained for good: nothing is made or handed out any more.
+    closed: bool,
 }
 
 /// The pool; shared by every clone of its backend.
@@ -104,20 +108,25 @@ impl Warm {
         take: bool,
     ) -> Option<NativeSandbox> {
         let shape = Shape::of(spec)?;
-        let (taken, stale) = {
+        let (taken, stale, generation) = {
             let mut state = self.state.lock().ok()?;
+            if state.closed {
+                return None;
+            }
             let stale = if state.shape.as_ref() != Some(&shape) {
                 state.shape = Some(shape.clone());
+                state.generation += 1;
                 state.filling = 0;
                 std::mem::take(&mut state.ready)
             } else {
                 Vec::new()
             };
-            (if take { state.ready.pop() } else { None }, stale)
+            let taken = if take { state.ready.pop() } else { None };
+            (taken, stale, state.generation)
         };
         // Made for another shape: dropped (each kills its prepared init).
         drop(stale);
-        self.fill(shape, make);
+        self.fill(shape, generation, make);
         taken
     }
 
@@ -126,13 +135,14 @@ impl Warm {
         self.state.lock().map_or(0, |state| state.ready.len())
     }
 
-    /// Claims a place to fill for `shape`, if the pool still wants one.
-    fn claim(&self, shape: &Shape) -> bool {
+    /// Claims a place to fill for `generation`, if the pool still wants one.
+    fn claim(&self, generation: u64) -> bool {
         let Ok(mut state) = self.state.lock() else {
             return false;
         };
-        let wanted =
-            state.shape.as_ref() == Some(shape) && state.ready.len() + state.filling < self.size;
+        let wanted = !state.closed
+            && state.generation == generation
+            && state.ready.len() + state.filling < self.size;
         if wanted {
             state.filling += 1;
         }
@@ -141,11 +151,11 @@ impl Warm {
 
     /// Makes sandboxes of `shape` until the pool is full, one at a time, in the
     /// background.
-    fn fill(self: &Arc<Self>, shape: Shape, make: &Make) {
+    fn fill(self: &Arc<Self>, shape: Shape, generation: u64, make: &Make) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if !self.claim(&shape) {
+        if !self.claim(generation) {
             return;
         }
         let (warm, make) = (self.clone(), make.clone());
@@ -168,8 +178,9 @@ impl Warm {
                     let Ok(mut state) = warm.state.lock() else {
                         return;
                     };
-                    // Made for a shape no longer wanted: dropped as it leaves.
-                    if state.shape.as_ref() != Some(&shape) {
+                    // Made for a shape no longer wanted (or a closed pool): dropped as
+                    // it leaves.
+                    if state.closed || state.generation != generation {
                         return;
                     }
                     state.filling = state.filling.saturating_sub(1);
@@ -179,17 +190,19 @@ impl Warm {
                         None => return,
                     }
                 }
-                if !warm.claim(&shape) {
+                if !warm.claim(generation) {
                     return;
                 }
             }
         });
     }
 
-    /// Drops every ready sandbox and stops filling (a backend going away).
+    /// Hands back every ready sandbox and makes no more, for good (a server
+    /// stopping): later takes get none.
     pub(crate) fn drain(&self) -> Vec<NativeSandbox> {
         match self.state.lock() {
             Ok(mut state) => {
+                state.closed = true;
                 state.shape = None;
                 std::mem::take(&mut state.ready)
             }

@@ -10,6 +10,7 @@
 //! another version) `exec` makes its sandbox itself, as before.
 
 use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -138,6 +139,17 @@ pub async fn serve(args: WarmArgs, data_dir: &Path) -> ExitCode {
         );
         return ExitCode::from(crate::EXIT_SETUP_FAILED);
     }
+    // The server tells a sandbox's process from the caller's by the peer's pidfd.
+    let peer_check = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| e.to_string())
+        .and_then(|(a, _b)| peer_in_my_user_namespace(&a));
+    if peer_check != Ok(true) {
+        eprintln!(
+            "skillbox warm: unavailable: cannot check who connects ({}); it needs Linux 6.5 or later (SO_PEERPIDFD)",
+            peer_check.err().unwrap_or_default()
+        );
+        return ExitCode::from(crate::EXIT_SETUP_FAILED);
+    }
     let path = socket_path(data_dir);
     let listener = match listen(&path).await {
         Ok(listener) => listener,
@@ -206,11 +218,75 @@ async fn listen(path: &Path) -> Result<UnixListener, String> {
         std::fs::remove_file(path)
             .map_err(|e| format!("cannot remove the stale {}: {e}", path.display()))?;
     }
-    let listener = UnixListener::bind(path)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    // Private from the start: no moment where another user could connect.
+    // SAFETY: umask has no preconditions; it is set back at once.
+    let umask = unsafe { libc::umask(0o177) };
+    let listener = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(umask) };
+    let listener = listener.map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot make {} private: {e}", path.display()))?;
     Ok(listener)
+}
+
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the peer, which cannot be reused as a pid can.
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd of the process at the other end of `stream`.
+fn peer_pidfd(stream: &impl AsRawFd) -> std::io::Result<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel gave us this fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the peer is a process of this server's own user namespace. A sandbox's
+/// process never is, whatever host uid it maps to (without root the sandbox user is the
+/// caller's uid), so code in a sandbox that can see the socket is refused too.
+fn peer_in_my_user_namespace(stream: &impl AsRawFd) -> Result<bool, String> {
+    use std::os::unix::fs::MetadataExt;
+    let pidfd = peer_pidfd(stream).map_err(|e| format!("the peer's pidfd: {e}"))?;
+    let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))
+        .map_err(|e| format!("the peer's pid: {e}"))?;
+    let pid: i32 = fdinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("Pid:"))
+        .and_then(|pid| pid.trim().parse().ok())
+        .filter(|pid| *pid > 0)
+        .ok_or("the peer has exited")?;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/user"))
+        .map_err(|e| format!("the peer's user namespace: {e}"))?;
+    // Still alive after the lookup: the pid was not reused in between.
+    // SAFETY: signal 0 through our own pidfd only checks that the process lives.
+    let alive = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    } == 0;
+    if !alive {
+        return Err("the peer has exited".into());
+    }
+    let mine = std::fs::metadata("/proc/self/ns/user")
+        .map_err(|e| format!("this process's user namespace: {e}"))?;
+    Ok((theirs.dev(), theirs.ino()) == (mine.dev(), mine.ino()))
 }
 
 async fn send(stream: &mut tokio::net::unix::OwnedWriteHalf, kind: u8, bytes: &[u8]) -> bool {
@@ -226,8 +302,9 @@ async fn serve_one(stream: UnixStream, backend: Arc<NativeBackend>) {
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let peer = stream.peer_cred().map(|cred| cred.uid());
+    let own_namespace = peer_in_my_user_namespace(&stream);
     let (mut input, mut output) = stream.into_split();
-    let request = async {
+    let request = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         let mut head = [0u8; 4];
         input.read_exact(&mut head).await.ok()?;
         let len = u32::from_le_bytes(head) as usize;
@@ -237,15 +314,23 @@ async fn serve_one(stream: UnixStream, backend: Arc<NativeBackend>) {
         let mut bytes = vec![0u8; len];
         input.read_exact(&mut bytes).await.ok()?;
         serde_json::from_slice::<serde_json::Value>(&bytes).ok()
-    }
+    })
     .await;
-    let Some(request) = request else {
+    let Ok(Some(request)) = request else {
         return;
     };
     // Read first: a socket closed on an unread request resets, and the refusal with it.
-    if peer.as_ref().ok() != Some(&me) {
-        tracing::warn!(?peer, "warm: a connection from another user refused");
-        let message = format!("skillbox exec: skillbox warm serves uid {me} only, not {peer:?}\n");
+    let refusal = match (peer.as_ref().ok() == Some(&me), own_namespace) {
+        (true, Ok(true)) => None,
+        (false, _) => Some(format!("skillbox warm serves uid {me} only, not {peer:?}")),
+        (true, Ok(false)) => {
+            Some("skillbox warm serves no process in another user namespace (a sandbox)".into())
+        }
+        (true, Err(e)) => Some(format!("skillbox warm cannot tell who connected: {e}")),
+    };
+    if let Some(refusal) = refusal {
+        tracing::warn!(?peer, refusal, "warm: a connection refused");
+        let message = format!("skillbox exec: {refusal}\n");
         let _ = send(&mut output, ERR, message.as_bytes()).await;
         let _ = send(&mut output, END, &[crate::EXIT_SETUP_FAILED]).await;
         return;
@@ -259,6 +344,7 @@ async fn serve_one(stream: UnixStream, backend: Arc<NativeBackend>) {
         let _ = send(&mut output, END, &[crate::EXIT_SETUP_FAILED]).await;
         return;
     };
+    tracing::debug!(command = ?exec.command, "warm: an exec");
     let spec = SandboxSpec {
         workspace: None,
         limits: exec.limits,

@@ -1107,12 +1107,13 @@ fn cap_lists_grants_and_holds_the_host_ceiling() {
 }
 
 /// `skillbox warm` on `data`, once its socket answers.
-fn start_warm(data: &Path) -> std::process::Child {
+fn start_warm(data: &Path, log: &Path) -> std::process::Child {
     let mut server = Command::new(BIN)
         .arg("--data-dir")
         .arg(data)
         .args(["warm", "--sandboxes", "2"])
-        .stderr(std::process::Stdio::null())
+        .env("SKILLBOX_LOG", "skillbox=debug")
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap();
     let socket = data.join("warm.sock");
@@ -1134,7 +1135,9 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
     }
     let warm_data = tempfile::tempdir().unwrap();
     let cold_data = tempfile::tempdir().unwrap();
-    let mut server = start_warm(warm_data.path());
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("warm.log");
+    let mut server = start_warm(warm_data.path(), &log);
     let cases: &[&[&str]] = &[
         &[
             "exec",
@@ -1163,6 +1166,7 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
         ],
         &["exec", "--pids", "none", "--", "sh", "-c", "kill -9 $$"],
         &["exec", "--", "no-such-command-here"],
+        &["exec", "--timeout", "48h", "--", "true"],
     ];
     let without_duration = |out: &str| {
         let mut value: Value = serde_json::from_str(out).unwrap();
@@ -1184,6 +1188,17 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
             assert_eq!(text(&warm.stdout), text(&cold.stdout), "{args:?}");
         }
     }
+    // Each was the server's to run (none fell back to making its own sandbox).
+    let served = std::fs::read_to_string(&log)
+        .unwrap()
+        .matches("warm: an exec")
+        .count();
+    assert_eq!(
+        served,
+        cases.len(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
 
     // The sandbox is the server's: its init is the server's child.
     let nap = format!("3.{}", std::process::id());
@@ -1243,17 +1258,44 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
         assert!(out.status.success(), "{}", text(&out.stderr));
         assert!(said.contains("serves uid 0 only"), "{said}");
         assert!(!said.contains("pwned"), "{said}");
+        // Nor does a process of the same uid in another user namespace (a sandbox's
+        // user is the caller's own uid when skillbox runs unprivileged).
+        let nested = probe.replace("os.setgid(65534); os.setuid(65534)\n", "");
+        let out = Command::new("unshare")
+            .args(["--user", "--map-root-user", "python3", "-c", &nested])
+            .output()
+            .unwrap();
+        let said = text(&out.stdout);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(said.contains("another user namespace"), "{said}");
+        assert!(!said.contains("pwned"), "{said}");
     }
 
-    // SIGTERM: the server stops, its socket and everything it made ahead go.
+    // SIGTERM: the server stops, its socket and everything it made ahead go: the
+    // prepared inits (and the spawner process) and their cgroups.
+    let made_ahead: Vec<u32> = children_of(server.id())
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect();
+    assert!(made_ahead.len() >= 2, "{made_ahead:?}");
+    let cgroups_of = |pid: u32| {
+        let found = Command::new("find")
+            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
+            .arg(format!("skillbox-{pid}-*"))
+            .output()
+            .unwrap();
+        text(&found.stdout)
+    };
+    assert_ne!(cgroups_of(server.id()), "", "the prepared inits' cgroups");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
     let status = server.wait().unwrap();
     assert!(status.success(), "{status:?}");
     assert!(!warm_data.path().join("warm.sock").exists());
     wait_for("the server's sandboxes gone", || {
-        children_of(server.id()).is_empty().then_some(())
+        (!made_ahead.iter().any(|&pid| running(pid))).then_some(())
     });
+    assert_eq!(cgroups_of(server.id()), "", "cgroups left");
     let left: Vec<String> = std::fs::read_dir(warm_data.path().join("native"))
         .unwrap()
         .flatten()
