@@ -31,6 +31,10 @@ pub struct RegistryConfig {
     /// sandboxes of `warm_spec`; 0 keeps none.
     pub warm_containers: usize,
     pub warm_spec: SandboxSpec,
+    /// Native sandboxes kept made ahead, each with its first exec's init started and
+    /// locked down, for the shape of the last native sandbox asked for
+    /// (`NativeBackend::with_warm`); 0 keeps none.
+    pub warm_native: usize,
     /// The wasm backend's guests, compile cache and runner copy
     /// [default: `$SKILLBOX_WASM_HOME`, else `<data>/wasm`].
     pub wasm_home: PathBuf,
@@ -53,6 +57,7 @@ impl RegistryConfig {
             image: image.into(),
             warm_containers: 0,
             warm_spec: SandboxSpec::default(),
+            warm_native: 0,
             upstream_roots: UpstreamRoots::default(),
         }
     }
@@ -77,7 +82,8 @@ impl BackendRegistry {
     pub fn new(config: RegistryConfig) -> Self {
         let native = Arc::new(
             NativeBackend::new(&config.data_dir)
-                .with_upstream_roots(config.upstream_roots.certificates().to_vec()),
+                .with_upstream_roots(config.upstream_roots.certificates().to_vec())
+                .with_warm(config.warm_native),
         );
         BackendRegistry {
             native: native.clone(),
@@ -164,6 +170,7 @@ impl BackendRegistry {
 
     /// Removes what the connected backends still hold (a server shutting down).
     pub async fn shutdown(&self) {
+        self.native.drain_warm();
         for cell in [&self.docker, &self.gvisor] {
             if let Some(backend) = cell.get() {
                 backend.shutdown().await;

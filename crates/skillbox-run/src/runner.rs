@@ -85,6 +85,9 @@ pub struct RunnerConfig {
     /// Started containers the docker and gvisor backends keep ready, each (once that
     /// backend has been used), so a run skips the container's create and start. 0: none.
     pub warm_containers: usize,
+    /// Native sandboxes kept made ahead for the shape of the last native run, each with
+    /// its init started and locked down, so a run pays only for its command. 0: none.
+    pub warm_native: usize,
     /// The host directory whose `skills/` and `.skills-cache/` a run's `skills` name
     /// (the server's `--project`, the CLI's current directory); none: runs name none.
     pub skills_workspace: Option<PathBuf>,
@@ -116,6 +119,7 @@ impl RunnerConfig {
                 max_file_bytes: 128 * 1024 * 1024,
             },
             warm_containers: 0,
+            warm_native: 0,
             skills_workspace: None,
             snapshots: SnapshotLimits::default(),
             detach_cleanup: false,
@@ -441,6 +445,7 @@ impl Runner {
     pub fn new(config: RunnerConfig, store: ArtifactStore) -> Self {
         let mut registry = registry_config(&config.data_dir);
         registry.warm_containers = config.warm_containers;
+        registry.warm_native = config.warm_native;
         registry.upstream_roots = config.upstream_roots.clone();
         // The spec of every container run (see `run`): no workdir, no mounts.
         registry.warm_spec = SandboxSpec {

@@ -30,6 +30,11 @@ pub struct ServeArgs {
     /// is used, so a run skips the container's create and start; 0 for none.
     #[arg(long, value_name = "N", default_value_t = 2)]
     warm_containers: usize,
+    /// Native sandboxes to keep made ahead (for the shape of the last native run), each
+    /// with its init started, in its cgroup and locked down, so a run pays only for its
+    /// command; 0 for none.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    warm_sandboxes: usize,
     /// API keys: a file of `TENANT sha256:HEX` lines (`skillbox keys new` writes them);
     /// SKILLBOX_API_KEYS may add `TENANT=TOKEN` pairs. With keys, every request but
     /// /healthz and the web UI's files (/, /ui/…) needs `Authorization: Bearer TOKEN`;
@@ -243,6 +248,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     }
     let mut runner_config = skillbox_run::RunnerConfig {
         warm_containers: args.warm_containers,
+        warm_native: args.warm_sandboxes,
         // serve waits for them at shutdown (runner.shutdown()).
         detach_cleanup: true,
         ..skillbox_run::RunnerConfig::new(data_dir)

@@ -55,7 +55,14 @@ async fn start_with(
         skillbox_env::testkit::skip("server api", &native.reason.unwrap_or_default());
         return None;
     }
-    let runner = Runner::new(RunnerConfig::new(shared_data_dir()), store);
+    // Native sandboxes made ahead, as `serve` has them: most runs here take one.
+    let runner = Runner::new(
+        RunnerConfig {
+            warm_native: 2,
+            ..RunnerConfig::new(shared_data_dir())
+        },
+        store,
+    );
     runner
         .prepare(&|line| eprintln!("{line}"))
         .await
