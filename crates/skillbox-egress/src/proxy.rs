@@ -215,6 +215,20 @@ struct Refusal {
     reason: String,
 }
 
+/// How a connection the proxy adds secrets to ended.
+enum Intercepted {
+    /// Through to the real host (or ended before anything reached it): bytes out,
+    /// bytes back, why it was cut.
+    Through {
+        out: u64,
+        back: u64,
+        cut: Option<String>,
+    },
+    /// The real host could not be had over verified TLS: the sandbox was answered
+    /// `502` and the host got no request. Why.
+    Unverified(String),
+}
+
 impl Proxy {
     pub fn new(rules: Rules, resolver: Arc<dyn Resolve>, limits: ProxyLimits) -> Proxy {
         Proxy::with_secrets(rules, resolver, limits, None)
@@ -369,14 +383,19 @@ impl Proxy {
             _ => Vec::new(),
         };
         if !bindings.is_empty() {
-            record.verdict = Verdict::Allowed;
             record.address = Some(address.to_string());
-            let (out, back, cut) = self
+            match self
                 .intercept(client, server, door, &target.host, &bindings, &rest)
-                .await;
-            record.bytes_out += out;
-            record.bytes_in += back;
-            record.reason = cut;
+                .await
+            {
+                Intercepted::Through { out, back, cut } => {
+                    record.verdict = Verdict::Allowed;
+                    record.bytes_out += out;
+                    record.bytes_in += back;
+                    record.reason = cut;
+                }
+                Intercepted::Unverified(why) => record.reason = Some(why),
+            }
             inner.audit.record(record);
             return;
         }
@@ -419,7 +438,8 @@ impl Proxy {
     /// A `CONNECT` to a host secrets are bound to: TLS with the sandbox (as `host`, the
     /// sandbox's CA) and with the real host, then the first request's head with the
     /// values in place of the placeholders and `Connection: close`, then the rest both
-    /// ways: (bytes out, bytes back, why it was cut).
+    /// ways. When the real host cannot be had over verified TLS, the sandbox's request
+    /// is answered `502` saying why, and the host gets nothing.
     async fn intercept<S>(
         &self,
         mut client: S,
@@ -428,43 +448,78 @@ impl Proxy {
         host: &str,
         bindings: &[(String, String)],
         early: &[u8],
-    ) -> (u64, u64, Option<String>)
+    ) -> Intercepted
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
+        let cut = |why: Option<String>| Intercepted::Through {
+            out: 0,
+            back: 0,
+            cut: why,
+        };
         let Some((_, interceptor)) = &self.inner.secrets else {
-            return (0, 0, None);
+            return cut(None);
         };
         if client.write_all(door.established()).await.is_err() {
-            return (0, 0, None);
+            return cut(None);
         }
         if !early.is_empty() {
-            return (0, 0, Some("bytes sent before the tunnel was open".into()));
+            return cut(Some("bytes sent before the tunnel was open".into()));
         }
-        let (mut client, mut server) = match interceptor.tls(client, server, host).await {
-            Ok(both) => both,
-            Err(why) => return (0, 0, Some(why)),
+        let limits = &self.inner.limits;
+        let accepted = tokio::time::timeout(limits.head_timeout, interceptor.accept(client, host))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "TLS with the sandbox for {host}: no handshake in time"
+                ))
+            });
+        let mut client = match accepted {
+            Ok(client) => client,
+            Err(why) => return cut(Some(why)),
         };
-        let head =
-            tokio::time::timeout(self.inner.limits.head_timeout, read_head(&mut client)).await;
+        let connected =
+            tokio::time::timeout(limits.connect_timeout, interceptor.connect(server, host))
+                .await
+                .unwrap_or_else(|_| Err(format!("TLS with {host}: no handshake in time")));
+        let mut server = match connected {
+            Ok(server) => server,
+            Err(why) => {
+                // The sandbox's TLS is up already: it is told in its own request's
+                // answer, which a client shows, rather than by a connection that ends.
+                let _ = tokio::time::timeout(limits.head_timeout, read_head(&mut client)).await;
+                let body = format!("{why}: the request was not sent to {host}");
+                answer(&mut client, "502 Bad Gateway", UPSTREAM_TLS_FAILED, &body).await;
+                return Intercepted::Unverified(why);
+            }
+        };
+        let head = tokio::time::timeout(limits.head_timeout, read_head(&mut client)).await;
         let (head, rest) = match head {
             Ok(Ok(read)) => read,
-            Ok(Err(why)) => return (0, 0, Some(why)),
-            Err(_) => return (0, 0, Some("no request in the tunnel in time".into())),
+            Ok(Err(why)) => return cut(Some(why)),
+            Err(_) => return cut(Some("no request in the tunnel in time".into())),
         };
         let head = match crate::secrets::rewrite_head(&head, bindings) {
             Ok(head) => head,
-            Err(why) => return (0, 0, Some(why)),
+            Err(why) => return cut(Some(why)),
         };
         let sent = (head.len() + rest.len()) as u64;
         if let Err(why) = self.inner.charge(sent) {
-            return (0, 0, Some(why));
+            return cut(Some(why));
         }
         if server.write_all(&head).await.is_err() || server.write_all(&rest).await.is_err() {
-            return (sent, 0, None);
+            return Intercepted::Through {
+                out: sent,
+                back: 0,
+                cut: None,
+            };
         }
         let (out, back, cut) = self.pump(&mut client, &mut server).await;
-        (sent + out, back, cut)
+        Intercepted::Through {
+            out: sent + out,
+            back,
+            cut,
+        }
     }
 
     /// Checks `target` against the rules, resolves it, and connects to the first
@@ -978,11 +1033,23 @@ fn cut(text: &str) -> &str {
     }
 }
 
-/// Answers with `status` and `reason` (the body, and `X-Skillbox-Egress`), then closes.
+/// `X-Skillbox-Egress` on a refusal by the rules, the address checks or the bounds.
+const REFUSED: &str = "refused";
+/// `X-Skillbox-Egress` when a secret's host could not be had over verified TLS.
+const UPSTREAM_TLS_FAILED: &str = "upstream-tls-failed";
+
+/// Answers with `status` and `reason` (the body, and `X-Skillbox-Egress: refused`),
+/// then closes.
 async fn refuse<S: AsyncWrite + Unpin>(client: &mut S, status: &str, reason: &str) {
+    answer(client, status, REFUSED, reason).await;
+}
+
+/// Answers with `status`, `X-Skillbox-Egress: {kind}` and `reason` as the body, then
+/// closes.
+async fn answer<S: AsyncWrite + Unpin>(client: &mut S, status: &str, kind: &str, reason: &str) {
     let body = format!("skillbox egress: {reason}\n");
     let answer = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nX-Skillbox-Egress: refused\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nX-Skillbox-Egress: {kind}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = client.write_all(answer.as_bytes()).await;

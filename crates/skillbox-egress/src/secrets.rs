@@ -220,36 +220,39 @@ impl Interceptor {
         Ok(config)
     }
 
-    /// TLS with the sandbox on `client` (as `host`), and with the real `host` on
-    /// `server`.
-    pub(crate) async fn tls<C, S>(
+    /// TLS with the sandbox on `client`, as `host` (a certificate the sandbox's CA
+    /// signed).
+    pub(crate) async fn accept<C>(
         &self,
         client: C,
-        server: S,
         host: &str,
-    ) -> Result<
-        (
-            tokio_rustls::server::TlsStream<C>,
-            tokio_rustls::client::TlsStream<S>,
-        ),
-        String,
-    >
+    ) -> Result<tokio_rustls::server::TlsStream<C>, String>
     where
         C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.server_config(host)?);
-        let client = acceptor
+        acceptor
             .accept(client)
             .await
-            .map_err(|e| format!("TLS with the sandbox for {host}: {e}"))?;
+            .map_err(|e| format!("TLS with the sandbox for {host}: {e}"))
+    }
+
+    /// TLS with the real `host` on `server`, its certificate verified against the
+    /// public web roots and the extra ones.
+    pub(crate) async fn connect<S>(
+        &self,
+        server: S,
+        host: &str,
+    ) -> Result<tokio_rustls::client::TlsStream<S>, String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
         let name = ServerName::try_from(host.to_string()).map_err(|e| format!("{host}: {e}"))?;
         let connector = tokio_rustls::TlsConnector::from(self.upstream.clone());
-        let server = connector
+        connector
             .connect(name, server)
             .await
-            .map_err(|e| format!("TLS with {host}: {e}"))?;
-        Ok((client, server))
+            .map_err(|e| format!("TLS with {host}: {e}"))
     }
 }
 

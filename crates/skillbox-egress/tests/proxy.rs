@@ -709,3 +709,187 @@ fn refusals_past_the_first_are_counted_not_logged() {
         "{text}"
     );
 }
+
+const SECRET: &str = "real-key-5be0c2d94a";
+
+/// A proxy adding `API_KEY` (value [`SECRET`]) for `api.test` on each of `ports`, its
+/// upstream TLS also trusting `roots`: (the proxy, its address, the placeholder, the
+/// sandbox's CA as PEM).
+async fn secret_proxy(
+    ports: &[u16],
+    roots: &[rustls::pki_types::CertificateDer<'static>],
+) -> (Proxy, SocketAddr, String, String) {
+    let hosts: Vec<String> = ports.iter().map(|p| format!("api.test:{p}")).collect();
+    let egress = skillbox_egress::sandbox_egress(
+        Some(&NetworkPolicy {
+            allow: hosts.clone(),
+            deny: vec![],
+        }),
+        None,
+        &std::collections::BTreeMap::from([(
+            "API_KEY".to_string(),
+            skillbox_egress::SecretSpec {
+                value: SECRET.into(),
+                hosts,
+            },
+        )]),
+        Arc::new(StaticResolver::of(&[("api.test", PUBLIC)]).unwrap()),
+        roots,
+        "/skillbox-egress",
+    )
+    .unwrap()
+    .unwrap();
+    let placeholder = egress
+        .env
+        .iter()
+        .find_map(|(name, value)| (name == "API_KEY").then(|| value.clone()))
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let serving = egress.proxy.clone();
+    tokio::spawn(async move { serving.serve(listener).await });
+    (egress.proxy, addr, placeholder, egress.ca_pem.unwrap())
+}
+
+/// What a sandbox's client does: `CONNECT api.test:port`, TLS trusting only the
+/// sandbox's CA, one request with the placeholder in `Authorization`; all it is
+/// answered inside the TLS.
+async fn fetch_with_placeholder(proxy: SocketAddr, port: u16, ca_pem: &str, key: &str) -> String {
+    use rustls::pki_types::pem::PemObject;
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream
+        .write_all(format!("CONNECT api.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("api.test").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+        .expect("the sandbox's TLS with the proxy, as api.test");
+    tls.write_all(
+        format!("GET / HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer {key}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer))
+        .await
+        .expect("no answer in time")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A secret's host whose certificate nothing the proxy trusts vouches for: the
+/// sandbox's request (its TLS with the proxy done) is answered `502` with
+/// `X-Skillbox-Egress: upstream-tls-failed` and the reason, the connection's record
+/// says refused, and the host gets no request. A secret's host that does not answer
+/// is refused at the `CONNECT`, as any host is. With the host's CA among the upstream
+/// roots the same request reaches it with the value (the server would have seen one).
+#[test]
+fn a_secret_host_failing_verification_is_answered_502_and_sent_nothing() {
+    in_netns(
+        "a_secret_host_failing_verification_is_answered_502_and_sent_nothing",
+        || async {
+            let (ca, _, config) = testkit::test_tls(&["api.test"]);
+            let seen = testkit::Seen::default();
+            let port = testkit::https_server(config, seen.clone()).await;
+            let closed = listen(PUBLIC).local_addr().unwrap().port();
+
+            let (proxy, addr, key, ca_pem) = secret_proxy(&[port, closed], &[]).await;
+            let answer = fetch_with_placeholder(addr, port, &ca_pem, &key).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 502 Bad Gateway\r\n"),
+                "{answer}"
+            );
+            assert!(
+                answer.contains("\r\nX-Skillbox-Egress: upstream-tls-failed\r\n"),
+                "{answer}"
+            );
+            let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+            assert!(
+                body.starts_with("skillbox egress: TLS with api.test: ")
+                    && body.contains("UnknownIssuer")
+                    && body.contains("not sent"),
+                "{answer}"
+            );
+            assert!(!answer.contains(SECRET), "{answer}");
+            // A host that does not answer: refused at the CONNECT, no TLS begun.
+            let refused = ask(
+                addr,
+                format!("CONNECT api.test:{closed} HTTP/1.1\r\n\r\n").as_bytes(),
+            )
+            .await;
+            assert!(refused.starts_with("HTTP/1.1 502"), "{refused}");
+            assert!(refused.contains("X-Skillbox-Egress: refused"), "{refused}");
+            proxy.stop().await;
+            let connections = proxy.audit().connections();
+            assert_eq!(connections.len(), 2, "{connections:#?}");
+            let unverified = &connections[0];
+            assert_eq!(
+                (unverified.port, unverified.verdict, unverified.bytes_out),
+                (port, Verdict::Refused, 0),
+                "{connections:#?}"
+            );
+            let reason = unverified.reason.as_deref().unwrap_or_default();
+            assert!(
+                reason.starts_with("TLS with api.test: ") && reason.contains("UnknownIssuer"),
+                "{reason}"
+            );
+            assert_eq!(
+                (connections[1].port, connections[1].verdict),
+                (closed, Verdict::Refused),
+                "{connections:#?}"
+            );
+            assert!(
+                connections[1]
+                    .reason
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("cannot connect"),
+                "{connections:#?}"
+            );
+            assert!(
+                seen.lock().unwrap().is_empty(),
+                "{:?}",
+                seen.lock().unwrap()
+            );
+
+            // Trusted, the same request reaches api.test with the value.
+            let (proxy, addr, key, ca_pem) = secret_proxy(&[port], &[ca]).await;
+            let answer = fetch_with_placeholder(addr, port, &ca_pem, &key).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+                "{answer}"
+            );
+            proxy.stop().await;
+            assert_eq!(proxy.audit().connections()[0].verdict, Verdict::Allowed);
+            assert_eq!(
+                *seen.lock().unwrap(),
+                vec![("api.test".to_string(), format!("Bearer {SECRET}"))]
+            );
+        },
+    );
+}

@@ -944,7 +944,9 @@ fn a_secret_reaches_its_host_only_and_is_kept_nowhere() {
     }
 
     // Without --egress-ca nothing vouches for api.test's certificate: the proxy's TLS
-    // to it fails (the connection's record says why), so the flag is what made it work.
+    // to it fails, the script's request is answered 502 saying why (urllib raises it)
+    // and the connection's record says refused and why, so the flag is what made it
+    // work.
     server.seen.lock().unwrap().clear();
     let data = tempfile::tempdir().unwrap();
     let mut args = vec!["run", &script, "--json"];
@@ -966,6 +968,14 @@ fn a_secret_reaches_its_host_only_and_is_kept_nowhere() {
     let reason = api["reason"].as_str().unwrap_or_default();
     assert!(
         reason.contains("TLS with api.test") && reason.contains("UnknownIssuer"),
+        "{result:#}"
+    );
+    assert_eq!(api["verdict"], "refused", "{result:#}");
+    assert!(
+        result["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("HTTP Error 502"),
         "{result:#}"
     );
     assert!(server.seen.lock().unwrap().is_empty());
