@@ -30,7 +30,7 @@ pub use proxy::{
 };
 pub use roots::{MAX_UPSTREAM_ROOTS, MAX_UPSTREAM_ROOTS_BYTES, UpstreamRoots};
 pub use rules::{NetworkPolicy, Rule, RuleError, Rules};
-pub use secrets::{Interceptor, MAX_SECRETS, Secrets};
+pub use secrets::{Interceptor, MAX_SECRETS, Secrets, Substitutions};
 pub use setup::{ROOT_BUNDLES, SandboxEgress, SetupError, ca_files, sandbox_egress};
 pub use skillbox_protocol::SecretSpec;
 
@@ -41,7 +41,7 @@ pub fn proxy_for(
     network: Option<&NetworkPolicy>,
     egress_bytes: Option<u64>,
     resolver: std::sync::Arc<dyn Resolve>,
-    secrets: Option<(Secrets, Interceptor)>,
+    secrets: Option<(Substitutions, Interceptor)>,
 ) -> Result<Option<Proxy>, RuleError> {
     let Some(network) = network else {
         return Ok(None);

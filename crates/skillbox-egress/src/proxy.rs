@@ -197,7 +197,7 @@ struct Inner {
     open: Arc<Semaphore>,
     tasks: TaskTracker,
     /// The secrets and the TLS that adds them at egress (`None`: tunnels only).
-    secrets: Option<(crate::Secrets, crate::Interceptor)>,
+    secrets: Option<(crate::Substitutions, crate::Interceptor)>,
 }
 
 /// What the client asked for.
@@ -241,7 +241,7 @@ impl Proxy {
         rules: Rules,
         resolver: Arc<dyn Resolve>,
         limits: ProxyLimits,
-        secrets: Option<(crate::Secrets, crate::Interceptor)>,
+        secrets: Option<(crate::Substitutions, crate::Interceptor)>,
     ) -> Proxy {
         Proxy {
             inner: Arc::new(Inner {

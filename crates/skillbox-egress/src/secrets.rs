@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::io::{self, Read};
 use std::sync::{Arc, Mutex};
 
 use rcgen::{
@@ -23,10 +24,9 @@ const MAX_CACHED_LEAVES: usize = 256;
 /// The longest secret value.
 pub const MAX_SECRET_BYTES: usize = 8 * 1024;
 
-/// One secret, checked: its placeholder, its value (never printed), its hosts.
+/// One secret, checked: its name, its value (never printed), its hosts.
 struct Secret {
     name: String,
-    placeholder: String,
     value: String,
     hosts: Vec<Rule>,
 }
@@ -40,10 +40,18 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// A run's secrets, checked once; each error names the secret and the field.
+/// A run's secrets, checked once; each error names the secret and the field. No
+/// placeholder is drawn yet: [`Secrets::with_placeholders`] does, for a sandbox.
 #[derive(Debug, Default)]
 pub struct Secrets {
     list: Vec<Secret>,
+}
+
+/// A sandbox's secrets, each with the placeholder the sandbox holds for it: what the
+/// proxy puts in its place, and for which hosts.
+#[derive(Debug, Default)]
+pub struct Substitutions {
+    list: Vec<(String, Secret)>,
 }
 
 impl Secrets {
@@ -93,7 +101,6 @@ impl Secrets {
                 .collect::<Result<Vec<_>, _>>()?;
             list.push(Secret {
                 name: name.clone(),
-                placeholder: placeholder(),
                 value: spec.value.clone(),
                 hosts,
             });
@@ -105,11 +112,32 @@ impl Secrets {
         self.list.is_empty()
     }
 
+    /// Each secret with a placeholder of its own, from 16 bytes `fill` draws (the
+    /// system's: [`system_random`]). A source that fails is the error, naming the
+    /// secret: a placeholder that is not random could be guessed, or be another's.
+    pub fn with_placeholders(
+        self,
+        mut fill: impl FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<Substitutions, String> {
+        let list = self
+            .list
+            .into_iter()
+            .map(|secret| {
+                let mut bytes = [0u8; PLACEHOLDER_BYTES];
+                fill(&mut bytes).map_err(|e| format!("a placeholder for {}: {e}", secret.name))?;
+                Ok((placeholder(bytes), secret))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Substitutions { list })
+    }
+}
+
+impl Substitutions {
     /// The sandbox's side: each secret's name and its placeholder.
     pub fn env(&self) -> Vec<(String, String)> {
         self.list
             .iter()
-            .map(|s| (s.name.clone(), s.placeholder.clone()))
+            .map(|(placeholder, s)| (s.name.clone(), placeholder.clone()))
             .collect()
     }
 
@@ -117,20 +145,29 @@ impl Secrets {
     pub(crate) fn for_host(&self, host: &str, port: u16) -> Vec<(String, String)> {
         self.list
             .iter()
-            .filter(|s| s.hosts.iter().any(|r| r.matches(host, port)))
-            .map(|s| (s.placeholder.clone(), s.value.clone()))
+            .filter(|(_, s)| s.hosts.iter().any(|r| r.matches(host, port)))
+            .map(|(placeholder, s)| (placeholder.clone(), s.value.clone()))
             .collect()
     }
 }
 
-/// A random placeholder: what the sandbox sees instead of the value.
-fn placeholder() -> String {
-    let mut bytes = [0u8; 16];
-    if let Ok(mut random) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut random, &mut bytes);
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+/// Random bytes in a placeholder.
+const PLACEHOLDER_BYTES: usize = 16;
+
+/// What the sandbox sees instead of the value: `skillbox-secret-` and `random` in hex.
+fn placeholder(random: [u8; PLACEHOLDER_BYTES]) -> String {
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
     format!("skillbox-secret-{hex}")
+}
+
+/// Fills `bytes` from the system's random source (`/dev/urandom`); the error names it.
+pub(crate) fn system_random(bytes: &mut [u8]) -> io::Result<()> {
+    const SOURCE: &str = "/dev/urandom";
+    let context = |e: io::Error| io::Error::new(e.kind(), format!("{SOURCE}: {e}"));
+    std::fs::File::open(SOURCE)
+        .map_err(context)?
+        .read_exact(bytes)
+        .map_err(context)
 }
 
 /// The sandbox's CA and the TLS both ways for the hosts of its secrets.
@@ -302,6 +339,8 @@ mod tests {
             ("OTHER".to_string(), spec("x", &["*.other.example:8443"])),
         ]))
         .unwrap();
+        assert!(!format!("{secrets:?}").contains("s3cret"));
+        let secrets = secrets.with_placeholders(system_random).unwrap();
         let env = secrets.env();
         assert_eq!(env.len(), 2);
         assert!(
@@ -348,6 +387,67 @@ mod tests {
             assert!(err.contains(said), "{name} {value:?}: {err}");
             assert!(!err.contains("a\r\n"), "{err}");
         }
+    }
+
+    #[test]
+    fn placeholders_are_the_random_bytes_in_hex_or_an_error() {
+        let bytes: [u8; PLACEHOLDER_BYTES] = std::array::from_fn(|i| (i * 17) as u8);
+        assert_eq!(
+            placeholder(bytes),
+            "skillbox-secret-00112233445566778899aabbccddeeff"
+        );
+        let specs = BTreeMap::from([
+            ("A".to_string(), spec("a", &["a.example"])),
+            ("B".to_string(), spec("b", &["b.example"])),
+        ]);
+        // Each secret gets bytes of its own, in the order of their names.
+        let mut next = 0u8;
+        let counting = |buf: &mut [u8]| {
+            next += 1;
+            buf.fill(next);
+            Ok(())
+        };
+        let placed = Secrets::new(&specs)
+            .unwrap()
+            .with_placeholders(counting)
+            .unwrap();
+        assert_eq!(
+            placed.env(),
+            vec![
+                (
+                    "A".to_string(),
+                    format!("skillbox-secret-{}", "01".repeat(16))
+                ),
+                (
+                    "B".to_string(),
+                    format!("skillbox-secret-{}", "02".repeat(16))
+                ),
+            ]
+        );
+        // A source that fails is the error, naming the secret and the failure: no
+        // placeholder of zeros (one every sandbox would share) stands in.
+        let mut calls = 0;
+        let failing = |_: &mut [u8]| {
+            calls += 1;
+            Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "/dev/urandom: No such file or directory",
+            ))
+        };
+        let err = Secrets::new(&specs)
+            .unwrap()
+            .with_placeholders(failing)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            "a placeholder for A: /dev/urandom: No such file or directory"
+        );
+        assert_eq!(calls, 1, "no placeholder after the first failure");
+        // The system's source: two draws differ.
+        let (mut one, mut two) = ([0u8; 16], [0u8; 16]);
+        system_random(&mut one).unwrap();
+        system_random(&mut two).unwrap();
+        assert_ne!(one, two);
     }
 
     #[test]

@@ -84,7 +84,10 @@ pub fn sandbox_egress(
     }
     let (mut env, mut ca_pem, mut adding) = (Vec::new(), None, None);
     if !secrets.is_empty() {
-        let checked = Secrets::new(secrets).map_err(SetupError::Invalid)?;
+        let checked = Secrets::new(secrets)
+            .map_err(SetupError::Invalid)?
+            .with_placeholders(crate::secrets::system_random)
+            .map_err(SetupError::Unavailable)?;
         let interceptor = Interceptor::new(upstream_roots).map_err(SetupError::Unavailable)?;
         env = checked.env();
         for name in [
