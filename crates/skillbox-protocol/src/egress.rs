@@ -45,10 +45,12 @@ pub struct EgressConnection {
     pub bytes_in: u64,
 }
 
-/// A secret a run's code may use without seeing it: the sandbox gets a placeholder in
-/// the environment variable of its name, and skillbox's proxy puts `value` in its place
-/// in the headers of HTTPS requests bound for `hosts` (and nowhere else). The value
-/// never enters the sandbox, a log, a record or an artifact.
+/// A secret a run's code may use without being given it: the sandbox gets a
+/// placeholder in the environment variable of its name, and skillbox's proxy puts
+/// `value` in its place in the headers of HTTPS requests bound for `hosts` (and nowhere
+/// else). skillbox puts the value in no sandbox, log, record or artifact; a bound host
+/// that echoes request headers, or writes the value in an answer, hands it to the
+/// sandbox (design.md §2.8).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]

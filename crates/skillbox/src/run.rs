@@ -61,10 +61,11 @@ pub struct RunArgs {
     /// port means every port).
     #[arg(long = "deny-net", value_name = "HOST", requires = "allow_net")]
     deny_net: Vec<String>,
-    /// Let the code use the secret in this process's $NAME without seeing it: the
+    /// Let the code use the secret in this process's $NAME without being given it: the
     /// sandbox gets a placeholder in NAME, and the egress proxy puts the value in the
     /// headers of HTTPS requests to HOST only (repeatable; HOST as --allow-net's, no port
-    /// meaning 443; each must also be allowed). Native, docker and gvisor.
+    /// meaning 443; each must also be allowed). A HOST that echoes request headers hands
+    /// the value back to the code. Native, docker and gvisor.
     #[arg(
         long = "secret",
         value_name = "NAME=HOST[,HOST…]",
