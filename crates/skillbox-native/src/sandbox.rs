@@ -988,13 +988,35 @@ impl Shell for NativeSandbox {
             let _egress = egress_done;
             let mut timed_out = false;
             let mut aborted = false;
-            tokio::select! {
-                () = reap(&watch, &mut init) => {}
-                () = tokio::time::sleep_until(deadline) => { timed_out = true; }
-                () = cancel.cancelled() => { aborted = true; }
-                () = shutdown.cancelled() => { aborted = true; }
+            // Init writes the payload's wait status, then exits, which kills what is
+            // left in the namespace. The status is the answer: the namespaces' teardown
+            // after it is not waited for before the exit is reported (it is before the
+            // cgroup goes, and before `cleanup` returns).
+            let mut status_bytes = [0u8; 4];
+            let mut wait_status = None;
+            match pipe::Receiver::from_owned_fd(status) {
+                Ok(mut status) => tokio::select! {
+                    read = status.read_exact(&mut status_bytes) => {
+                        wait_status = read.ok().map(|_| i32::from_ne_bytes(status_bytes));
+                    }
+                    () = tokio::time::sleep_until(deadline) => { timed_out = true; }
+                    () = cancel.cancelled() => { aborted = true; }
+                    () = shutdown.cancelled() => { aborted = true; }
+                },
+                Err(e) => {
+                    tracing::debug!(error = %e, "native: the status pipe; waiting for init instead");
+                    tokio::select! {
+                        () = reap(&watch, &mut init) => {}
+                        () = tokio::time::sleep_until(deadline) => { timed_out = true; }
+                        () = cancel.cancelled() => { aborted = true; }
+                        () = shutdown.cancelled() => { aborted = true; }
+                    }
+                }
             }
-            if !init.try_reap() {
+            // No status (init was killed, by the OOM killer or us), a timeout or an
+            // abort: the whole tree dies now. Otherwise init is on its way out and takes
+            // what the command left with it.
+            if (wait_status.is_none() || timed_out || aborted) && !init.try_reap() {
                 init.kill();
                 reap(&watch, &mut init).await;
             }
@@ -1002,25 +1024,24 @@ impl Shell for NativeSandbox {
                 stdout: stdout_task.await.unwrap_or(false),
                 stderr: stderr_task.await.unwrap_or(false),
             };
-            let mut status_bytes = [0u8; 4];
-            let wait_status = {
-                use std::io::Read;
-                let mut file = std::fs::File::from(status);
-                match file.read(&mut status_bytes) {
-                    Ok(4) => Some(i32::from_ne_bytes(status_bytes)),
-                    _ => None,
+            let limit_hit = cgroup.as_ref().and_then(|cg| cg.limit_hit());
+            let wrap_up = async move {
+                // Init exits right after the status; its cgroup goes once it is gone.
+                if !init.try_reap() {
+                    reap(&watch, &mut init).await;
+                }
+                // Removing the cgroup may wait for the kernel to let go: not on this
+                // thread.
+                if let Some(cgroup) = cgroup {
+                    if one_shot {
+                        drop(cgroup);
+                    } else {
+                        let _ = tokio::task::spawn_blocking(move || drop(cgroup)).await;
+                    }
                 }
             };
-            let limit_hit = cgroup.as_ref().and_then(|cg| cg.limit_hit());
-            // Removing the cgroup may wait for the kernel to let go: not on this thread.
-            if let Some(cgroup) = cgroup {
-                if one_shot {
-                    drop(cgroup);
-                } else {
-                    tokio::task::spawn_blocking(move || drop(cgroup));
-                }
-            }
             if aborted {
+                wrap_up.await;
                 let _ = tx.send(Err(EnvError::aborted("exec"))).await;
                 return;
             }
@@ -1046,6 +1067,7 @@ impl Shell for NativeSandbox {
             }
             .output();
             let _ = tx.send(Ok(ExecEvent::Exit(output))).await;
+            wrap_up.await;
         });
         Ok(stream)
     }

@@ -155,8 +155,9 @@ async fn a_prepared_init_takes_what_fits_and_a_dead_one_is_passed_over() {
         (out.exit_code, String::from_utf8_lossy(&out.stdout).trim()),
         (Some(0), "40960")
     );
-    // The prepared one is still there and runs the next command.
-    assert_eq!(children().len(), before);
+    // The prepared one is still there (the cold init is reaped just after the exit is
+    // reported) and runs the next command.
+    wait_for("the cold init reaped", || children().len() == before).await;
     assert_eq!(
         run(env.as_ref(), "echo next").await,
         (Some(0), "next\n".into())
