@@ -71,7 +71,7 @@ async fn a_prepared_init_is_the_callers_child_too() {
 }
 
 async fn check_init_origin(prepared: bool) {
-    use skillbox_env::{CancellationToken, ExecEvent, ExecRequest, ExecutionEnv};
+    use skillbox_env::ExecutionEnv;
     let made = match make_sandbox(skillbox_env::testkit::spec()).await {
         Ok(sandbox) => {
             if prepared {
@@ -85,31 +85,8 @@ async fn check_init_origin(prepared: bool) {
         return;
     };
     let marker = format!("{}", 970_000_000 + std::process::id());
-    let mut stream = env
-        .exec_stream(
-            ExecRequest::shell(format!("echo ready; exec sleep {marker}")),
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("exec");
-    match stream.next().await {
-        Some(Ok(ExecEvent::Stdout(chunk))) => assert_eq!(&chunk[..], b"ready\n"),
-        other => panic!("expected the ready line, got {other:?}"),
-    }
-    let parent_of = |pid: &str| -> Option<u32> {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let line = status.lines().find(|l| l.starts_with("PPid:"))?;
-        line[5..].trim().parse().ok()
-    };
-    let sleeper = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c == format!("sleep\0{marker}\0").as_bytes())
-        })
-        .expect("the sandbox's sleep");
+    let (_stream, sleeper) = common::sleep_in(env.as_ref(), &marker).await;
+    let parent_of = common::parent_of;
     let init = parent_of(&sleeper).expect("the sleep's parent");
     assert_eq!(
         parent_of(&init.to_string()),

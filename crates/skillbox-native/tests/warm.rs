@@ -194,7 +194,6 @@ async fn a_prepared_init_takes_what_fits_and_a_dead_one_is_passed_over() {
 /// child), and the next one in an init of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_exec_runs_in_the_prepared_init() {
-    use skillbox_env::ExecEvent;
     let others = children();
     let made = make_env(skillbox_env::testkit::spec()).await;
     let Some(env) = skillbox_env::testkit::require(made, "the_first_exec_runs_in_the_prepared")
@@ -206,35 +205,10 @@ async fn the_first_exec_runs_in_the_prepared_init() {
         .filter(|pid| !others.contains(pid))
         .collect();
     assert_eq!(prepared.len(), 1, "one prepared init: {prepared:?}");
-    let parent_of_sleep = |marker: &str| {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .find(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c == format!("sleep\0{marker}\0").as_bytes())
-            })
-            .and_then(|pid| {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-                let line = status.lines().find(|l| l.starts_with("PPid:"))?;
-                line[5..].trim().parse::<u32>().ok()
-            })
-    };
     for (round, marker) in ["910000001", "910000002"].into_iter().enumerate() {
         let marker = format!("{marker}.{}", std::process::id());
-        let mut stream = env
-            .exec_stream(
-                ExecRequest::shell(format!("echo ready; exec sleep {marker}")),
-                &CancellationToken::new(),
-            )
-            .await
-            .expect("exec");
-        match stream.next().await {
-            Some(Ok(ExecEvent::Stdout(chunk))) => assert_eq!(&chunk[..], b"ready\n"),
-            other => panic!("expected the ready line, got {other:?}"),
-        }
-        let init = parent_of_sleep(&marker).expect("the sleep's parent");
+        let (mut stream, sleeper) = common::sleep_in(env.as_ref(), &marker).await;
+        let init = common::parent_of(&sleeper).expect("the sleep's parent");
         if round == 0 {
             assert_eq!(
                 init, prepared[0],

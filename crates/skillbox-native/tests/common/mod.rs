@@ -14,3 +14,42 @@ pub fn data_dir() -> Result<PathBuf, String> {
     }
     Ok(tempfile::tempdir().map_err(|e| e.to_string())?.keep())
 }
+
+/// Starts `echo ready; exec sleep MARKER` in `env` and waits for the ready line: its
+/// stream, and the host pid of that sleep.
+#[allow(dead_code, reason = "not every test file uses it")]
+pub async fn sleep_in(
+    env: &dyn skillbox_env::ExecutionEnv,
+    marker: &str,
+) -> (skillbox_env::ExecStream, String) {
+    use skillbox_env::{CancellationToken, ExecEvent, ExecRequest};
+    let mut stream = env
+        .exec_stream(
+            ExecRequest::shell(format!("echo ready; exec sleep {marker}")),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("exec");
+    match stream.next().await {
+        Some(Ok(ExecEvent::Stdout(chunk))) => assert_eq!(&chunk[..], b"ready\n"),
+        other => panic!("expected the ready line, got {other:?}"),
+    }
+    let sleeper = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c == format!("sleep\0{marker}\0").as_bytes())
+        })
+        .expect("the sandbox's sleep");
+    (stream, sleeper)
+}
+
+/// The parent pid of `pid`.
+#[allow(dead_code, reason = "not every test file uses it")]
+pub fn parent_of(pid: &str) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("PPid:"))?;
+    line[5..].trim().parse().ok()
+}
