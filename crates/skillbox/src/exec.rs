@@ -151,7 +151,7 @@ pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
             command: args.command.clone(),
             json: args.json,
         };
-        if let Some(code) = crate::warm::exec(data_dir, &command).await {
+        if let Some(code) = crate::warm::exec(data_dir, &command) {
             return code;
         }
     }

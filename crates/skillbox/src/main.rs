@@ -139,6 +139,11 @@ fn main() -> ExitCode {
         let code = skillbox_native::spawner_process::main(&args);
         return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
     }
+    // A plain `exec` with a `skillbox warm` to take it: sent there straight away.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(code) = warm::plain_exec(&args) {
+        return code;
+    }
     skillbox_wasm::runner::this_program_runs_guests();
     // Without SKILLBOX_LOG, a plain level filter: parsing filter directives costs
     // more than a one-shot exec wants to spend on logging it will not do.
@@ -176,8 +181,10 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::Serve(_) | Command::Cap(_)) {
         raise_open_files();
     }
-    // One thread is fastest for a single exec or run; the server wants every core.
-    let mut builder = if matches!(cli.command, Command::Serve(_) | Command::Warm(_)) {
+    // One thread is fastest for a single exec or run, and for `warm`, whose execs are
+    // each a few wake-ups (sandboxes are made on blocking threads); the HTTP server
+    // wants every core.
+    let mut builder = if matches!(cli.command, Command::Serve(_)) {
         tokio::runtime::Builder::new_multi_thread()
     } else {
         tokio::runtime::Builder::new_current_thread()

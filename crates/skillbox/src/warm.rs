@@ -9,12 +9,12 @@
 //! status, exactly what it would have printed itself. Without a server (or one of
 //! another version) `exec` makes its sandbox itself, as before.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -70,8 +70,11 @@ fn socket_path(data_dir: &Path) -> PathBuf {
 
 /// Runs `exec` in a sandbox the data dir's `skillbox warm` made ahead; `None` when no
 /// server answers there (or it is another version): the caller makes the sandbox.
-pub async fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
-    let mut stream = UnixStream::connect(socket_path(data_dir)).await.ok()?;
+///
+/// Plain blocking I/O on the calling thread: a one-shot client has nothing else to
+/// do, and an async runtime would cost it more to start than the relay costs.
+pub fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket_path(data_dir)).ok()?;
     let request = serde_json::to_vec(&Request {
         version: env!("CARGO_PKG_VERSION").into(),
         exec: Exec {
@@ -81,25 +84,22 @@ pub async fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
         },
     })
     .ok()?;
-    let mut head = (request.len() as u32).to_le_bytes().to_vec();
-    head.extend_from_slice(&request);
-    if stream.write_all(&head).await.is_err() {
-        return None;
-    }
+    let mut message = (request.len() as u32).to_le_bytes().to_vec();
+    message.extend_from_slice(&request);
+    stream.write_all(&message).ok()?;
     tracing::debug!("exec: in a sandbox skillbox warm made ahead");
+    // Ctrl-C ends this client, and the server ends the command when it sees the
+    // connection close.
+    let interrupt = Interrupt::install();
+    let mut frames = std::io::BufReader::new(stream);
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     let mut first = true;
     loop {
-        let frame = tokio::select! {
-            frame = read_frame(&mut stream) => frame,
-            _ = tokio::signal::ctrl_c() => {
-                // Dropping the connection ends the command (the server sees it close).
-                eprintln!("skillbox exec: {}", EnvError::aborted("exec"));
-                return Some(ExitCode::from(crate::EXIT_SETUP_FAILED));
+        match read_frame(&mut frames) {
+            Some((OTHER_VERSION, _)) if first => {
+                drop(interrupt);
+                return None;
             }
-        };
-        match frame {
-            Some((OTHER_VERSION, _)) if first => return None,
             Some((OUT, bytes)) => {
                 let _ = out.write_all(&bytes).and_then(|()| out.flush());
             }
@@ -119,13 +119,114 @@ pub async fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
     }
 }
 
-async fn read_frame(stream: &mut UnixStream) -> Option<(u8, Vec<u8>)> {
+fn read_frame(stream: &mut impl Read) -> Option<(u8, Vec<u8>)> {
     let mut head = [0u8; 5];
-    stream.read_exact(&mut head).await.ok()?;
+    stream.read_exact(&mut head).ok()?;
     let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
     let mut bytes = vec![0u8; len];
-    stream.read_exact(&mut bytes).await.ok()?;
+    stream.read_exact(&mut bytes).ok()?;
     Some((head[0], bytes))
+}
+
+/// What an interrupted client says on its way out (as `exec` says for a cancel).
+static INTERRUPTED: OnceLock<String> = OnceLock::new();
+
+/// While it lives, SIGINT ends this process with the abort message and status 125
+/// (the server sees the connection close and ends the command); dropped, the
+/// disposition before it is back.
+struct Interrupt {
+    before: libc::sigaction,
+}
+
+impl Interrupt {
+    fn install() -> Interrupt {
+        INTERRUPTED.get_or_init(|| format!("skillbox exec: {}\n", EnvError::aborted("exec")));
+        extern "C" fn interrupted(_: libc::c_int) {
+            // Only async-signal-safe calls: write(2) and _exit(2).
+            if let Some(message) = INTERRUPTED.get() {
+                // SAFETY: writing a live, initialised buffer to stderr.
+                unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
+            }
+            // SAFETY: ends the process at once; nothing is left to flush.
+            unsafe { libc::_exit(i32::from(crate::EXIT_SETUP_FAILED)) };
+        }
+        // SAFETY: sigaction with zeroed structs and a handler of the right type.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = interrupted as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut before: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGINT, &action, &mut before);
+            Interrupt { before }
+        }
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        // SAFETY: puts back the disposition sigaction handed us.
+        unsafe { libc::sigaction(libc::SIGINT, &self.before, std::ptr::null_mut()) };
+    }
+}
+
+/// `skillbox [--data-dir DIR] exec [--json] -- CMD...` and nothing else, seen before
+/// the full command line is parsed: sent to the data dir's `skillbox warm` at once, so
+/// a warm exec does not pay for building every subcommand's parser, the log
+/// subscriber and an async runtime. `None` for anything else, for a data dir that does
+/// not pass its check, for no server (or another version), and whenever
+/// `SKILLBOX_LOG` asks for logs: the caller parses the command line as usual.
+pub fn plain_exec(args: &[std::ffi::OsString]) -> Option<ExitCode> {
+    if std::env::var_os("SKILLBOX_LOG").is_some() {
+        return None;
+    }
+    let (data_dir, json, command) = plain_exec_args(args)?;
+    let data_dir = match data_dir {
+        Some(dir) => dir,
+        None => skillbox_env::default_data_dir().ok()?,
+    };
+    skillbox_env::own_data_dir(&data_dir).ok()?;
+    let request = Exec {
+        limits: crate::exec::default_limits(),
+        command,
+        json,
+    };
+    exec(&data_dir, &request)
+}
+
+/// The data dir, `--json` and the command of a plain exec's arguments (after the
+/// program's name); `None` for any other command line.
+fn plain_exec_args(args: &[std::ffi::OsString]) -> Option<(Option<PathBuf>, bool, Vec<String>)> {
+    let (mut data_dir, mut json, mut subcommand) = (None, false, false);
+    let mut at = 0;
+    while at < args.len() {
+        let arg = args[at].to_str()?;
+        match arg {
+            "--" if subcommand => break,
+            "exec" if !subcommand => subcommand = true,
+            "--json" if subcommand && !json => json = true,
+            "--data-dir" if data_dir.is_none() => {
+                at += 1;
+                let dir = args.get(at)?.to_str()?;
+                if dir.is_empty() || dir.starts_with('-') {
+                    return None;
+                }
+                data_dir = Some(PathBuf::from(dir));
+            }
+            _ => match arg.strip_prefix("--data-dir=") {
+                Some(dir) if data_dir.is_none() && !dir.is_empty() => {
+                    data_dir = Some(PathBuf::from(dir));
+                }
+                _ => return None,
+            },
+        }
+        at += 1;
+    }
+    let command = args
+        .get(at + 1..)?
+        .iter()
+        .map(|arg| arg.to_str().map(String::from))
+        .collect::<Option<Vec<String>>>()?;
+    (!command.is_empty()).then_some((data_dir, json, command))
 }
 
 // ---- The server ----
@@ -420,4 +521,51 @@ async fn stream_exec(
         }
     }
     failed(crate::exec::no_ending())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(line: &str) -> Option<(Option<PathBuf>, bool, Vec<String>)> {
+        let args: Vec<std::ffi::OsString> = line.split(' ').map(Into::into).collect();
+        plain_exec_args(&args)
+    }
+
+    #[test]
+    fn only_a_plain_exec_is_taken_before_the_parser() {
+        let command = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            parsed("exec -- true"),
+            Some((None, false, command(&["true"])))
+        );
+        assert_eq!(
+            parsed("--data-dir /d exec --json -- sh -c x"),
+            Some((Some("/d".into()), true, command(&["sh", "-c", "x"])))
+        );
+        assert_eq!(
+            parsed("exec --data-dir=/d -- echo --json"),
+            Some((Some("/d".into()), false, command(&["echo", "--json"])))
+        );
+        for other in [
+            "exec true",
+            "exec --",
+            "exec --memory 1G -- true",
+            "exec --backend docker -- true",
+            "exec --workdir /w -- true",
+            "exec --json --json -- true",
+            "--json exec -- true",
+            "run -- true",
+            "exec exec -- true",
+            "-- exec true",
+            "--data-dir exec -- true",
+            "--data-dir -x exec -- true",
+            "--data-dir= exec -- true",
+            "--data-dir /a --data-dir /b exec -- true",
+            "exec --help",
+            "--version",
+        ] {
+            assert_eq!(parsed(other), None, "{other}");
+        }
+    }
 }

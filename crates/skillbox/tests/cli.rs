@@ -1219,6 +1219,28 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
     client.kill().unwrap();
     client.wait().unwrap();
     wait_for("the sleep ended", || (!running(sleeper)).then_some(()));
+    // Ctrl-C on the client: the command ends, and the client says what it says without
+    // the server.
+    let interrupted = |data: &Path, nap: &str| {
+        let client = Command::new(BIN)
+            .arg("--data-dir")
+            .arg(data)
+            .args(["exec", "--", "sleep", nap])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let sleeper = wait_for("the sleep", || process_running(&["sleep", nap]));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(client.id() as i32, libc::SIGINT) };
+        let out = client.wait_with_output().unwrap();
+        wait_for("the sleep ended", || (!running(sleeper)).then_some(()));
+        (out.status.code(), text(&out.stderr))
+    };
+    let warm = interrupted(warm_data.path(), &format!("4.{}", std::process::id()));
+    let cold = interrupted(cold_data.path(), &format!("5.{}", std::process::id()));
+    assert_eq!(warm, cold);
+    assert_eq!(warm.0, Some(125), "{warm:?}");
+    assert!(warm.1.contains("exec: cancelled"), "{warm:?}");
 
     // Another user cannot run anything through it, even where the socket is open to
     // them: the server asks the kernel who connected.
