@@ -62,6 +62,12 @@ pub trait Shell: Send + Sync {
     ) -> EnvResult<ExecOutput> {
         self.exec_stream(request, cancel).await?.collect().await
     }
+
+    /// Gets the next exec ready ahead of its command where the backend can (the native
+    /// one starts its init, with every layer in place); nothing where it cannot. A
+    /// hint for a sandbox that will exec again (a session): an exec never needs it, and
+    /// `cleanup` undoes it.
+    async fn prepare_next(&self) {}
 }
 
 /// A place where code runs: files plus processes, with one boundary around both.

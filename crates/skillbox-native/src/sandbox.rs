@@ -662,7 +662,8 @@ impl NativeSandbox {
     /// egress (its listener and proxy are per exec) nor a one-shot one; a sandbox holds
     /// one at most.
     pub async fn prepare_exec(&self) -> EnvResult<()> {
-        if self.egress.is_some() || self.one_shot || self.shutdown.is_cancelled() {
+        let has_one = self.prepared.lock().map_or(true, |slot| slot.is_some());
+        if self.egress.is_some() || self.one_shot || self.shutdown.is_cancelled() || has_one {
             return Ok(());
         }
         let plan = ChildPlan {
@@ -674,9 +675,13 @@ impl NativeSandbox {
             started: Some(started),
             cgroup,
         };
-        if let Ok(mut slot) = self.prepared.lock() {
-            slot.get_or_insert(prepared);
-        }
+        let unused = match self.prepared.lock() {
+            // Cleaned up meanwhile: dropped here (killed, its cgroup removed).
+            Ok(_) if self.shutdown.is_cancelled() => Some(prepared),
+            Ok(mut slot) if slot.is_none() => slot.replace(prepared),
+            _ => Some(prepared),
+        };
+        drop(unused);
         Ok(())
     }
 
@@ -812,6 +817,12 @@ fn errno_text(errno: i32) -> String {
 
 #[async_trait]
 impl Shell for NativeSandbox {
+    async fn prepare_next(&self) {
+        if let Err(e) = self.prepare_exec().await {
+            tracing::debug!(error = %e, "native: the next exec was not prepared");
+        }
+    }
+
     async fn exec_stream(
         &self,
         request: ExecRequest,

@@ -223,3 +223,54 @@ async fn the_first_exec_runs_in_the_prepared_init() {
     }
     env.cleanup().await.unwrap();
 }
+
+/// `prepare_next` (what a session asks for after each exec): the next exec runs in the
+/// init it started, and a second call while one waits starts no other; `cleanup` then
+/// leaves no init behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_next_readies_the_next_exec_and_cleanup_ends_it() {
+    let others = children();
+    let data = common::data_dir();
+    let Some(env) = skillbox_env::testkit::require(
+        match data {
+            Ok(data) => NativeBackend::new(&data)
+                .create(skillbox_env::testkit::spec())
+                .await
+                .map(|sandbox| Box::new(sandbox) as Box<dyn ExecutionEnv>)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        },
+        "prepare_next_readies_the_next_exec",
+    ) else {
+        return;
+    };
+    let new_children = || -> Vec<u32> {
+        children()
+            .into_iter()
+            .filter(|pid| !others.contains(pid))
+            .collect()
+    };
+    assert_eq!(
+        run(env.as_ref(), "echo one").await,
+        (Some(0), "one\n".into())
+    );
+    wait_for("the first exec's init reaped", || new_children().is_empty()).await;
+    env.prepare_next().await;
+    env.prepare_next().await;
+    let prepared = new_children();
+    assert_eq!(prepared.len(), 1, "one prepared init: {prepared:?}");
+    let marker = format!("910000003.{}", std::process::id());
+    let (mut stream, sleeper) = common::sleep_in(env.as_ref(), &marker).await;
+    assert_eq!(
+        common::parent_of(&sleeper),
+        Some(prepared[0]),
+        "the next exec runs in the init prepare_next started"
+    );
+    // SAFETY: signalling a process of this test's sandbox.
+    unsafe { libc::kill(prepared[0] as i32, libc::SIGKILL) };
+    while stream.next().await.is_some() {}
+    env.prepare_next().await;
+    wait_for("a new init waiting", || new_children().len() == 1).await;
+    env.cleanup().await.unwrap();
+    wait_for("no init left", || new_children().is_empty()).await;
+}

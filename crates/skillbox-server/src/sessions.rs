@@ -755,7 +755,8 @@ pub(crate) async fn exec(
         execs.insert(exec_id.clone(), cancel.clone());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    tokio::spawn(async move {
+    let after = session.clone();
+    let relay = async move {
         let _running = running;
         // The client going away drops the body, and with it the receiver: the exec is
         // cancelled then, its whole process tree with it.
@@ -860,6 +861,12 @@ pub(crate) async fn exec(
                 }
             }
         }
+    };
+    tokio::spawn(async move {
+        relay.await;
+        // The answer is complete (its body ended with the relay): the session's next
+        // exec gets ready now, so it pays only for its command.
+        after.env.prepare_next().await;
     });
     let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))

@@ -535,6 +535,10 @@ fn patch(mut output: ExecOutput) -> ExecOutput {
 
 #[async_trait]
 impl Shell for WasmSandbox {
+    async fn prepare_next(&self) {
+        self.inner.prepare_next().await;
+    }
+
     async fn exec_stream(
         &self,
         request: ExecRequest,
