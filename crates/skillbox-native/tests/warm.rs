@@ -11,18 +11,23 @@ use std::time::Duration;
 
 use skillbox_env::testkit::Made;
 use skillbox_env::{CancellationToken, ExecRequest, ExecutionEnv, SandboxSpec};
-use skillbox_native::NativeBackend;
+use skillbox_native::{NativeBackend, NativeSandbox};
 
 /// Each test's sandbox has its first exec's init started, locked down and waiting
 /// before the test runs anything in it.
 async fn make_env(spec: SandboxSpec) -> Made {
-    let data = common::data_dir()?;
-    let sandbox = NativeBackend::new(&data)
-        .create(spec)
-        .await
-        .map_err(|e| e.to_string())?;
+    let sandbox = create(spec).await?;
     sandbox.prepare_exec().await.map_err(|e| e.to_string())?;
     Ok(Box::new(sandbox))
+}
+
+/// A sandbox of `spec` in the tests' data dir, with nothing prepared yet.
+async fn create(spec: SandboxSpec) -> Result<NativeSandbox, String> {
+    let data = common::data_dir()?;
+    NativeBackend::new(&data)
+        .create(spec)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 skillbox_env::conformance_suite!(make_env);
@@ -230,18 +235,11 @@ async fn the_first_exec_runs_in_the_prepared_init() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_next_readies_the_next_exec_and_cleanup_ends_it() {
     let others = children();
-    let data = common::data_dir();
-    let Some(env) = skillbox_env::testkit::require(
-        match data {
-            Ok(data) => NativeBackend::new(&data)
-                .create(skillbox_env::testkit::spec())
-                .await
-                .map(|sandbox| Box::new(sandbox) as Box<dyn ExecutionEnv>)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e),
-        },
-        "prepare_next_readies_the_next_exec",
-    ) else {
+    let made = create(skillbox_env::testkit::spec())
+        .await
+        .map(|sandbox| Box::new(sandbox) as Box<dyn ExecutionEnv>);
+    let Some(env) = skillbox_env::testkit::require(made, "prepare_next_readies_the_next_exec")
+    else {
         return;
     };
     let new_children = || -> Vec<u32> {
