@@ -34,16 +34,24 @@ pub async fn sleep_in(
         Some(Ok(ExecEvent::Stdout(chunk))) => assert_eq!(&chunk[..], b"ready\n"),
         other => panic!("expected the ready line, got {other:?}"),
     }
-    let sleeper = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c == format!("sleep\0{marker}\0").as_bytes())
-        })
-        .expect("the sandbox's sleep");
-    (stream, sleeper)
+    // The line comes before the shell has exec'd the sleep: look until it has.
+    let find = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c == format!("sleep\0{marker}\0").as_bytes())
+            })
+    };
+    for _ in 0..500 {
+        if let Some(sleeper) = find() {
+            return (stream, sleeper);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the sandbox's sleep: not after 10 s")
 }
 
 /// The parent pid of `pid`.
