@@ -68,8 +68,13 @@ impl RunRecords {
             })?;
         }
         let db = Connection::open(path).map_err(db_error("open the run records"))?;
+        // WAL with `synchronous = NORMAL`: a commit is a write to the log, not an fsync
+        // (one at each checkpoint). A crash of skillbox loses nothing committed; a power
+        // cut may lose the last few records, never the file's consistency. These are a
+        // list for people to look at, not the artifacts (those are fsynced).
         db.execute_batch(
             "PRAGMA journal_mode = WAL;
+             PRAGMA synchronous = NORMAL;
              PRAGMA busy_timeout = 5000;
              CREATE TABLE IF NOT EXISTS agent_runs (
                  id TEXT PRIMARY KEY,
@@ -192,18 +197,22 @@ impl RunRecords {
     ) -> Result<(), StoreError> {
         let now = now_ms();
         let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        // One transaction: the insert and the forgetting commit together. The forgetting
+        // walks the tenant's index past its newest `keep` and deletes what is left (one
+        // row, in the steady state), rather than testing every row against a set of `keep`.
         self.with("record a plain run", |db| {
-            db.execute(
+            let tx = db.unchecked_transaction()?;
+            tx.execute(
                 "INSERT INTO plain_runs (id, tenant, created_ms, body) VALUES (?1, ?2, ?3, ?4)",
                 params![id, tenant, now, body],
             )?;
-            db.execute(
-                "DELETE FROM plain_runs WHERE tenant = ?1 AND id NOT IN (
+            tx.execute(
+                "DELETE FROM plain_runs WHERE id IN (
                      SELECT id FROM plain_runs WHERE tenant = ?1
-                     ORDER BY created_ms DESC, id DESC LIMIT ?2)",
+                     ORDER BY created_ms DESC, id DESC LIMIT -1 OFFSET ?2)",
                 params![tenant, keep],
-            )
-            .map(drop)
+            )?;
+            tx.commit()
         })
     }
 
