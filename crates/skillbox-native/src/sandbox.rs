@@ -43,9 +43,13 @@ pub struct NativeBackend {
 }
 
 impl NativeBackend {
+    /// A relative `data_dir` is taken from the current directory now: the paths under it
+    /// reach processes with another working directory (the spawner's is `/`), where a
+    /// relative one names nothing.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
         NativeBackend {
-            data_dir: data_dir.into(),
+            data_dir: std::path::absolute(&data_dir).unwrap_or(data_dir),
             resolver: Arc::new(skillbox_egress::SystemResolver),
             upstream_roots: Arc::default(),
             warm: None,

@@ -84,6 +84,10 @@ fn data_dir(flag: Option<PathBuf>) -> Result<PathBuf, skillbox_env::EnvError> {
         Some(dir) => dir,
         None => skillbox_env::default_data_dir()?,
     };
+    // Absolute from here on: paths under it are opened by other processes (a sandbox's
+    // init, the spawner) and after a chdir, where a relative one names something else.
+    let dir = std::path::absolute(&dir)
+        .map_err(|e| skillbox_env::EnvError::io(&e, "resolve the data dir", &dir))?;
     skillbox_env::own_data_dir(&dir)?;
     Ok(dir)
 }

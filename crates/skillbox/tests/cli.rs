@@ -1329,3 +1329,79 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
     let out = skillbox(warm_data.path(), &["exec", "--", "echo", "alone"]);
     assert_eq!(text(&out.stdout), "alone\n");
 }
+
+/// A relative `--data-dir` names the same dir for every process it reaches: `warm`
+/// and `serve` clone inits in their spawner process, whose working directory is `/`,
+/// and a relative path there named nothing (every exec through them failed).
+#[test]
+fn a_relative_data_dir_works_through_warm_and_serve() {
+    if !native_or_skip("a_relative_data_dir_works_through_warm_and_serve") {
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let in_base = |args: &[&str]| {
+        Command::new(BIN)
+            .current_dir(base.path())
+            .args(["--data-dir", "data"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let log = base.path().join("warm.log");
+    let mut warm = Command::new(BIN)
+        .current_dir(base.path())
+        .args(["--data-dir", "data", "warm", "--sandboxes", "2"])
+        .env("SKILLBOX_LOG", "skillbox=debug")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("skillbox warm's socket", || {
+        assert!(warm.try_wait().unwrap().is_none(), "skillbox warm exited");
+        std::os::unix::net::UnixStream::connect(base.path().join("data/warm.sock")).ok()
+    });
+    for _ in 0..3 {
+        let out = in_base(&["exec", "--", "echo", "through warm"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "through warm\n");
+    }
+    // SAFETY: signalling the server we started.
+    unsafe { libc::kill(warm.id() as i32, libc::SIGTERM) };
+    assert!(warm.wait().unwrap().success());
+    let served = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(served.matches("warm: an exec").count(), 3, "{served}");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut serve = Command::new(BIN)
+        .current_dir(base.path())
+        .args(["--data-dir", "data", "serve", "--addr", &addr])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("skillbox serve", || {
+        assert!(serve.try_wait().unwrap().is_none(), "skillbox serve exited");
+        std::net::TcpStream::connect(&addr).ok()
+    });
+    std::fs::write(base.path().join("hi.sh"), "echo through serve > made.txt\n").unwrap();
+    std::fs::create_dir(base.path().join("out")).unwrap();
+    let out = in_base(&[
+        "run",
+        "hi.sh",
+        "--remote",
+        &format!("http://{addr}"),
+        "--out",
+        "out",
+    ]);
+    // SAFETY: signalling the server we started.
+    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
+    assert!(serve.wait().unwrap().success());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(base.path().join("out/made.txt")).unwrap(),
+        "through serve\n"
+    );
+}
