@@ -658,17 +658,23 @@ fn run_makes_the_example_deck() {
     assert_eq!(result.status.code(), Some(2));
 }
 
-/// `skillbox serve` on a free loopback port with `extra` flags, once it accepts.
+/// `skillbox serve` on the shared data dir, a free loopback port and `extra` flags, once
+/// it accepts.
 fn start_serve(extra: &[&str]) -> (std::process::Child, String) {
+    let mut skillbox = Command::new(BIN);
+    skillbox.arg("--data-dir").arg(shared_data_dir());
+    start_serve_with(skillbox, extra)
+}
+
+/// [`start_serve`] for `skillbox`, a command naming the binary and its data dir.
+fn start_serve_with(mut skillbox: Command, extra: &[&str]) -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let mut server = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(shared_data_dir())
+    let mut server = skillbox
         .args(["serve", "--addr", &addr])
         .args(extra)
         .stderr(std::process::Stdio::null())
@@ -1108,18 +1114,23 @@ fn cap_lists_grants_and_holds_the_host_ceiling() {
 
 /// `skillbox warm` on `data`, once its socket answers.
 fn start_warm(data: &Path, log: &Path) -> std::process::Child {
-    let mut server = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(data)
+    let mut skillbox = Command::new(BIN);
+    skillbox.arg("--data-dir").arg(data);
+    start_warm_with(skillbox, &data.join("warm.sock"), log)
+}
+
+/// [`start_warm`] for `skillbox`, a command naming the binary and its data dir, whose
+/// socket is `socket`.
+fn start_warm_with(mut skillbox: Command, socket: &Path, log: &Path) -> std::process::Child {
+    let mut server = skillbox
         .args(["warm", "--sandboxes", "2"])
         .env("SKILLBOX_LOG", "skillbox=debug")
         .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .unwrap();
-    let socket = data.join("warm.sock");
     wait_for("skillbox warm's socket", || {
         assert!(server.try_wait().unwrap().is_none(), "skillbox warm exited");
-        std::os::unix::net::UnixStream::connect(&socket).ok()
+        std::os::unix::net::UnixStream::connect(socket).ok()
     });
     server
 }
@@ -1339,28 +1350,20 @@ fn a_relative_data_dir_works_through_warm_and_serve() {
         return;
     }
     let base = tempfile::tempdir().unwrap();
-    let in_base = |args: &[&str]| {
-        Command::new(BIN)
+    let in_base = || {
+        let mut skillbox = Command::new(BIN);
+        skillbox
             .current_dir(base.path())
-            .args(["--data-dir", "data"])
-            .args(args)
-            .output()
-            .unwrap()
+            .args(["--data-dir", "data"]);
+        skillbox
     };
     let log = base.path().join("warm.log");
-    let mut warm = Command::new(BIN)
-        .current_dir(base.path())
-        .args(["--data-dir", "data", "warm", "--sandboxes", "2"])
-        .env("SKILLBOX_LOG", "skillbox=debug")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    wait_for("skillbox warm's socket", || {
-        assert!(warm.try_wait().unwrap().is_none(), "skillbox warm exited");
-        std::os::unix::net::UnixStream::connect(base.path().join("data/warm.sock")).ok()
-    });
+    let mut warm = start_warm_with(in_base(), &base.path().join("data/warm.sock"), &log);
     for _ in 0..3 {
-        let out = in_base(&["exec", "--", "echo", "through warm"]);
+        let out = in_base()
+            .args(["exec", "--", "echo", "through warm"])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{}", text(&out.stderr));
         assert_eq!(text(&out.stdout), "through warm\n");
     }
@@ -1370,32 +1373,20 @@ fn a_relative_data_dir_works_through_warm_and_serve() {
     let served = std::fs::read_to_string(&log).unwrap();
     assert_eq!(served.matches("warm: an exec").count(), 3, "{served}");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut serve = Command::new(BIN)
-        .current_dir(base.path())
-        .args(["--data-dir", "data", "serve", "--addr", &addr])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for("skillbox serve", || {
-        assert!(serve.try_wait().unwrap().is_none(), "skillbox serve exited");
-        std::net::TcpStream::connect(&addr).ok()
-    });
+    let (mut serve, addr) = start_serve_with(in_base(), &[]);
     std::fs::write(base.path().join("hi.sh"), "echo through serve > made.txt\n").unwrap();
     std::fs::create_dir(base.path().join("out")).unwrap();
-    let out = in_base(&[
-        "run",
-        "hi.sh",
-        "--remote",
-        &format!("http://{addr}"),
-        "--out",
-        "out",
-    ]);
+    let out = in_base()
+        .args([
+            "run",
+            "hi.sh",
+            "--remote",
+            &format!("http://{addr}"),
+            "--out",
+            "out",
+        ])
+        .output()
+        .unwrap();
     // SAFETY: signalling the server we started.
     unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
     assert!(serve.wait().unwrap().success());
