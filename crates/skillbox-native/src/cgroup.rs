@@ -287,18 +287,31 @@ impl ExecCgroup {
     }
 
     /// On v2, the leaf to start the sandbox in with `CLONE_INTO_CGROUP` (no move: the
-    /// child is born there). `None` on v1, where [`ExecCgroup::add`] moves it instead.
+    /// child is born there). `None` on v1, where init joins through
+    /// [`ExecCgroup::join_files`] instead.
     pub fn clone_into(&self) -> Option<std::io::Result<std::os::fd::OwnedFd>> {
         let dir = self.dirs.first().filter(|_| self.v2)?;
         Some(fs::File::open(dir).map(std::os::fd::OwnedFd::from))
     }
 
-    /// Moves `pid` (the sandbox's init, before it forks anything) into every leaf.
-    pub fn add(&self, pid: i32) -> Result<(), String> {
-        for dir in &self.dirs {
-            write(dir.join("cgroup.procs"), &pid.to_string())?;
+    /// On v1, each leaf's `tasks` file, open for writing, for the sandbox's init to
+    /// join by writing `0` to it (see `ChildPlan::cgroup_join`): the kernel checks the
+    /// credentials this file was opened with. Empty on v2 ([`ExecCgroup::clone_into`]).
+    pub fn join_files(&self) -> Result<Vec<std::os::fd::OwnedFd>, String> {
+        if self.v2 {
+            return Ok(Vec::new());
         }
-        Ok(())
+        self.dirs
+            .iter()
+            .map(|dir| {
+                let path = dir.join("tasks");
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map(std::os::fd::OwnedFd::from)
+                    .map_err(|e| format!("open {}: {e}", path.display()))
+            })
+            .collect()
     }
 
     /// Which cgroup limit the run hit, if any.

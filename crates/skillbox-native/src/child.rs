@@ -83,6 +83,8 @@ pub const STEP_IDS: u32 = 16;
 pub const STEP_CLOSE_FDS: u32 = 17;
 /// A prepared init's command was malformed (a parent's bug, never the sandbox's).
 pub const STEP_COMMAND: u32 = 18;
+/// Joining the exec's cgroup v1 leaves failed.
+pub const STEP_CGROUP: u32 = 19;
 pub const STEP_MOUNT: u32 = 1000;
 /// `STEP_OPEN_TREE + index`: capturing a bind source failed.
 pub const STEP_OPEN_TREE: u32 = 100_000;
@@ -144,6 +146,12 @@ pub struct ChildPlan {
     /// Per bind, in order: a detached clone, made for this exec by the parent from the
     /// source captured at create, to attach as it is (-1: look the path up).
     pub bind_trees: Vec<i32>,
+    /// On cgroup v1: the `tasks` file of each of the exec's leaves, opened by the
+    /// parent, which init writes `0` to (itself) before anything else. A thread that
+    /// moves itself takes no global lock; the parent moving init through `cgroup.procs`
+    /// waits for an RCU grace period (5 to 20 ms here) after a quiet spell. Empty on
+    /// v2, where init is born in its cgroup (`CLONE_INTO_CGROUP`).
+    pub cgroup_join: Vec<i32>,
 }
 
 /// The part of a plan that is the same for every exec of one sandbox.
@@ -385,11 +393,21 @@ pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
         libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
 
         // Wait until the parent has written our uid/gid maps. (A second byte, before we
-        // fork the payload, says the cgroup is joined: that move can be slow on v1 and
-        // overlaps with building the root.)
+        // fork the payload, says the parent is still there; a prepared init reads its
+        // command there instead.)
         let mut byte = 0u8;
         if libc::read(fds.sync, (&mut byte as *mut u8).cast(), 1) != 1 {
             libc::_exit(1);
+        }
+        // Into the exec's cgroup (v1) before anything is made here, and for good: a
+        // failure ends init, so nothing ever runs outside the limits it was given.
+        for &fd in &plan.cgroup_join {
+            check(
+                fds,
+                STEP_CGROUP,
+                libc::write(fd, c"0".as_ptr().cast(), 1) as libc::c_long,
+            );
+            libc::close(fd);
         }
 
         // Capture every bind source while we still have the parent's credentials.

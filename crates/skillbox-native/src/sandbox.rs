@@ -577,6 +577,8 @@ impl NativeSandbox {
             egress: self.egress.is_some(),
             workspace_tree: -1,
             bind_trees: Vec::new(),
+            // Filled in by whoever clones (`spawn`), from the exec's cgroup.
+            cgroup_join: Vec::new(),
             workspace_source: match &self.scratch {
                 Some(s) if s.attached_at().is_none() => std::os::fd::AsRawFd::as_raw_fd(&s.fd()),
                 _ => -1,
@@ -1145,5 +1147,86 @@ impl Backend for NativeBackend {
 
     async fn create_one_shot(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
         Ok(Box::new(self.create_blocking(spec)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+    use std::io::Read;
+
+    use skillbox_env::FileSystem;
+
+    use super::*;
+    use crate::child::STEP_CGROUP;
+
+    /// Init that cannot join its cgroup (here: the `tasks` file it is given refuses the
+    /// write) stops there and says so: its command never runs, outside the limits or
+    /// at all.
+    #[test]
+    fn init_that_cannot_join_its_cgroup_runs_nothing() {
+        if !crate::probe().available {
+            assert!(
+                !skillbox_env::testkit::require_all(),
+                "native sandbox unavailable"
+            );
+            return;
+        }
+        let data = tempfile::tempdir().unwrap();
+        let backend = NativeBackend::new(data.path());
+        let sandbox = backend
+            .create_blocking(SandboxSpec {
+                workspace: None,
+                ..SandboxSpec::default()
+            })
+            .unwrap();
+        let ran = sandbox.workspace_dir().join("ran");
+        let plan = sandbox
+            .child_plan(&ExecRequest::argv([
+                "/bin/sh",
+                "-c",
+                "echo > /workspace/ran",
+            ]))
+            .unwrap();
+        // Open for reading only: init's write of `0` fails with EBADF.
+        let tasks = std::fs::File::open("/proc/self/cgroup").unwrap();
+        let started = spawn::clone_into_cgroup(
+            Box::new(plan),
+            sandbox.ids,
+            None,
+            &[OwnedFd::from(tasks)],
+            false,
+        );
+        match started {
+            Ok(mut started) => {
+                let mut record = Vec::new();
+                std::fs::File::from(started.error.try_clone().unwrap())
+                    .read_to_end(&mut record)
+                    .unwrap();
+                assert_eq!(
+                    read_record(&record),
+                    Some((STEP_CGROUP, libc::EBADF)),
+                    "init names the step that failed"
+                );
+                while !started.init.try_reap() {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+            // Init failed before the parent's second byte: the parent read why.
+            Err(message) => assert!(
+                message.contains("cgroup: joining") && message.contains("Bad file descriptor"),
+                "{message}"
+            ),
+        }
+        assert!(
+            !ran.exists(),
+            "the command ran although init is not in its cgroup"
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(sandbox.cleanup()).unwrap();
     }
 }

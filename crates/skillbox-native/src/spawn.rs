@@ -1,5 +1,6 @@
-//! The parent side of starting a sandbox: pipes, `clone3` into every namespace at once,
-//! uid/gid maps, cgroup, then the go-ahead byte.
+//! The parent side of starting a sandbox: pipes, `clone3` into every namespace at once
+//! (and on cgroup v2 into its cgroup; on v1 init joins it), uid/gid maps, then the
+//! go-ahead.
 //!
 //! `clone3` runs on one dedicated thread that lives as long as the process, because the
 //! child's "die with parent" signal fires when the *thread* that cloned it exits, and
@@ -384,9 +385,32 @@ pub(crate) fn clone_init(
 
 /// Starts a sandbox; `remote`: by the spawner process if one runs.
 fn clone_sandbox(
-    mut plan: Box<ChildPlan>,
+    plan: Box<ChildPlan>,
     ids: HostIds,
     cgroup: Option<&ExecCgroup>,
+    remote: bool,
+) -> Result<Started, String> {
+    // On cgroup v2 the child is born in its cgroup; on v1 it joins its leaves itself,
+    // through files opened here.
+    let into = match cgroup.and_then(ExecCgroup::clone_into) {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(e)) => return Err(format!("cgroup: cannot open the exec cgroup: {e}")),
+        None => None,
+    };
+    let join = match cgroup.map(ExecCgroup::join_files).transpose() {
+        Ok(files) => files.unwrap_or_default(),
+        Err(e) => return Err(format!("cgroup: {e}")),
+    };
+    clone_into_cgroup(plan, ids, into.as_ref(), &join, remote)
+}
+
+/// [`clone_sandbox`] with the cgroup as fds: `into` (v2) to be born in, `join` (v1) for
+/// init to join.
+pub(crate) fn clone_into_cgroup(
+    mut plan: Box<ChildPlan>,
+    ids: HostIds,
+    into: Option<&OwnedFd>,
+    join: &[OwnedFd],
     remote: bool,
 ) -> Result<Started, String> {
     let pipes = pipes().map_err(|e| format!("pipes: {e}"))?;
@@ -399,13 +423,8 @@ fn clone_sandbox(
         stdout: stdout_w.as_raw_fd(),
         stderr: stderr_w.as_raw_fd(),
     };
-    // On cgroup v2 the child is born in its cgroup; on v1 it is moved after clone.
-    let into = match cgroup.and_then(ExecCgroup::clone_into) {
-        Some(Ok(fd)) => Some(fd),
-        Some(Err(e)) => return Err(format!("cgroup: cannot open the exec cgroup: {e}")),
-        None => None,
-    };
-    let into_fd = into.as_ref().map(AsRawFd::as_raw_fd);
+    let into_fd = into.map(AsRawFd::as_raw_fd);
+    plan.cgroup_join = join.iter().map(AsRawFd::as_raw_fd).collect();
     let by_spawner = if remote {
         crate::spawner::clone_init(&plan, into_fd)?
     } else {
@@ -489,14 +508,25 @@ fn clone_sandbox(
     if !go() {
         return Err("cannot signal the sandbox to start".into());
     }
-    if let Some(cgroup) = cgroup.filter(|_| into.is_none())
-        && let Err(e) = cgroup.add(pid)
-    {
-        return Err(format!("cgroup: {e}"));
-    }
-    // A prepared init waits for its command instead, which says the same.
+    // The second byte lets init run the command; until then a parent that died leaves
+    // it nothing to read, and it exits. (A prepared init waits for its command instead.)
     if !plan_late && !go() {
-        return Err("cannot signal the sandbox that its cgroup is ready".into());
+        // Init is gone: it failed a step after the first byte, and says which on its
+        // error pipe (closed, with nothing more to come, now that it has exited).
+        let mut record = [0u8; 8];
+        let [_, _, _, error, _] = &pipes.parent;
+        // SAFETY: reading into a stack buffer from our own pipe.
+        let got = unsafe { libc::read(error.as_raw_fd(), record.as_mut_ptr().cast(), 8) };
+        if got == 8 {
+            let step = u32::from_ne_bytes([record[0], record[1], record[2], record[3]]);
+            let errno = i32::from_ne_bytes([record[4], record[5], record[6], record[7]]);
+            return Err(format!(
+                "{}: {}",
+                crate::layout::describe_step(&plan.layout, step),
+                std::io::Error::from_raw_os_error(errno)
+            ));
+        }
+        return Err("the sandbox's init exited before its command".into());
     }
     let [stdin, stdout, stderr, error, status] = pipes.parent;
     Ok(Started {

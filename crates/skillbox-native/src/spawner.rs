@@ -45,6 +45,8 @@ const RLIM_NLIMITS: usize = 16;
 const BPF_MAXINSNS: usize = 4096;
 /// No field of the encoding uses this index: the field has no fd.
 const NO_FD: u32 = u32::MAX;
+/// An exec's cgroup v1 leaves: one per controller (memory, pids, cpu).
+const MAX_CGROUP_LEAVES: usize = 3;
 
 // ---- The plan on the wire ----
 
@@ -75,6 +77,10 @@ fn encode(plan: &ChildPlan, into: Option<RawFd>) -> (Vec<u8>, Vec<RawFd>) {
     w.fd(plan.workspace_source);
     w.u32(plan.bind_trees.len() as u32);
     for &fd in &plan.bind_trees {
+        w.fd(fd);
+    }
+    w.u32(plan.cgroup_join.len() as u32);
+    for &fd in &plan.cgroup_join {
         w.fd(fd);
     }
     let layout = &*plan.layout;
@@ -178,6 +184,7 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
     let workspace_tree = r.fd()?;
     let workspace_source = r.fd()?;
     let bind_trees = r.list(|r| r.fd())?;
+    let cgroup_join = r.list(|r| r.fd())?;
     let mounts = r.list(|r| {
         Some(match r.u8()? {
             0 => MountOp::Dir { path: r.cstr()? },
@@ -236,6 +243,8 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
         && argv.len() <= crate::child::MAX_ARGS
         && env.len() <= crate::child::MAX_ENV
         && bind_trees.len() <= crate::child::MAX_BINDS
+        && cgroup_join.len() <= MAX_CGROUP_LEAVES
+        && cgroup_join.iter().all(|fd| *fd >= 0)
         && rlimits.len() <= RLIM_NLIMITS
         && seccomp.len() <= BPF_MAXINSNS;
     if !fits {
@@ -267,6 +276,7 @@ fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
         workspace_tree,
         workspace_source,
         bind_trees,
+        cgroup_join,
     };
     Some((plan, into))
 }
@@ -799,6 +809,7 @@ mod tests {
             workspace_tree: -1,
             workspace_source: fds[2],
             bind_trees: vec![-1, fds[3]],
+            cgroup_join: vec![fds[1], fds[2]],
         }
     }
 
@@ -814,8 +825,8 @@ mod tests {
         let (body, fds) = encode(&sent, Some(raw[3]));
         assert_eq!(
             fds.len(),
-            9,
-            "six pipe ends, the cgroup, the source and one tree"
+            11,
+            "six pipe ends, the cgroup, the source, one tree and two cgroup leaves to join"
         );
 
         let (a, b) = UnixStream::pair().unwrap();
@@ -825,7 +836,7 @@ mod tests {
         let got = recv_with_fds(&b, &mut header).unwrap();
         let mut bytes = vec![0u8; u32::from_le_bytes(header) as usize];
         (&b).read_exact(&mut bytes).unwrap();
-        assert_eq!(got.len(), 9);
+        assert_eq!(got.len(), 11);
         // Each received fd is a new fd for the same open file as the one sent.
         let inode = |fd: RawFd| {
             use std::os::unix::fs::MetadataExt;
@@ -835,13 +846,15 @@ mod tests {
         let (plan_b, into) = decode(&bytes, &got).unwrap();
         let theirs = |i: usize| got[i].as_raw_fd();
         // Ours were sent in order: sync, error, status, stdin, stdout, stderr, cgroup,
-        // the workspace source, the one bind tree.
+        // the workspace source, the one bind tree, the two leaves to join.
         assert_eq!(plan_b.fds.sync, theirs(0));
         assert_eq!(plan_b.fds.stderr, theirs(5));
         assert_eq!(into, Some(theirs(6)));
         assert_eq!(plan_b.workspace_tree, -1);
         assert_eq!(plan_b.workspace_source, theirs(7));
         assert_eq!(plan_b.bind_trees, vec![-1, theirs(8)]);
+        assert_eq!(plan_b.cgroup_join, vec![theirs(9), theirs(10)]);
+        assert_eq!(inode(plan_b.cgroup_join[1]), inode(raw[2]));
         assert_eq!(inode(plan_b.fds.stdin), inode(raw[3]));
         assert_eq!(inode(plan_b.fds.error), inode(raw[1]));
         assert_eq!(inode(plan_b.workspace_source), inode(raw[2]));
@@ -893,6 +906,25 @@ mod tests {
         many.argv.pop();
         let (body_many, _) = encode(&many, None);
         assert!(decode(&body_many, &owned).is_some());
+        // A cgroup leaf to join without its file, or more leaves than controllers:
+        // refused (init would write to whatever that fd turned out to be).
+        let mut leaves = plan([raw[0], raw[1], raw[2], raw[3]]);
+        leaves.cgroup_join = vec![raw[1], -1];
+        let (body_leaves, _) = encode(&leaves, None);
+        assert!(decode(&body_leaves, &owned).is_none());
+        leaves.cgroup_join = vec![raw[1]; MAX_CGROUP_LEAVES + 1];
+        let (body_leaves, fds_leaves) = encode(&leaves, None);
+        let owned_leaves: Vec<OwnedFd> = fds_leaves
+            .iter()
+            .map(|&fd| {
+                let file = files.iter().find(|f| f.as_raw_fd() == fd).unwrap();
+                file.try_clone().unwrap()
+            })
+            .collect();
+        assert!(decode(&body_leaves, &owned_leaves).is_none());
+        leaves.cgroup_join.truncate(MAX_CGROUP_LEAVES);
+        let (body_leaves, fds_leaves) = encode(&leaves, None);
+        assert!(decode(&body_leaves, &owned_leaves[..fds_leaves.len()]).is_some());
         // An fd index past the fds that came: refused.
         assert!(decode(&body, &owned[..owned.len() - 1]).is_none());
         // A list that claims more items than bytes are left: refused before allocating.

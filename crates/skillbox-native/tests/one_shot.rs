@@ -180,3 +180,23 @@ async fn a_workdir_swapped_after_create_is_not_what_the_exec_sees() {
     );
     skillbox_env::FileSystem::cleanup(&sandbox).await.unwrap();
 }
+
+/// A one-shot exec's init joins its cgroup itself (on v1, through the `tasks` files
+/// the parent opened) before it makes anything: its command runs in the exec's leaves.
+#[tokio::test]
+async fn a_one_shot_exec_runs_in_its_own_cgroup() {
+    let made = make_env(skillbox_env::testkit::spec()).await;
+    let Some(env) = skillbox_env::testkit::require(made, "a_one_shot_exec_runs_in_its_own_cgroup")
+    else {
+        return;
+    };
+    let marker = format!("920000001.{}", std::process::id());
+    let (mut stream, sleeper) = common::sleep_in(env.as_ref(), &marker).await;
+    common::assert_in_exec_cgroup(&sleeper);
+    let init = common::parent_of(&sleeper).expect("the sleep's parent");
+    common::assert_in_exec_cgroup(&init.to_string());
+    // SAFETY: signalling a process of this test's sandbox.
+    unsafe { libc::kill(init as i32, libc::SIGKILL) };
+    while stream.next().await.is_some() {}
+    env.cleanup().await.unwrap();
+}

@@ -196,7 +196,7 @@ async fn a_prepared_init_takes_what_fits_and_a_dead_one_is_passed_over() {
 }
 
 /// The first exec runs in the init that was prepared for it (the command is its
-/// child), and the next one in an init of its own.
+/// child), and the next one in an init of its own; both in the exec's cgroup.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_exec_runs_in_the_prepared_init() {
     let others = children();
@@ -214,6 +214,10 @@ async fn the_first_exec_runs_in_the_prepared_init() {
         let marker = format!("{marker}.{}", std::process::id());
         let (mut stream, sleeper) = common::sleep_in(env.as_ref(), &marker).await;
         let init = common::parent_of(&sleeper).expect("the sleep's parent");
+        // A prepared init joined its cgroup before its command came, and a fresh one
+        // as it started: the command runs under the exec's limits either way.
+        common::assert_in_exec_cgroup(&sleeper);
+        common::assert_in_exec_cgroup(&init.to_string());
         if round == 0 {
             assert_eq!(
                 init, prepared[0],

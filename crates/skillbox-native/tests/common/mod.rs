@@ -61,3 +61,36 @@ pub fn parent_of(pid: &str) -> Option<u32> {
     let line = status.lines().find(|l| l.starts_with("PPid:"))?;
     line[5..].trim().parse().ok()
 }
+
+/// Asserts, from the host, that `pid` (a process of an exec with the default memory
+/// and pids limits) is in that exec's own cgroup leaves, which this process made: on
+/// v1 in the memory and the pids hierarchy, on v2 in the unified one.
+#[allow(dead_code, reason = "not every test file uses it")]
+pub fn assert_in_exec_cgroup(pid: &str) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let leaf = format!("skillbox-{}-", std::process::id());
+    let path_of = |text: &str, controller: &str| -> Option<String> {
+        text.lines().find_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, names, path) = (parts.next()?, parts.next()?, parts.next()?);
+            names
+                .split(',')
+                .any(|n| n == controller)
+                .then(|| path.to_string())
+        })
+    };
+    let v1 = ["memory", "pids"]
+        .into_iter()
+        .filter(|c| path_of(&own, c).is_some())
+        .collect::<Vec<_>>();
+    let controllers = if v1.is_empty() { vec![""] } else { v1 };
+    for controller in controllers {
+        let path = path_of(&text, controller).unwrap_or_default();
+        let last = path.rsplit('/').next().unwrap_or_default();
+        assert!(
+            last.starts_with(&leaf),
+            "pid {pid} is in {controller:?} cgroup {path:?}, not a leaf {leaf}* of its exec:\n{text}"
+        );
+    }
+}
