@@ -29,15 +29,18 @@ def ms(seconds):
     return f"{seconds * 1000:.1f} ms"
 
 
-def hyperfine(rounds, runs, commands):
+def hyperfine(rounds, runs, commands, prepare=None):
     """Each command's samples, pooled from `rounds` hyperfine runs; the commands'
-    order is reversed every other round so neither always goes first."""
+    order is reversed every other round so neither always goes first. `prepare`: a
+    command hyperfine runs before each sample (untimed)."""
     pooled = {name: [] for name, _ in commands}
     for round_ in range(rounds):
         order = commands if round_ % 2 == 0 else list(reversed(commands))
         with tempfile.NamedTemporaryFile(suffix=".json") as export:
             args = ["hyperfine", "-N", "--warmup", "3", "--runs", str(runs),
                     "--export-json", export.name]
+            if prepare:
+                args += ["--prepare", prepare]
             for name, command in order:
                 args += ["-n", name, command]
             subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -173,6 +176,21 @@ def main():
     bars.append(("native `exec -- /bin/true` (default limits, `skillbox warm`) / bwrap", ratio, "≤ 0.80", ratio <= 0.80))
     cold = statistics.median(pooled["skillbox native, default limits, one-shot"]) / bwrap_median
     bars.append(("(the same, one-shot: no `skillbox warm`) / bwrap", cold, "(no bar)", None))
+
+    # 1b. The same one-shot, sporadic: 300 ms of quiet before each sample, as a CLI is
+    # used (back to back, the kernel's state for cgroup moves and namespace teardown
+    # stays warm from the run before). No bar: this says what one `skillbox exec` costs.
+    log("native /bin/true against bwrap, sporadic (300 ms apart)")
+    pooled = hyperfine(2, 10 if QUICK else 30, [
+        ("bwrap --unshare-all, sporadic", f"{bwrap} /bin/true"),
+        ("skillbox native, default limits, one-shot, sporadic", f"{sb} -- /bin/true"),
+        ("skillbox native, --memory none --pids none, one-shot, sporadic",
+         f"{sb} --memory none --pids none -- /bin/true"),
+    ], prepare="sleep 0.3")
+    sections.append(table("`/bin/true`, sporadic (300 ms of quiet before each)", pooled))
+    sporadic = (statistics.median(pooled["skillbox native, default limits, one-shot, sporadic"])
+                / statistics.median(pooled["bwrap --unshare-all, sporadic"]))
+    bars.append(("(one-shot, sporadic) / bwrap, sporadic", sporadic, "(no bar)", None))
 
     # 2. Native node -e 0 against bare node.
     log("native node -e 0 against bare node")

@@ -478,7 +478,8 @@ pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
             libc::syscall(libc::SYS_setresuid, id, id, id),
         );
         // A credential change clears the parent-death signal: set it again. Should the
-        // parent die before this, the second sync byte never comes and we exit there.
+        // parent die before this, its end of the sync pipe is closed when we look
+        // there, just before the command.
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
 
         let null = std::ptr::null::<libc::c_char>();
@@ -595,6 +596,17 @@ pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
             }
             None
         };
+        // The parent holds its end of the sync pipe until our setup is done: closed
+        // (`POLLHUP`, whatever was asked for), it died, maybe before the parent-death
+        // signal was set again above, and nothing may run unsupervised.
+        let mut sync = libc::pollfd {
+            fd: fds.sync,
+            events: 0,
+            revents: 0,
+        };
+        if libc::poll(&mut sync, 1, 0) < 0 || sync.revents & libc::POLLHUP != 0 {
+            libc::_exit(1);
+        }
         libc::close(fds.sync);
         let launch = Launch { plan, late };
         // vfork-style: the payload borrows init's memory (on its own stack) until it

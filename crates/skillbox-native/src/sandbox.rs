@@ -866,7 +866,7 @@ impl Shell for NativeSandbox {
                 status,
                 namespaces,
                 egress,
-                go: _,
+                go: sync,
             },
             cgroup,
         ) = match (prepared, command) {
@@ -943,6 +943,8 @@ impl Shell for NativeSandbox {
                 return Err(e);
             }
         };
+        // Init is past its look at the sync pipe (it runs the command, or failed to).
+        drop(sync);
 
         let (tx, stream) = ExecStream::channel();
         let stream = match (init.watch_fd(), namespaces.net) {
@@ -1181,13 +1183,8 @@ mod tests {
                 ..SandboxSpec::default()
             })
             .unwrap();
-        let ran = sandbox.workspace_dir().join("ran");
         let plan = sandbox
-            .child_plan(&ExecRequest::argv([
-                "/bin/sh",
-                "-c",
-                "echo > /workspace/ran",
-            ]))
+            .child_plan(&ExecRequest::argv(["/bin/echo", "ran"]))
             .unwrap();
         // Open for reading only: init's write of `0` fails with EBADF.
         let tasks = std::fs::File::open("/proc/self/cgroup").unwrap();
@@ -1209,6 +1206,13 @@ mod tests {
                     Some((STEP_CGROUP, libc::EBADF)),
                     "init names the step that failed"
                 );
+                // The command's stdout: nothing, and closed (init, its one writer, is
+                // gone without forking it).
+                let mut out = Vec::new();
+                std::fs::File::from(started.stdout.try_clone().unwrap())
+                    .read_to_end(&mut out)
+                    .unwrap();
+                assert!(out.is_empty(), "the command ran: {out:?}");
                 while !started.init.try_reap() {
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
@@ -1219,14 +1223,60 @@ mod tests {
                 "{message}"
             ),
         }
-        assert!(
-            !ran.exists(),
-            "the command ran although init is not in its cgroup"
-        );
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         runtime.block_on(sandbox.cleanup()).unwrap();
+    }
+
+    /// A parent that dies just after it let init go (before init could set its
+    /// parent-death signal again after the uid switch, say) leaves an init that runs
+    /// nothing: init finds the parent's end of its sync pipe closed and exits.
+    #[test]
+    fn an_init_whose_parent_is_gone_runs_nothing() {
+        if !crate::probe().available {
+            assert!(
+                !skillbox_env::testkit::require_all(),
+                "native sandbox unavailable"
+            );
+            return;
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let data = tempfile::tempdir().unwrap();
+            let backend = NativeBackend::new(data.path());
+            let sandbox = backend.create(SandboxSpec::default()).await.unwrap();
+            sandbox.prepare_exec().await.unwrap();
+            let prepared = sandbox.prepared.lock().unwrap().take().unwrap();
+            let (mut started, _cgroup) = prepared.take().unwrap();
+            let plan = sandbox
+                .child_plan(&ExecRequest::argv(["/bin/echo", "ran"]))
+                .unwrap();
+            let command =
+                crate::child::late_command(&plan.cwd, &plan.programs, &plan.argv, &plan.env)
+                    .unwrap();
+            // Stopped, init finds both the command and the closed end when it looks.
+            let pid = started.init.pid();
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            assert!(started.go(&command), "the command is sent");
+            drop(started.go.take());
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+            let mut out = Vec::new();
+            std::fs::File::from(started.stdout.try_clone().unwrap())
+                .read_to_end(&mut out)
+                .unwrap();
+            assert!(out.is_empty(), "the command ran: {out:?}");
+            while !started.init.try_reap() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            drop(started);
+            sandbox.cleanup().await.unwrap();
+        });
     }
 }

@@ -110,7 +110,10 @@ pub struct Started {
     pub namespaces: ExecNamespaces,
     /// The egress proxy's listener on the exec's loopback, when the plan asked for it.
     pub egress: Option<OwnedFd>,
-    /// A prepared init's go-ahead: its command goes here ([`Started::go`]).
+    /// The write end of init's sync pipe: a prepared init's command goes here
+    /// ([`Started::go`]). Held until init's setup is done, whatever the init: init
+    /// checks before it runs the command that its parent still holds it (see
+    /// `child::init_main`).
     pub go: Option<OwnedFd>,
 }
 
@@ -119,7 +122,7 @@ impl Started {
     /// is gone (its end of the pipe closed: killed meanwhile, or failed and said why
     /// on its error pipe).
     pub fn go(&mut self, command: &[u8]) -> bool {
-        let Some(go) = self.go.take() else {
+        let Some(go) = self.go.as_ref() else {
             return false;
         };
         let mut sent = 0;
@@ -508,25 +511,19 @@ pub(crate) fn clone_into_cgroup(
     if !go() {
         return Err("cannot signal the sandbox to start".into());
     }
-    // The second byte lets init run the command; until then a parent that died leaves
-    // it nothing to read, and it exits. (A prepared init waits for its command instead.)
+    // The second byte lets init run the command. (A prepared init waits for its
+    // command instead.)
     if !plan_late && !go() {
-        // Init is gone: it failed a step after the first byte, and says which on its
-        // error pipe (closed, with nothing more to come, now that it has exited).
-        let mut record = [0u8; 8];
-        let [_, _, _, error, _] = &pipes.parent;
-        // SAFETY: reading into a stack buffer from our own pipe.
-        let got = unsafe { libc::read(error.as_raw_fd(), record.as_mut_ptr().cast(), 8) };
-        if got == 8 {
-            let step = u32::from_ne_bytes([record[0], record[1], record[2], record[3]]);
-            let errno = i32::from_ne_bytes([record[4], record[5], record[6], record[7]]);
-            return Err(format!(
+        // Init is gone: it failed a step after the first byte, and said which on its
+        // error pipe before it exited.
+        return Err(match read_failure(&pipes.parent[3]) {
+            Some((step, errno)) => format!(
                 "{}: {}",
                 crate::layout::describe_step(&plan.layout, step),
                 std::io::Error::from_raw_os_error(errno)
-            ));
-        }
-        return Err("the sandbox's init exited before its command".into());
+            ),
+            None => "the sandbox's init exited before its command".into(),
+        });
     }
     let [stdin, stdout, stderr, error, status] = pipes.parent;
     Ok(Started {
@@ -538,7 +535,30 @@ pub(crate) fn clone_into_cgroup(
         status,
         namespaces,
         egress,
-        go: plan_late.then_some(pipes.sync),
+        go: Some(pipes.sync),
+    })
+}
+
+/// The step and errno an init that is gone wrote on its error pipe, if it did. Waits
+/// at most 100 ms: others may hold the pipe's write end a moment longer (an init cloned
+/// beside it, until it closes what it inherited), but a record comes before the exit.
+fn read_failure(error: &OwnedFd) -> Option<(u32, i32)> {
+    let mut poll = libc::pollfd {
+        fd: error.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd on the stack, for our own pipe.
+    if unsafe { libc::poll(&mut poll, 1, 100) } != 1 {
+        return None;
+    }
+    let mut record = [0u8; 8];
+    // SAFETY: reading into a stack buffer from our own pipe, which has data.
+    let got = unsafe { libc::read(error.as_raw_fd(), record.as_mut_ptr().cast(), 8) };
+    (got == 8).then(|| {
+        let step = u32::from_ne_bytes([record[0], record[1], record[2], record[3]]);
+        let errno = i32::from_ne_bytes([record[4], record[5], record[6], record[7]]);
+        (step, errno)
     })
 }
 

@@ -5,8 +5,9 @@
 //! that copy down again. Cloned from the server, that is the server's heaps and its
 //! threads' stacks, twice per run; cloned from this process, a few MiB. Only the clone
 //! moves here: the server's spawner thread still writes the uid/gid maps, opens the
-//! exec's namespaces, makes the egress listener, moves init into its cgroup (v1) and
-//! sends the go-ahead bytes, exactly as when it clones init itself.
+//! exec's namespaces, makes the egress listener, opens the cgroup files (v2's leaf to
+//! be born in, v1's `tasks` files for init to join) and sends the go-ahead bytes,
+//! exactly as when it clones init itself.
 //!
 //! The two talk over a socketpair (this process's stdin). A request is the plan,
 //! encoded, with its fds attached (`SCM_RIGHTS`); the answer is init's pid with its
@@ -35,8 +36,8 @@ use crate::landlock;
 pub const SUBCOMMAND: &str = "__skillbox-spawner";
 
 /// The most fds one request carries: the six pipe ends, the workspace's two trees,
-/// the bind trees and the cgroup (`SCM_MAX_FD` is 253).
-const MAX_FDS: usize = 6 + 2 + crate::child::MAX_BINDS + 1;
+/// the bind trees, the v2 cgroup and the v1 leaves to join (`SCM_MAX_FD` is 253).
+const MAX_FDS: usize = 6 + 2 + crate::child::MAX_BINDS + 1 + MAX_CGROUP_LEAVES;
 /// A request's encoded plan may not be larger (argv and env are bounded far below).
 const MAX_REQUEST: usize = 64 << 20;
 /// Linux's number of resource limits.

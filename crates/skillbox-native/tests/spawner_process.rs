@@ -88,6 +88,9 @@ async fn check_init_origin(prepared: bool) {
     let (_stream, sleeper) = common::sleep_in(env.as_ref(), &marker).await;
     let parent_of = common::parent_of;
     let init = parent_of(&sleeper).expect("the sleep's parent");
+    // The leaves to join crossed the socket with the plan: init is in them.
+    common::assert_in_exec_cgroup(&sleeper);
+    common::assert_in_exec_cgroup(&init.to_string());
     assert_eq!(
         parent_of(&init.to_string()),
         Some(std::process::id()),
