@@ -196,6 +196,13 @@ unsafe fn fail(fds: &ChildFds, step: u32, err: i32) -> ! {
     }
 }
 
+/// The step and errno of a record [`fail`] wrote, if `bytes` holds one.
+pub fn read_record(bytes: &[u8]) -> Option<(u32, i32)> {
+    let step = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    let errno = i32::from_ne_bytes(bytes.get(4..8)?.try_into().ok()?);
+    Some((step, errno))
+}
+
 unsafe fn check(fds: &ChildFds, step: u32, rc: libc::c_long) {
     if rc < 0 {
         // SAFETY: see `fail`.

@@ -21,7 +21,7 @@ use tokio::net::unix::pipe;
 use tokio_util::task::TaskTracker;
 
 use crate::cgroup::{self, ExecCgroup};
-use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC};
+use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC, read_record};
 use crate::child::{MAX_ARGS, MAX_ENV, MAX_PROGRAMS};
 use crate::landlock;
 use crate::layout::{self, Root, WORKSPACE};
@@ -800,12 +800,6 @@ fn rlimits(limits: &Limits, host: &cgroup::Host) -> Vec<(libc::__rlimit_resource
     out
 }
 
-fn read_record(bytes: &[u8]) -> Option<(u32, i32)> {
-    let step = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
-    let errno = i32::from_ne_bytes(bytes.get(4..8)?.try_into().ok()?);
-    Some((step, errno))
-}
-
 /// Waits for init to exit and reaps it. (Dropping the `InitProcess` instead kills it.)
 async fn reap(watch: &AsyncFd<OwnedFd>, init: &mut InitProcess) {
     while !init.try_reap() {
@@ -1163,16 +1157,22 @@ mod tests {
     use super::*;
     use crate::child::STEP_CGROUP;
 
+    /// Whether the native sandbox runs here; where it cannot, fine only outside CI.
+    fn native_available() -> bool {
+        let available = crate::probe().available;
+        assert!(
+            available || !skillbox_env::testkit::require_all(),
+            "native sandbox unavailable"
+        );
+        available
+    }
+
     /// Init that cannot join its cgroup (here: the `tasks` file it is given refuses the
     /// write) stops there and says so: its command never runs, outside the limits or
     /// at all.
     #[test]
     fn init_that_cannot_join_its_cgroup_runs_nothing() {
-        if !crate::probe().available {
-            assert!(
-                !skillbox_env::testkit::require_all(),
-                "native sandbox unavailable"
-            );
+        if !native_available() {
             return;
         }
         let data = tempfile::tempdir().unwrap();
@@ -1235,11 +1235,7 @@ mod tests {
     /// nothing: init finds the parent's end of its sync pipe closed and exits.
     #[test]
     fn an_init_whose_parent_is_gone_runs_nothing() {
-        if !crate::probe().available {
-            assert!(
-                !skillbox_env::testkit::require_all(),
-                "native sandbox unavailable"
-            );
+        if !native_available() {
             return;
         }
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -555,11 +555,7 @@ fn read_failure(error: &OwnedFd) -> Option<(u32, i32)> {
     let mut record = [0u8; 8];
     // SAFETY: reading into a stack buffer from our own pipe, which has data.
     let got = unsafe { libc::read(error.as_raw_fd(), record.as_mut_ptr().cast(), 8) };
-    (got == 8).then(|| {
-        let step = u32::from_ne_bytes([record[0], record[1], record[2], record[3]]);
-        let errno = i32::from_ne_bytes([record[4], record[5], record[6], record[7]]);
-        (step, errno)
-    })
+    child::read_record(&record[..got.clamp(0, 8) as usize])
 }
 
 pub(crate) fn clone_error(err: &std::io::Error) -> String {

@@ -884,13 +884,16 @@ mod tests {
             .collect();
         let raw: Vec<RawFd> = files.iter().map(AsRawFd::as_raw_fd).collect();
         let (body, fds) = encode(&plan([raw[0], raw[1], raw[2], raw[3]]), None);
-        let owned: Vec<OwnedFd> = fds
-            .iter()
-            .map(|&fd| {
-                let file = files.iter().find(|f| f.as_raw_fd() == fd).unwrap();
-                file.try_clone().unwrap()
-            })
-            .collect();
+        // What the spawner process would receive for an encoding's fds.
+        let received = |fds: &[RawFd]| -> Vec<OwnedFd> {
+            fds.iter()
+                .map(|&fd| {
+                    let file = files.iter().find(|f| f.as_raw_fd() == fd).unwrap();
+                    file.try_clone().unwrap()
+                })
+                .collect()
+        };
+        let owned = received(&fds);
         assert!(decode(&body, &owned).is_some());
         // Cut anywhere, or with a byte too many: refused.
         for cut in [0, 1, 4, body.len() / 2, body.len() - 1] {
@@ -915,13 +918,7 @@ mod tests {
         assert!(decode(&body_leaves, &owned).is_none());
         leaves.cgroup_join = vec![raw[1]; MAX_CGROUP_LEAVES + 1];
         let (body_leaves, fds_leaves) = encode(&leaves, None);
-        let owned_leaves: Vec<OwnedFd> = fds_leaves
-            .iter()
-            .map(|&fd| {
-                let file = files.iter().find(|f| f.as_raw_fd() == fd).unwrap();
-                file.try_clone().unwrap()
-            })
-            .collect();
+        let owned_leaves = received(&fds_leaves);
         assert!(decode(&body_leaves, &owned_leaves).is_none());
         leaves.cgroup_join.truncate(MAX_CGROUP_LEAVES);
         let (body_leaves, fds_leaves) = encode(&leaves, None);
