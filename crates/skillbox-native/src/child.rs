@@ -85,6 +85,8 @@ pub const STEP_CLOSE_FDS: u32 = 17;
 pub const STEP_COMMAND: u32 = 18;
 /// Joining the exec's cgroup v1 leaves failed.
 pub const STEP_CGROUP: u32 = 19;
+/// A cgroup namespace rooted at the exec's own cgroups could not be made.
+pub const STEP_CGROUP_NS: u32 = 20;
 pub const STEP_MOUNT: u32 = 1000;
 /// `STEP_OPEN_TREE + index`: capturing a bind source failed.
 pub const STEP_OPEN_TREE: u32 = 100_000;
@@ -416,6 +418,15 @@ pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
             );
             libc::close(fd);
         }
+        // Our cgroup namespace is rooted where we were cloned: the parent's cgroups on
+        // v1 (or with no cgroup at all). One rooted where we are now, the exec's leaves,
+        // shows the sandbox `/` and none of the host's names. (On v2 init is born in
+        // its leaf: the same view.)
+        check(
+            fds,
+            STEP_CGROUP_NS,
+            libc::unshare(libc::CLONE_NEWCGROUP) as libc::c_long,
+        );
 
         // Capture every bind source while we still have the parent's credentials.
         let mut trees = [-1i32; MAX_BINDS];

@@ -447,6 +447,7 @@ pub fn describe_step(layout: &Layout, step: u32) -> String {
         STEP_IDS => "user_ns: switching to the sandbox user".into(),
         STEP_CLOSE_FDS => "fds: close_range (Linux 5.9+)".into(),
         STEP_CGROUP => "cgroup: joining the exec's cgroup v1 leaves (writing to tasks)".into(),
+        STEP_CGROUP_NS => "cgroup_ns: a namespace rooted at the exec's own cgroups".into(),
         n if n >= STEP_OPEN_TREE => match layout.mounts.get((n - STEP_OPEN_TREE) as usize) {
             Some(MountOp::Bind { source, .. }) if source.is_empty() => {
                 "mount_ns: cloning the sandbox's tmpfs as /workspace (open_tree of a detached mount)".into()

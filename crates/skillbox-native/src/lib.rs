@@ -23,6 +23,7 @@ mod warm;
 
 pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};
+pub use warm::WarmStats;
 
 /// The spawner process: a long-lived caller (the server) has sandboxes cloned by a
 /// small copy of its program instead of by itself.

@@ -78,6 +78,11 @@ impl NativeBackend {
         self.warm.as_ref().map_or(0, |warm| warm.ready())
     }
 
+    /// What the pool of sandboxes made ahead has done; `None` without one.
+    pub fn warm_stats(&self) -> Option<crate::warm::WarmStats> {
+        self.warm.as_ref().map(|warm| warm.stats())
+    }
+
     /// Drops the sandboxes made ahead (each kills its prepared init) and makes no
     /// more: for a server stopping.
     pub fn drain_warm(&self) {

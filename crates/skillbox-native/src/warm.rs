@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use skillbox_env::{EnvResult, Limits, SandboxPolicy, SandboxSpec};
@@ -71,6 +72,21 @@ struct State {
 pub(crate) struct Warm {
     size: usize,
     state: Mutex<State>,
+    /// Creates that got a sandbox made ahead.
+    taken: AtomicU64,
+    /// Creates of a shape the pool makes that found none ready (made on the spot).
+    missed: AtomicU64,
+}
+
+/// What a pool has done: for `/metrics`, and to tell whether it serves the runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarmStats {
+    /// Sandboxes ready now.
+    pub ready: usize,
+    /// Creates served by a sandbox made ahead.
+    pub taken: u64,
+    /// Creates of a shape the pool makes that found none ready.
+    pub missed: u64,
 }
 
 /// How a pooled sandbox is made: the backend's own create.
@@ -85,6 +101,8 @@ impl Warm {
         Arc::new(Warm {
             size,
             state: Mutex::new(State::default()),
+            taken: AtomicU64::new(0),
+            missed: AtomicU64::new(0),
         })
     }
 
@@ -122,6 +140,10 @@ impl Warm {
                 Vec::new()
             };
             let taken = if take { state.ready.pop() } else { None };
+            if take {
+                let counter = if taken.is_some() { &self.taken } else { &self.missed };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
             (taken, stale, state.generation)
         };
         // Made for another shape: dropped (each kills its prepared init).
@@ -133,6 +155,14 @@ impl Warm {
     /// How many sandboxes are ready.
     pub(crate) fn ready(&self) -> usize {
         self.state.lock().map_or(0, |state| state.ready.len())
+    }
+
+    pub(crate) fn stats(&self) -> WarmStats {
+        WarmStats {
+            ready: self.ready(),
+            taken: self.taken.load(Ordering::Relaxed),
+            missed: self.missed.load(Ordering::Relaxed),
+        }
     }
 
     /// Claims a place to fill for `generation`, if the pool still wants one.

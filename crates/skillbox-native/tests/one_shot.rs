@@ -199,4 +199,8 @@ async fn a_one_shot_exec_runs_in_its_own_cgroup() {
     unsafe { libc::kill(init as i32, libc::SIGKILL) };
     while stream.next().await.is_some() {}
     env.cleanup().await.unwrap();
+    // And from inside, its cgroups are the root of its cgroup namespace.
+    let env = make_env(skillbox_env::testkit::spec()).await.unwrap();
+    common::assert_sees_its_cgroups_as_root(env.as_ref()).await;
+    env.cleanup().await.unwrap();
 }

@@ -86,11 +86,15 @@ async fn pooled_sandboxes_are_made_ahead_handed_out_once_and_leave_nothing() {
     let spec = skillbox_env::testkit::spec();
     // The first of a shape is made now; the pool then fills for that shape.
     let first = backend.create(spec.clone()).await.unwrap();
+    // (taken, missed): how many creates the pool served, and how many found none.
+    let counts = || backend.warm_stats().map(|s| (s.taken, s.missed));
+    assert_eq!(counts(), Some((0, 1)), "the first is made on the spot");
     wait_for("the pool filled", || backend.warm_ready() == 2).await;
     // Each ready sandbox holds its prepared init: two, beside the first's.
     assert_eq!(children().len(), before + 3);
     let second = backend.create(spec.clone()).await.unwrap();
     assert!(backend.warm_ready() <= 1, "a ready sandbox was taken");
+    assert_eq!(counts(), Some((1, 1)), "the second was made ahead");
     let (first, second): (Box<dyn ExecutionEnv>, Box<dyn ExecutionEnv>) =
         (Box::new(first), Box::new(second));
     // Each is its own: a file written in one is not in the other, and each runs.
@@ -115,6 +119,7 @@ async fn pooled_sandboxes_are_made_ahead_handed_out_once_and_leave_nothing() {
     let mut other = spec.clone();
     other.limits.pids = Some(77);
     let third = backend.create(other).await.unwrap();
+    assert_eq!(counts(), Some((1, 2)), "none was ready for the new shape");
     let third: Box<dyn ExecutionEnv> = Box::new(third);
     wait_for("the pool refilled for the new shape", || {
         backend.warm_ready() == 2
@@ -230,6 +235,18 @@ async fn the_first_exec_runs_in_the_prepared_init() {
         unsafe { libc::kill(init as i32, libc::SIGKILL) };
         while stream.next().await.is_some() {}
     }
+    env.cleanup().await.unwrap();
+}
+
+/// A prepared init's command sees the cgroups it joined as its namespace's root.
+#[tokio::test]
+async fn a_prepared_exec_sees_its_cgroups_as_root() {
+    let made = make_env(skillbox_env::testkit::spec()).await;
+    let Some(env) = skillbox_env::testkit::require(made, "a_prepared_exec_sees_its_cgroups")
+    else {
+        return;
+    };
+    common::assert_sees_its_cgroups_as_root(env.as_ref()).await;
     env.cleanup().await.unwrap();
 }
 

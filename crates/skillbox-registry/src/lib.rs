@@ -151,6 +151,11 @@ impl BackendRegistry {
         &self.wasm
     }
 
+    /// What the native pool of sandboxes made ahead has done; `None` without one.
+    pub fn native_warm(&self) -> Option<skillbox_native::WarmStats> {
+        self.native.warm_stats()
+    }
+
     /// What `kind` gives on this host, without connecting to anything for good.
     pub async fn probe(&self, kind: BackendKind) -> BackendReport {
         match kind {

@@ -528,6 +528,17 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format")))]
 pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let mut text = state.metrics.render();
+    if let Some(warm) = state.runner.backends().native_warm() {
+        text.push_str(&format!(
+            "# HELP skillbox_warm_sandboxes_ready Native sandboxes made ahead and ready now.\n\
+             # TYPE skillbox_warm_sandboxes_ready gauge\nskillbox_warm_sandboxes_ready {}\n\
+             # HELP skillbox_warm_sandboxes_total Native sandboxes asked for in a shape the pool makes: taken (made ahead) or missed (none ready, made on the spot).\n\
+             # TYPE skillbox_warm_sandboxes_total counter\n\
+             skillbox_warm_sandboxes_total{{outcome=\"taken\"}} {}\n\
+             skillbox_warm_sandboxes_total{{outcome=\"missed\"}} {}\n",
+            warm.ready, warm.taken, warm.missed
+        ));
+    }
     if let Some(mcp) = &state.mcp {
         text.push_str(&format!(
             "# HELP skillbox_mcp_sessions_open MCP sessions (/mcp) open (or opening) now.\n\

@@ -94,3 +94,26 @@ pub fn assert_in_exec_cgroup(pid: &str) {
         );
     }
 }
+
+/// Asserts that an exec in `env` sees its own cgroups as the root of its cgroup
+/// namespace (`/proc/self/cgroup` names `/` on every hierarchy), not the host's names.
+#[allow(dead_code, reason = "not every test file uses it")]
+pub async fn assert_sees_its_cgroups_as_root(env: &dyn skillbox_env::ExecutionEnv) {
+    use skillbox_env::{CancellationToken, ExecRequest};
+    let out = env
+        .exec(
+            ExecRequest::shell("cat /proc/self/cgroup"),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("exec");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.exit_code, Some(0), "{text}");
+    assert!(!text.is_empty(), "no cgroup lines");
+    for line in text.lines() {
+        assert!(
+            line.ends_with(":/"),
+            "the sandbox sees a cgroup path of the host's: {line:?} in\n{text}"
+        );
+    }
+}
