@@ -644,10 +644,12 @@ impl FileSystem for NativeSandbox {
         self.cleaned
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.shutdown.cancel();
-        // An init started ahead of an exec that never came is killed (its cgroup goes
-        // once it is gone).
+        // An init started ahead of an exec that never came is killed, and its cgroup
+        // removed once it is gone.
         let prepared = self.prepared.lock().ok().and_then(|mut slot| slot.take());
-        drop(prepared);
+        if let Some(prepared) = prepared {
+            prepared.discard(self.one_shot).await;
+        }
         self.running.close();
         self.running.wait().await;
         // Its processes are gone: the proxy's connections end (each recorded).

@@ -83,11 +83,17 @@ impl NativeBackend {
         self.warm.as_ref().map(|warm| warm.stats())
     }
 
-    /// Drops the sandboxes made ahead (each kills its prepared init) and makes no
-    /// more: for a server stopping.
-    pub fn drain_warm(&self) {
+    /// Cleans up the sandboxes made ahead (each kills its prepared init) and those
+    /// being made, and makes no more: for a server stopping. Returns once their
+    /// cgroups and directories are gone.
+    pub async fn drain_warm(&self) {
         if let Some(warm) = &self.warm {
-            drop(warm.drain());
+            for sandbox in warm.drain().await {
+                use skillbox_env::FileSystem;
+                if let Err(e) = sandbox.cleanup().await {
+                    tracing::warn!(error = %e, "native: cleaning up a sandbox made ahead");
+                }
+            }
         }
     }
 
@@ -229,6 +235,23 @@ impl PreparedExec {
     fn take(mut self) -> Option<(Started, Option<Arc<ExecCgroup>>)> {
         let started = self.started.take()?;
         Some((started, self.cgroup.take()))
+    }
+
+    /// As dropping it, but waits until its cgroup is removed (or could not be): a
+    /// sandbox's cleanup, so that a server stopping right after leaves no cgroup.
+    /// `in_place`: on this thread (a one-shot caller's), not the blocking pool.
+    pub(crate) async fn discard(mut self, in_place: bool) {
+        if let Some(started) = self.started.take() {
+            started.init.kill();
+            drop(started);
+        }
+        if let Some(cgroup) = self.cgroup.take() {
+            if in_place {
+                drop(cgroup);
+            } else if let Err(e) = tokio::task::spawn_blocking(move || drop(cgroup)).await {
+                tracing::warn!(error = %e, "native: removing a prepared exec's cgroup");
+            }
+        }
     }
 }
 

@@ -58,7 +58,7 @@ const STEPS: &[&str] = &[
 fn failed(step: usize, errno: i32) -> String {
     let what = STEPS.get(step).copied().unwrap_or("make the tmpfs");
     format!(
-        "{what}: {}; run without a disk bound (--disk none) or give --workdir DIR",
+        "{what}: {}; run without a disk bound (--disk none), or give exec a --workdir DIR",
         std::io::Error::from_raw_os_error(errno)
     )
 }

@@ -72,6 +72,8 @@ struct State {
 pub(crate) struct Warm {
     size: usize,
     state: Mutex<State>,
+    /// The fills running: a drain waits for them.
+    fills: tokio_util::task::TaskTracker,
     /// Creates that got a sandbox made ahead.
     taken: AtomicU64,
     /// Creates of a shape the pool makes that found none ready (made on the spot).
@@ -101,6 +103,7 @@ impl Warm {
         Arc::new(Warm {
             size,
             state: Mutex::new(State::default()),
+            fills: tokio_util::task::TaskTracker::new(),
             taken: AtomicU64::new(0),
             missed: AtomicU64::new(0),
         })
@@ -141,7 +144,11 @@ impl Warm {
             };
             let taken = if take { state.ready.pop() } else { None };
             if take {
-                let counter = if taken.is_some() { &self.taken } else { &self.missed };
+                let counter = if taken.is_some() {
+                    &self.taken
+                } else {
+                    &self.missed
+                };
                 counter.fetch_add(1, Ordering::Relaxed);
             }
             (taken, stale, state.generation)
@@ -189,7 +196,7 @@ impl Warm {
             return;
         }
         let (warm, make) = (self.clone(), make.clone());
-        runtime.spawn(async move {
+        self.fills.spawn_on(async move {
             loop {
                 let made = match make(shape.spec()).await {
                     Ok(sandbox) => match sandbox.prepare_exec().await {
@@ -204,39 +211,52 @@ impl Warm {
                         None
                     }
                 };
-                {
+                let unwanted = {
                     let Ok(mut state) = warm.state.lock() else {
                         return;
                     };
-                    // Made for a shape no longer wanted (or a closed pool): dropped as
-                    // it leaves.
                     if state.closed || state.generation != generation {
-                        return;
+                        made
+                    } else {
+                        state.filling = state.filling.saturating_sub(1);
+                        match made {
+                            Some(sandbox) => state.ready.push(sandbox),
+                            // Failed: stop here; the next take tries again.
+                            None => return,
+                        }
+                        None
                     }
-                    state.filling = state.filling.saturating_sub(1);
-                    match made {
-                        Some(sandbox) => state.ready.push(sandbox),
-                        // Failed: stop here; the next take tries again.
-                        None => return,
+                };
+                // Made for a shape no longer wanted (or a closed pool): cleaned up here,
+                // where a drain waits for it.
+                if let Some(sandbox) = unwanted {
+                    use skillbox_env::FileSystem;
+                    if let Err(e) = sandbox.cleanup().await {
+                        tracing::warn!(error = %e, "native: cleaning up an unwanted pooled sandbox");
                     }
+                    return;
                 }
                 if !warm.claim(generation) {
                     return;
                 }
             }
-        });
+        }, &runtime);
     }
 
     /// Hands back every ready sandbox and makes no more, for good (a server
-    /// stopping): later takes get none.
-    pub(crate) fn drain(&self) -> Vec<NativeSandbox> {
-        match self.state.lock() {
+    /// stopping): later takes get none. Returns once the fills still running have
+    /// cleaned up what they made.
+    pub(crate) async fn drain(&self) -> Vec<NativeSandbox> {
+        let ready = match self.state.lock() {
             Ok(mut state) => {
                 state.closed = true;
                 state.shape = None;
                 std::mem::take(&mut state.ready)
             }
             Err(_) => Vec::new(),
-        }
+        };
+        self.fills.close();
+        self.fills.wait().await;
+        ready
     }
 }

@@ -128,8 +128,13 @@ async fn pooled_sandboxes_are_made_ahead_handed_out_once_and_leave_nothing() {
     third.cleanup().await.unwrap();
 
     // Drained: every prepared init is killed and reaped, every sandbox's directory
-    // removed (the shared `/etc` stays, as it does for every sandbox).
-    backend.drain_warm();
+    // removed (the shared `/etc` stays, as it does for every sandbox), and every exec
+    // cgroup gone by the time the drain returns (a server exits right after).
+    backend.drain_warm().await;
+    assert_eq!(
+        common::exec_cgroups_left(),
+        Vec::<std::path::PathBuf>::new()
+    );
     wait_for("the prepared inits gone", || children().len() == before).await;
     let left: Vec<_> = std::fs::read_dir(data.join("native"))
         .map(|dir| {
@@ -242,8 +247,7 @@ async fn the_first_exec_runs_in_the_prepared_init() {
 #[tokio::test]
 async fn a_prepared_exec_sees_its_cgroups_as_root() {
     let made = make_env(skillbox_env::testkit::spec()).await;
-    let Some(env) = skillbox_env::testkit::require(made, "a_prepared_exec_sees_its_cgroups")
-    else {
+    let Some(env) = skillbox_env::testkit::require(made, "a_prepared_exec_sees_its_cgroups") else {
         return;
     };
     common::assert_sees_its_cgroups_as_root(env.as_ref()).await;

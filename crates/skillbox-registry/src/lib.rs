@@ -175,7 +175,7 @@ impl BackendRegistry {
 
     /// Removes what the connected backends still hold (a server shutting down).
     pub async fn shutdown(&self) {
-        self.native.drain_warm();
+        self.native.drain_warm().await;
         for cell in [&self.docker, &self.gvisor] {
             if let Some(backend) = cell.get() {
                 backend.shutdown().await;

@@ -64,6 +64,10 @@ pub struct AgentArgs {
     /// Which boundary the scripts run behind.
     #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
     backend: BackendKind,
+    /// Disk for each script's /workspace and /tmp together (512M, 2G), or none for no
+    /// bound (a kernel before 6.15 cannot give an unprivileged user one).
+    #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "1G")]
+    disk: crate::units::Bound,
     /// Copy the verified files into DIR (never through a symlink; existing files are
     /// kept unless --overwrite; hidden paths are never copied).
     #[arg(long, value_name = "DIR")]
@@ -150,6 +154,7 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         return usage("--max-attempts: must be at least 1");
     }
     let mut runner_config = RunnerConfig::new(data_dir);
+    runner_config.limits.disk_bytes = args.disk.0;
     runner_config.skills_workspace = match &args.workspace {
         Some(dir) => Some(dir.clone()),
         None => std::env::current_dir().ok(),

@@ -13,7 +13,7 @@ use skillbox_client::{
 };
 use skillbox_env::CancellationToken;
 
-use crate::units::{backend_parser, parse_duration, parse_size};
+use crate::units::{Bound, backend_parser, parse_duration, parse_size, parse_size_bound};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -47,10 +47,11 @@ pub struct RunArgs {
     /// only when a glob spells its dot.
     #[arg(long = "outputs", value_name = "GLOB")]
     outputs: Vec<String>,
-    /// Disk for /workspace and /tmp together (512M, 2G) [default: 1G; a --remote
-    /// server may refuse more than its own bound]
-    #[arg(long, value_parser = parse_size)]
-    disk: Option<u64>,
+    /// Disk for /workspace and /tmp together (512M, 2G), or none for no bound (a kernel
+    /// before 6.15 cannot give an unprivileged user one) [default: 1G; a --remote
+    /// server may refuse more than its own bound, and sets its own for none]
+    #[arg(long, value_parser = parse_size_bound)]
+    disk: Option<Bound>,
     /// Let the code reach HOST through skillbox's egress proxy (repeatable; host,
     /// host:port, *.domain, *.domain:port; no port means 80 and 443). Without it the
     /// run has no network at all. Loopback, private and metadata addresses are never
@@ -169,9 +170,11 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     request.outputs = args.outputs.clone();
     request.skills = args.skills.clone();
     request.scope_key = args.scope.clone();
-    if args.disk.is_some() || args.egress_bytes.is_some() {
+    // `none` asks for no bound of the run's own: a server applies its own.
+    let disk = args.disk.and_then(|Bound(disk)| disk);
+    if disk.is_some() || args.egress_bytes.is_some() {
         request.limits = Some(skillbox_client::RunLimits {
-            disk_bytes: args.disk,
+            disk_bytes: disk,
             disk_inodes: None,
             egress_bytes: args.egress_bytes,
         });
@@ -224,8 +227,8 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             // Container backends carry the runtime in their image.
             language == Language::Node && args.backend == BackendKind::Native,
             |config| {
-                if let Some(disk) = args.disk {
-                    config.limits.disk_bytes = Some(disk);
+                if let Some(Bound(disk)) = args.disk {
+                    config.limits.disk_bytes = disk;
                 }
                 config.skills_workspace = match &args.workspace {
                     Some(dir) => Some(dir.clone()),

@@ -68,9 +68,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = skillbox_mcp::SessionBounds::default().max_per_tenant)]
     tenant_max_mcp_sessions: usize,
     /// Disk of each run's /workspace and /tmp together (512M, 2G): the default, and the
-    /// most a request's limits.diskBytes may ask for.
-    #[arg(long, value_parser = crate::units::parse_size, default_value = "1G")]
-    disk: u64,
+    /// most a request's limits.diskBytes may ask for; none: no bound unless a request
+    /// asks for one (a kernel before 6.15 cannot give an unprivileged user one).
+    #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "1G")]
+    disk: crate::units::Bound,
     /// Files and directories of each run's /workspace and /tmp together [default: one per
     /// 16K of --disk, where the backend can hold it (not gvisor)]
     #[arg(long, value_name = "N")]
@@ -253,7 +254,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         detach_cleanup: true,
         ..skillbox_run::RunnerConfig::new(data_dir)
     };
-    runner_config.limits.disk_bytes = Some(args.disk);
+    runner_config.limits.disk_bytes = args.disk.0;
     if let Some(project) = &args.project {
         match project.canonicalize() {
             Ok(dir) if dir.is_dir() => runner_config.skills_workspace = Some(dir),
@@ -281,6 +282,10 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
                 return ExitCode::from(crate::EXIT_USAGE);
             }
         }
+    }
+    if args.disk.0.is_none() && args.inodes.is_some() {
+        eprintln!("skillbox serve: --inodes bounds a disk: it needs --disk SIZE, not none");
+        return ExitCode::from(crate::EXIT_USAGE);
     }
     runner_config.limits.disk_inodes = args.inodes;
     if let Err(e) = runner_config.limits.validate() {

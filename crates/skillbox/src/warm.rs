@@ -299,7 +299,7 @@ pub async fn serve(args: WarmArgs, data_dir: &Path) -> ExitCode {
     }
     drop(listener);
     let _ = std::fs::remove_file(&path);
-    backend.drain_warm();
+    backend.drain_warm().await;
     connections.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), connections.wait()).await;
     eprintln!("skillbox warm: stopped");

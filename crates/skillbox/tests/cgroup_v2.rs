@@ -5,7 +5,8 @@
 //! runs this build's `skillbox` there: as root in the root cgroup, and as an ordinary
 //! user in a subtree delegated to it (as `systemd-run --scope -p Delegate=yes` gives).
 //! Each run performs the real thing (a memory bomb, a fork bomb) and checks what the
-//! kernel did and that no cgroup is left.
+//! kernel did and that no cgroup is left, through `exec` and through `serve`'s API
+//! (its spawner process and its pool of prepared inits, each born in its cgroup).
 //!
 //! Needs root, qemu-system-x86_64, a kernel in /boot with its 9p modules, a static
 //! busybox and cpio (`scripts/test.sh` installs them); skips otherwise, and fails
@@ -51,14 +52,58 @@ $B mount -t sysfs sys $H/sys
 $B mount -t cgroup2 cgroup2 $H/sys/fs/cgroup
 $B mount -t devtmpfs dev $H/dev
 $B mount -t tmpfs tmpfs $H$($B cat /scratch)
-$B cp /script $H$($B cat /scratch)/script
+$B cp /script /api.py $H$($B cat /scratch)/
 exec $B switch_root $H /bin/sh $($B cat /scratch)/script
+"#;
+
+/// The guest's client of `skillbox serve` on the port it is given: waits for the server,
+/// runs a script, waits for the native pool to fill, runs one in a sandbox made ahead
+/// and a fork bomb, and prints what came back with the pool's counters as one JSON line.
+const API: &str = r#"import json, os, sys, time, urllib.error, urllib.request
+base = "http://127.0.0.1:" + sys.argv[1]
+server = sys.argv[2]
+def get(path):
+    return urllib.request.urlopen(base + path, timeout=60).read().decode()
+def run(script):
+    body = json.dumps({"script": script, "language": "sh", "backend": "native"}).encode()
+    request = urllib.request.Request(base + "/v1/run", data=body, headers={"Content-Type": "application/json"})
+    try:
+        return json.load(urllib.request.urlopen(request, timeout=300))
+    except urllib.error.HTTPError as e:
+        return {"status": e.code, "body": e.read().decode()}
+def metric(name):
+    for line in get("/metrics").splitlines():
+        if line.startswith(name + " "):
+            return int(line.split()[1])
+def wait(what, until, seconds):
+    deadline = time.time() + seconds
+    while True:
+        try:
+            if until():
+                return
+        except OSError:
+            pass
+        if not os.path.exists("/proc/" + server):
+            print(json.dumps({"error": "the server exited, waiting for " + what}))
+            sys.exit()
+        if time.time() > deadline:
+            print(json.dumps({"error": "timed out: " + what}))
+            sys.exit()
+        time.sleep(0.5)
+wait("the server", lambda: get("/healthz"), 240)
+out = {"first": run("cat /proc/self/cgroup; echo hi")}
+wait("the native pool", lambda: metric("skillbox_warm_sandboxes_ready") == 2, 240)
+out["warm"] = run("cat /proc/self/cgroup; echo hi")
+out["pids"] = run("for i in $(seq 300); do sleep 60 & done; wait")
+for outcome in ["taken", "missed"]:
+    out[outcome] = metric('skillbox_warm_sandboxes_total{outcome="' + outcome + '"}')
+print(json.dumps(out))
 "#;
 
 /// What the guest runs, as root in the root cgroup and then as `USER` in a delegated
 /// subtree. Results go to the second serial port, one `@@name value` line each (the
 /// console carries the kernel's messages, which could interleave).
-fn script(bin: &str, scratch: &str) -> String {
+fn script(bin: &str, scratch: &str, runtimes: &str) -> String {
     format!(
         r#"exec 3>/dev/ttyS1
 S={bin}
@@ -79,16 +124,30 @@ mark root_defaults as_root exec --json -- sh -c 'cat /proc/self/cgroup; echo hi'
 mark root_disk as_root exec --json --disk 8M -- sh -c 'head -c 20000000 /dev/zero > /workspace/big'
 mark root_disk_mounts grep -c '{scratch}/root/native' /proc/self/mountinfo
 mark root_left left
+# The API: runs through the spawner process and the native pool of prepared inits, each
+# born in its cgroup (CLONE_INTO_CGROUP). Stopped, the server leaves no cgroup.
+/bin/busybox ip link set lo up
+# serve installs the Node runtime at start: the host set one up (the guest has no network).
+cp -a {runtimes} {scratch}/root/
+"$S" --data-dir {scratch}/root serve --addr 127.0.0.1:8091 --warm-containers 0 2>{scratch}/root-serve.log &
+server=$!
+mark root_serve python3 {scratch}/api.py 8091 $server
+kill -TERM $server; wait $server
+mark root_serve_log tail -c 3000 {scratch}/root-serve.log
+mark root_serve_left left
 
 # Delegation, as `systemd-run --scope -p Delegate=yes` gives it: each run starts alone
 # in a fresh cgroup that the user owns, with its control files.
 echo '+memory +pids +cpu' > /sys/fs/cgroup/cgroup.subtree_control
 mkdir {scratch}/user
 chown {USER}:{USER} {scratch}/user
-as_user() {{
+delegated() {{
   scope=$(mktemp -d -p /sys/fs/cgroup user.XXXXXX)
   chown {USER}:{USER} "$scope" "$scope/cgroup.procs" "$scope/cgroup.subtree_control" "$scope/cgroup.threads"
-  sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$scope" \
+  echo "$scope"
+}}
+as_user() {{
+  sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$(delegated)" \
     env HOME={scratch}/user setpriv --reuid {USER} --regid {USER} --clear-groups "$S" --data-dir {scratch}/user/data "$@"
 }}
 mark user_id setpriv --reuid {USER} --regid {USER} --clear-groups id -u
@@ -101,6 +160,20 @@ mark user_memory_fits as_user exec --json --disk none --memory 256M --pids none 
 mark user_pids as_user exec --json --disk none --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
 mark user_defaults as_user exec --json --disk none -- sh -c 'echo hi'
 mark user_left left
+# The API as the user, alone in its delegated cgroup; no disk bound (this kernel cannot
+# give the user one), said so with --disk none.
+cp -a {runtimes} {scratch}/user/data/
+chown -R {USER}:{USER} {scratch}/user/data/runtimes
+# (Not through as_user: a function in the background is a subshell, and $! its pid.)
+sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$(delegated)" \
+  env HOME={scratch}/user setpriv --reuid {USER} --regid {USER} --clear-groups \
+  "$S" --data-dir {scratch}/user/data serve --addr 127.0.0.1:8092 --warm-containers 0 --disk none \
+  2>{scratch}/user-serve.log &
+server=$!
+mark user_serve python3 {scratch}/api.py 8092 $server
+kill -TERM $server; wait $server
+mark user_serve_log tail -c 3000 {scratch}/user-serve.log
+mark user_serve_left left
 # A delegated cgroup shared with another process (the shell stays in it): v2 cannot hand
 # controllers down, and doctor says why and what to do.
 shared=$(mktemp -d -p /sys/fs/cgroup user.XXXXXX)
@@ -282,6 +355,7 @@ fn write_executable(path: &Path, text: &str) {
 /// Boots the guest and returns its `@@name value` lines, and the console for messages.
 fn boot(
     dir: &Path,
+    runtimes: &Path,
     kernel: &Path,
     modules_dir: &Path,
     order: &[(String, PathBuf)],
@@ -302,7 +376,12 @@ fn boot(
     write_executable(&root.join("init"), INIT);
     let scratch = scratch_dir();
     fs::write(root.join("scratch"), &scratch).unwrap();
-    fs::write(root.join("script"), script(BIN, &scratch)).unwrap();
+    fs::write(
+        root.join("script"),
+        script(BIN, &scratch, &runtimes.to_string_lossy()),
+    )
+    .unwrap();
+    fs::write(root.join("api.py"), API).unwrap();
     let initrd = dir.join("initrd.gz");
     initramfs(&root, &initrd);
 
@@ -367,6 +446,21 @@ fn cgroup_detail(doctor: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// What the guest's API client saw: each run in a cgroup of its own (the root of its
+/// cgroup namespace), one of them in a sandbox made ahead, and the pids limit held.
+fn assert_serve(serve: &Value) {
+    assert_eq!(serve["error"], Value::Null, "{serve}");
+    for run in ["first", "warm"] {
+        assert_eq!(serve[run]["exitCode"], 0, "{run}: {serve}");
+        assert_eq!(serve[run]["stdout"], "0::/\nhi\n", "{run}: {serve}");
+    }
+    assert_eq!(serve["pids"]["limitHit"], "pids", "{serve}");
+    assert!(
+        serve["taken"].as_u64().is_some_and(|n| n >= 1),
+        "no run took a sandbox made ahead: {serve}"
+    );
+}
+
 #[test]
 fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     let test = "limits_hold_on_a_pure_cgroup_v2_kernel";
@@ -385,8 +479,28 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
             return;
         }
     };
+    // The Node runtime `serve` installs at start, set up here (the guest has no
+    // network) beside the binary, which the guest's scratch tmpfs never hides.
+    let prepared = Path::new(BIN).with_file_name("cgroup-v2-data");
+    let setup = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(&prepared)
+        .args(["setup", "--no-wasm"])
+        .output()
+        .expect("run skillbox setup");
+    assert!(
+        setup.status.success(),
+        "skillbox setup: {}",
+        String::from_utf8_lossy(&setup.stderr)
+    );
     let dir = tempfile::tempdir().unwrap();
-    let (marks, console) = boot(dir.path(), &kernel, &modules_dir, &order);
+    let (marks, console) = boot(
+        dir.path(),
+        &prepared.join("runtimes"),
+        &kernel,
+        &modules_dir,
+        &order,
+    );
     let show = |name: &str| -> String { marks.get(name).cloned().unwrap_or_default() };
     // Shown when the test fails (nextest keeps a passing test's output to itself).
     for (name, value) in &marks {
@@ -434,6 +548,8 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
         "the sandbox's tmpfs is still mounted"
     );
     assert_eq!(show("root_left"), "", "cgroups left behind");
+    assert_serve(&json(&marks, "root_serve", &console));
+    assert_eq!(show("root_serve_left"), "", "cgroups left behind by serve");
 
     // An ordinary user in a delegated subtree.
     assert_eq!(show("user_id"), USER.to_string());
@@ -457,6 +573,8 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     assert_eq!(defaults["exitCode"], 0, "{defaults}");
     assert_eq!(defaults["stdout"], "hi\n", "{defaults}");
     assert_eq!(show("user_left"), "", "cgroups left behind");
+    assert_serve(&json(&marks, "user_serve", &console));
+    assert_eq!(show("user_serve_left"), "", "cgroups left behind by serve");
     let detail = cgroup_detail(&json(&marks, "user_shared", &console));
     assert!(
         detail.starts_with("none: cannot enable") && detail.contains("Delegate=yes"),

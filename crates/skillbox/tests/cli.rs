@@ -596,6 +596,63 @@ fn shared_data_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-cli-tests")
 }
 
+/// `--disk none` on run, agent and serve, as on exec: no bound (on a kernel before 6.15
+/// an unprivileged user cannot have one), so `/workspace` is not the bounded tmpfs a
+/// default run gets; `serve --inodes` without a disk bound is bad usage.
+#[test]
+fn run_agent_and_serve_take_disk_none() {
+    if !native_or_skip("run_agent_and_serve_take_disk_none") {
+        return;
+    }
+    let script = tempfile::Builder::new().suffix(".sh").tempfile().unwrap();
+    std::fs::write(script.path(), "stat -f -c %T /workspace\n").unwrap();
+    let script = script.path().to_str().unwrap();
+    let fs_type = |extra: &[&str]| -> String {
+        let mut args = vec!["run", script];
+        args.extend_from_slice(extra);
+        let result = skillbox(&shared_data_dir(), &args);
+        assert!(result.status.success(), "{}", text(&result.stderr));
+        text(&result.stdout).trim().to_string()
+    };
+    assert_eq!(fs_type(&[]), "tmpfs", "a default run has its bounded tmpfs");
+    assert_ne!(
+        fs_type(&["--disk", "none"]),
+        "tmpfs",
+        "--disk none: no bound"
+    );
+    assert_eq!(fs_type(&["--disk", "64M"]), "tmpfs");
+    let result = skillbox(&shared_data_dir(), &["run", script, "--disk", "lots"]);
+    assert_eq!(result.status.code(), Some(2), "{}", text(&result.stderr));
+    // agent and serve parse it too (their runs are checked by their own tests).
+    for command in ["agent", "serve"] {
+        let result = skillbox(&shared_data_dir(), &[command, "--help"]);
+        assert!(
+            text(&result.stdout).contains("or none for no")
+                || text(&result.stdout).contains("none: no bound"),
+            "{command} --help: {}",
+            text(&result.stdout)
+        );
+    }
+    let result = skillbox(
+        &shared_data_dir(),
+        &[
+            "serve",
+            "--disk",
+            "none",
+            "--inodes",
+            "100",
+            "--addr",
+            "127.0.0.1:0",
+        ],
+    );
+    assert_eq!(result.status.code(), Some(2));
+    assert!(
+        text(&result.stderr).contains("--inodes bounds a disk"),
+        "{}",
+        text(&result.stderr)
+    );
+}
+
 /// The README's main command: a real deck out of `skillbox run`.
 #[test]
 fn run_makes_the_example_deck() {

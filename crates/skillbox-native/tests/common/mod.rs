@@ -117,3 +117,29 @@ pub async fn assert_sees_its_cgroups_as_root(env: &dyn skillbox_env::ExecutionEn
         );
     }
 }
+
+/// The exec cgroups this test process made that are still there: `skillbox-<pid>-…`
+/// directories anywhere in the first levels of `/sys/fs/cgroup` (v1 or v2).
+#[allow(dead_code, reason = "not every test file uses it")]
+pub fn exec_cgroups_left() -> Vec<PathBuf> {
+    let prefix = format!("skillbox-{}-", std::process::id());
+    let mut left = Vec::new();
+    let mut dirs = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                left.push(path);
+            } else if depth < 3 {
+                dirs.push((path, depth + 1));
+            }
+        }
+    }
+    left
+}

@@ -527,6 +527,31 @@ async fn objects_health_metrics_and_openapi() {
         metrics.contains("skillbox_runs_total{outcome=\"ok\"} 1"),
         "{metrics}"
     );
+    // The native pool: the first run of its shape found none ready; once the pool
+    // has filled, the next run takes one made ahead.
+    assert!(
+        metrics.contains("skillbox_warm_sandboxes_total{outcome=\"missed\"} 1"),
+        "{metrics}"
+    );
+    let mut filled = false;
+    for _ in 0..200 {
+        let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+        if metrics.contains("skillbox_warm_sandboxes_ready 2") {
+            filled = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(filled, "the native pool did not fill");
+    server
+        .run(json!({"script": "true", "language": "sh"}))
+        .await;
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains("skillbox_warm_sandboxes_total{outcome=\"taken\"} 1")
+            && metrics.contains("skillbox_warm_sandboxes_total{outcome=\"missed\"} 1"),
+        "{metrics}"
+    );
     let openapi: Value = get("/openapi.json").await.unwrap().json().await.unwrap();
     assert!(openapi["paths"]["/v1/run"]["post"].is_object(), "{openapi}");
     assert!(openapi["components"]["schemas"]["RunRequest"].is_object());
