@@ -123,6 +123,11 @@ impl Limits {
         if self.disk_inodes.is_some_and(|n| n < MIN_DISK_INODES) {
             return Err(format!("diskInodes must be at least {MIN_DISK_INODES}"));
         }
+        // Without a disk there is nothing for an inode bound to hold: refused, not
+        // dropped.
+        if self.disk_inodes.is_some() && self.disk_bytes.is_none() {
+            return Err("diskInodes bounds a disk: it needs diskBytes (a disk bound)".into());
+        }
         Ok(())
     }
 
@@ -276,5 +281,11 @@ mod tests {
             ..Limits::default()
         };
         assert!(few.validate().unwrap_err().contains("diskInodes"));
+        let no_disk = Limits {
+            disk_bytes: None,
+            disk_inodes: Some(MIN_DISK_INODES),
+            ..Limits::default()
+        };
+        assert!(no_disk.validate().unwrap_err().contains("needs diskBytes"));
     }
 }

@@ -710,12 +710,14 @@ impl NativeSandbox {
             cgroup,
         };
         let unused = match self.prepared.lock() {
-            // Cleaned up meanwhile: dropped here (killed, its cgroup removed).
+            // Cleaned up meanwhile: ended here (killed, its cgroup removed).
             Ok(_) if self.shutdown.is_cancelled() => Some(prepared),
             Ok(mut slot) if slot.is_none() => slot.replace(prepared),
             _ => Some(prepared),
         };
-        drop(unused);
+        if let Some(unused) = unused {
+            unused.discard(false).await;
+        }
         Ok(())
     }
 

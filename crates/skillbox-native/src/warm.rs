@@ -16,6 +16,9 @@ use skillbox_env::{EnvResult, Limits, SandboxPolicy, SandboxSpec};
 
 use crate::sandbox::NativeSandbox;
 
+/// How long a drain waits for the sandboxes being made (each takes milliseconds).
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What a pooled sandbox was made for: two specs of one shape make the same sandbox
 /// (the timeout is not part of it: it is the exec's, given when one is handed out).
 #[derive(Debug, Clone, PartialEq)]
@@ -192,11 +195,15 @@ impl Warm {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        // Held from before the claim: a drain between the claim and the spawn still
+        // waits for this fill.
+        let token = self.fills.token();
         if !self.claim(generation) {
             return;
         }
         let (warm, make) = (self.clone(), make.clone());
-        self.fills.spawn_on(async move {
+        runtime.spawn(async move {
+            let _token = token;
             loop {
                 let made = match make(shape.spec()).await {
                     Ok(sandbox) => match sandbox.prepare_exec().await {
@@ -240,7 +247,7 @@ impl Warm {
                     return;
                 }
             }
-        }, &runtime);
+        });
     }
 
     /// Hands back every ready sandbox and makes no more, for good (a server
@@ -256,7 +263,12 @@ impl Warm {
             Err(_) => Vec::new(),
         };
         self.fills.close();
-        self.fills.wait().await;
+        if tokio::time::timeout(DRAIN_WAIT, self.fills.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("native: pooled sandboxes still being made after {DRAIN_WAIT:?}");
+        }
         ready
     }
 }

@@ -193,6 +193,10 @@ pub(crate) async fn create(
                     record.reason = Some("cancelled before it started".into());
                     return record;
                 };
+                // Each script's disk bound is the server's (`serve --disk`, `--inodes`).
+                let mut limits = AgentConfig::default().limits;
+                limits.disk_bytes = runner.limits().disk_bytes;
+                limits.disk_inodes = runner.limits().disk_inodes;
                 let agent = Agent::new(provider, runner);
                 let config = AgentConfig {
                     max_attempts,
@@ -201,6 +205,7 @@ pub(crate) async fn create(
                     scope_key: request.scope_key.clone(),
                     tenant: tenant_name,
                     network: request.network.clone(),
+                    limits,
                     ..AgentConfig::default()
                 };
                 // Each attempt is saved as it happens, so GET shows progress.

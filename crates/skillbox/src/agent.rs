@@ -212,7 +212,7 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         };
     let store = runner.store().clone();
     let agent = Agent::new(provider, runner);
-    let config = AgentConfig {
+    let mut config = AgentConfig {
         max_attempts: args.max_attempts,
         backend: args.backend,
         skills: args.skills.clone(),
@@ -221,6 +221,8 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         network,
         ..AgentConfig::default()
     };
+    // Each script's sandbox is made from these limits, not the runner's.
+    config.limits.disk_bytes = args.disk.0;
     let cancel = CancellationToken::new();
     let interrupt = cancel.clone();
     tokio::spawn(async move {

@@ -170,7 +170,11 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     request.outputs = args.outputs.clone();
     request.skills = args.skills.clone();
     request.scope_key = args.scope.clone();
-    // `none` asks for no bound of the run's own: a server applies its own.
+    if args.remote.is_some() && args.disk == Some(Bound(None)) {
+        return usage(
+            "--disk none: a --remote server bounds every run's disk itself (skillbox serve --disk); ask for a size or leave --disk out",
+        );
+    }
     let disk = args.disk.and_then(|Bound(disk)| disk);
     if disk.is_some() || args.egress_bytes.is_some() {
         request.limits = Some(skillbox_client::RunLimits {

@@ -283,10 +283,6 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
             }
         }
     }
-    if args.disk.0.is_none() && args.inodes.is_some() {
-        eprintln!("skillbox serve: --inodes bounds a disk: it needs --disk SIZE, not none");
-        return ExitCode::from(crate::EXIT_USAGE);
-    }
     runner_config.limits.disk_inodes = args.inodes;
     if let Err(e) = runner_config.limits.validate() {
         eprintln!("skillbox serve: --disk/--inodes: {e}");

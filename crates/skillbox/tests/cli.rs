@@ -597,42 +597,92 @@ fn shared_data_dir() -> std::path::PathBuf {
 }
 
 /// `--disk none` on run, agent and serve, as on exec: no bound (on a kernel before 6.15
-/// an unprivileged user cannot have one), so `/workspace` is not the bounded tmpfs a
-/// default run gets; `serve --inodes` without a disk bound is bad usage.
+/// an unprivileged user cannot have one), where `--disk 2M` stops a 3 MB write; an
+/// inode bound without a disk bound is bad usage, as is `run --remote --disk none`.
 #[test]
 fn run_agent_and_serve_take_disk_none() {
     if !native_or_skip("run_agent_and_serve_take_disk_none") {
         return;
     }
+    // `run`: a 3 MB write fails under a 2 MB bound and not without one.
     let script = tempfile::Builder::new().suffix(".sh").tempfile().unwrap();
-    std::fs::write(script.path(), "stat -f -c %T /workspace\n").unwrap();
+    std::fs::write(
+        script.path(),
+        "head -c 3000000 /dev/zero > /workspace/.big && echo wrote\n",
+    )
+    .unwrap();
     let script = script.path().to_str().unwrap();
-    let fs_type = |extra: &[&str]| -> String {
-        let mut args = vec!["run", script];
-        args.extend_from_slice(extra);
-        let result = skillbox(&shared_data_dir(), &args);
-        assert!(result.status.success(), "{}", text(&result.stderr));
-        text(&result.stdout).trim().to_string()
-    };
-    assert_eq!(fs_type(&[]), "tmpfs", "a default run has its bounded tmpfs");
-    assert_ne!(
-        fs_type(&["--disk", "none"]),
-        "tmpfs",
-        "--disk none: no bound"
-    );
-    assert_eq!(fs_type(&["--disk", "64M"]), "tmpfs");
-    let result = skillbox(&shared_data_dir(), &["run", script, "--disk", "lots"]);
-    assert_eq!(result.status.code(), Some(2), "{}", text(&result.stderr));
-    // agent and serve parse it too (their runs are checked by their own tests).
-    for command in ["agent", "serve"] {
-        let result = skillbox(&shared_data_dir(), &[command, "--help"]);
-        assert!(
-            text(&result.stdout).contains("or none for no")
-                || text(&result.stdout).contains("none: no bound"),
-            "{command} --help: {}",
-            text(&result.stdout)
+    let run = |disk: &str| -> Value {
+        let result = skillbox(
+            &shared_data_dir(),
+            &["run", "--json", script, "--disk", disk],
         );
-    }
+        serde_json::from_slice(&result.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&result.stderr)))
+    };
+    let bounded = run("2M");
+    assert_eq!(bounded["limitHit"], "disk", "{bounded}");
+    let unbounded = run("none");
+    assert_eq!(unbounded["exitCode"], 0, "{unbounded}");
+    assert_eq!(unbounded["stdout"], "wrote\n", "{unbounded}");
+    let result = skillbox(
+        &shared_data_dir(),
+        &[
+            "run",
+            script,
+            "--disk",
+            "none",
+            "--remote",
+            "http://127.0.0.1:9",
+        ],
+    );
+    assert_eq!(result.status.code(), Some(2), "{}", text(&result.stderr));
+    assert!(text(&result.stderr).contains("--disk none"));
+
+    // `agent`: the demo's good script, after a 3 MB write to /tmp (which shares the
+    // bound): a scripted model that gives up if that fails.
+    let demo: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../skills/pptx/loopback.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let deck = demo["turns"][1]["toolCalls"][0]["arguments"]["script"]
+        .as_str()
+        .unwrap();
+    let transcript = serde_json::json!({"turns": [
+        {"text": "A big scratch file, then the deck.", "toolCalls": [{"name": "run_script", "arguments": {
+            "language": "node",
+            "script": format!("require('fs').writeFileSync('/tmp/big', Buffer.alloc(3000000));\n{deck}"),
+        }}]},
+        {"expect": {"exitCode": 0, "filesInclude": "workspacex.pptx"}, "text": "Done."},
+    ]});
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), transcript.to_string()).unwrap();
+    let agent = |disk: &str| -> Value {
+        let args = [
+            "agent",
+            "a deck",
+            "--json",
+            "--max-attempts",
+            "1",
+            "--disk",
+            disk,
+            "--transcript",
+            file.path().to_str().unwrap(),
+        ];
+        let result = skillbox(&shared_data_dir(), &args);
+        serde_json::from_slice(&result.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&result.stderr)))
+    };
+    let unbounded = agent("none");
+    assert_eq!(unbounded["status"], "succeeded", "{unbounded}");
+    let bounded = agent("2M");
+    assert_ne!(bounded["status"], "succeeded", "{bounded}");
+
+    // `serve`: an inode bound needs a disk bound.
     let result = skillbox(
         &shared_data_dir(),
         &[
@@ -647,7 +697,7 @@ fn run_agent_and_serve_take_disk_none() {
     );
     assert_eq!(result.status.code(), Some(2));
     assert!(
-        text(&result.stderr).contains("--inodes bounds a disk"),
+        text(&result.stderr).contains("diskInodes bounds a disk"),
         "{}",
         text(&result.stderr)
     );

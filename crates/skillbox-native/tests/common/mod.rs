@@ -119,13 +119,14 @@ pub async fn assert_sees_its_cgroups_as_root(env: &dyn skillbox_env::ExecutionEn
 }
 
 /// The exec cgroups this test process made that are still there: `skillbox-<pid>-…`
-/// directories anywhere in the first levels of `/sys/fs/cgroup` (v1 or v2).
+/// directories anywhere under `/sys/fs/cgroup` (v1 or v2; symlinked hierarchies are
+/// walked once, under their real names).
 #[allow(dead_code, reason = "not every test file uses it")]
 pub fn exec_cgroups_left() -> Vec<PathBuf> {
     let prefix = format!("skillbox-{}-", std::process::id());
     let mut left = Vec::new();
-    let mut dirs = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
-    while let Some((dir, depth)) = dirs.pop() {
+    let mut dirs = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -136,8 +137,8 @@ pub fn exec_cgroups_left() -> Vec<PathBuf> {
             let path = entry.path();
             if entry.file_name().to_string_lossy().starts_with(&prefix) {
                 left.push(path);
-            } else if depth < 3 {
-                dirs.push((path, depth + 1));
+            } else {
+                dirs.push(path);
             }
         }
     }
