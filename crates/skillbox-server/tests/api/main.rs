@@ -50,19 +50,26 @@ async fn start_with(
     store: ArtifactStore,
     objects: tempfile::TempDir,
 ) -> Option<Server> {
+    // Native sandboxes made ahead, as `serve` has them: most runs here take one.
+    let runner = RunnerConfig {
+        warm_native: 2,
+        ..RunnerConfig::new(shared_data_dir())
+    };
+    start_with_runner(config, runner, store, objects).await
+}
+
+async fn start_with_runner(
+    config: ServerConfig,
+    runner: RunnerConfig,
+    store: ArtifactStore,
+    objects: tempfile::TempDir,
+) -> Option<Server> {
     let native = skillbox_native::probe();
     if !native.available {
         skillbox_env::testkit::skip("server api", &native.reason.unwrap_or_default());
         return None;
     }
-    // Native sandboxes made ahead, as `serve` has them: most runs here take one.
-    let runner = Runner::new(
-        RunnerConfig {
-            warm_native: 2,
-            ..RunnerConfig::new(shared_data_dir())
-        },
-        store,
-    );
+    let runner = Runner::new(runner, store);
     runner
         .prepare(&|line| eprintln!("{line}"))
         .await
@@ -772,6 +779,61 @@ async fn wait_done(server: &Server, id: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("agent run {id} did not finish");
+}
+
+/// Agent runs take the server's disk bound (`serve --disk`): a script that writes 3 MB
+/// to /tmp fails under a 2 MB bound and succeeds with none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_runs_take_the_servers_disk_bound() {
+    let demo: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../skills/pptx/loopback.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let deck = demo["turns"][1]["toolCalls"][0]["arguments"]["script"]
+        .as_str()
+        .unwrap();
+    let transcript = json!({"turns": [
+        {"text": "A big scratch file, then the deck.", "toolCalls": [{"name": "run_script", "arguments": {
+            "language": "node",
+            "script": format!("require('fs').writeFileSync('/tmp/big', Buffer.alloc(3000000));\n{deck}"),
+        }}]},
+        {"expect": {"exitCode": 0, "filesInclude": "workspacex.pptx"}, "text": "Done."},
+    ]});
+    for (disk, succeeds) in [(None, true), (Some(2 << 20), false)] {
+        let data = tempfile::tempdir().unwrap();
+        let store = ArtifactStore::local(&data.path().join("objects"))
+            .await
+            .unwrap();
+        let model = skillbox_server::AgentModel::Transcript(transcript.to_string());
+        let config = ServerConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            agents: Some(skillbox_server::AgentRuns::open(data.path(), model, 2).unwrap()),
+            ..ServerConfig::default()
+        };
+        let mut runner = RunnerConfig::new(shared_data_dir());
+        runner.limits.disk_bytes = disk;
+        let objects = tempfile::tempdir().unwrap();
+        let Some(server) = start_with_runner(config, runner, store, objects).await else {
+            return;
+        };
+        let (status, created) = server
+            .post(
+                "/v1/agent/runs",
+                &json!({"prompt": "a deck", "maxAttempts": 1}),
+            )
+            .await;
+        assert_eq!(status, 202, "{created}");
+        let record = wait_done(&server, created["id"].as_str().unwrap()).await;
+        assert_eq!(
+            record["status"] == "succeeded",
+            succeeds,
+            "disk {disk:?}: {record}"
+        );
+    }
 }
 
 /// `"backend"` in `POST /v1/agent/runs`: the same demo on docker and gvisor, each
