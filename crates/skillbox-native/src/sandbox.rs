@@ -696,6 +696,9 @@ impl NativeSandbox {
     /// egress (its listener and proxy are per exec) nor a one-shot one; a sandbox holds
     /// one at most.
     pub async fn prepare_exec(&self) -> EnvResult<()> {
+        // Counted as running: a cleanup meanwhile waits until the init started here
+        // is ended and its cgroup gone.
+        let _running = self.running.token();
         let has_one = self.prepared.lock().map_or(true, |slot| slot.is_some());
         if self.egress.is_some() || self.one_shot || self.shutdown.is_cancelled() || has_one {
             return Ok(());

@@ -143,6 +143,11 @@ pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
     if let Some(Bound(Some(inodes))) = args.inodes {
         limits.disk_inodes = Some(inodes);
     }
+    if limits.disk_inodes.is_some() && limits.disk_bytes.is_none() {
+        return usage(
+            "--inodes bounds a disk: it needs --disk SIZE (not none, and not a --workdir's own disk)",
+        );
+    }
     // A `skillbox warm` on this data dir runs it in a sandbox it made ahead: the same
     // backend, spec and command; only who makes the sandbox differs.
     if args.backend == BackendKind::Native && args.workdir.is_none() {

@@ -49,7 +49,7 @@ pub struct RunArgs {
     outputs: Vec<String>,
     /// Disk for /workspace and /tmp together (512M, 2G), or none for no bound (a kernel
     /// before 6.15 cannot give an unprivileged user one) [default: 1G; a --remote
-    /// server may refuse more than its own bound, and sets its own for none]
+    /// server may refuse more than its own bound, and takes no none]
     #[arg(long, value_parser = parse_size_bound)]
     disk: Option<Bound>,
     /// Let the code reach HOST through skillbox's egress proxy (repeatable; host,

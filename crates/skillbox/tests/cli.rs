@@ -681,8 +681,24 @@ fn run_agent_and_serve_take_disk_none() {
     assert_eq!(unbounded["status"], "succeeded", "{unbounded}");
     let bounded = agent("2M");
     assert_ne!(bounded["status"], "succeeded", "{bounded}");
+    assert!(
+        bounded["attempts"][0]["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("ENOSPC")),
+        "{bounded}"
+    );
 
-    // `serve`: an inode bound needs a disk bound.
+    // `exec` and `serve`: an inode bound needs a disk bound.
+    let result = skillbox(
+        &shared_data_dir(),
+        &["exec", "--disk", "none", "--inodes", "100", "--", "true"],
+    );
+    assert_eq!(result.status.code(), Some(2), "{}", text(&result.stderr));
+    assert!(
+        text(&result.stderr).contains("--inodes bounds a disk"),
+        "{}",
+        text(&result.stderr)
+    );
     let result = skillbox(
         &shared_data_dir(),
         &[

@@ -833,6 +833,14 @@ async fn agent_runs_take_the_servers_disk_bound() {
             succeeds,
             "disk {disk:?}: {record}"
         );
+        if !succeeds {
+            assert!(
+                record["attempts"][0]["stderr"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("ENOSPC")),
+                "{record}"
+            );
+        }
     }
 }
 
