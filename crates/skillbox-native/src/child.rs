@@ -418,10 +418,9 @@ pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
             );
             libc::close(fd);
         }
-        // Our cgroup namespace is rooted where we were cloned: the parent's cgroups on
-        // v1 (or with no cgroup at all). One rooted where we are now, the exec's leaves,
-        // shows the sandbox `/` and none of the host's names. (On v2 init is born in
-        // its leaf: the same view.)
+        // Our cgroup namespace, made here rather than at the clone: rooted where we
+        // are now, the exec's leaves (on v2 we were born there; on v1 we just joined
+        // them), it shows the sandbox `/` and none of the host's cgroup names.
         check(
             fds,
             STEP_CGROUP_NS,

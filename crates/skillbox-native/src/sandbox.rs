@@ -73,11 +73,6 @@ impl NativeBackend {
         }
     }
 
-    /// How many sandboxes are made ahead and ready now.
-    pub fn warm_ready(&self) -> usize {
-        self.warm.as_ref().map_or(0, |warm| warm.ready())
-    }
-
     /// What the pool of sandboxes made ahead has done; `None` without one.
     pub fn warm_stats(&self) -> Option<crate::warm::WarmStats> {
         self.warm.as_ref().map(|warm| warm.stats())
@@ -241,11 +236,10 @@ impl PreparedExec {
     /// sandbox's cleanup, so that a server stopping right after leaves no cgroup.
     /// `in_place`: on this thread (a one-shot caller's), not the blocking pool.
     pub(crate) async fn discard(mut self, in_place: bool) {
-        if let Some(started) = self.started.take() {
-            started.init.kill();
-            drop(started);
-        }
-        if let Some(cgroup) = self.cgroup.take() {
+        let cgroup = self.cgroup.take();
+        // Kills its init; the cgroup is ours to remove.
+        drop(self);
+        if let Some(cgroup) = cgroup {
             if in_place {
                 drop(cgroup);
             } else if let Err(e) = tokio::task::spawn_blocking(move || drop(cgroup)).await {

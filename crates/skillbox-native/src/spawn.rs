@@ -14,14 +14,15 @@ use std::sync::{Mutex, OnceLock};
 use crate::cgroup::ExecCgroup;
 use crate::child::{self, ChildFds, ChildPlan};
 
-/// The namespaces every sandbox gets.
+/// The namespaces every sandbox is cloned into. Its cgroup namespace, the last, init
+/// makes itself once it is in the exec's cgroups (`child::init_main`), so that it is
+/// rooted there on v1 as on v2.
 const NAMESPACES: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWPID
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWNET
     | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUTS
-    | libc::CLONE_NEWCGROUP) as u64;
+    | libc::CLONE_NEWUTS) as u64;
 
 /// `CLONE_INTO_CGROUP` (Linux 5.7); libc's constant is deprecated for overflowing.
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;

@@ -162,14 +162,9 @@ impl Warm {
         taken
     }
 
-    /// How many sandboxes are ready.
-    pub(crate) fn ready(&self) -> usize {
-        self.state.lock().map_or(0, |state| state.ready.len())
-    }
-
     pub(crate) fn stats(&self) -> WarmStats {
         WarmStats {
-            ready: self.ready(),
+            ready: self.state.lock().map_or(0, |state| state.ready.len()),
             taken: self.taken.load(Ordering::Relaxed),
             missed: self.missed.load(Ordering::Relaxed),
         }

@@ -641,14 +641,8 @@ fn run_agent_and_serve_take_disk_none() {
 
     // `agent`: the demo's good script, after a 3 MB write to /tmp (which shares the
     // bound): a scripted model that gives up if that fails.
-    let demo: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../skills/pptx/loopback.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let pptx = skillbox_agent::builtin_skill("pptx").unwrap();
+    let demo: Value = serde_json::from_str(pptx.transcript.unwrap()).unwrap();
     let deck = demo["turns"][1]["toolCalls"][0]["arguments"]["script"]
         .as_str()
         .unwrap();

@@ -785,14 +785,8 @@ async fn wait_done(server: &Server, id: &str) -> Value {
 /// to /tmp fails under a 2 MB bound and succeeds with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_runs_take_the_servers_disk_bound() {
-    let demo: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../skills/pptx/loopback.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let pptx = skillbox_agent::builtin_skill("pptx").unwrap();
+    let demo: Value = serde_json::from_str(pptx.transcript.unwrap()).unwrap();
     let deck = demo["turns"][1]["toolCalls"][0]["arguments"]["script"]
         .as_str()
         .unwrap();
