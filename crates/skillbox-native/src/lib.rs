@@ -1,6 +1,7 @@
 //! `native`: the Linux sandbox skillbox uses when nothing else is asked for. No daemon:
-//! one `clone3` into new user, pid, net, mount, ipc, uts and cgroup namespaces, a fresh
-//! root with read-only system directories, Landlock, seccomp, cgroups and rlimits.
+//! one `clone3` into new user, pid, net, mount, ipc and uts namespaces (the cgroup
+//! namespace init makes once it is in its cgroups), a fresh root with read-only system
+//! directories, Landlock, seccomp, cgroups and rlimits.
 //!
 //! If a layer cannot be applied the sandbox is refused with `unavailable` naming it;
 //! it never runs with less than asked.
