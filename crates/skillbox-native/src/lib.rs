@@ -24,6 +24,8 @@ mod warm;
 
 pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};
+#[doc(hidden)]
+pub use scratch::keep_in_namespaces_for_tests;
 pub use warm::WarmStats;
 
 /// The spawner process: a long-lived caller (the server) has sandboxes cloned by a

@@ -149,6 +149,15 @@ pub fn probe() -> BackendReport {
     layers.insert(
         "disk_limit",
         match crate::scratch::Scratch::create(1 << 20, 64, owner, None) {
+            // Older kernel, unprivileged: each exec's clone comes from its helper's
+            // namespaces; making one proves that works too.
+            Ok(scratch) if scratch.cloned_per_exec() => match scratch.exec_tree() {
+                Ok(_) => layer(
+                    true,
+                    "a tmpfs per sandbox (bytes and inodes) for /workspace and /tmp, never mounted on the host (kept in a mount namespace of its own: this kernel cannot clone a detached one)",
+                ),
+                Err(e) => layer(false, e),
+            },
             Ok(_) => layer(
                 true,
                 "a tmpfs per sandbox (bytes and inodes) for /workspace and /tmp, never mounted on the host",

@@ -601,8 +601,13 @@ impl NativeSandbox {
             bind_trees: Vec::new(),
             // Filled in by whoever clones (`spawn`), from the exec's cgroup.
             cgroup_join: Vec::new(),
+            // The child clones the tmpfs itself, unless it is kept in its helper's
+            // namespaces (`start_init` hands it a clone made there) or attached on the
+            // host (a bind by path).
             workspace_source: match &self.scratch {
-                Some(s) if s.attached_at().is_none() => std::os::fd::AsRawFd::as_raw_fd(&s.fd()),
+                Some(s) if s.attached_at().is_none() && !s.cloned_per_exec() => {
+                    std::os::fd::AsRawFd::as_raw_fd(&s.fd())
+                }
                 _ => -1,
             },
             fds: ChildFds {
@@ -740,6 +745,17 @@ impl NativeSandbox {
         } else {
             None
         };
+        // A tmpfs kept in its helper's namespaces (unprivileged, an older kernel): a
+        // clone made there for this exec, which the child attaches as it is.
+        let scratch_tree = match &self.scratch {
+            Some(scratch) => scratch
+                .exec_tree()
+                .map_err(|e| unavailable("disk limit", e))?,
+            None => None,
+        };
+        if let Some(tree) = &scratch_tree {
+            plan.workspace_tree = std::os::fd::AsRawFd::as_raw_fd(tree);
+        }
         // The binds captured at create, cloned for this exec (a detached mount attaches
         // once); the idmapped workspace has its own clone above.
         let bind_clones = self
@@ -782,6 +798,7 @@ impl NativeSandbox {
         .map_err(|e| unavailable("setup", e))?;
         // The child has its copies (and moved them into place): ours can go.
         drop(workspace_tree);
+        drop(scratch_tree);
         drop(bind_clones);
         Ok((started, cgroup))
     }

@@ -13,7 +13,12 @@
 //! here allows it; Debian 12's 6.1 refuses it). Where it is refused, root attaches the
 //! tmpfs at the sandbox's directory instead (a private mount on the host, unmounted by
 //! cleanup and by the sweep after a crash), and each exec clones it by path as it does
-//! any bind. Unprivileged there is no such fallback, and the bound is `unavailable`.
+//! any bind. Unprivileged, the child that made the tmpfs attaches it in its own mount
+//! namespace instead, and the sandbox keeps that namespace and its user namespace (by
+//! fd; the child exits): a clone can be made only from inside, so for each exec a
+//! short-lived child joins them, clones the tmpfs there and hands the clone back, and
+//! the exec's init attaches that clone as it is (moving a detached mount in is allowed
+//! where cloning one is not): nothing is mounted on the host.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -29,6 +34,17 @@ const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 
+/// Tests: every unprivileged tmpfs is made as an older kernel needs it (kept attached in
+/// its helper's namespaces, a clone made there per exec), whatever this kernel allows.
+static KEEP_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// For tests on a kernel that clones detached mounts: makes this process's unprivileged
+/// sandboxes take the path an older kernel needs (see the module docs).
+#[doc(hidden)]
+pub fn keep_in_namespaces_for_tests() {
+    KEEP_ALWAYS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The sandbox's tmpfs, as a detached mount (or, on an older kernel and as root,
 /// attached at the sandbox's directory).
 #[derive(Debug)]
@@ -37,6 +53,17 @@ pub struct Scratch {
     bytes: u64,
     /// Where it is attached on the host, until [`Scratch::detach`].
     attached: std::sync::Mutex<Option<std::path::PathBuf>>,
+    /// Unprivileged on an older kernel: the namespaces it is attached in, where each
+    /// exec's clone is made ([`Scratch::exec_tree`]).
+    kept: Option<Kept>,
+}
+
+/// The user and mount namespaces of the child that made the tmpfs, held open after it
+/// exited: the tmpfs stays attached in that mount namespace.
+#[derive(Debug)]
+struct Kept {
+    user: OwnedFd,
+    mnt: OwnedFd,
 }
 
 /// The steps of making the tmpfs, for the message when one fails.
@@ -52,6 +79,10 @@ const STEPS: &[&str] = &[
     "fsmount",
     "clone the detached tmpfs (open_tree of a detached mount: Linux 6.15+ or so)",
     "hand the mount back",
+    "attach the tmpfs in the helper's own mount namespace",
+    "join the tmpfs's user namespace (setns)",
+    "join the tmpfs's mount namespace (setns)",
+    "clone the tmpfs for an exec (open_tree)",
 ];
 
 /// What a made-but-unusable tmpfs says, with the way out.
@@ -254,19 +285,16 @@ impl Scratch {
     ) -> Result<Scratch, ScratchError> {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
-        let (mount, clonable) = if root {
+        let (mount, clonable, kept) = if root {
             let options = Options::new(bytes, inodes, owner);
             // SAFETY: options lives through the call.
-            unsafe { make(&options) }
-                .map_err(|(step, errno)| ScratchError::Failed(failed(step, errno)))?
+            let (mount, clonable) = unsafe { make(&options) }
+                .map_err(|(step, errno)| ScratchError::Failed(failed(step, errno)))?;
+            (mount, clonable, None)
         } else {
-            match in_user_namespace(bytes, inodes, owner) {
-                Ok(mount) => (mount, true),
-                Err(e) if e == failed(9, libc::EINVAL) => {
-                    return Err(ScratchError::NoDetachedClone);
-                }
-                Err(e) => return Err(ScratchError::Failed(e)),
-            }
+            let (mount, kept) =
+                in_user_namespace(bytes, inodes, owner).map_err(ScratchError::Failed)?;
+            (mount, true, kept)
         };
         let attached = match (clonable, fallback) {
             (true, _) => None,
@@ -280,7 +308,23 @@ impl Scratch {
             mount,
             bytes,
             attached: std::sync::Mutex::new(attached),
+            kept,
         })
+    }
+
+    /// Whether each exec gets its clone from [`Scratch::exec_tree`] (and must not clone
+    /// the mount itself).
+    pub fn cloned_per_exec(&self) -> bool {
+        self.kept.is_some()
+    }
+
+    /// A clone of the tmpfs for one exec to attach as it is, made inside the namespaces
+    /// it is kept in; `None` where an exec clones it itself (or by path).
+    pub fn exec_tree(&self) -> Result<Option<OwnedFd>, String> {
+        self.kept
+            .as_ref()
+            .map(|kept| kept.clone_mount(&self.mount))
+            .transpose()
     }
 
     /// Where it is attached on the host (root, on an older kernel): each exec clones it
@@ -330,24 +374,14 @@ impl Drop for Scratch {
 
 /// Unprivileged: a child in a user and mount namespace of its own makes the tmpfs (its
 /// uid 0 is our uid, so the tmpfs is ours on the host) and sends the mount back.
-fn in_user_namespace(bytes: u64, inodes: u64, owner: HostIds) -> Result<OwnedFd, String> {
+fn in_user_namespace(
+    bytes: u64,
+    inodes: u64,
+    owner: HostIds,
+) -> Result<(OwnedFd, Option<Kept>), String> {
     // Inside the child's namespace, our uid and gid are 0.
     let options = Options::new(bytes, inodes, HostIds { uid: 0, gid: 0 });
-    let mut pair = [0; 2];
-    // SAFETY: socketpair fills the array.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            pair.as_mut_ptr(),
-        )
-    } < 0
-    {
-        return Err(format!("socketpair: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: fresh fds owned here.
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+    let (ours, theirs) = seqpacket_pair()?;
     // SAFETY: a fork-like clone into new user and mount namespaces. The child runs
     // `child_main`: raw syscalls only, and it always exits.
     let pid = unsafe {
@@ -362,7 +396,7 @@ fn in_user_namespace(bytes: u64, inodes: u64, owner: HostIds) -> Result<OwnedFd,
     };
     if pid == 0 {
         // SAFETY: we are the child; see above.
-        unsafe { child_main(theirs.as_raw_fd(), &options) }
+        unsafe { child_main(theirs.as_raw_fd(), ours.as_raw_fd(), &options) }
     }
     drop(theirs);
     if pid < 0 {
@@ -396,39 +430,227 @@ fn in_user_namespace(bytes: u64, inodes: u64, owner: HostIds) -> Result<OwnedFd,
     // SAFETY: one byte from a stack array to our socket.
     unsafe { libc::send(ours.as_raw_fd(), go.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
     let answer = receive(&ours);
+    // Kept: its namespaces are taken while it waits; closing our end lets it exit.
+    let kept = match &answer {
+        Ok((_, true)) => Some(Kept::of(pid)),
+        _ => None,
+    };
+    drop(ours);
     reap();
     if let Err(e) = maps {
         return Err(format!(
             "user_ns: cannot write the tmpfs namespace's map: {e}"
         ));
     }
-    answer
+    let (mount, _) = answer?;
+    Ok((mount, kept.transpose()?))
 }
 
-/// The child: waits for its map, makes the tmpfs, sends it (or the failed step and
-/// errno) and exits.
+impl Kept {
+    /// The namespaces of the (living) child `pid`.
+    fn of(pid: i32) -> Result<Kept, String> {
+        let open = |name: &str| {
+            std::fs::File::open(format!("/proc/{pid}/ns/{name}"))
+                .map(OwnedFd::from)
+                .map_err(|e| format!("keep the tmpfs helper's {name} namespace: {e}"))
+        };
+        Ok(Kept {
+            user: open("user")?,
+            mnt: open("mnt")?,
+        })
+    }
+
+    /// A clone of `mount` (attached in these namespaces), made by a short-lived child
+    /// that joins them: only from inside may it be cloned on such a kernel.
+    fn clone_mount(&self, mount: &OwnedFd) -> Result<OwnedFd, String> {
+        let (ours, theirs) = seqpacket_pair()?;
+        // SAFETY: a fork-like clone; the child runs `clone_main`: raw syscalls only,
+        // and it always exits.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                libc::SIGCHLD as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        if pid == 0 {
+            // SAFETY: we are the child; see above.
+            unsafe {
+                clone_main(
+                    theirs.as_raw_fd(),
+                    self.user.as_raw_fd(),
+                    self.mnt.as_raw_fd(),
+                    mount.as_raw_fd(),
+                )
+            }
+        }
+        drop(theirs);
+        if pid < 0 {
+            return Err(format!(
+                "clone the tmpfs for an exec: fork: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let answer = receive(&ours);
+        let mut status = 0;
+        // SAFETY: reaping the child we made.
+        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+        answer.map(|(clone, _)| clone)
+    }
+}
+
+/// A connected pair of `SOCK_SEQPACKET` sockets: ours, and the child's.
+fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), String> {
+    let mut pair = [0; 2];
+    // SAFETY: socketpair fills the array.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        )
+    } < 0
+    {
+        return Err(format!("socketpair: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fresh fds owned here.
+    Ok(unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) })
+}
+
+/// The per-exec child: joins the kept namespaces, clones the tmpfs there, sends the
+/// clone (or the failed step and errno) and exits.
 ///
 /// # Safety
 /// Runs after a fork-like clone: raw syscalls only, never returns.
-unsafe fn child_main(socket: i32, options: &Options) -> ! {
+unsafe fn clone_main(socket: i32, user: i32, mnt: i32, mount: i32) -> ! {
+    let errno = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    // SAFETY: setns and open_tree on fds this process holds; see above.
+    let result = unsafe {
+        if libc::setns(user, libc::CLONE_NEWUSER) < 0 {
+            Err((12, errno()))
+        } else if libc::setns(mnt, libc::CLONE_NEWNS) < 0 {
+            Err((13, errno()))
+        } else {
+            // The tmpfs alone (not recursive): nothing else comes with it.
+            let clone = libc::syscall(
+                libc::SYS_open_tree,
+                mount,
+                c"".as_ptr(),
+                OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as libc::c_uint,
+            );
+            if clone < 0 {
+                Err((14, errno()))
+            } else {
+                Ok((clone as i32, false))
+            }
+        }
+    };
+    // SAFETY: answering on our socket, then exiting without unwinding.
+    unsafe {
+        answer(socket, result);
+        libc::_exit(0)
+    }
+}
+
+/// Attaches the detached `mount` in this (the helper's own) mount namespace, on the
+/// first of a few directories every host has: a mount attached in the caller's
+/// namespace is one it may clone. `Err(errno)` when none takes it.
+///
+/// # Safety
+/// Raw syscalls only (it runs in a forked child).
+unsafe fn attach_here(mount: i32) -> Result<(), i32> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    let mut last = libc::ENOENT;
+    for place in [c"/tmp", c"/mnt", c"/dev"] {
+        // SAFETY: move_mount of our own detached mount onto a directory of our
+        // private mount namespace.
+        let moved = unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                mount,
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                place.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            )
+        };
+        if moved == 0 {
+            return Ok(());
+        }
+        last = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+    }
+    Err(last)
+}
+
+/// The child: waits for its map, makes the tmpfs, sends it (or the failed step and
+/// errno) and exits. Where this kernel cannot clone it detached into an exec, it first
+/// attaches it here, in its own mount namespace, and waits for the parent to take its
+/// namespaces (the parent closes its end then).
+///
+/// # Safety
+/// Runs after a fork-like clone: raw syscalls only, never returns.
+unsafe fn child_main(socket: i32, parents: i32, options: &Options) -> ! {
+    // Our copy of the parent's end: its closing is what a kept child waits for.
+    // SAFETY: closing an fd this process holds.
+    unsafe { libc::close(parents) };
     let mut go = 0u8;
     // SAFETY: reading one byte into a stack variable.
     let got = unsafe { libc::recv(socket, (&mut go as *mut u8).cast(), 1, 0) };
     let result = if got == 1 && go == 1 {
         // SAFETY: options outlives the call; raw syscalls only.
         match unsafe { make(options) } {
-            Ok((mount, true)) => Ok(mount),
-            // No fallback unprivileged: the kernel cannot clone it into an exec.
-            Ok((_, false)) => Err((9, libc::EINVAL)),
+            Ok((mount, true)) if !KEEP_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) => {
+                Ok((mount, false))
+            }
+            // SAFETY: raw syscalls on our own mount.
+            Ok((mount, _)) => match unsafe { attach_here(mount.as_raw_fd()) } {
+                Ok(()) => Ok((mount, true)),
+                Err(errno) => Err((11, errno)),
+            },
             Err(e) => Err(e),
         }
     } else {
         Err((0, libc::EPERM))
     };
-    // [-1, 0]: the mount follows as SCM_RIGHTS; else the failed step and errno.
-    let mut record = match &result {
-        Ok(_) => [-1i32, 0],
-        Err((step, errno)) => [*step as i32, *errno],
+    // SAFETY: answering on our socket with fds we hold.
+    unsafe {
+        answer(
+            socket,
+            result
+                .as_ref()
+                .map(|(mount, kept)| (mount.as_raw_fd(), *kept))
+                .map_err(|e| *e),
+        )
+    };
+    if let Ok((_, true)) = result {
+        let mut byte = 0u8;
+        // SAFETY: blocks until the parent closes its end (or writes).
+        unsafe { libc::recv(socket, (&mut byte as *mut u8).cast(), 1, 0) };
+    }
+    // SAFETY: exiting without unwinding.
+    unsafe { libc::_exit(0) }
+}
+
+/// Sends a child's answer: `[-1, 0]` (or `[-2, 0]` for a mount kept attached in the
+/// child's namespaces) with the mount as `SCM_RIGHTS`, or the failed step and errno.
+///
+/// # Safety
+/// Raw syscalls over stack buffers only (it runs in a forked child).
+unsafe fn answer(socket: i32, result: Result<(i32, bool), (usize, i32)>) {
+    let mut record = match result {
+        Ok((_, false)) => [-1i32, 0],
+        Ok((_, true)) => [-2i32, 0],
+        Err((step, errno)) => [step as i32, errno],
     };
     let mut space = [0u64; 4];
     let mut iov = libc::iovec {
@@ -439,7 +661,7 @@ unsafe fn child_main(socket: i32, options: &Options) -> ! {
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if let Ok(mount) = &result {
+    if let Ok((mount, _)) = result {
         msg.msg_control = space.as_mut_ptr().cast();
         // SAFETY: CMSG_SPACE is a pure computation.
         msg.msg_controllen =
@@ -450,18 +672,16 @@ unsafe fn child_main(socket: i32, options: &Options) -> ! {
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
             (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), mount.as_raw_fd());
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), mount);
         }
     }
-    // SAFETY: msg points at live stack buffers; then exit without unwinding.
-    unsafe {
-        libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL);
-        libc::_exit(0)
-    }
+    // SAFETY: msg points at live stack buffers.
+    unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) };
 }
 
-/// The child's answer: the mount, or the step that failed.
-fn receive(socket: &OwnedFd) -> Result<OwnedFd, String> {
+/// The child's answer: the mount (and whether it is kept attached in the child's
+/// namespaces), or the step that failed.
+fn receive(socket: &OwnedFd) -> Result<(OwnedFd, bool), String> {
     let mut record = [0i32; 2];
     let mut space = [0u64; 4];
     let mut iov = libc::iovec {
@@ -495,7 +715,9 @@ fn receive(socket: &OwnedFd) -> Result<OwnedFd, String> {
     };
     match (fd, record) {
         // SAFETY: the kernel installed this fd for us.
-        (Some(fd), [-1, _]) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        (Some(fd), [-1, _]) => Ok((unsafe { OwnedFd::from_raw_fd(fd) }, false)),
+        // SAFETY: as above.
+        (Some(fd), [-2, _]) => Ok((unsafe { OwnedFd::from_raw_fd(fd) }, true)),
         (Some(fd), [step, errno]) => {
             // SAFETY: an fd we received and do not keep.
             unsafe { libc::close(fd) };

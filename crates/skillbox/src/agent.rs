@@ -65,7 +65,7 @@ pub struct AgentArgs {
     #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
     backend: BackendKind,
     /// Disk for each script's /workspace and /tmp together (512M, 2G), or none for no
-    /// bound (a kernel before 6.15 cannot give an unprivileged user one).
+    /// bound.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "1G")]
     disk: crate::units::Bound,
     /// Copy the verified files into DIR (never through a symlink; existing files are

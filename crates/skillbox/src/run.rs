@@ -47,9 +47,9 @@ pub struct RunArgs {
     /// only when a glob spells its dot.
     #[arg(long = "outputs", value_name = "GLOB")]
     outputs: Vec<String>,
-    /// Disk for /workspace and /tmp together (512M, 2G), or none for no bound (a kernel
-    /// before 6.15 cannot give an unprivileged user one) [default: 1G; a --remote
-    /// server may refuse more than its own bound, and takes no none]
+    /// Disk for /workspace and /tmp together (512M, 2G), or none for no bound
+    /// [default: 1G; a --remote server may refuse more than its own bound, and takes no
+    /// none]
     #[arg(long, value_parser = parse_size_bound)]
     disk: Option<Bound>,
     /// Let the code reach HOST through skillbox's egress proxy (repeatable; host,

@@ -69,7 +69,7 @@ pub struct ServeArgs {
     tenant_max_mcp_sessions: usize,
     /// Disk of each run's /workspace and /tmp together (512M, 2G): the default, and the
     /// most a request's limits.diskBytes may ask for; none: no bound unless a request
-    /// asks for one (a kernel before 6.15 cannot give an unprivileged user one).
+    /// asks for one.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "1G")]
     disk: crate::units::Bound,
     /// Files and directories of each run's /workspace and /tmp together [default: one per

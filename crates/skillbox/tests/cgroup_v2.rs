@@ -152,22 +152,24 @@ as_user() {{
 }}
 mark user_id setpriv --reuid {USER} --regid {USER} --clear-groups id -u
 mark user_doctor as_user doctor --json
-# Unprivileged on this kernel the disk bound cannot be given: refused, named; the runs
-# below go without it.
-mark user_disk as_user exec --json -- true
-mark user_memory as_user exec --json --disk none --memory 64M --pids none -- sh -c "$BOMB"
-mark user_memory_fits as_user exec --json --disk none --memory 256M --pids none -- sh -c "$BOMB"
-mark user_pids as_user exec --json --disk none --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
-mark user_defaults as_user exec --json --disk none -- sh -c 'echo hi'
+# Unprivileged on this kernel a detached mount cannot be cloned into an exec: the
+# sandbox's tmpfs is kept attached in its helper's own namespaces, each exec attaches a
+# clone made there, and nothing is mounted on the host.
+mark user_disk as_user exec --json --disk 8M -- sh -c 'head -c 20000000 /dev/zero > /workspace/big'
+mark user_disk_mounts grep -c '{scratch}/user' /proc/self/mountinfo
+mark user_memory as_user exec --json --memory 64M --pids none -- sh -c "$BOMB"
+mark user_memory_fits as_user exec --json --memory 256M --pids none -- sh -c "$BOMB"
+mark user_pids as_user exec --json --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
+mark user_defaults as_user exec --json -- sh -c 'echo hi; grep -c " /workspace " /proc/self/mountinfo'
+mark user_no_disk as_user exec --json --disk none -- sh -c 'echo hi'
 mark user_left left
-# The API as the user, alone in its delegated cgroup; no disk bound (this kernel cannot
-# give the user one), said so with --disk none.
+# The API as the user, alone in its delegated cgroup, with the default disk bound.
 cp -a {runtimes} {scratch}/user/data/
 chown -R {USER}:{USER} {scratch}/user/data/runtimes
 # (Not through as_user: a function in the background is a subshell, and $! its pid.)
 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$(delegated)" \
   env HOME={scratch}/user setpriv --reuid {USER} --regid {USER} --clear-groups \
-  "$S" --data-dir {scratch}/user/data serve --addr 127.0.0.1:8092 --warm-containers 0 --disk none \
+  "$S" --data-dir {scratch}/user/data serve --addr 127.0.0.1:8092 --warm-containers 0 \
   2>{scratch}/user-serve.log &
 server=$!
 mark user_serve python3 {scratch}/api.py 8092 $server
@@ -433,17 +435,20 @@ fn json(marks: &BTreeMap<String, String>, name: &str, console: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {text}"))
 }
 
-fn cgroup_detail(doctor: &Value) -> String {
+/// The native backend's `layer` in a `doctor --json`.
+fn native_layer(doctor: &Value, layer: &str) -> Value {
     doctor["backends"]
         .as_array()
         .and_then(|b| b.iter().find(|b| b["name"] == "native"))
-        .map(|native| {
-            native["layers"]["cgroup"]["detail"]
-                .as_str()
-                .unwrap_or("")
-                .to_string()
-        })
+        .map(|native| native["layers"][layer].clone())
         .unwrap_or_default()
+}
+
+fn cgroup_detail(doctor: &Value) -> String {
+    native_layer(doctor, "cgroup")["detail"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 /// What the guest's API client saw: each run in a cgroup of its own (the root of its
@@ -555,13 +560,26 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     assert_eq!(show("user_id"), USER.to_string());
     let detail = cgroup_detail(&json(&marks, "user_doctor", &console));
     assert!(detail.starts_with("v2 at /sys/fs/cgroup/user."), "{detail}");
-    let refused = show("user_disk");
+    let doctor = json(&marks, "user_doctor", &console);
+    let disk_layer = native_layer(&doctor, "disk_limit");
+    assert_eq!(disk_layer["available"], true, "{disk_layer}");
     assert!(
-        refused.contains("unavailable")
-            && refused.contains("disk limit")
-            && refused.contains("--disk none"),
-        "{refused}"
+        disk_layer["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("kept in a mount namespace of its own"),
+        "{disk_layer}"
     );
+    let disk = json(&marks, "user_disk", &console);
+    assert_eq!(disk["limitHit"], "disk", "{disk}");
+    assert!(
+        disk["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .contains("No space left"),
+        "{disk}"
+    );
+    assert_eq!(show("user_disk_mounts"), "0", "a mount on the host");
     let memory = json(&marks, "user_memory", &console);
     assert_eq!(memory["limitHit"], "memory", "{memory}");
     assert_ne!(memory["stdout"], "100000000\n", "{memory}");
@@ -571,7 +589,9 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     assert_eq!(pids["limitHit"], "pids", "{pids}");
     let defaults = json(&marks, "user_defaults", &console);
     assert_eq!(defaults["exitCode"], 0, "{defaults}");
-    assert_eq!(defaults["stdout"], "hi\n", "{defaults}");
+    assert_eq!(defaults["stdout"], "hi\n1\n", "{defaults}");
+    let no_disk = json(&marks, "user_no_disk", &console);
+    assert_eq!(no_disk["stdout"], "hi\n", "{no_disk}");
     assert_eq!(show("user_left"), "", "cgroups left behind");
     assert_serve(&json(&marks, "user_serve", &console));
     assert_eq!(show("user_serve_left"), "", "cgroups left behind by serve");

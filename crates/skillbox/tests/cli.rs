@@ -596,9 +596,9 @@ fn shared_data_dir() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("skillbox-cli-tests")
 }
 
-/// `--disk none` on run, agent and serve, as on exec: no bound (on a kernel before 6.15
-/// an unprivileged user cannot have one), where `--disk 2M` stops a 3 MB write; an
-/// inode bound without a disk bound is bad usage, as is `run --remote --disk none`.
+/// `--disk none` on run, agent and serve, as on exec: no bound, where `--disk 2M` stops
+/// a 3 MB write; an inode bound without a disk bound is bad usage, as is
+/// `run --remote --disk none`.
 #[test]
 fn run_agent_and_serve_take_disk_none() {
     if !native_or_skip("run_agent_and_serve_take_disk_none") {

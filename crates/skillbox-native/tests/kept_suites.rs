@@ -1,0 +1,83 @@
+//! The shared conformance and adversarial suites with every sandbox's tmpfs made as an
+//! ordinary user's is on a kernel that cannot clone a detached mount into another mount
+//! namespace (before ~6.15): kept attached in its helper's namespaces, each exec
+//! attaching a clone made there. This kernel can, so the path is forced
+//! (`keep_in_namespaces_for_tests`, in this test binary only).
+//!
+//! The path is an ordinary user's: as root (CI) the suite tests below take root's usual
+//! path, as `suites.rs` does, and `an_ordinary_user_passes_both_suites_on_the_kept_path`
+//! runs them all again in a copy of this binary as uid 65534. The cgroup v2 guest takes
+//! the path for real, on Debian's 6.1.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
+
+mod common;
+
+use std::process::Command;
+
+use skillbox_env::SandboxSpec;
+use skillbox_env::testkit::Made;
+use skillbox_native::NativeBackend;
+
+/// Each test gets its own data dir, removed with the env's cleanup.
+async fn make_env(spec: SandboxSpec) -> Made {
+    skillbox_native::keep_in_namespaces_for_tests();
+    let data = common::data_dir()?;
+    let sandbox = NativeBackend::new(&data)
+        .create(spec)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Box::new(sandbox))
+}
+
+skillbox_env::conformance_suite!(make_env);
+skillbox_env::adversarial_suite!(make_env);
+
+#[test]
+fn an_ordinary_user_passes_both_suites_on_the_kept_path() {
+    const TEST: &str = "an_ordinary_user_passes_both_suites_on_the_kept_path";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Already an ordinary user: the suite tests above took the kept path.
+        return;
+    }
+    if let Err(reason) = common::data_dir() {
+        skillbox_env::testkit::skip(TEST, &reason);
+        return;
+    }
+    // The test binary may live under a directory nobody cannot enter: copy it out.
+    let place = tempfile::tempdir().unwrap();
+    let bin = place.path().join("kept_suites");
+    std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
+    let home = place.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        // Without a cgroup an ordinary user's memory bound is RLIMIT_AS, and the suites'
+        // 256 MiB is too little address space for V8: node dies of it on any path.
+        .args([
+            "--skip",
+            TEST,
+            "--skip",
+            "loopback_node_fetch",
+            "--test-threads=2",
+        ])
+        .env("HOME", &home)
+        .output()
+        .expect("run setpriv");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the suites as uid 65534:\n{said}");
+    assert!(said.contains("test result: ok"), "{said}");
+    assert!(
+        !said.contains("SKIP"),
+        "a suite test skipped as uid 65534:\n{said}"
+    );
+}
