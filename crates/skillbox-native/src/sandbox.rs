@@ -747,11 +747,16 @@ impl NativeSandbox {
         };
         // A tmpfs kept in its helper's namespaces (unprivileged, an older kernel): a
         // clone made there for this exec, which the child attaches as it is.
+        // (A fork of this process and a wait: off the async threads.)
         let scratch_tree = match &self.scratch {
-            Some(scratch) => scratch
-                .exec_tree()
-                .map_err(|e| unavailable("disk limit", e))?,
-            None => None,
+            Some(scratch) if scratch.cloned_per_exec() => {
+                let scratch = scratch.clone();
+                tokio::task::spawn_blocking(move || scratch.exec_tree())
+                    .await
+                    .map_err(|e| unavailable("disk limit", e))?
+                    .map_err(|e| unavailable("disk limit", e))?
+            }
+            _ => None,
         };
         if let Some(tree) = &scratch_tree {
             plan.workspace_tree = std::os::fd::AsRawFd::as_raw_fd(tree);

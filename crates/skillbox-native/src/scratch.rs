@@ -13,12 +13,14 @@
 //! here allows it; Debian 12's 6.1 refuses it). Where it is refused, root attaches the
 //! tmpfs at the sandbox's directory instead (a private mount on the host, unmounted by
 //! cleanup and by the sweep after a crash), and each exec clones it by path as it does
-//! any bind. Unprivileged, the child that made the tmpfs attaches it in its own mount
-//! namespace instead, and the sandbox keeps that namespace and its user namespace (by
-//! fd; the child exits): a clone can be made only from inside, so for each exec a
-//! short-lived child joins them, clones the tmpfs there and hands the clone back, and
-//! the exec's init attaches that clone as it is (moving a detached mount in is allowed
-//! where cloning one is not): nothing is mounted on the host.
+//! any bind. Unprivileged, the child that made the tmpfs makes it the root and only
+//! mount of its own mount namespace instead (`pivot_root` into it, the copy of the
+//! host's mounts detached), and hands back that namespace and its user namespace with
+//! the mount; the sandbox keeps them by fd after the child exits. A clone can be made
+//! only from inside, so for each exec a short-lived child joins them, clones the tmpfs
+//! there and hands the clone back, and the exec's init attaches that clone as it is
+//! (moving a detached mount in is allowed where cloning one is not): nothing is mounted
+//! on the host.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -59,7 +61,7 @@ pub struct Scratch {
 }
 
 /// The user and mount namespaces of the child that made the tmpfs, held open after it
-/// exited: the tmpfs stays attached in that mount namespace.
+/// exited: the tmpfs is that mount namespace's root and only mount.
 #[derive(Debug)]
 struct Kept {
     user: OwnedFd,
@@ -79,7 +81,7 @@ const STEPS: &[&str] = &[
     "fsmount",
     "clone the detached tmpfs (open_tree of a detached mount: Linux 6.15+ or so)",
     "hand the mount back",
-    "attach the tmpfs in the helper's own mount namespace",
+    "keep the tmpfs as the only mount of the helper's own mount namespace",
     "join the tmpfs's user namespace (setns)",
     "join the tmpfs's mount namespace (setns)",
     "clone the tmpfs for an exec (open_tree)",
@@ -430,36 +432,16 @@ fn in_user_namespace(
     // SAFETY: one byte from a stack array to our socket.
     unsafe { libc::send(ours.as_raw_fd(), go.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
     let answer = receive(&ours);
-    // Kept: its namespaces are taken while it waits; closing our end lets it exit.
-    let kept = match &answer {
-        Ok((_, true)) => Some(Kept::of(pid)),
-        _ => None,
-    };
-    drop(ours);
     reap();
     if let Err(e) = maps {
         return Err(format!(
             "user_ns: cannot write the tmpfs namespace's map: {e}"
         ));
     }
-    let (mount, _) = answer?;
-    Ok((mount, kept.transpose()?))
+    answer
 }
 
 impl Kept {
-    /// The namespaces of the (living) child `pid`.
-    fn of(pid: i32) -> Result<Kept, String> {
-        let open = |name: &str| {
-            std::fs::File::open(format!("/proc/{pid}/ns/{name}"))
-                .map(OwnedFd::from)
-                .map_err(|e| format!("keep the tmpfs helper's {name} namespace: {e}"))
-        };
-        Ok(Kept {
-            user: open("user")?,
-            mnt: open("mnt")?,
-        })
-    }
-
     /// A clone of `mount` (attached in these namespaces), made by a short-lived child
     /// that joins them: only from inside may it be cloned on such a kernel.
     fn clone_mount(&self, mount: &OwnedFd) -> Result<OwnedFd, String> {
@@ -549,109 +531,141 @@ unsafe fn clone_main(socket: i32, user: i32, mnt: i32, mount: i32) -> ! {
             if clone < 0 {
                 Err((14, errno()))
             } else {
-                Ok((clone as i32, false))
+                Ok(clone as i32)
             }
         }
     };
     // SAFETY: answering on our socket, then exiting without unwinding.
     unsafe {
-        answer(socket, result);
+        match result {
+            Ok(clone) => answer(socket, [-1, 0], &[clone]),
+            Err((step, errno)) => answer(socket, [step, errno], &[]),
+        }
         libc::_exit(0)
     }
 }
 
-/// Attaches the detached `mount` in this (the helper's own) mount namespace, on the
-/// first of a few directories every host has: a mount attached in the caller's
-/// namespace is one it may clone. `Err(errno)` when none takes it.
+/// The child: waits for its map, makes the tmpfs, sends it (or the failed step and
+/// errno) and exits. Where this kernel cannot clone it detached into an exec, it first
+/// makes it the only mount of its own mount namespace and sends that namespace and its
+/// user namespace with it ([`keep_here`]). It never waits for the parent's end to close:
+/// a helper forked meanwhile for another sandbox may hold a copy of it.
+///
+/// # Safety
+/// Runs after a fork-like clone: raw syscalls only, never returns.
+unsafe fn child_main(socket: i32, parents: i32, options: &Options) -> ! {
+    // SAFETY: closing our copy of the parent's end, which is not ours to use.
+    unsafe { libc::close(parents) };
+    let mut go = 0u8;
+    // SAFETY: reading one byte into a stack variable.
+    let got = unsafe { libc::recv(socket, (&mut go as *mut u8).cast(), 1, 0) };
+    if got != 1 || go != 1 {
+        // SAFETY: answering on our socket, then exiting without unwinding.
+        unsafe {
+            answer(socket, [0, libc::EPERM], &[]);
+            libc::_exit(0)
+        }
+    }
+    // SAFETY: options outlives the call; raw syscalls only.
+    match unsafe { make(options) } {
+        Ok((mount, true)) if !KEEP_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) => {
+            // SAFETY: as above.
+            unsafe { answer(socket, [-1, 0], &[mount.as_raw_fd()]) }
+        }
+        // SAFETY: raw syscalls on our own mount and namespaces.
+        Ok((mount, _)) => match unsafe { keep_here(mount.as_raw_fd()) } {
+            // SAFETY: as above.
+            Ok((user, mnt)) => unsafe { answer(socket, [-2, 0], &[mount.as_raw_fd(), user, mnt]) },
+            // SAFETY: as above.
+            Err(errno) => unsafe { answer(socket, [11, errno], &[]) },
+        },
+        // SAFETY: as above.
+        Err((step, errno)) => unsafe { answer(socket, [step as i32, errno], &[]) },
+    }
+    // SAFETY: exiting without unwinding.
+    unsafe { libc::_exit(0) }
+}
+
+/// Makes the detached `mount` the root of this (the helper's own) mount namespace, with
+/// nothing else in it (a mount of the caller's own namespace is one it may clone), and
+/// opens this process's user and mount namespaces for the parent to keep. The mount
+/// namespace then holds the tmpfs alone: no copy of the host's mounts that could keep
+/// one of them busy. `Err(errno)` of the step that failed.
 ///
 /// # Safety
 /// Raw syscalls only (it runs in a forked child).
-unsafe fn attach_here(mount: i32) -> Result<(), i32> {
+unsafe fn keep_here(mount: i32) -> Result<(i32, i32), i32> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-    let mut last = libc::ENOENT;
-    for place in [c"/tmp", c"/mnt", c"/dev"] {
-        // SAFETY: move_mount of our own detached mount onto a directory of our
-        // private mount namespace.
-        let moved = unsafe {
-            libc::syscall(
+    let errno = || {
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+    };
+    // SAFETY: raw syscalls on C literals and fds this process holds.
+    unsafe {
+        let user = libc::open(
+            c"/proc/self/ns/user".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if user < 0 {
+            return Err(errno());
+        }
+        let mnt = libc::open(
+            c"/proc/self/ns/mnt".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if mnt < 0 {
+            return Err(errno());
+        }
+        // Nothing here propagates anywhere, nor anything from the host to here.
+        if libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) < 0
+        {
+            return Err(errno());
+        }
+        // Attached on a directory every host has, entered, made the root; the old root
+        // (this namespace's copy of the host's mounts) detached.
+        let mut attached = false;
+        for place in [c"/tmp", c"/mnt", c"/dev"] {
+            let moved = libc::syscall(
                 libc::SYS_move_mount,
                 mount,
                 c"".as_ptr(),
                 libc::AT_FDCWD,
                 place.as_ptr(),
                 MOVE_MOUNT_F_EMPTY_PATH,
-            )
-        };
-        if moved == 0 {
-            return Ok(());
-        }
-        last = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
-    }
-    Err(last)
-}
-
-/// The child: waits for its map, makes the tmpfs, sends it (or the failed step and
-/// errno) and exits. Where this kernel cannot clone it detached into an exec, it first
-/// attaches it here, in its own mount namespace, and waits for the parent to take its
-/// namespaces (the parent closes its end then).
-///
-/// # Safety
-/// Runs after a fork-like clone: raw syscalls only, never returns.
-unsafe fn child_main(socket: i32, parents: i32, options: &Options) -> ! {
-    // Our copy of the parent's end: its closing is what a kept child waits for.
-    // SAFETY: closing an fd this process holds.
-    unsafe { libc::close(parents) };
-    let mut go = 0u8;
-    // SAFETY: reading one byte into a stack variable.
-    let got = unsafe { libc::recv(socket, (&mut go as *mut u8).cast(), 1, 0) };
-    let result = if got == 1 && go == 1 {
-        // SAFETY: options outlives the call; raw syscalls only.
-        match unsafe { make(options) } {
-            Ok((mount, true)) if !KEEP_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) => {
-                Ok((mount, false))
+            );
+            if moved == 0 {
+                attached = libc::chdir(place.as_ptr()) == 0;
+                break;
             }
-            // SAFETY: raw syscalls on our own mount.
-            Ok((mount, _)) => match unsafe { attach_here(mount.as_raw_fd()) } {
-                Ok(()) => Ok((mount, true)),
-                Err(errno) => Err((11, errno)),
-            },
-            Err(e) => Err(e),
         }
-    } else {
-        Err((0, libc::EPERM))
-    };
-    // SAFETY: answering on our socket with fds we hold.
-    unsafe {
-        answer(
-            socket,
-            result
-                .as_ref()
-                .map(|(mount, kept)| (mount.as_raw_fd(), *kept))
-                .map_err(|e| *e),
-        )
-    };
-    if let Ok((_, true)) = result {
-        let mut byte = 0u8;
-        // SAFETY: blocks until the parent closes its end (or writes).
-        unsafe { libc::recv(socket, (&mut byte as *mut u8).cast(), 1, 0) };
+        if !attached {
+            return Err(errno());
+        }
+        if libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) < 0
+            || libc::umount2(c".".as_ptr(), libc::MNT_DETACH) < 0
+            || libc::chdir(c"/".as_ptr()) < 0
+        {
+            return Err(errno());
+        }
+        Ok((user, mnt))
     }
-    // SAFETY: exiting without unwinding.
-    unsafe { libc::_exit(0) }
 }
 
-/// Sends a child's answer: `[-1, 0]` (or `[-2, 0]` for a mount kept attached in the
-/// child's namespaces) with the mount as `SCM_RIGHTS`, or the failed step and errno.
+/// Sends a child's answer: `record` (`[-1, 0]` with the mount, `[-2, 0]` with the mount
+/// and the user and mount namespaces it is kept in, or the failed step and errno) and
+/// `fds` as `SCM_RIGHTS`.
 ///
 /// # Safety
 /// Raw syscalls over stack buffers only (it runs in a forked child).
-unsafe fn answer(socket: i32, result: Result<(i32, bool), (usize, i32)>) {
-    let mut record = match result {
-        Ok((_, false)) => [-1i32, 0],
-        Ok((_, true)) => [-2i32, 0],
-        Err((step, errno)) => [step as i32, errno],
-    };
+unsafe fn answer(socket: i32, mut record: [i32; 2], fds: &[i32]) {
+    let fds = &fds[..fds.len().min(MAX_FDS)];
     let mut space = [0u64; 4];
     let mut iov = libc::iovec {
         iov_base: record.as_mut_ptr().cast(),
@@ -661,27 +675,33 @@ unsafe fn answer(socket: i32, result: Result<(i32, bool), (usize, i32)>) {
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    if let Ok((mount, _)) = result {
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds) as u32;
         msg.msg_control = space.as_mut_ptr().cast();
         // SAFETY: CMSG_SPACE is a pure computation.
-        msg.msg_controllen =
-            unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
-        // SAFETY: the control buffer (32 bytes) holds one fd's header and data.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as usize;
+        // SAFETY: the control buffer (32 bytes) holds one header and up to three fds.
         unsafe {
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), mount);
+            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
+            let data = libc::CMSG_DATA(cmsg).cast::<i32>();
+            for (i, &fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(data.add(i), fd);
+            }
         }
     }
     // SAFETY: msg points at live stack buffers.
     unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) };
 }
 
-/// The child's answer: the mount (and whether it is kept attached in the child's
-/// namespaces), or the step that failed.
-fn receive(socket: &OwnedFd) -> Result<(OwnedFd, bool), String> {
+/// The most fds an answer carries: the mount and the two namespaces it is kept in.
+const MAX_FDS: usize = 3;
+
+/// A child's answer: the mount (and, where it is kept in the child's namespaces, those),
+/// or the step that failed.
+fn receive(socket: &OwnedFd) -> Result<(OwnedFd, Option<Kept>), String> {
     let mut record = [0i32; 2];
     let mut space = [0u64; 4];
     let mut iov = libc::iovec {
@@ -699,31 +719,29 @@ fn receive(socket: &OwnedFd) -> Result<(OwnedFd, bool), String> {
     if got != std::mem::size_of_val(&record) as isize {
         return Err("the tmpfs helper ended without an answer".into());
     }
+    // Every fd that came, owned (and closed when dropped) before anything is judged.
+    let mut fds: Vec<OwnedFd> = Vec::new();
     // SAFETY: walking the control messages the kernel wrote into our buffer.
-    let fd = unsafe {
+    unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        if !cmsg.is_null()
+            && (*cmsg).cmsg_level == libc::SOL_SOCKET
+            && (*cmsg).cmsg_type == libc::SCM_RIGHTS
         {
-            None
-        } else {
-            Some(std::ptr::read_unaligned(
-                libc::CMSG_DATA(cmsg).cast::<i32>(),
-            ))
+            let header = libc::CMSG_LEN(0) as usize;
+            let count = ((*cmsg).cmsg_len as usize).saturating_sub(header) / 4;
+            let data = libc::CMSG_DATA(cmsg).cast::<i32>();
+            for i in 0..count.min(MAX_FDS) {
+                // The kernel installed these fds for us.
+                fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+            }
         }
-    };
-    match (fd, record) {
-        // SAFETY: the kernel installed this fd for us.
-        (Some(fd), [-1, _]) => Ok((unsafe { OwnedFd::from_raw_fd(fd) }, false)),
-        // SAFETY: as above.
-        (Some(fd), [-2, _]) => Ok((unsafe { OwnedFd::from_raw_fd(fd) }, true)),
-        (Some(fd), [step, errno]) => {
-            // SAFETY: an fd we received and do not keep.
-            unsafe { libc::close(fd) };
-            Err(failed(step as usize, errno))
-        }
-        (None, [step, errno]) if step >= 0 => Err(failed(step as usize, errno)),
-        (None, _) => Err("the tmpfs helper sent no mount".into()),
+    }
+    let mut fds = fds.into_iter();
+    match (record, fds.next(), fds.next(), fds.next()) {
+        ([-1, _], Some(mount), None, None) => Ok((mount, None)),
+        ([-2, _], Some(mount), Some(user), Some(mnt)) => Ok((mount, Some(Kept { user, mnt }))),
+        ([step, errno], _, _, _) if step >= 0 => Err(failed(step as usize, errno)),
+        _ => Err("the tmpfs helper sent no mount".into()),
     }
 }

@@ -23,6 +23,15 @@ use skillbox_native::NativeBackend;
 async fn make_env(spec: SandboxSpec) -> Made {
     skillbox_native::keep_in_namespaces_for_tests();
     let data = common::data_dir()?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // The forced path is the one taken (this kernel would clone a detached mount).
+        let disk = &skillbox_native::probe().layers["disk_limit"];
+        assert!(
+            disk.detail.contains("kept in a mount namespace of its own"),
+            "{disk:?}"
+        );
+    }
     let sandbox = NativeBackend::new(&data)
         .create(spec)
         .await

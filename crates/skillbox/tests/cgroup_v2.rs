@@ -97,6 +97,8 @@ out["warm"] = run("cat /proc/self/cgroup; echo hi")
 out["pids"] = run("for i in $(seq 300); do sleep 60 & done; wait")
 for outcome in ["taken", "missed"]:
     out[outcome] = metric('skillbox_warm_sandboxes_total{outcome="' + outcome + '"}')
+wait("the native pool, again", lambda: metric("skillbox_warm_sandboxes_ready") >= 1, 240)
+out["ready"] = metric("skillbox_warm_sandboxes_ready")
 print(json.dumps(out))
 "#;
 
@@ -132,6 +134,9 @@ cp -a {runtimes} {scratch}/root/
 "$S" --data-dir {scratch}/root serve --addr 127.0.0.1:8091 --warm-containers 0 2>{scratch}/root-serve.log &
 server=$!
 mark root_serve python3 {scratch}/api.py 8091 $server
+# Root's fallback on this kernel: each pooled sandbox's tmpfs mounted privately at its
+# directory (the user's, below, are mounted nowhere on the host).
+mark root_serve_mounts grep -c 'size=786432k' /proc/self/mountinfo
 kill -TERM $server; wait $server
 mark root_serve_log tail -c 3000 {scratch}/root-serve.log
 mark root_serve_left left
@@ -156,7 +161,6 @@ mark user_doctor as_user doctor --json
 # sandbox's tmpfs is kept attached in its helper's own namespaces, each exec attaches a
 # clone made there, and nothing is mounted on the host.
 mark user_disk as_user exec --json --disk 8M -- sh -c 'head -c 20000000 /dev/zero > /workspace/big'
-mark user_disk_mounts grep -c '{scratch}/user' /proc/self/mountinfo
 mark user_memory as_user exec --json --memory 64M --pids none -- sh -c "$BOMB"
 mark user_memory_fits as_user exec --json --memory 256M --pids none -- sh -c "$BOMB"
 mark user_pids as_user exec --json --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
@@ -173,6 +177,9 @@ sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$(delegated)" \
   2>{scratch}/user-serve.log &
 server=$!
 mark user_serve python3 {scratch}/api.py 8092 $server
+# Its pool's sandboxes are alive now, each with its /workspace tmpfs (3/4 of the 1G
+# bound): none of them is mounted on the host.
+mark user_serve_mounts grep -c 'size=786432k' /proc/self/mountinfo
 kill -TERM $server; wait $server
 mark user_serve_log tail -c 3000 {scratch}/user-serve.log
 mark user_serve_left left
@@ -553,7 +560,13 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
         "the sandbox's tmpfs is still mounted"
     );
     assert_eq!(show("root_left"), "", "cgroups left behind");
-    assert_serve(&json(&marks, "root_serve", &console));
+    let serve = json(&marks, "root_serve", &console);
+    assert_serve(&serve);
+    let mounted: u64 = show("root_serve_mounts").parse().unwrap_or(0);
+    assert!(
+        mounted >= 1,
+        "root's pooled sandboxes' tmpfs is not where mountinfo shows it: {mounted}"
+    );
     assert_eq!(show("root_serve_left"), "", "cgroups left behind by serve");
 
     // An ordinary user in a delegated subtree.
@@ -579,7 +592,7 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
             .contains("No space left"),
         "{disk}"
     );
-    assert_eq!(show("user_disk_mounts"), "0", "a mount on the host");
+
     let memory = json(&marks, "user_memory", &console);
     assert_eq!(memory["limitHit"], "memory", "{memory}");
     assert_ne!(memory["stdout"], "100000000\n", "{memory}");
@@ -593,7 +606,14 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     let no_disk = json(&marks, "user_no_disk", &console);
     assert_eq!(no_disk["stdout"], "hi\n", "{no_disk}");
     assert_eq!(show("user_left"), "", "cgroups left behind");
-    assert_serve(&json(&marks, "user_serve", &console));
+    let serve = json(&marks, "user_serve", &console);
+    assert_serve(&serve);
+    assert!(serve["ready"].as_u64().is_some_and(|n| n >= 1), "{serve}");
+    assert_eq!(
+        show("user_serve_mounts"),
+        "0",
+        "a sandbox's tmpfs is mounted on the host"
+    );
     assert_eq!(show("user_serve_left"), "", "cgroups left behind by serve");
     let detail = cgroup_detail(&json(&marks, "user_shared", &console));
     assert!(
