@@ -96,7 +96,7 @@ fn kept_tmpfs_body() {
         let sandbox = backend
             .create(SandboxSpec {
                 workspace: None,
-                limits,
+                limits: limits.clone(),
                 ..SandboxSpec::default()
             })
             .await
@@ -137,6 +137,45 @@ fn kept_tmpfs_body() {
             .expect("read /workspace/a from the host side");
         assert_eq!(a.len(), 5_000_000);
         sandbox.cleanup().await.expect("cleanup");
+        // Many made at once: a helper forked for one holds copies of the others'
+        // sockets, and none of them waits on those.
+        let many: Vec<_> = (0..8)
+            .map(|_| {
+                let backend = backend.clone();
+                let limits = limits.clone();
+                tokio::spawn(async move {
+                    let sandbox = backend
+                        .create(SandboxSpec {
+                            workspace: None,
+                            limits,
+                            ..SandboxSpec::default()
+                        })
+                        .await
+                        .expect("a sandbox made alongside others");
+                    let out = sandbox
+                        .exec(
+                            ExecRequest::shell("echo x > /workspace/x && cat /workspace/x"),
+                            &CancellationToken::new(),
+                        )
+                        .await
+                        .expect("exec");
+                    sandbox.cleanup().await.expect("cleanup");
+                    out.stdout
+                })
+            })
+            .collect();
+        let all = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+            let mut outputs = Vec::new();
+            for task in many {
+                outputs.push(task.await.expect("a task"));
+            }
+            outputs
+        })
+        .await
+        .expect("eight sandboxes made at once, within two minutes");
+        for stdout in all {
+            assert_eq!(stdout, b"x\n");
+        }
         // The helpers (the one that made the tmpfs, one per exec) are gone, reaped.
         assert_eq!(children(), Vec::<String>::new(), "no helper left");
     });
