@@ -728,10 +728,13 @@ fn receive(socket: &OwnedFd) -> Result<(OwnedFd, Option<Kept>), String> {
             && (*cmsg).cmsg_level == libc::SOL_SOCKET
             && (*cmsg).cmsg_type == libc::SCM_RIGHTS
         {
+            // As many as came (at most what the buffer holds): any beyond an answer's
+            // are closed with the rest when it is refused.
             let header = libc::CMSG_LEN(0) as usize;
+            let room = (std::mem::size_of_val(&space) - header) / 4;
             let count = ((*cmsg).cmsg_len as usize).saturating_sub(header) / 4;
             let data = libc::CMSG_DATA(cmsg).cast::<i32>();
-            for i in 0..count.min(MAX_FDS) {
+            for i in 0..count.min(room) {
                 // The kernel installed these fds for us.
                 fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
             }

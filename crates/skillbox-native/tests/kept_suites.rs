@@ -13,8 +13,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use skillbox_env::SandboxSpec;
 use skillbox_env::testkit::Made;
 use skillbox_native::NativeBackend;
@@ -54,36 +52,19 @@ fn an_ordinary_user_passes_both_suites_on_the_kept_path() {
         skillbox_env::testkit::skip(TEST, &reason);
         return;
     }
-    // The test binary may live under a directory nobody cannot enter: copy it out.
-    let place = tempfile::tempdir().unwrap();
-    let bin = place.path().join("kept_suites");
-    std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
-    let home = place.path().join("home");
-    std::fs::create_dir(&home).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(&bin)
-        // Without a cgroup an ordinary user's memory bound is RLIMIT_AS, and the suites'
-        // 256 MiB is too little address space for V8: node dies of it on any path.
-        .args([
+    // Without a cgroup an ordinary user's memory bound is RLIMIT_AS, and the suites'
+    // 256 MiB is too little address space for V8: node dies of it on any path.
+    let (ok, said) = common::run_self_as_nobody(
+        &[
             "--skip",
             TEST,
             "--skip",
             "loopback_node_fetch",
             "--test-threads=2",
-        ])
-        .env("HOME", &home)
-        .output()
-        .expect("run setpriv");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
+        &[],
     );
-    assert!(out.status.success(), "the suites as uid 65534:\n{said}");
+    assert!(ok, "the suites as uid 65534:\n{said}");
     assert!(said.contains("test result: ok"), "{said}");
     assert!(
         !said.contains("SKIP"),

@@ -10,13 +10,11 @@
 
 mod common;
 
-use std::process::Command;
-
 use skillbox_env::{CancellationToken, ExecRequest, FileSystem, Limits, SandboxSpec, Shell};
 
 const BODY: &str = "kept_tmpfs_body";
 
-/// The body below as uid 65534, in a copy of this binary nobody can reach.
+/// The body below as uid 65534.
 #[test]
 fn an_ordinary_users_disk_bound_where_detached_mounts_cannot_be_cloned() {
     const TEST: &str = "an_ordinary_users_disk_bound_where_detached_mounts_cannot_be_cloned";
@@ -29,32 +27,11 @@ fn an_ordinary_users_disk_bound_where_detached_mounts_cannot_be_cloned() {
         skillbox_env::testkit::skip(TEST, &reason);
         return;
     }
-    // The test binary may live under a directory nobody cannot enter: copy it out.
-    let place = tempfile::tempdir().unwrap();
-    let bin = place.path().join("kept_tmpfs");
-    std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
-    let data = place.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::os::unix::fs::chown(&data, Some(65534), Some(65534)).unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(&bin)
-        .args(["--exact", BODY, "--ignored", "--nocapture"])
-        .env("KEPT_TMPFS_DATA", &data)
-        .env("HOME", &data)
-        .output()
-        .expect("run setpriv");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (ok, said) = common::run_self_as_nobody(
+        &["--exact", BODY, "--ignored", "--nocapture"],
+        &["KEPT_TMPFS_DATA"],
     );
-    assert!(
-        out.status.success(),
-        "the body as uid 65534 failed:\n{said}"
-    );
+    assert!(ok, "the body as uid 65534 failed:\n{said}");
     assert!(said.contains("BODY DONE"), "the body did not run:\n{said}");
 }
 

@@ -144,3 +144,34 @@ pub fn exec_cgroups_left() -> Vec<PathBuf> {
     }
     left
 }
+
+/// This test binary again as uid 65534, with `args`: a copy in a directory nobody can
+/// enter (the build's may not be), `HOME` and each of `dir_vars` a fresh directory that
+/// user owns. Whether it exited 0, and all it printed.
+#[allow(dead_code, reason = "not every test file uses it")]
+pub fn run_self_as_nobody(args: &[&str], dir_vars: &[&str]) -> (bool, String) {
+    use std::os::unix::fs::PermissionsExt;
+    let place = tempfile::tempdir().unwrap();
+    let bin = place.path().join("test-binary");
+    std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
+    let home = place.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+    let mut command = std::process::Command::new("setpriv");
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&bin)
+        .args(args)
+        .env("HOME", &home);
+    for name in dir_vars {
+        command.env(name, &home);
+    }
+    let out = command.output().expect("run setpriv");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
