@@ -16,6 +16,10 @@ use tokio::sync::{Mutex, RwLock};
 use crate::daemon::{Live, collect_exec, is_running, remove_container, unavailable};
 use crate::runtime::Runtime;
 
+/// How long a death is waited for the daemon to report: it comes in milliseconds on
+/// a quiet machine and was seen to trail by more than 500 ms under a full test run.
+const DEATH_REPORT_BOUND: Duration = Duration::from_secs(5);
+
 /// A sandbox's container.
 #[derive(Debug)]
 pub(crate) struct Container {
@@ -37,6 +41,9 @@ pub(crate) struct Container {
     /// Fired when the daemon reports the container died (under gVisor, a memory bomb
     /// takes the sandbox's kernel with it).
     pub(crate) died: CancellationToken,
+    /// Fired when the daemon's own `die` event arrives: the `oom` events it sends
+    /// before it are counted by then.
+    die_reported: CancellationToken,
     /// Out-of-memory events the daemon reported for the container.
     pub(crate) ooms: AtomicU64,
     /// The pid (seen from inside) of skillbox's egress bridge under runsc, which the
@@ -68,6 +75,7 @@ impl Container {
             shutdown: CancellationToken::new(),
             removed: AtomicBool::new(false),
             died: CancellationToken::new(),
+            die_reported: CancellationToken::new(),
             ooms: AtomicU64::new(0),
             bridge_pid: std::sync::atomic::AtomicU32::new(0),
             live,
@@ -160,6 +168,25 @@ impl Container {
         })
     }
 
+    /// Whether the container, which skillbox did not kill, has stopped: at once by the
+    /// daemon's state, else once its death is reported within [`DEATH_REPORT_BOUND`]
+    /// (an exec's stream can end before a loaded daemon has seen its container die).
+    pub(crate) async fn stopped(&self) -> bool {
+        if !self.is_running().await {
+            return true;
+        }
+        let _ = tokio::time::timeout(DEATH_REPORT_BOUND, self.died.cancelled()).await;
+        self.died.is_cancelled() || !self.is_running().await
+    }
+
+    /// Whether the memory limit ended a container that died, by the daemon's record.
+    /// Waits (bounded) for the daemon's `die` event, since it sends any `oom` event
+    /// first: a fixed wait for the `oom` event was too short on a loaded machine.
+    pub(crate) async fn died_of_memory(&self, ooms_before: u64) -> bool {
+        let _ = tokio::time::timeout(DEATH_REPORT_BOUND, self.die_reported.cancelled()).await;
+        self.ooms.load(Ordering::SeqCst) > ooms_before || self.oom_killed().await
+    }
+
     /// True when an out-of-memory event for the container arrives after the first
     /// `before` (events may trail the kill they explain by a moment).
     pub(crate) async fn oom_after(&self, before: u64) -> bool {
@@ -214,6 +241,7 @@ async fn watch(container: Weak<Container>, since: u64) {
             }
             Some("die") => {
                 tracing::warn!(container = %container.id, "docker: the sandbox container died");
+                container.die_reported.cancel();
                 container.died.cancel();
                 return;
             }

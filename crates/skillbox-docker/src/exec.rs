@@ -417,7 +417,7 @@ impl Reading {
         // failed may be the first sign of it.
         let died = died
             || container.died.is_cancelled()
-            || (status.is_none() && phase.kill().is_none() && !container.is_running().await);
+            || (status.is_none() && phase.kill().is_none() && container.stopped().await);
         Seen {
             kill: phase.kill(),
             status,
@@ -431,13 +431,7 @@ impl Reading {
     async fn out_of_memory(&self, end: &ExecEnd, ooms_before: u64) -> bool {
         let container = &self.container;
         match end {
-            // The daemon's OOM event can trail the death under load; the container's
-            // own record says it too.
-            ExecEnd::ContainerDied => {
-                container.oom_killed().await
-                    || container.oom_after(ooms_before).await
-                    || container.oom_killed().await
-            }
+            ExecEnd::ContainerDied => container.died_of_memory(ooms_before).await,
             // A SIGKILL that was not ours may be the memory cgroup's.
             end if end.may_be_memory() => container.oom_after(ooms_before).await,
             _ => false,
