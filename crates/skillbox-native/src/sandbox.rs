@@ -828,6 +828,37 @@ impl NativeSandbox {
     }
 }
 
+impl NativeSandbox {
+    /// The memory bound when it is held as an address-space limit (no memory cgroup
+    /// here) rather than a cgroup's.
+    fn address_space_bound(&self) -> Option<u64> {
+        self.limits
+            .memory_bytes
+            .filter(|_| !self.cgroup_host.has("memory"))
+    }
+}
+
+/// The line stderr gets when a command crashed (a signal its runtime raises on a failed
+/// reservation: SIGTRAP, SIGABRT, SIGSEGV, SIGBUS) under a memory bound held as
+/// `RLIMIT_AS`: address space reserved ahead counts against it though it is never
+/// used, and node reserves about 720 MiB before it runs a line.
+fn crash_note(program: &str, ending: &Ending, bound: u64) -> Option<String> {
+    let Ending::Signaled(signal) = ending else {
+        return None;
+    };
+    let name = match *signal {
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        _ => return None,
+    };
+    Some(format!(
+        "skillbox: {program} crashed ({name}) under a memory bound of {} MiB held as an address-space limit (RLIMIT_AS: no memory cgroup for this user); address space a runtime reserves ahead counts against it (node needs about 720 MiB): raise --memory (1G runs node), or run where a cgroup is delegated (see `skillbox doctor`)\n",
+        bound / (1024 * 1024)
+    ))
+}
+
 fn rlimits(limits: &Limits, host: &cgroup::Host) -> Vec<(libc::__rlimit_resource_t, u64, u64)> {
     let mut out = vec![(libc::RLIMIT_CORE, 0, 0)];
     if let Some(n) = limits.open_files {
@@ -1046,6 +1077,8 @@ impl Shell for NativeSandbox {
         let shutdown = self.shutdown.clone();
         let one_shot = self.one_shot;
         let scratch = self.scratch.clone();
+        let program = request.command.to_argv()[0].clone();
+        let address_space = self.address_space_bound();
         self.running.spawn(async move {
             let _egress = egress_done;
             let mut timed_out = false;
@@ -1120,6 +1153,10 @@ impl Shell for NativeSandbox {
                 (failed && scratch.as_ref().is_some_and(|s| s.is_full()))
                     .then_some(skillbox_env::LimitKind::Disk)
             });
+            if let Some(note) = address_space.and_then(|bytes| crash_note(&program, &ending, bytes))
+            {
+                let _ = tx.send(Ok(ExecEvent::Stderr(note.into_bytes().into()))).await;
+            }
             let output = Ended {
                 ending,
                 timed_out,

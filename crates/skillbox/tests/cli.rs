@@ -391,6 +391,41 @@ fn exec_works_as_an_unprivileged_user() {
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["stdout"], "1000\nhi\n", "{json}");
     assert_eq!(json["exitCode"], 1, "{json}");
+    // With no memory cgroup for this user the bound is RLIMIT_AS: node, which reserves
+    // more address space than 256 MiB before it runs a line, crashes, and stderr says
+    // why and what to do; a command that just fails gets no such note.
+    let run = |memory: &str, argv: &[&str]| -> Value {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["exec", "--json", "--memory", memory, "--"])
+            .args(argv)
+            .env("HOME", &data)
+            .output()
+            .expect("run setpriv");
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}: {}", text(&out.stderr)))
+    };
+    let crashed = run("256M", &["node", "-e", "console.log(1)"]);
+    assert_eq!(crashed["signal"], libc::SIGTRAP, "{crashed}");
+    let said = crashed["stderr"].as_str().unwrap();
+    assert!(
+        said.contains("node crashed (SIGTRAP) under a memory bound of 256 MiB")
+            && said.contains("RLIMIT_AS")
+            && said.contains("raise --memory"),
+        "{crashed}"
+    );
+    let failed = run("256M", &["python3", "-c", "import sys; sys.exit(3)"]);
+    assert_eq!(failed["exitCode"], 3, "{failed}");
+    assert!(
+        !failed["stderr"].as_str().unwrap().contains("RLIMIT_AS"),
+        "{failed}"
+    );
+    let fine = run("1G", &["node", "-e", "console.log(1)"]);
+    assert_eq!(fine["stdout"], "1\n", "{fine}");
+    assert_eq!(fine["stderr"], "", "{fine}");
     let doctor = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&bin)
