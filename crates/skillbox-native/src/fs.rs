@@ -673,9 +673,6 @@ impl FileSystem for NativeSandbox {
             }
             let _ = self.remove(Path::new(TEMP_DIR), false, &never).await;
         }
-        if let Some(scratch) = &self.scratch {
-            scratch.detach();
-        }
         let dir = self.dir.clone();
         let remove = move || match skillbox_env::remove::remove_tree(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {

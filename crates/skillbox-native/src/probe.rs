@@ -148,9 +148,9 @@ pub fn probe() -> BackendReport {
     };
     layers.insert(
         "disk_limit",
-        match crate::scratch::Scratch::create(1 << 20, 64, owner, None) {
-            // Older kernel, unprivileged: each exec's clone comes from its helper's
-            // namespaces; making one proves that works too.
+        match crate::scratch::Scratch::create(1 << 20, 64, owner) {
+            // Older kernel: each exec's clone comes from its helper's namespace; making
+            // one proves that works too.
             Ok(scratch) if scratch.cloned_per_exec() => match scratch.exec_tree() {
                 Ok(_) => layer(
                     true,
@@ -162,12 +162,7 @@ pub fn probe() -> BackendReport {
                 true,
                 "a tmpfs per sandbox (bytes and inodes) for /workspace and /tmp, never mounted on the host",
             ),
-            // Root attaches it at the sandbox's directory instead.
-            Err(crate::scratch::ScratchError::NoDetachedClone) if owner.uid == 0 => layer(
-                true,
-                "a tmpfs per sandbox (bytes and inodes) for /workspace and /tmp, mounted privately at the sandbox's directory (this kernel cannot clone a detached one)",
-            ),
-            Err(e) => layer(false, e.to_string()),
+            Err(e) => layer(false, e),
         },
     );
     // SAFETY: geteuid has no preconditions.

@@ -286,7 +286,7 @@ fn sweep_dirs(native_dir: &Path) {
             continue;
         };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            // A tmpfs a dead root process attached there goes first (older kernels).
+            // A tmpfs an earlier skillbox attached there as root goes first.
             crate::scratch::unmount_leftover(&entry.path());
             let _ = skillbox_env::remove::remove_tree(&entry.path());
         }
@@ -452,14 +452,9 @@ impl NativeSandbox {
         }
         let scratch = match split {
             Some(split) => Some(
-                crate::scratch::Scratch::create(
-                    split.workspace_bytes,
-                    split.workspace_inodes,
-                    ids,
-                    Some(dir),
-                )
-                .map(Arc::new)
-                .map_err(|e| unavailable("disk limit", e))?,
+                crate::scratch::Scratch::create(split.workspace_bytes, split.workspace_inodes, ids)
+                    .map(Arc::new)
+                    .map_err(|e| unavailable("disk limit", e))?,
             ),
             None => None,
         };
@@ -493,12 +488,9 @@ impl NativeSandbox {
         let etc = layout::ensure_etc(native_dir)
             .map_err(|e| EnvError::io(&e, "write the sandbox /etc", native_dir))?;
         let rlimits = rlimits(&spec.limits, cgroup_host);
-        // Attached at the sandbox's directory (root, older kernel): a bind like any other.
         let source = match &scratch {
-            Some(scratch) if scratch.attached_at().is_none() => {
-                layout::WorkspaceSource::Scratch(scratch)
-            }
-            _ => layout::WorkspaceSource::Host(&workspace),
+            Some(scratch) => layout::WorkspaceSource::Scratch(scratch),
+            None => layout::WorkspaceSource::Host(&workspace),
         };
         let root = layout::plan(
             &etc,
@@ -602,12 +594,9 @@ impl NativeSandbox {
             // Filled in by whoever clones (`spawn`), from the exec's cgroup.
             cgroup_join: Vec::new(),
             // The child clones the tmpfs itself, unless it is kept in its helper's
-            // namespaces (`start_init` hands it a clone made there) or attached on the
-            // host (a bind by path).
+            // namespaces (`start_init` hands it a clone made there).
             workspace_source: match &self.scratch {
-                Some(s) if s.attached_at().is_none() && !s.cloned_per_exec() => {
-                    std::os::fd::AsRawFd::as_raw_fd(&s.fd())
-                }
+                Some(s) if !s.cloned_per_exec() => std::os::fd::AsRawFd::as_raw_fd(&s.fd()),
                 _ => -1,
             },
             fds: ChildFds {
@@ -745,8 +734,8 @@ impl NativeSandbox {
         } else {
             None
         };
-        // A tmpfs kept in its helper's namespaces (unprivileged, an older kernel): a
-        // clone made there for this exec, which the child attaches as it is.
+        // A tmpfs kept in its helper's namespaces (an older kernel): a clone made there
+        // for this exec, which the child attaches as it is.
         // (A fork of this process and a wait: off the async threads.)
         let scratch_tree = match &self.scratch {
             Some(scratch) if scratch.cloned_per_exec() => {
@@ -1180,9 +1169,6 @@ impl Drop for NativeSandbox {
         // Dropped without cleanup (a cancelled caller): every running exec kills its
         // namespace tree when it sees this, and the sandbox's own directory goes now.
         self.shutdown.cancel();
-        if let Some(scratch) = &self.scratch {
-            scratch.detach();
-        }
         if let Err(e) = skillbox_env::remove::remove_tree(&self.dir) {
             tracing::warn!(dir = %self.dir.display(), error = %e, "native: cannot remove a dropped sandbox");
         }

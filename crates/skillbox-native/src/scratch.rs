@@ -10,17 +10,15 @@
 //! child in one makes it and hands the mount back over a socket (`SCM_RIGHTS`).
 //!
 //! Cloning a detached mount into another mount namespace needs a recent kernel (6.18
-//! here allows it; Debian 12's 6.1 refuses it). Where it is refused, root attaches the
-//! tmpfs at the sandbox's directory instead (a private mount on the host, unmounted by
-//! cleanup and by the sweep after a crash), and each exec clones it by path as it does
-//! any bind. Unprivileged, the child that made the tmpfs makes it the root and only
-//! mount of its own mount namespace instead (`pivot_root` into it, the copy of the
-//! host's mounts detached), and hands back that namespace and its user namespace with
-//! the mount; the sandbox keeps them by fd after the child exits. A clone can be made
-//! only from inside, so for each exec a short-lived child joins them, clones the tmpfs
-//! there and hands the clone back, and the exec's init attaches that clone as it is
-//! (moving a detached mount in is allowed where cloning one is not): nothing is mounted
-//! on the host.
+//! here allows it; Debian 12's 6.1 refuses it). Where it is refused, a helper child in
+//! a mount namespace of its own makes the tmpfs the root and only mount there
+//! (`pivot_root` into it, the copy of the host's mounts detached) and hands back that
+//! namespace with the mount (unprivileged, also the user namespace it made it in); the
+//! sandbox keeps them by fd after the child exits. A clone can be made only from
+//! inside, so for each exec a short-lived child joins them, clones the tmpfs there and
+//! hands the clone back, and the exec's init attaches that clone as it is (moving a
+//! detached mount in is allowed where cloning one is not): nothing is mounted on the
+//! host, as root or not.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -36,35 +34,34 @@ const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
 
-/// Tests: every unprivileged tmpfs is made as an older kernel needs it (kept attached in
-/// its helper's namespaces, a clone made there per exec), whatever this kernel allows.
+/// Tests: every tmpfs is made as an older kernel needs it (kept attached in its helper's
+/// namespaces, a clone made there per exec), whatever this kernel allows.
 static KEEP_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// For tests on a kernel that clones detached mounts: makes this process's unprivileged
-/// sandboxes take the path an older kernel needs (see the module docs).
+/// For tests on a kernel that clones detached mounts: makes this process's sandboxes
+/// take the path an older kernel needs (see the module docs).
 #[doc(hidden)]
 pub fn keep_in_namespaces_for_tests() {
     KEEP_ALWAYS.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// The sandbox's tmpfs, as a detached mount (or, on an older kernel and as root,
-/// attached at the sandbox's directory).
+/// The sandbox's tmpfs, as a detached mount (or, on an older kernel, the only mount of
+/// a mount namespace of its own).
 #[derive(Debug)]
 pub struct Scratch {
     mount: OwnedFd,
     bytes: u64,
-    /// Where it is attached on the host, until [`Scratch::detach`].
-    attached: std::sync::Mutex<Option<std::path::PathBuf>>,
-    /// Unprivileged on an older kernel: the namespaces it is attached in, where each
-    /// exec's clone is made ([`Scratch::exec_tree`]).
+    /// On an older kernel: the namespaces it is attached in, where each exec's clone is
+    /// made ([`Scratch::exec_tree`]).
     kept: Option<Kept>,
 }
 
-/// The user and mount namespaces of the child that made the tmpfs, held open after it
-/// exited: the tmpfs is that mount namespace's root and only mount.
+/// The mount namespace of the child that kept the tmpfs, held open after it exited (the
+/// tmpfs is its root and only mount), and, unprivileged, the user namespace that child
+/// made it in.
 #[derive(Debug)]
 struct Kept {
-    user: OwnedFd,
+    user: Option<OwnedFd>,
     mnt: OwnedFd,
 }
 
@@ -207,49 +204,9 @@ unsafe fn make(options: &Options) -> Result<(OwnedFd, bool), (usize, i32)> {
     Ok((mount, true))
 }
 
-/// Attaches the detached `mount` at `dir` (made here, 0700), private: root's fallback on
-/// a kernel that cannot clone a detached mount.
-fn attach(mount: &OwnedFd, dir: &std::path::Path) -> Result<(), String> {
-    use std::os::unix::ffi::OsStrExt;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let path =
-        CString::new(dir.as_os_str().as_bytes()).map_err(|_| "a NUL in the path".to_string())?;
-    // SAFETY: move_mount of our own detached mount onto a directory we just made.
-    let moved = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            mount.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if moved < 0 {
-        let e = std::io::Error::last_os_error();
-        let _ = std::fs::remove_dir(dir);
-        return Err(format!("attach the tmpfs at {}: {e}", dir.display()));
-    }
-    // SAFETY: a propagation change on the mount we just attached.
-    unsafe {
-        libc::mount(
-            std::ptr::null(),
-            path.as_ptr(),
-            std::ptr::null(),
-            libc::MS_PRIVATE,
-            std::ptr::null(),
-        )
-    };
-    Ok(())
-}
-
-/// Unmounts what may be a sandbox's attached tmpfs at `dir` (the sweep after a crash);
-/// not a mount point is fine.
+/// Unmounts what may be a tmpfs an earlier skillbox (as root, on an older kernel)
+/// attached at the sandbox's directory `dir` and left behind when it crashed (the
+/// sweep); not a mount point is fine.
 pub fn unmount_leftover(dir: &std::path::Path) {
     use std::os::unix::ffi::OsStrExt;
     if let Ok(path) = CString::new(dir.as_os_str().as_bytes()) {
@@ -258,60 +215,26 @@ pub fn unmount_leftover(dir: &std::path::Path) {
     }
 }
 
-/// Why a tmpfs could not be had.
-#[derive(Debug)]
-pub enum ScratchError {
-    /// This kernel cannot clone a detached mount into an exec, and no fallback was given.
-    NoDetachedClone,
-    Failed(String),
-}
-
-impl std::fmt::Display for ScratchError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ScratchError::NoDetachedClone => f.write_str(&failed(9, libc::EINVAL)),
-            ScratchError::Failed(message) => f.write_str(message),
-        }
-    }
-}
-
 impl Scratch {
-    /// A tmpfs of `bytes` and `inodes`, its root owned by `owner` on the host. On a
-    /// kernel that cannot clone it detached, root attaches it at `fallback` (which must
-    /// not exist yet); `None` there refuses instead.
-    pub fn create(
-        bytes: u64,
-        inodes: u64,
-        owner: HostIds,
-        fallback: Option<&std::path::Path>,
-    ) -> Result<Scratch, ScratchError> {
+    /// A tmpfs of `bytes` and `inodes`, its root owned by `owner` on the host.
+    pub fn create(bytes: u64, inodes: u64, owner: HostIds) -> Result<Scratch, String> {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
-        let (mount, clonable, kept) = if root {
+        let (mount, kept) = if root {
             let options = Options::new(bytes, inodes, owner);
             // SAFETY: options lives through the call.
-            let (mount, clonable) = unsafe { make(&options) }
-                .map_err(|(step, errno)| ScratchError::Failed(failed(step, errno)))?;
-            (mount, clonable, None)
-        } else {
-            let (mount, kept) =
-                in_user_namespace(bytes, inodes, owner).map_err(ScratchError::Failed)?;
-            (mount, true, kept)
-        };
-        let attached = match (clonable, fallback) {
-            (true, _) => None,
-            (false, Some(dir)) => {
-                attach(&mount, dir).map_err(ScratchError::Failed)?;
-                Some(dir.to_path_buf())
+            let (mount, clonable) =
+                unsafe { make(&options) }.map_err(|(step, errno)| failed(step, errno))?;
+            if clonable && !KEEP_ALWAYS.load(std::sync::atomic::Ordering::Relaxed) {
+                (mount, None)
+            } else {
+                let (mount, kept) = keep_as_root(mount)?;
+                (mount, Some(kept))
             }
-            (false, None) => return Err(ScratchError::NoDetachedClone),
+        } else {
+            in_user_namespace(bytes, inodes, owner)?
         };
-        Ok(Scratch {
-            mount,
-            bytes,
-            attached: std::sync::Mutex::new(attached),
-            kept,
-        })
+        Ok(Scratch { mount, bytes, kept })
     }
 
     /// Whether each exec gets its clone from [`Scratch::exec_tree`] (and must not clone
@@ -327,22 +250,6 @@ impl Scratch {
             .as_ref()
             .map(|kept| kept.clone_mount(&self.mount))
             .transpose()
-    }
-
-    /// Where it is attached on the host (root, on an older kernel): each exec clones it
-    /// by that path then, like any bind.
-    pub fn attached_at(&self) -> Option<std::path::PathBuf> {
-        self.attached.lock().ok().and_then(|a| a.clone())
-    }
-
-    /// Unmounts it from the host, if it was attached there (idempotent). What it held
-    /// goes when the last fd does.
-    pub fn detach(&self) {
-        let taken = self.attached.lock().ok().and_then(|mut a| a.take());
-        if let Some(dir) = taken {
-            unmount_leftover(&dir);
-            let _ = std::fs::remove_dir(&dir);
-        }
     }
 
     /// The detached mount: a directory fd to open paths beneath, and what each exec
@@ -365,12 +272,6 @@ impl Scratch {
         };
         let free = stat.f_bavail.saturating_mul(stat.f_bsize as u64);
         skillbox_env::DiskSplit::is_full(self.bytes, free, Some(stat.f_ffree))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        self.detach();
     }
 }
 
@@ -441,6 +342,54 @@ fn in_user_namespace(
     answer
 }
 
+/// Root, on an older kernel: a child in a mount namespace of its own keeps the tmpfs
+/// there as its only mount ([`keep_here`]) and sends back the mount and that namespace.
+/// (Root needs no user namespace to join it, and the tmpfs stays in the host's, so the
+/// host-side view writes to it as root can.)
+fn keep_as_root(mount: OwnedFd) -> Result<(OwnedFd, Kept), String> {
+    let (ours, theirs) = seqpacket_pair()?;
+    // SAFETY: a fork-like clone into a new mount namespace. The child runs raw syscalls
+    // only, and it always exits.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        // SAFETY: we are the child: raw syscalls on fds it holds, then an exit without
+        // unwinding. It never waits for the parent's end (see `child_main`).
+        unsafe {
+            libc::close(ours.as_raw_fd());
+            let socket = theirs.as_raw_fd();
+            match keep_here(mount.as_raw_fd()) {
+                Ok((_user, mnt)) => answer(socket, [-3, 0], &[mount.as_raw_fd(), mnt]),
+                Err(errno) => answer(socket, [11, errno], &[]),
+            }
+            libc::_exit(0)
+        }
+    }
+    drop(theirs);
+    if pid < 0 {
+        return Err(format!(
+            "mnt_ns: cannot make the tmpfs's mount namespace (clone: {})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let answer = receive(&ours);
+    let mut status = 0;
+    // SAFETY: reaping the child we made.
+    unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    match answer? {
+        (mount, Some(kept)) => Ok((mount, kept)),
+        (_, None) => Err("the tmpfs helper sent no mount namespace".into()),
+    }
+}
+
 impl Kept {
     /// A clone of `mount` (attached in these namespaces), made by a short-lived child
     /// that joins them: only from inside may it be cloned on such a kernel.
@@ -463,7 +412,7 @@ impl Kept {
             unsafe {
                 clone_main(
                     theirs.as_raw_fd(),
-                    self.user.as_raw_fd(),
+                    self.user.as_ref().map_or(-1, AsRawFd::as_raw_fd),
                     self.mnt.as_raw_fd(),
                     mount.as_raw_fd(),
                 )
@@ -509,6 +458,7 @@ fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), String> {
 /// # Safety
 /// Runs after a fork-like clone: raw syscalls only, never returns.
 unsafe fn clone_main(socket: i32, user: i32, mnt: i32, mount: i32) -> ! {
+    // (`user` is -1 for root's tmpfs, kept in a mount namespace alone.)
     let errno = || {
         std::io::Error::last_os_error()
             .raw_os_error()
@@ -516,7 +466,7 @@ unsafe fn clone_main(socket: i32, user: i32, mnt: i32, mount: i32) -> ! {
     };
     // SAFETY: setns and open_tree on fds this process holds; see above.
     let result = unsafe {
-        if libc::setns(user, libc::CLONE_NEWUSER) < 0 {
+        if user >= 0 && libc::setns(user, libc::CLONE_NEWUSER) < 0 {
             Err((12, errno()))
         } else if libc::setns(mnt, libc::CLONE_NEWNS) < 0 {
             Err((13, errno()))
@@ -659,7 +609,8 @@ unsafe fn keep_here(mount: i32) -> Result<(i32, i32), i32> {
 }
 
 /// Sends a child's answer: `record` (`[-1, 0]` with the mount, `[-2, 0]` with the mount
-/// and the user and mount namespaces it is kept in, or the failed step and errno) and
+/// and the user and mount namespaces it is kept in, `[-3, 0]` with the mount and the
+/// mount namespace it is kept in, or the failed step and errno) and
 /// `fds` as `SCM_RIGHTS`.
 ///
 /// # Safety
@@ -743,7 +694,14 @@ fn receive(socket: &OwnedFd) -> Result<(OwnedFd, Option<Kept>), String> {
     let mut fds = fds.into_iter();
     match (record, fds.next(), fds.next(), fds.next()) {
         ([-1, _], Some(mount), None, None) => Ok((mount, None)),
-        ([-2, _], Some(mount), Some(user), Some(mnt)) => Ok((mount, Some(Kept { user, mnt }))),
+        ([-2, _], Some(mount), Some(user), Some(mnt)) => Ok((
+            mount,
+            Some(Kept {
+                user: Some(user),
+                mnt,
+            }),
+        )),
+        ([-3, _], Some(mount), Some(mnt), None) => Ok((mount, Some(Kept { user: None, mnt }))),
         ([step, errno], _, _, _) if step >= 0 => Err(failed(step as usize, errno)),
         _ => Err("the tmpfs helper sent no mount".into()),
     }

@@ -1,13 +1,14 @@
-//! The shared conformance and adversarial suites with every sandbox's tmpfs made as an
-//! ordinary user's is on a kernel that cannot clone a detached mount into another mount
-//! namespace (before ~6.15): kept attached in its helper's namespaces, each exec
-//! attaching a clone made there. This kernel can, so the path is forced
-//! (`keep_in_namespaces_for_tests`, in this test binary only).
+//! The shared conformance and adversarial suites with every sandbox's tmpfs made as it
+//! is on a kernel that cannot clone a detached mount into another mount namespace
+//! (before ~6.15): kept attached in its helper's namespaces, each exec attaching a clone
+//! made there. This kernel can, so the path is forced (`keep_in_namespaces_for_tests`,
+//! in this test binary only).
 //!
-//! The path is an ordinary user's: as root (CI) the suite tests below take root's usual
-//! path, as `suites.rs` does, and `an_ordinary_user_passes_both_suites_on_the_kept_path`
-//! runs them all again in a copy of this binary as uid 65534. The cgroup v2 guest takes
-//! the path for real, on Debian's 6.1.
+//! Root's kept path (a mount namespace alone) differs from an ordinary user's (a user
+//! namespace too): as root (CI) the suite tests below take root's, and
+//! `an_ordinary_user_passes_both_suites_on_the_kept_path` runs them all again in a copy
+//! of this binary as uid 65534. The cgroup v2 guest takes both for real, on Debian's
+//! 6.1.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
@@ -21,15 +22,12 @@ use skillbox_native::NativeBackend;
 async fn make_env(spec: SandboxSpec) -> Made {
     skillbox_native::keep_in_namespaces_for_tests();
     let data = common::data_dir()?;
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        // The forced path is the one taken (this kernel would clone a detached mount).
-        let disk = &skillbox_native::probe().layers["disk_limit"];
-        assert!(
-            disk.detail.contains("kept in a mount namespace of its own"),
-            "{disk:?}"
-        );
-    }
+    // The forced path is the one taken (this kernel would clone a detached mount).
+    let disk = &skillbox_native::probe().layers["disk_limit"];
+    assert!(
+        disk.detail.contains("kept in a mount namespace of its own"),
+        "{disk:?}"
+    );
     let sandbox = NativeBackend::new(&data)
         .create(spec)
         .await

@@ -121,8 +121,8 @@ mark root_memory as_root exec --json --memory 64M --pids none -- sh -c "$BOMB"
 mark root_memory_fits as_root exec --json --memory 256M --pids none -- sh -c "$BOMB"
 mark root_pids as_root exec --json --memory none --pids 8 -- sh -c 'for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait'
 mark root_defaults as_root exec --json -- sh -c 'cat /proc/self/cgroup; echo hi'
-# This kernel cannot clone a detached mount: root's disk bound is a private tmpfs at
-# the sandbox's directory, gone after the run.
+# This kernel cannot clone a detached mount: root's disk bound is a tmpfs kept as the
+# only mount of a mount namespace of its own, never mounted on the host.
 mark root_disk as_root exec --json --disk 8M -- sh -c 'head -c 20000000 /dev/zero > /workspace/big'
 mark root_disk_mounts grep -c '{scratch}/root/native' /proc/self/mountinfo
 mark root_left left
@@ -134,9 +134,12 @@ cp -a {runtimes} {scratch}/root/
 "$S" --data-dir {scratch}/root serve --addr 127.0.0.1:8091 --warm-containers 0 2>{scratch}/root-serve.log &
 server=$!
 mark root_serve python3 {scratch}/api.py 8091 $server
-# Root's fallback on this kernel: each pooled sandbox's tmpfs mounted privately at its
-# directory (the user's, below, are mounted nowhere on the host).
+# Its pool's sandboxes are alive now, each with its /workspace tmpfs (3/4 of the 1G
+# bound): none of them is mounted on the host. (The control shows the grep finds one
+# that is.)
 mark root_serve_mounts grep -c 'size=786432k' /proc/self/mountinfo
+mkdir {scratch}/control
+mark mounts_control sh -c 'mount -t tmpfs -o size=786432k control "$1" && grep -c size=786432k /proc/self/mountinfo; umount "$1"' sh {scratch}/control
 kill -TERM $server; wait $server
 mark root_serve_log tail -c 3000 {scratch}/root-serve.log
 mark root_serve_left left
@@ -451,6 +454,20 @@ fn native_layer(doctor: &Value, layer: &str) -> Value {
         .unwrap_or_default()
 }
 
+/// `doctor` says the disk bound holds, by a tmpfs kept in a mount namespace of its own
+/// (this kernel cannot clone a detached mount).
+fn assert_kept(doctor: &Value) {
+    let disk = native_layer(doctor, "disk_limit");
+    assert_eq!(disk["available"], true, "{disk}");
+    assert!(
+        disk["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("kept in a mount namespace of its own"),
+        "{disk}"
+    );
+}
+
 fn cgroup_detail(doctor: &Value) -> String {
     native_layer(doctor, "cgroup")["detail"]
         .as_str()
@@ -531,8 +548,10 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     }
 
     // Root, in the root cgroup.
-    let detail = cgroup_detail(&json(&marks, "root_doctor", &console));
+    let doctor = json(&marks, "root_doctor", &console);
+    let detail = cgroup_detail(&doctor);
     assert!(detail.starts_with("v2 at /sys/fs/cgroup "), "{detail}");
+    assert_kept(&doctor);
     let memory = json(&marks, "root_memory", &console);
     assert_eq!(memory["limitHit"], "memory", "{memory}");
     assert_ne!(memory["stdout"], "100000000\n", "{memory}");
@@ -562,10 +581,15 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     assert_eq!(show("root_left"), "", "cgroups left behind");
     let serve = json(&marks, "root_serve", &console);
     assert_serve(&serve);
-    let mounted: u64 = show("root_serve_mounts").parse().unwrap_or(0);
-    assert!(
-        mounted >= 1,
-        "root's pooled sandboxes' tmpfs is not where mountinfo shows it: {mounted}"
+    assert_eq!(
+        show("mounts_control"),
+        "1",
+        "the grep for a sandbox's tmpfs does not find one mounted on purpose"
+    );
+    assert_eq!(
+        show("root_serve_mounts"),
+        "0",
+        "a sandbox's tmpfs is mounted on the host"
     );
     assert_eq!(show("root_serve_left"), "", "cgroups left behind by serve");
 
@@ -573,16 +597,7 @@ fn limits_hold_on_a_pure_cgroup_v2_kernel() {
     assert_eq!(show("user_id"), USER.to_string());
     let detail = cgroup_detail(&json(&marks, "user_doctor", &console));
     assert!(detail.starts_with("v2 at /sys/fs/cgroup/user."), "{detail}");
-    let doctor = json(&marks, "user_doctor", &console);
-    let disk_layer = native_layer(&doctor, "disk_limit");
-    assert_eq!(disk_layer["available"], true, "{disk_layer}");
-    assert!(
-        disk_layer["detail"]
-            .as_str()
-            .unwrap_or("")
-            .contains("kept in a mount namespace of its own"),
-        "{disk_layer}"
-    );
+    assert_kept(&json(&marks, "user_doctor", &console));
     let disk = json(&marks, "user_disk", &console);
     assert_eq!(disk["limitHit"], "disk", "{disk}");
     assert!(
