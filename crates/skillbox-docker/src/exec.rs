@@ -569,24 +569,29 @@ impl DockerSandbox {
                     out,
                 });
             }
+            let oom_inside = seen.status.is_some_and(|s| s.split_oom().1);
             let end = ExecEnd::from(seen);
             let died = matches!(end, ExecEnd::ContainerDied);
             if died {
                 container.died.cancel();
             }
-            let oom = reading.out_of_memory(&end, ooms_before).await;
+            // The wrapper's count is the answer when it has one: no wait for an event.
+            let oom = !oom_inside && reading.out_of_memory(&end, ooms_before).await;
             if died {
                 container.remove().await;
             }
             // A command that failed with its disk full ran out of disk.
-            let disk_full =
-                !(oom && end.may_be_memory()) && end.may_be_disk() && container.disk_full().await;
+            let disk_full = !oom_inside
+                && !(oom && end.may_be_memory())
+                && end.may_be_disk()
+                && container.disk_full().await;
             if let Some(note) = end.note(&program) {
                 reading.stderr.feed(note.as_bytes(), &tx).await;
             }
             let measured = Measured {
                 truncated: reading.truncated(),
                 oom,
+                oom_inside,
                 disk_full,
                 duration: started_at.elapsed(),
             };

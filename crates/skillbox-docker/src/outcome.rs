@@ -21,6 +21,10 @@ pub(crate) enum Status {
     SetupFailed(i32),
     /// Writing the exec's input files failed: input `n / 4096`, errno `n % 4096`.
     InputFailed(i32),
+    /// An exit, or a signal, while the container's memory cgroup counted an
+    /// out-of-memory kill (of the command or of anything else in the container).
+    OomExit(i32),
+    OomSignal(i32),
 }
 
 /// How many input files one exec may write (the index must fit its status).
@@ -44,6 +48,15 @@ impl Status {
 }
 
 impl Status {
+    /// The status without its out-of-memory mark, and whether it had one.
+    pub(crate) fn split_oom(self) -> (Status, bool) {
+        match self {
+            Status::OomExit(n) => (Status::Exit(n), true),
+            Status::OomSignal(n) => (Status::Signal(n), true),
+            other => (other, false),
+        }
+    }
+
     /// The number a status's tag covers: its kind times 2^20, plus its number.
     fn message(self) -> Option<u64> {
         let (kind, n) = match self {
@@ -53,6 +66,8 @@ impl Status {
             Status::CwdFailed(n) => (4, n),
             Status::SetupFailed(n) => (5, n),
             Status::InputFailed(n) => (6, n),
+            Status::OomExit(n) => (7, n),
+            Status::OomSignal(n) => (8, n),
         };
         let n = u64::try_from(n).ok().filter(|n| *n < 1 << 20)?;
         Some(kind * (1 << 20) + n)
@@ -144,6 +159,8 @@ fn parse_status(text: &str) -> Option<Status> {
         "cwd" => Status::CwdFailed(number),
         "setup" => Status::SetupFailed(number),
         "input" => Status::InputFailed(number),
+        "oomexit" => Status::OomExit(number),
+        "oomsignal" => Status::OomSignal(number),
         _ => return None,
     })
 }
@@ -238,7 +255,7 @@ impl From<Seen> for ExecEnd {
             return ExecEnd::Failed(failure);
         }
         ExecEnd::Finished {
-            status: seen.status,
+            status: seen.status.map(|s| s.split_oom().0),
             timed_out: seen.kill == Some(Kill::Deadline),
         }
     }
@@ -264,8 +281,10 @@ impl ExecEnd {
     pub(crate) fn may_be_disk(&self) -> bool {
         match self {
             ExecEnd::Finished { status, .. } => match status {
-                None | Some(Status::Signal(_) | Status::ExecFailed(_)) => true,
-                Some(Status::Exit(code)) => *code != 0,
+                None | Some(Status::Signal(_) | Status::OomSignal(_) | Status::ExecFailed(_)) => {
+                    true
+                }
+                Some(Status::Exit(code) | Status::OomExit(code)) => *code != 0,
                 Some(Status::CwdFailed(_) | Status::SetupFailed(_) | Status::InputFailed(_)) => {
                     false
                 }
@@ -299,6 +318,9 @@ pub(crate) struct Measured {
     pub(crate) truncated: Truncated,
     /// The daemon recorded an out-of-memory kill for the container during the exec.
     pub(crate) oom: bool,
+    /// The wrapper saw the container's memory cgroup count an out-of-memory kill while
+    /// the command ran (its status said so): memory, however the command ended.
+    pub(crate) oom_inside: bool,
     /// The sandbox's bounded `/workspace` or `/tmp` was full when the exec ended.
     pub(crate) disk_full: bool,
     pub(crate) duration: Duration,
@@ -313,7 +335,7 @@ pub(crate) fn outcome(
     backend: BackendKind,
 ) -> EnvResult<ExecOutput> {
     // Memory first: a memory kill can leave a disk full of what was being written.
-    let accounted = if measured.oom && end.may_be_memory() {
+    let accounted = if measured.oom_inside || (measured.oom && end.may_be_memory()) {
         Some(LimitKind::Memory)
     } else {
         (measured.disk_full && end.may_be_disk()).then_some(LimitKind::Disk)
@@ -324,8 +346,10 @@ pub(crate) fn outcome(
         ExecEnd::Failed(error) => return Err(error),
         ExecEnd::Finished { status, timed_out } => {
             let ending = match status {
-                Some(Status::Exit(code)) => Ending::Exited(code),
-                Some(Status::Signal(signal)) => Ending::Signaled(signal),
+                Some(Status::Exit(code) | Status::OomExit(code)) => Ending::Exited(code),
+                Some(Status::Signal(signal) | Status::OomSignal(signal)) => {
+                    Ending::Signaled(signal)
+                }
                 Some(Status::ExecFailed(errno)) => Ending::NotStarted(errno),
                 Some(Status::CwdFailed(errno)) => {
                     return Err(EnvError::new(
@@ -399,6 +423,8 @@ mod tests {
             Status::CwdFailed(2),
             Status::SetupFailed(1),
             Status::InputFailed(4096 + 28),
+            Status::OomExit(137),
+            Status::OomSignal(9),
         ];
         let texts = [
             "exit 0",
@@ -409,6 +435,8 @@ mod tests {
             "cwd 2",
             "setup 1",
             "input 4124",
+            "oomexit 137",
+            "oomsignal 9",
         ];
         for (status, text) in statuses.iter().zip(texts) {
             assert_eq!(parse_status(text), Some(*status));
@@ -538,6 +566,7 @@ mod tests {
         Measured {
             truncated: Truncated::default(),
             oom,
+            oom_inside: false,
             disk_full: false,
             duration: Duration::from_millis(9),
         }

@@ -462,6 +462,49 @@ async fn request_env_cannot_subvert_the_exec_wrapper() {
     sandbox.cleanup().await.unwrap();
 }
 
+/// Under runc the memory limit kills a process inside and the container lives on: the
+/// exec wrapper's own count of the cgroup's out-of-memory kills says so, whoever the
+/// victim was. A shell whose child was killed exits 137 (no signal of its own), and an
+/// exec that only uses memory reports no limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_kill_under_runc_is_reported_whoever_the_victim_was() {
+    let test = "a_memory_kill_under_runc_is_reported_whoever_the_victim_was";
+    let Some(backend) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let sandbox = backend.create(spec()).await.unwrap();
+    let run = |script: &str| {
+        let request = ExecRequest::shell(script);
+        let sandbox = &sandbox;
+        async move {
+            sandbox
+                .exec(request, &CancellationToken::new())
+                .await
+                .unwrap()
+        }
+    };
+    let bomb = "python3 -c 'b = bytearray(512 << 20); print(len(b))'; exit $?";
+    let out = run(bomb).await;
+    assert_eq!(out.exit_code, Some(137), "{out:?}");
+    assert_eq!(
+        out.limit_hit,
+        Some(skillbox_env::LimitKind::Memory),
+        "{out:?}"
+    );
+    assert!(!out.stdout_text().contains("536870912"), "{out:?}");
+    let fits = run("python3 -c 'b = bytearray(64 << 20); print(len(b))'; exit $?").await;
+    assert_eq!(fits.stdout_text(), "67108864\n", "{fits:?}");
+    assert_eq!(fits.limit_hit, None, "{fits:?}");
+    // The next kill is counted too (the count is read around each command).
+    let again = run(bomb).await;
+    assert_eq!(
+        again.limit_hit,
+        Some(skillbox_env::LimitKind::Memory),
+        "{again:?}"
+    );
+    sandbox.cleanup().await.unwrap();
+}
+
 /// Under runc, skillbox's own helpers (init, the exec wrapper, the file helper) run from
 /// execute-only interpreters: the sandbox user cannot read them, so the kernel makes
 /// every process started from them non-dumpable from its first instruction. The

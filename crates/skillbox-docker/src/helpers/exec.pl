@@ -5,6 +5,10 @@
 #   NUL "skillbox-status:<tag>:<kind> <n>" LF
 # where kind is exit, signal, exec (errno of execve), cwd (errno of chdir) or setup,
 # and tag is a one-time MAC of the status under the key (see outcome.rs for why).
+# An exit or signal is oomexit or oomsignal when the container's memory cgroup counted
+# an out-of-memory kill while the command ran (a count read before and after it, where
+# one can be read: not in gVisor's own kernel), whoever the victim was: the daemon's
+# event for it can come late.
 # The key is the first line of stdin, read byte by byte before anything else (so the
 # command's own stdin is left as it was sent), and kept only in this process's memory:
 # never in a command line, the environment or a file. Nothing of the sandbox runs
@@ -43,7 +47,8 @@ my @key = split(' ', $line);
 # Without its key the wrapper cannot say anything skillbox would believe: it says
 # nothing, and the exec reads as killed.
 @key == 8 or POSIX::_exit(1);
-my %kinds = (exit => 1, signal => 2, exec => 3, cwd => 4, setup => 5, input => 6);
+my %kinds = (exit => 1, signal => 2, exec => 3, cwd => 4, setup => 5, input => 6,
+    oomexit => 7, oomsignal => 8);
 sub status {
     my ($kind, $n) = split(/ /, $_[0], 2);
     $n = 0 + $n;
@@ -118,7 +123,16 @@ sub walk {
     return if $? || $late;
     return $out;
 }
+# The memory cgroup's out-of-memory kills so far (v2, else v1), or -1.
+sub oom_kills {
+    for my $f ('/sys/fs/cgroup/memory.events', '/sys/fs/cgroup/memory/memory.oom_control') {
+        open(my $h, '<', $f) or next;
+        while (my $l = <$h>) { return $1 + 0 if $l =~ /^oom_kill (\d+)$/; }
+    }
+    return -1;
+}
 chdir($cwd) or status("cwd " . ($! + 0));
+my $kills = oom_kills();
 pipe(my $r, my $w) or status("setup " . ($! + 0));
 my $pid = fork();
 defined($pid) or status("setup " . ($! + 0));
@@ -138,6 +152,7 @@ sysread($r, $err, 16);
 waitpid($pid, 0);
 my $st = $?;
 status("exec $err") if length($err);
+my $oom = ($kills >= 0 && oom_kills() > $kills) ? 'oom' : '';
 if (@walk) {
     # Always a frame, empty when there is no walk: the last frame is skillbox's, so
     # one the command printed at the end of its stderr stays the command's.
@@ -151,4 +166,4 @@ if (@walk) {
         $off += $put;
     }
 }
-status(($st & 127) ? "signal " . ($st & 127) : "exit " . ($st >> 8));
+status(($st & 127) ? "${oom}signal " . ($st & 127) : "${oom}exit " . ($st >> 8));
