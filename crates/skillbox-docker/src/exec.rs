@@ -581,10 +581,8 @@ impl DockerSandbox {
                 container.remove().await;
             }
             // A command that failed with its disk full ran out of disk.
-            let disk_full = !oom_inside
-                && !(oom && end.may_be_memory())
-                && end.may_be_disk()
-                && container.disk_full().await;
+            let memory = oom_inside || (oom && end.may_be_memory());
+            let disk_full = !memory && end.may_be_disk() && container.disk_full().await;
             if let Some(note) = end.note(&program) {
                 reading.stderr.feed(note.as_bytes(), &tx).await;
             }
