@@ -118,22 +118,37 @@ fn parse(glob: &str) -> Result<Vec<Part>, InvalidGlob> {
         .collect()
 }
 
+/// Whether `parts` match `components` exactly. Dynamic programming over the parts, one
+/// row of "the parts so far can end just before component `j`" at a time: time
+/// O(parts × components) however many `**` a glob has, where trying every way to share the
+/// components among the `**` parts took exponential time (`**/` × 12 + `x` against a deep
+/// tree held a core for minutes).
 fn matches_parts(parts: &[Part], components: &[&str]) -> bool {
-    match parts.split_first() {
-        None => components.is_empty(),
-        Some((Part::AnyDepth, rest)) => {
-            // Zero components, or one more visible one and try again.
-            matches_parts(rest, components)
-                || components.split_first().is_some_and(|(first, tail)| {
-                    !first.starts_with('.') && matches_parts(parts, tail)
-                })
+    // `reach[j]`: the parts taken so far match `components[..j]`.
+    let mut reach = vec![false; components.len() + 1];
+    reach[0] = true;
+    for part in parts {
+        let mut next = vec![false; components.len() + 1];
+        match part {
+            Part::AnyDepth => {
+                // Zero components, or one more visible one after a match.
+                next[0] = reach[0];
+                for (j, component) in components.iter().enumerate() {
+                    next[j + 1] = reach[j + 1] || (next[j] && !component.starts_with('.'));
+                }
+            }
+            Part::Component(pattern) => {
+                for (j, component) in components.iter().enumerate() {
+                    next[j + 1] = reach[j] && matches_component(pattern, component);
+                }
+            }
         }
-        Some((Part::Component(pattern), rest)) => {
-            components.split_first().is_some_and(|(first, tail)| {
-                matches_component(pattern, first) && matches_parts(rest, tail)
-            })
+        if !next.contains(&true) {
+            return false;
         }
+        reach = next;
     }
+    reach[components.len()]
 }
 
 /// One component against one pattern component: a wildcard never takes a leading `.`.
@@ -250,6 +265,121 @@ mod tests {
         assert!(!select(&["*a*b*c*"]).selects("xxaxxcxxbxx"));
         let many_stars = "*a".repeat(50) + "b";
         assert!(!select(&[many_stars.as_str()]).selects(&"a".repeat(200)));
+    }
+
+    /// The matcher as it was before it was made polynomial: every way of sharing the
+    /// components among the `**` parts, tried in turn. Exponential, so only for small
+    /// cases; it states the semantics the fast matcher must keep.
+    fn matches_by_backtracking(parts: &[Part], components: &[&str]) -> bool {
+        match parts.split_first() {
+            None => components.is_empty(),
+            Some((Part::AnyDepth, rest)) => {
+                matches_by_backtracking(rest, components)
+                    || components.split_first().is_some_and(|(first, tail)| {
+                        !first.starts_with('.') && matches_by_backtracking(parts, tail)
+                    })
+            }
+            Some((Part::Component(pattern), rest)) => {
+                components.split_first().is_some_and(|(first, tail)| {
+                    matches_component(pattern, first) && matches_by_backtracking(rest, tail)
+                })
+            }
+        }
+    }
+
+    #[test]
+    fn double_stars_at_start_middle_and_end_match_as_before() {
+        for (glob, path, expected) in [
+            ("**", "a", true),
+            ("**", ".a", false),
+            ("**/x", "x", true),
+            ("**/x", "a/b/x", true),
+            ("**/x", "a/.b/x", false),
+            ("**/x", "a/b/x/y", false),
+            ("a/**/x", "a/x", true),
+            ("a/**/x", "a/b/c/x", true),
+            ("a/**/x", "b/c/x", false),
+            ("a/**", "a", true),
+            ("a/**", "a/b/c", true),
+            ("a/**", "a/.b", false),
+            ("**/**", "a/b", true),
+            ("**/**/x", "x", true),
+            ("**/**/x", "a/b/c/x", true),
+            ("**/*/**/x", "x", false),
+            ("**/*/**/x", "a/x", true),
+            ("**/*/**/x", "a/b/c/x", true),
+            ("**/.b/**", "a/.b/c", true),
+            ("**/.b/**", "a/.c/.b/c", false),
+            ("**/r*-??.md", "a/b/report-01.md", true),
+            ("**/r*-??.md", "a/b/report-1.md", false),
+            ("**/*.txt", "a/b/.x.txt", false),
+            ("x/**/y/**/z", "x/1/y/2/3/z", true),
+            ("x/**/y/**/z", "x/1/2/3/z", false),
+        ] {
+            let parts = parse(glob).unwrap();
+            let components: Vec<&str> = path.split('/').collect();
+            assert_eq!(
+                matches_parts(&parts, &components),
+                expected,
+                "{glob} {path}"
+            );
+            assert_eq!(
+                matches_by_backtracking(&parts, &components),
+                expected,
+                "{glob} {path}"
+            );
+            assert_eq!(select(&[glob]).selects(path), expected, "{glob} {path}");
+        }
+    }
+
+    #[test]
+    fn every_small_glob_matches_every_small_path_as_backtracking_did() {
+        let pieces = ["**", "*", "a", ".a", "?", ".*"];
+        let names = ["a", "b", ".a", "ab"];
+        let mut globs: Vec<Vec<&str>> = vec![vec![]];
+        let mut paths: Vec<Vec<&str>> = vec![vec![]];
+        for _ in 0..4 {
+            let longer = |all: &[Vec<&'static str>], with: &[&'static str]| {
+                all.iter()
+                    .filter(|v| v.len() == all.last().map_or(0, Vec::len))
+                    .flat_map(|v| {
+                        with.iter().map(move |w| {
+                            let mut v = v.clone();
+                            v.push(*w);
+                            v
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            };
+            globs.extend(longer(&globs, &pieces));
+            paths.extend(longer(&paths, &names));
+        }
+        for glob in globs.iter().filter(|g| !g.is_empty()) {
+            let parts = parse(&glob.join("/")).unwrap();
+            for components in &paths {
+                assert_eq!(
+                    matches_parts(&parts, components),
+                    matches_by_backtracking(&parts, components),
+                    "{glob:?} {components:?}"
+                );
+            }
+        }
+    }
+
+    /// With backtracking this took hours; the answers are what the semantics say.
+    #[test]
+    fn twenty_double_stars_against_sixty_components_give_the_right_answer() {
+        let glob = "**/".repeat(20) + "x";
+        let s = select(&[glob.as_str()]);
+        let deep: Vec<String> = (0..59).map(|i| format!("d{i}")).collect();
+        let deep = deep.join("/");
+        assert!(s.selects(&format!("{deep}/x")));
+        assert!(!s.selects(&format!("{deep}/y")));
+        assert!(!s.selects(&format!("{deep}/x/y")));
+        assert!(!s.selects(&format!(".{deep}/x")), "** enters no hidden dir");
+        let glob = "**/".repeat(20) + "a/" + &"**/".repeat(20) + "x";
+        assert!(select(&[glob.as_str()]).selects(&format!("{deep}/a/{deep}/x")));
+        assert!(!select(&[glob.as_str()]).selects(&format!("{deep}/{deep}/x")));
     }
 
     #[test]
