@@ -64,11 +64,67 @@ impl Default for ProjectionConfig {
 pub struct ProjectedFile {
     /// Relative to the sandbox root.
     pub path: PathBuf,
-    /// Where its content is read on the host.
+    /// Where its content is read on the host (a symlink's own path: it is read through
+    /// the link, resolved beneath `root`).
     pub host: PathBuf,
     pub size: u64,
     pub executable: bool,
     pub sha256: String,
+    /// The projected root it was found in: it is opened beneath that, never outside.
+    #[serde(skip)]
+    pub root: PathBuf,
+    /// `host` is a symlink to follow (beneath `root`).
+    #[serde(skip)]
+    pub through_link: bool,
+}
+
+/// Opens the regular file `path` found under the projected root `root`, resolving every
+/// component beneath `root` (`openat2` with `RESOLVE_BENEATH`): a symlink anywhere on
+/// the way that leads out of it (`..` past it, an absolute target, a chain of links) is
+/// refused by the kernel, as is a magic link. The last component is followed only when
+/// `follow` (a symlink entry, projected as the file it points to). What the sandboxed
+/// code could change between planning and reading (it may share the workspace) cannot
+/// point the read anywhere else: the check is the open itself.
+fn open_beneath(root: &Path, path: &Path, follow: bool) -> std::io::Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    // A root that is a file itself is opened beneath its folder.
+    let (base, relative) = match path.strip_prefix(root) {
+        Ok(relative) if !relative.as_os_str().is_empty() => (root, relative),
+        _ => match (root.parent(), root.file_name()) {
+            (Some(parent), Some(name)) if path == root => (parent, Path::new(name)),
+            _ => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not under its projected root",
+                ));
+            }
+        },
+    };
+    // The root itself must be a real folder, not a symlink to one.
+    let dir = rustix::fs::open(
+        base,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    if !follow {
+        flags |= OFlags::NOFOLLOW;
+    }
+    let fd = rustix::fs::openat2(
+        &dir,
+        relative,
+        flags,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
 }
 
 /// What a projection places, and its fingerprint.
@@ -263,7 +319,20 @@ impl HashCache {
         HashCache::default()
     }
 
+    #[cfg(test)]
     fn hash(&mut self, path: &Path, meta: &std::fs::Metadata) -> std::io::Result<String> {
+        let root = path.parent().unwrap_or(Path::new("/"));
+        self.hash_with(path, meta, || open_beneath(root, path, false))
+    }
+
+    /// The hash of the file `meta` describes, keyed by `path`, reading it through `open`
+    /// when the cache does not have it.
+    fn hash_with(
+        &mut self,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        open: impl FnOnce() -> std::io::Result<std::fs::File>,
+    ) -> std::io::Result<String> {
         if let Some(cached) = self.entries.get(path)
             && cached.same_file(meta)
             && cached.ctime_ns < self.racy_from_ns
@@ -271,7 +340,9 @@ impl HashCache {
             return Ok(cached.sha256.clone());
         }
         let mut hasher = Sha256::new();
-        let mut file = open_nofollow(path)?;
+        let mut file = open()?;
+        // The file read is the one the cache entry describes.
+        let meta = file.metadata()?;
         let mut buf = vec![0u8; 256 * 1024];
         loop {
             let n = file.read(&mut buf)?;
@@ -282,7 +353,7 @@ impl HashCache {
         }
         let sha256 = hex(&hasher.finalize());
         self.entries
-            .insert(path.to_path_buf(), Cached::of(meta, sha256.clone()));
+            .insert(path.to_path_buf(), Cached::of(&meta, sha256.clone()));
         self.changed = true;
         Ok(sha256)
     }
@@ -335,18 +406,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn open_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc_nofollow())
-        .open(path)
-}
-
-fn libc_nofollow() -> i32 {
-    rustix::fs::OFlags::NOFOLLOW.bits() as i32 | rustix::fs::OFlags::NONBLOCK.bits() as i32
-}
-
 /// Plans what gets projected.
 struct Planner<'a> {
     cache: &'a mut HashCache,
@@ -368,11 +427,20 @@ impl Planner<'_> {
         None
     }
 
-    fn file(&mut self, host: &Path, meta: &std::fs::Metadata, to: PathBuf) -> EnvResult<()> {
+    /// The file at `host` under the projected root `root` (through the symlink `host`
+    /// when `through_link`), whose `stat` is `meta`, as `to`.
+    fn file(
+        &mut self,
+        root: &Path,
+        host: &Path,
+        meta: &std::fs::Metadata,
+        through_link: bool,
+        to: PathBuf,
+    ) -> EnvResult<()> {
         use std::os::unix::fs::PermissionsExt;
         let sha256 = self
             .cache
-            .hash(host, meta)
+            .hash_with(host, meta, || open_beneath(root, host, through_link))
             .map_err(|e| io_error(&e, "read", host))?;
         self.projection.bytes += meta.len();
         self.projection.files.push(ProjectedFile {
@@ -381,6 +449,8 @@ impl Planner<'_> {
             size: meta.len(),
             executable: meta.permissions().mode() & 0o111 != 0,
             sha256,
+            root: root.to_path_buf(),
+            through_link,
         });
         Ok(())
     }
@@ -405,25 +475,24 @@ impl Planner<'_> {
     ) -> EnvResult<()> {
         let file_type = meta.file_type();
         if file_type.is_symlink() {
-            // A link to a file inside the same root is projected as that file.
-            match inside_target(root_host, host) {
-                Some(target) => match std::fs::symlink_metadata(&target) {
-                    Ok(target_meta) if target_meta.is_file() => {
-                        self.file(&target, &target_meta, to)?;
-                    }
-                    _ => self.projection.notes.push(format!(
-                        "{}: a symlink to something that is not a file of the same root; left out",
-                        host.display()
-                    )),
-                },
-                None => self.projection.notes.push(format!(
-                    "{}: a symlink out of {}; left out",
-                    host.display(),
-                    root_host.display()
+            // A link to a file inside the same root is projected as that file: resolved
+            // by the kernel beneath the root, every link on the way included.
+            match open_beneath(root_host, host, true).and_then(|file| file.metadata()) {
+                Ok(target_meta) => self.file(root_host, host, &target_meta, true, to)?,
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::XDEV.raw_os_error()) => {
+                    self.projection.notes.push(format!(
+                        "{}: a symlink out of {}; left out",
+                        host.display(),
+                        root_host.display()
+                    ))
+                }
+                Err(_) => self.projection.notes.push(format!(
+                    "{}: a symlink to something that is not a file of the same root; left out",
+                    host.display()
                 )),
             }
         } else if file_type.is_file() {
-            self.file(host, meta, to)?;
+            self.file(root_host, host, meta, false, to)?;
         } else if file_type.is_dir() {
             self.projection.dirs.push(to.clone());
             // Each entry is stat'ed relative to the directory's fd (as the listing
@@ -456,28 +525,6 @@ impl Planner<'_> {
         }
         Ok(())
     }
-}
-
-/// Where the symlink `link` points, when that is inside `root` (lexically).
-fn inside_target(root: &Path, link: &Path) -> Option<PathBuf> {
-    let target = std::fs::read_link(link).ok()?;
-    if target.is_absolute() {
-        return None;
-    }
-    let mut resolved = link.parent()?.to_path_buf();
-    for component in target.components() {
-        match component {
-            Component::Normal(part) => resolved.push(part),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if !resolved.pop() {
-                    return None;
-                }
-            }
-            _ => return None,
-        }
-    }
-    resolved.starts_with(root).then_some(resolved)
 }
 
 /// Plans the projection of some skills only: each one's folder, at its projected path.
@@ -611,8 +658,10 @@ pub async fn apply(
         }
         for file in files {
             let mut data = Vec::with_capacity(file.size as usize);
-            open_nofollow(&file.host)
-                .and_then(|mut f| f.read_to_end(&mut data))
+            // At most the size planned (and counted against the tree's bound): a file
+            // that grew since is cut there, and the next projection sees the change.
+            open_beneath(&file.root, &file.host, file.through_link)
+                .and_then(|f| f.take(file.size).read_to_end(&mut data))
                 .map_err(|e| io_error(&e, "read", &file.host))?;
             tree.file(file.path, data, file.executable)?;
         }

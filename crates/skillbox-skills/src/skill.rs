@@ -274,7 +274,15 @@ pub fn parse(file: &Path, text: &str) -> Result<SkillDoc, SkillError> {
 pub fn read(dir: &Path) -> Result<SkillDoc, SkillError> {
     use std::io::Read;
     let file = dir.join(SKILL_FILE);
-    let opened = std::fs::File::open(&file).map_err(|e| error(&file, None, e.to_string()))?;
+    // Never through a link: a SKILL.md that is one is not read.
+    let opened = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(&file)
+    }
+    .map_err(|e| error(&file, None, e.to_string()))?;
     let mut text = String::new();
     opened
         .take(MAX_SKILL_MD + 1)

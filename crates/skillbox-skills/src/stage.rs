@@ -421,6 +421,12 @@ fn skills_of(
         found.insert(folder.clone(), Found::default());
         folder_of.push((root.clone(), folder));
     }
+    // Where the archive puts a symlink: a link's target may not pass through one.
+    let links: std::collections::HashSet<PathBuf> = entries
+        .iter()
+        .filter(|(_, item)| matches!(item, Item::Symlink { .. }))
+        .map(|(path, _)| path.clone())
+        .collect();
     for (path, item) in entries {
         let Some((root, folder)) = folder_of.iter().find(|(root, _)| path.starts_with(root)) else {
             continue;
@@ -430,12 +436,19 @@ fn skills_of(
             continue;
         }
         if let Item::Symlink { target } = &item {
-            // Resolved lexically from the link's own folder, it must stay in the skill.
+            // Resolved lexically from the link's own folder, it must stay in the skill,
+            // and never pass through another link of the archive: read on disk, a
+            // `..` after a link leaves the link's target, not the name before it, so
+            // a chain of links that each look inside can lead anywhere.
             let mut resolved = relative.parent().unwrap_or(Path::new("")).to_path_buf();
             let mut inside = !target.is_absolute();
+            let mut through_link = false;
             for component in target.components() {
                 match component {
-                    Component::Normal(part) => resolved.push(part),
+                    Component::Normal(part) => {
+                        resolved.push(part);
+                        through_link |= links.contains(&root.join(&resolved));
+                    }
                     Component::CurDir => {}
                     Component::ParentDir => inside &= resolved.pop(),
                     _ => inside = false,
@@ -445,6 +458,15 @@ fn skills_of(
                 return Err(refused(
                     path.display(),
                     format!("a symlink to {} leads out of its skill", target.display()),
+                ));
+            }
+            if through_link {
+                return Err(refused(
+                    path.display(),
+                    format!(
+                        "a symlink to {} goes through another symlink; a skill's links may point only at its own files and folders",
+                        target.display()
+                    ),
                 ));
             }
         }

@@ -7,7 +7,9 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use skillbox_skills::{Archive, SkillSet, Source, Sources, StageError, StageLimits, stage};
+use skillbox_skills::{
+    Archive, ProjectionConfig, SkillSet, Source, Sources, StageError, StageLimits, stage,
+};
 
 const SKILL: &str =
     "---\nname: NAME\ndescription: Does NAME things. Use it when NAME is asked.\n---\n# NAME\n";
@@ -242,6 +244,18 @@ fn traversal_link_device_and_bomb_archives_are_refused_with_nothing_written() {
                 Entry::Symlink("ok/passwd", "/etc/passwd"),
             ]),
             "leads out of its skill",
+        ),
+        (
+            // Each link looks inside on its own; on disk `up` is `/` (the `..` apply
+            // to where `root` points, not to the name `root`).
+            "chain of symlinks",
+            tar_of(&[
+                Entry::File("ok/SKILL.md", &good, 0o644),
+                Entry::Symlink("ok/d/root", ".."),
+                Entry::Symlink("ok/up", "d/root/../../../.."),
+                Entry::Symlink("ok/leak", "up/etc/passwd"),
+            ]),
+            "goes through another symlink",
         ),
         (
             "hard link",
@@ -496,4 +510,66 @@ fn the_catalog_reads_every_source_and_names_what_did_not_load() {
     );
     assert!(set.missing("bad").contains("no description"));
     assert!(set.missing("nope").contains("notes, report"));
+}
+
+/// Links planted in a workspace skill on disk (sandboxed code with `--workdir` can make
+/// them; staging would refuse them): each looks inside the root by its text, and the
+/// chain leads out of it. Projection reads through links only as the kernel resolves
+/// them beneath the root: the outside file is left out, a link to the skill's own file
+/// is still projected, and the skill's SKILL.md is never read through a link.
+#[test]
+fn a_chain_of_links_out_of_a_skill_is_never_projected() {
+    let workspace = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    let skill = ws.join("skills/notes");
+    std::fs::create_dir_all(skill.join("d0")).unwrap();
+    std::fs::write(skill.join("SKILL.md"), skill_md("notes")).unwrap();
+    std::fs::write(ws.join("secret.txt"), "HOST SECRET\n").unwrap();
+    // d0/root is `skills/` (inside the root); up is d0/root/.. (the workspace itself on
+    // disk, though by its text it is skills/notes/d0); leak is up/secret.txt.
+    std::os::unix::fs::symlink("../..", skill.join("d0/root")).unwrap();
+    std::os::unix::fs::symlink("d0/root/..", skill.join("up")).unwrap();
+    std::os::unix::fs::symlink("up/secret.txt", skill.join("leak")).unwrap();
+    std::os::unix::fs::symlink("SKILL.md", skill.join("alias.md")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(skill.join("leak")).unwrap(),
+        "HOST SECRET\n",
+        "the chain does lead out on disk"
+    );
+    let mut cache = skillbox_skills::HashCache::in_memory();
+    let projection =
+        skillbox_skills::plan(Some(ws), None, &ProjectionConfig::default(), &mut cache).unwrap();
+    let paths: Vec<&Path> = projection.files.iter().map(|f| f.path.as_path()).collect();
+    assert!(
+        !paths.contains(&Path::new("skills/notes/leak")),
+        "{paths:?}"
+    );
+    assert!(
+        projection
+            .notes
+            .iter()
+            .any(|n| n.contains("skills/notes/leak: a symlink out of")),
+        "{:?}",
+        projection.notes
+    );
+    assert!(
+        paths.contains(&Path::new("skills/notes/alias.md")),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&Path::new("skills/notes/SKILL.md")),
+        "{paths:?}"
+    );
+
+    // SKILL.md itself a link (to a file outside the skill): the skill does not load.
+    let other = ws.join("skills/other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(ws.join("outside.md"), skill_md("other")).unwrap();
+    std::os::unix::fs::symlink("../../outside.md", other.join("SKILL.md")).unwrap();
+    let set = SkillSet::load(&Sources {
+        workspace: Some(ws.to_path_buf()),
+        user: None,
+    });
+    assert!(set.get("other").is_none(), "a SKILL.md read through a link");
+    assert!(set.get("notes").is_some());
 }
