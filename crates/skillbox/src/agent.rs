@@ -15,6 +15,7 @@ use skillbox_env::{BackendKind, CancellationToken};
 use skillbox_run::RunnerConfig;
 use skillbox_store::LOCAL_TENANT;
 
+use crate::terminal::{escaped, escaped_path};
 use crate::units::backend_parser;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -261,12 +262,17 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
             } else {
                 first_line(&attempt.stderr).to_string()
             };
+            // The detail names the script's files and quotes its stderr.
             eprintln!(
-                "attempt {}: {verdict} ({} ms) {detail}",
-                attempt.number, attempt.duration_ms
+                "attempt {}: {verdict} ({} ms) {}",
+                attempt.number,
+                attempt.duration_ms,
+                escaped(&detail)
             );
         }
-        AgentEvent::ToolError { tool, message } => eprintln!("  tool {tool}: {message}"),
+        AgentEvent::ToolError { tool, message } => {
+            eprintln!("  tool {}: {}", escaped(tool), escaped(message));
+        }
         AgentEvent::ModelTurn { .. } => {}
     };
     let outcome = match agent
@@ -289,13 +295,16 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
             };
             match out.write(&artifact.path, &bytes) {
                 Ok(Exported::Written(target)) => {
-                    eprintln!("skillbox agent: wrote {}", target.display());
+                    eprintln!("skillbox agent: wrote {}", escaped_path(&target));
                 }
                 Ok(Exported::NotSelected) => {
-                    eprintln!("skillbox agent: not copied: {} (hidden)", artifact.path);
+                    eprintln!(
+                        "skillbox agent: not copied: {} (hidden)",
+                        escaped(&artifact.path)
+                    );
                 }
                 Err(e) => {
-                    eprintln!("skillbox agent: {}", e.message);
+                    eprintln!("skillbox agent: {}", escaped(&e.message));
                     undelivered += 1;
                 }
             }
@@ -310,7 +319,11 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         if !outcome.answer.is_empty() {
             println!("{}", outcome.answer);
         }
-        eprintln!("skillbox agent: {:?}: {}", outcome.status, outcome.reason);
+        eprintln!(
+            "skillbox agent: {:?}: {}",
+            outcome.status,
+            escaped(&outcome.reason)
+        );
     }
     if outcome.status == AgentStatus::Succeeded && undelivered > 0 {
         ExitCode::from(crate::EXIT_SETUP_FAILED)

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand, ValueEnum};
 use skillbox_capability::{Capability, CapabilityRegistry, Scope, TrustStore, ceiling};
 
+use crate::terminal::{escaped, escaped_path};
+
 #[derive(Debug, Args)]
 pub struct CapArgs {
     /// The project whose capabilities and grants these are [default: the current
@@ -239,15 +241,15 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
                 for c in registry.iter() {
                     println!(
                         "{:<24} {:<7} {:<10} {:<12} {}",
-                        c.name(),
+                        escaped(c.name()),
                         c.manifest.environment.to_string(),
                         c.manifest.lifecycle.as_str(),
-                        granted(c),
-                        c.manifest.description
+                        escaped(&granted(c)),
+                        escaped(&c.manifest.description)
                     );
                 }
                 for e in registry.errors() {
-                    eprintln!("skillbox cap: not loaded: {e}");
+                    eprintln!("skillbox cap: not loaded: {}", escaped(&e.to_string()));
                 }
             }
             ExitCode::SUCCESS
@@ -395,7 +397,8 @@ async fn call(
             Some(Ok(Exported::Written(path))) => written.push(path.display().to_string()),
             Some(Ok(Exported::NotSelected)) | None => {}
             Some(Err(e)) => {
-                eprintln!("skillbox cap: {}", e.message);
+                // The message names the file.
+                eprintln!("skillbox cap: {}", escaped(&e.message));
                 undelivered = true;
             }
         }
@@ -419,8 +422,8 @@ async fn call(
         eprint!("{}", outcome.output.stderr_text());
         for file in &outcome.files {
             let place = match &out {
-                Some(out) => out.path().join(&file.path).display().to_string(),
-                None => format!("{} (--out DIR to copy it)", file.path),
+                Some(out) => escaped_path(&out.path().join(&file.path)),
+                None => format!("{} (--out DIR to copy it)", escaped(&file.path)),
             };
             eprintln!("skillbox cap: made {place}, {} bytes", file.size);
         }

@@ -13,6 +13,7 @@ mod run;
 mod serve;
 mod session;
 mod skills;
+mod terminal;
 mod units;
 mod warm;
 

@@ -13,6 +13,7 @@ use skillbox_client::{
 };
 use skillbox_env::CancellationToken;
 
+use crate::terminal::{escaped, escaped_path};
 use crate::units::{Bound, backend_parser, parse_duration, parse_size, parse_size_bound};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -282,29 +283,30 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             };
             eprintln!(
                 "skillbox run: egress {verdict} {}:{} ({} bytes out, {} in){}",
-                connection.host,
+                escaped(&connection.host),
                 connection.port,
                 connection.bytes_out,
                 connection.bytes_in,
                 connection
                     .reason
                     .as_deref()
-                    .map(|r| format!(": {r}"))
+                    .map(|r| format!(": {}", escaped(r)))
                     .unwrap_or_default()
             );
         }
         for file in &result.files {
             let place = match &out {
-                Some(out) => out.path().join(&file.path).display().to_string(),
+                Some(out) => escaped_path(&out.path().join(&file.path)),
                 None => format!(
                     "{} (sha256 {}; --out DIR to copy it)",
-                    file.path,
-                    &file.sha256[..12]
+                    escaped(&file.path),
+                    escaped(file.sha256.get(..12).unwrap_or(&file.sha256))
                 ),
             };
             eprintln!(
                 "skillbox run: made {place}, {} bytes, {}",
-                file.size, file.content_type
+                file.size,
+                escaped(&file.content_type)
             );
         }
     }
@@ -313,10 +315,14 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         return ExitCode::from(status);
     };
     for path in &report.not_selected {
-        eprintln!("skillbox run: not copied: {path} (hidden; ask for it with --outputs)");
+        eprintln!(
+            "skillbox run: not copied: {} (hidden; ask for it with --outputs)",
+            escaped(path)
+        );
     }
     for error in &report.failed {
-        eprintln!("skillbox run: {}", error.message);
+        // The message names the file.
+        eprintln!("skillbox run: {}", escaped(&error.message));
     }
     // The script's own failure comes first; a file that could not be delivered is
     // skillbox's.

@@ -13,6 +13,7 @@ use skillbox_client::{
     SessionExecRequest, SessionInfo, SessionLimits, Sessions,
 };
 
+use crate::terminal::escaped;
 use crate::units::{backend_parser, parse_duration, parse_size};
 
 /// Where a `skillbox serve` listens unless `--remote` or `SKILLBOX_URL` says otherwise.
@@ -253,7 +254,7 @@ pub async fn run(args: SessionArgs) -> ExitCode {
                         "symlink" => (String::new(), "@"),
                         _ => (entry.size.map(|s| s.to_string()).unwrap_or_default(), ""),
                     };
-                    println!("{size:>12}  {}{suffix}", entry.name);
+                    println!("{size:>12}  {}{suffix}", escaped(&entry.name));
                 }
                 ExitCode::SUCCESS
             }
@@ -384,7 +385,7 @@ fn details(info: &SessionInfo) -> String {
             .iter()
             .map(|s| format!("{} ({})", s.name, s.path))
             .collect();
-        text.push_str(&format!("skills: {}\n", names.join(", ")));
+        text.push_str(&format!("skills: {}\n", escaped(&names.join(", "))));
     }
     if let Some(snapshot) = &info.snapshot {
         let restored = snapshot

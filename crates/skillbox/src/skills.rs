@@ -15,6 +15,7 @@ use skillbox_skills::{
     Archive, HashCache, ProjectionConfig, SkillSet, Sources, StageLimits, apply, plan, stage,
 };
 
+use crate::terminal::{escaped, escaped_path};
 use crate::units::{backend_parser, parse_duration};
 
 #[derive(Debug, Args)]
@@ -170,13 +171,13 @@ pub async fn run(args: SkillsArgs, data_dir: &Path) -> ExitCode {
                     let description: String = skill.meta.description.chars().take(80).collect();
                     println!(
                         "{:<24} {:<32} {}",
-                        skill.meta.name,
-                        Path::new("/workspace").join(&skill.projected).display(),
-                        description
+                        escaped(&skill.meta.name),
+                        escaped_path(&Path::new("/workspace").join(&skill.projected)),
+                        escaped(&description)
                     );
                 }
                 for e in set.errors() {
-                    eprintln!("skillbox skills: not loaded: {e}");
+                    eprintln!("skillbox skills: not loaded: {}", escaped(&e.to_string()));
                 }
             }
             ExitCode::SUCCESS
@@ -198,14 +199,14 @@ pub async fn run(args: SkillsArgs, data_dir: &Path) -> ExitCode {
                     "body": doc.body,
                 }));
             } else {
-                println!("name:        {}", skill.meta.name);
-                println!("description: {}", skill.meta.description);
-                println!("host:        {}", skill.dir.display());
+                println!("name:        {}", escaped(&skill.meta.name));
+                println!("description: {}", escaped(&skill.meta.description));
+                println!("host:        {}", escaped_path(&skill.dir));
                 println!(
                     "sandbox:     {}",
-                    skill.sandbox_dir(Path::new("/workspace")).display()
+                    escaped_path(&skill.sandbox_dir(Path::new("/workspace")))
                 );
-                println!("scripts:     {}", skill.scripts().join(", "));
+                println!("scripts:     {}", escaped(&skill.scripts().join(", ")));
                 println!();
                 print!("{}", doc.body);
             }
@@ -321,17 +322,14 @@ fn stage_command(
             } else {
                 eprintln!(
                     "skillbox skills: staged {} from {source} into {}: {} written, {} unchanged, {} removed",
-                    report.skills.join(", "),
-                    workspace
-                        .join(skillbox_skills::SKILLS_CACHE)
-                        .join(source)
-                        .display(),
+                    escaped(&report.skills.join(", ")),
+                    escaped_path(&workspace.join(skillbox_skills::SKILLS_CACHE).join(source)),
                     report.written.len(),
                     report.unchanged,
                     report.removed.len()
                 );
                 for skipped in &report.skipped {
-                    eprintln!("skillbox skills: skipped {skipped}");
+                    eprintln!("skillbox skills: skipped {}", escaped(skipped));
                 }
             }
             ExitCode::SUCCESS

@@ -810,6 +810,75 @@ fn run_makes_the_example_deck() {
     assert_eq!(result.status.code(), Some(2));
 }
 
+/// A script names its files as it likes: a name with ESC, CR, a newline or a bidi
+/// override is printed escaped in skillbox's own lines (so it cannot erase them or fake
+/// one), copied out under its exact name, and given exactly in --json.
+#[test]
+fn run_prints_control_characters_in_file_names_escaped() {
+    if !native_or_skip("run_prints_control_characters_in_file_names_escaped") {
+        return;
+    }
+    let forged = "report\x1b[2K\rskillbox run: all files verified, nothing else written\x1b[8m.txt";
+    let split = "two\nlines.txt";
+    let reversed = "invoice\u{202e}fdp.txt";
+    let script = tempfile::Builder::new().suffix(".sh").tempfile().unwrap();
+    std::fs::write(
+        script.path(),
+        concat!(
+            "cd /workspace\n",
+            "printf x > \"$(printf 'report\\033[2K\\rskillbox run: all files verified, nothing else written\\033[8m.txt')\"\n",
+            "printf x > \"$(printf 'two\\nlines.txt')\"\n",
+            "printf x > \"$(printf 'invoice\\342\\200\\256fdp.txt')\"\n",
+        ),
+    )
+    .unwrap();
+    let script = script.path().to_str().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let result = skillbox(
+        &shared_data_dir(),
+        &["run", script, "--out", out.path().to_str().unwrap()],
+    );
+    let stderr = text(&result.stderr);
+    assert!(result.status.success(), "{stderr}");
+    assert!(!stderr.contains(['\x1b', '\r', '\u{202e}']), "{stderr:?}");
+    for shown in [
+        "report\\x1b[2K\\rskillbox run: all files verified, nothing else written\\x1b[8m.txt",
+        "two\\nlines.txt",
+        "invoice\\u{202e}fdp.txt",
+    ] {
+        let made = stderr
+            .lines()
+            .find(|line| line.contains(shown))
+            .unwrap_or_else(|| panic!("no line shows {shown:?}: {stderr:?}"));
+        assert!(made.starts_with("skillbox run: made "), "{made:?}");
+    }
+    assert!(
+        !stderr.lines().any(|line| line.starts_with("lines.txt")),
+        "a newline in a name starts no line: {stderr:?}"
+    );
+    for name in [forged, split, reversed] {
+        assert_eq!(
+            std::fs::read(out.path().join(name)).unwrap(),
+            b"x",
+            "{name:?}"
+        );
+    }
+    // --json: the exact names.
+    let result = skillbox(&shared_data_dir(), &["run", "--json", script]);
+    let json: Value = serde_json::from_slice(&result.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&result.stderr)));
+    let mut paths: Vec<&str> = json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    paths.sort_unstable();
+    let mut expected = vec![forged, split, reversed];
+    expected.sort_unstable();
+    assert_eq!(paths, expected);
+}
+
 /// `skillbox serve` on the shared data dir, a free loopback port and `extra` flags, once
 /// it accepts.
 fn start_serve(extra: &[&str]) -> (std::process::Child, String) {
