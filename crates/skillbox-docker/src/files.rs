@@ -8,7 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skillbox_env::{
     CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, FileInfo, FileKind, FileRead,
-    FileSystem, TextLines, Tree, TreeKind, WalkEntry, first_lines, too_many_entries,
+    FileSystem, TextLines, Tree, TreeKind, WalkEntry, first_lines, too_large_to_read,
+    too_many_entries,
 };
 
 use crate::daemon::{Collected, MAX_READ_BYTES, collect_exec};
@@ -397,6 +398,22 @@ impl FileSystem for DockerSandbox {
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>> {
         self.fs_op("read", &[self.arg(path)], None, path, cancel)
             .await
+    }
+
+    /// The helper stops after `max_bytes + 1` bytes of the one file it opened, so no
+    /// more than that crosses from the container.
+    async fn read_bytes_max(
+        &self,
+        path: &Path,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<u8>> {
+        let args = [self.arg(path), max_bytes.to_string()];
+        let out = self.fs_op("readmax", &args, None, path, cancel).await?;
+        if out.len() as u64 > max_bytes {
+            return Err(too_large_to_read(&self.absolute(path), max_bytes));
+        }
+        Ok(out)
     }
 
     async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {

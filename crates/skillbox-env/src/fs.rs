@@ -227,6 +227,18 @@ pub trait FileSystem: Send + Sync {
 
     async fn read_bytes(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<u8>>;
 
+    /// Reads the regular file at `path` (a final symlink is not followed: `invalid`),
+    /// at most `max_bytes` of it: the file is opened once and no more than `max_bytes +
+    /// 1` bytes are read from that open file, so one swapped in or grown since a stat
+    /// is refused like one that was too large all along ([`too_large_to_read`],
+    /// `resource_exhausted`), without the rest being read.
+    async fn read_bytes_max(
+        &self,
+        path: &Path,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<u8>>;
+
     /// Creates or replaces a file (atomically: readers see the old or the new content).
     async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()>;
 
@@ -347,8 +359,9 @@ pub trait FileSystem: Send + Sync {
     /// The content of each of `paths`, read only where it is a regular file of at most
     /// `max_bytes` (a symlink is not followed); see [`FileRead`].
     ///
-    /// The default stats and reads each; a backend for which every operation is a round
-    /// trip reads them together.
+    /// The default stats each and reads it with [`FileSystem::read_bytes_max`], so one
+    /// that grew since the stat is never read past the cap; a backend for which every
+    /// operation is a round trip reads them together.
     async fn read_files(
         &self,
         paths: &[PathBuf],
@@ -370,14 +383,15 @@ pub trait FileSystem: Send + Sync {
             } else if info.size > max_bytes {
                 FileRead::TooLarge(info.size)
             } else {
-                match self.read_bytes(path, cancel).await {
-                    // It may have grown since the stat.
-                    Ok(bytes) if bytes.len() as u64 > max_bytes => {
-                        FileRead::TooLarge(bytes.len() as u64)
-                    }
+                match self.read_bytes_max(path, max_bytes, cancel).await {
                     Ok(bytes) => FileRead::Content(bytes),
+                    // It grew since the stat, or another file took its place: what was
+                    // read stopped one byte past the cap.
+                    Err(e) if e.code == ErrorCode::ResourceExhausted => {
+                        FileRead::TooLarge(info.size.max(max_bytes.saturating_add(1)))
+                    }
                     Err(e) if e.code == ErrorCode::NotFound => FileRead::Missing,
-                    // Replaced by a directory or a special file since the stat.
+                    // Replaced by a directory, a symlink or a special file since the stat.
                     Err(e) if matches!(e.code, ErrorCode::IsDirectory | ErrorCode::Invalid) => {
                         FileRead::NotFile
                     }
@@ -396,6 +410,45 @@ pub fn too_many_entries(root: &Path, max: usize) -> EnvError {
         format!("walk {}: more than {max} entries", root.display()),
     )
     .with_path(root)
+}
+
+/// The error of a [`FileSystem::read_bytes_max`] that found more than `max` bytes.
+pub fn too_large_to_read(path: &Path, max: u64) -> EnvError {
+    EnvError::new(
+        ErrorCode::ResourceExhausted,
+        format!(
+            "read {}: more than the {max} bytes a read hands out",
+            path.display()
+        ),
+    )
+    .with_path(path)
+}
+
+/// The error of a [`FileSystem::read_bytes_max`] that found a symlink at `path`.
+pub fn symlink_not_read(path: &Path) -> EnvError {
+    EnvError::new(
+        ErrorCode::Invalid,
+        format!(
+            "read {}: a symlink, which a read does not follow",
+            path.display()
+        ),
+    )
+    .with_path(path)
+}
+
+/// Reads `file` to its end if that is at most `max` bytes, else fails with
+/// [`too_large_to_read`] having read `max + 1` bytes: a sparse or growing file cannot
+/// make it read more.
+pub fn read_at_most(file: impl std::io::Read, max: u64, path: &Path) -> EnvResult<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| EnvError::io(&e, "read", path))?;
+    if bytes.len() as u64 > max {
+        return Err(too_large_to_read(path, max));
+    }
+    Ok(bytes)
 }
 
 /// Reads at most `max` lines from `reader`.

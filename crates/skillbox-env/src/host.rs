@@ -18,7 +18,8 @@ use crate::error::{EnvError, EnvResult};
 use crate::exec::{ExecEvent, ExecRequest, ExecStream, StreamKind, pump_output};
 use crate::exit::{Ended, Ending};
 use crate::fs::{
-    DirEntry, FileInfo, FileKind, FileSystem, TextLines, Tree, TreeKind, first_lines, regular_file,
+    DirEntry, FileInfo, FileKind, FileSystem, TextLines, Tree, TreeKind, first_lines, read_at_most,
+    regular_file, symlink_not_read,
 };
 use crate::limits::{Limits, SandboxSpec};
 use crate::path::temp_name;
@@ -178,6 +179,27 @@ impl FileSystem for HostEnv {
                 .read_to_end(&mut bytes)
                 .map_err(|e| EnvError::io(&e, "read", &p))?;
             Ok(bytes)
+        })
+        .await
+    }
+
+    async fn read_bytes_max(
+        &self,
+        path: &Path,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<u8>> {
+        let p = self.absolute(path);
+        blocking(cancel, "read", move || {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
+                .open(&p)
+                .map_err(|e| match e.raw_os_error() {
+                    Some(libc::ELOOP) => symlink_not_read(&p),
+                    _ => EnvError::io(&e, "read", &p),
+                })?;
+            read_at_most(regular_file(file.into(), "read", &p)?, max_bytes, &p)
         })
         .await
     }

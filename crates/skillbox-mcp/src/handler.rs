@@ -457,7 +457,22 @@ impl SkillboxMcp {
                 ),
             ));
         }
-        let bytes = sandbox.env.read_bytes(&path, &cancel).await?;
+        // The size above is a quick answer; the read itself holds the bound, against a
+        // file that grew or was swapped for a bigger one since.
+        let bytes = sandbox
+            .env
+            .read_bytes_max(&path, MAX_READ_BYTES, &cancel)
+            .await
+            .map_err(|e| match e.code {
+                ErrorCode::ResourceExhausted => ToolError::new(
+                    ErrorCode::ResourceExhausted,
+                    format!(
+                        "{}: more than the {MAX_READ_BYTES} bytes read_file hands out; read a part with exec (head -c, tail -c)",
+                        path.display()
+                    ),
+                ),
+                _ => e.into(),
+            })?;
         let shown = path.display().to_string();
         Ok(match String::from_utf8(bytes.to_vec()) {
             Ok(text) => {

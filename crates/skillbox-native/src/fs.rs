@@ -47,6 +47,12 @@ impl Located {
     }
 
     fn open(&self, rel: &Path, flags: OFlags, mode: Mode, op: &str) -> EnvResult<OwnedFd> {
+        self.open_errno(rel, flags, mode)
+            .map_err(|e| self.err(e, op))
+    }
+
+    /// [`Located::open`], its failure the bare errno.
+    fn open_errno(&self, rel: &Path, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
         let rel = if rel.as_os_str().is_empty() {
             Path::new(".")
         } else {
@@ -59,7 +65,6 @@ impl Located {
             mode,
             ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
         )
-        .map_err(|e| self.err(e, op))
     }
 
     /// The file to read, opened without waiting on a FIFO: regular files only.
@@ -70,6 +75,22 @@ impl Located {
             Mode::empty(),
             "read",
         )?;
+        skillbox_env::regular_file(fd, "read", &self.shown)
+    }
+
+    /// As [`Located::open_to_read`], but a symlink at the path itself is refused
+    /// (`O_NOFOLLOW`), not followed.
+    fn open_to_read_no_follow(&self) -> EnvResult<std::fs::File> {
+        let fd = self
+            .open_errno(
+                &self.relative,
+                OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .map_err(|e| match e {
+                Errno::LOOP => skillbox_env::symlink_not_read(&self.shown),
+                e => self.err(e, "read"),
+            })?;
         skillbox_env::regular_file(fd, "read", &self.shown)
     }
 
@@ -435,6 +456,20 @@ impl FileSystem for NativeSandbox {
             file.read_to_end(&mut bytes)
                 .map_err(|e| EnvError::io(&e, "read", &loc.shown))?;
             Ok(bytes)
+        })
+        .await
+    }
+
+    async fn read_bytes_max(
+        &self,
+        path: &Path,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<u8>> {
+        let loc = self.locate(path)?;
+        blocking(cancel, "read", move || {
+            let file = loc.open_to_read_no_follow()?;
+            skillbox_env::read_at_most(file, max_bytes, &loc.shown)
         })
         .await
     }

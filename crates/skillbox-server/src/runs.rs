@@ -283,17 +283,7 @@ pub(crate) async fn admit_bytes(
     drop(queued);
     // The body is read only after this, within the bytes all bodies in memory may take
     // together, and held to that budget until the run ends.
-    let body_bytes = state
-        .body_bytes
-        .clone()
-        .try_acquire_many_owned(u32::try_from(announced).unwrap_or(u32::MAX))
-        .map_err(|_| {
-            metrics.rejected_overloaded.fetch_add(1, Ordering::Relaxed);
-            Failure::overloaded(
-                "the server holds as many request bodies as it may; retry later",
-                1,
-            )
-        })?;
+    let body_bytes = hold_body_bytes(state, announced)?;
     Ok(Admission {
         _tenant_run: tenant_run,
         _slot: permit,
@@ -315,10 +305,32 @@ pub(crate) fn grant(
     Ok(())
 }
 
+/// `bytes` of the budget of request bodies in memory (`--max-body-bytes-in-flight`),
+/// held until the permit is dropped, or 429 when they are not free now.
+pub(crate) fn hold_body_bytes(
+    state: &AppState,
+    bytes: usize,
+) -> Result<OwnedSemaphorePermit, Failure> {
+    state
+        .body_bytes
+        .clone()
+        .try_acquire_many_owned(u32::try_from(bytes).unwrap_or(u32::MAX))
+        .map_err(|_| {
+            state
+                .metrics
+                .rejected_overloaded
+                .fetch_add(1, Ordering::Relaxed);
+            Failure::overloaded(
+                "the server holds as many request bodies as it may; retry later",
+                1,
+            )
+        })
+}
+
 /// The body size to budget for a JSON request, from its headers: 415 unless it says
 /// JSON, 413 when it announces more than `limit` (an unannounced, chunked body is
 /// budgeted at `limit`, and reading stops there).
-fn json_body_size(headers: &HeaderMap, limit: usize) -> Result<usize, Failure> {
+pub(crate) fn json_body_size(headers: &HeaderMap, limit: usize) -> Result<usize, Failure> {
     let json = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -333,6 +345,13 @@ fn json_body_size(headers: &HeaderMap, limit: usize) -> Result<usize, Failure> {
             "request body: expected `Content-Type: application/json`",
         ));
     }
+    body_size(headers, limit)
+}
+
+/// The body size to budget for a request of any content type, from its headers: 413
+/// when it announces more than `limit`, else what it announces, or `limit` for an
+/// unannounced (chunked) body, whose reading stops there.
+pub(crate) fn body_size(headers: &HeaderMap, limit: usize) -> Result<usize, Failure> {
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -351,31 +370,39 @@ fn too_large(limit: usize) -> Failure {
     )
 }
 
-/// Reads at most `limit` bytes of body within `deadline` and parses them as `T`; an
-/// error names the field that did not fit.
+/// Reads at most `limit` bytes of body within `deadline`: 413 past `limit`, 504 when
+/// it is not all there in time.
+pub(crate) async fn read_body(
+    body: Body,
+    limit: usize,
+    deadline: Duration,
+) -> Result<axum::body::Bytes, Failure> {
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(Failure::new(
+            ErrorCode::Timeout,
+            format!("request body: not received within {} s", deadline.as_secs()),
+        )),
+        Ok(Err(e)) => {
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+            Err(if too_big {
+                too_large(limit)
+            } else {
+                Failure::new(ErrorCode::Invalid, format!("request body: {e}"))
+            })
+        }
+        Ok(Ok(bytes)) => Ok(bytes),
+    }
+}
+
+/// Reads at most `limit` bytes of body within `deadline` ([`read_body`]) and parses
+/// them as `T`; an error names the field that did not fit.
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     body: Body,
     limit: usize,
     deadline: Duration,
 ) -> Result<T, Failure> {
-    let bytes = match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
-        Err(_) => {
-            return Err(Failure::new(
-                ErrorCode::Timeout,
-                format!("request body: not received within {} s", deadline.as_secs()),
-            ));
-        }
-        Ok(Err(e)) => {
-            let too_big = std::error::Error::source(&e)
-                .is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
-            return Err(if too_big {
-                too_large(limit)
-            } else {
-                Failure::new(ErrorCode::Invalid, format!("request body: {e}"))
-            });
-        }
-        Ok(Ok(bytes)) => bytes,
-    };
+    let bytes = read_body(body, limit, deadline).await?;
     let mut parser = serde_json::Deserializer::from_slice(&bytes);
     serde_path_to_error::deserialize(&mut parser).map_err(|e| {
         let path = e.path().to_string();

@@ -35,7 +35,7 @@ use skillbox_run::{RunError, Scope};
 
 use crate::auth::Tenant;
 use crate::error::Failure;
-use crate::runs::read_json;
+use crate::runs::{body_size, hold_body_bytes, json_body_size, read_body, read_json};
 use crate::state::AppState;
 
 const WORKSPACE: &str = "/workspace";
@@ -43,6 +43,8 @@ const WORKSPACE: &str = "/workspace";
 const MAX_EXECS: usize = 4;
 /// The largest file `GET …/files/{path}` hands out.
 const MAX_READ_BYTES: u64 = 256 * 1024 * 1024;
+/// The largest `POST /v1/sessions` body.
+const MAX_CREATE_BODY: usize = 64 * 1024;
 /// How often the reaper looks.
 const REAP_EVERY: Duration = Duration::from_secs(2);
 
@@ -385,8 +387,11 @@ fn duration_field(
     responses(
         (status = 201, description = "Open", body = SessionInfo),
         (status = 400, description = "Bad request: the message names the field", body = ApiError),
-        (status = 429, description = "As many sessions open as the server or this tenant may have", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 415, description = "Not `Content-Type: application/json`", body = ApiError),
+        (status = 429, description = "As many sessions open as the server or this tenant may have, or as many request bodies held as the server may", body = ApiError),
         (status = 503, description = "The backend, or the scope's snapshot, is not available", body = ApiError),
+        (status = 504, description = "The body was not received within --body-timeout", body = ApiError),
     )
 )]
 pub(crate) async fn create(
@@ -395,8 +400,13 @@ pub(crate) async fn create(
     request: Request,
 ) -> Result<(StatusCode, Json<SessionInfo>), Failure> {
     let started = Instant::now();
+    let (parts, body) = request.into_parts();
+    // Refused by its headers before any of it is read; read within the body budget.
+    let announced = json_body_size(&parts.headers, MAX_CREATE_BODY)?;
+    let held = hold_body_bytes(&state, announced)?;
     let request: SessionCreateRequest =
-        read_json(request.into_body(), 64 * 1024, state.config.body_timeout).await?;
+        read_json(body, MAX_CREATE_BODY, state.config.body_timeout).await?;
+    drop(held);
     let kind = request.backend.unwrap_or(BackendKind::Native);
     if kind == BackendKind::Host {
         return Err(Failure::new(
@@ -695,7 +705,10 @@ fn workspace_path(raw: &str, field: &str) -> Result<PathBuf, Failure> {
         (status = 200, description = "NDJSON, one SessionExecEvent a line: started, stdout/stderr chunks as they come, then exit (or error)", body = SessionExecEvent, content_type = "application/x-ndjson"),
         (status = 400, description = "Bad request: the message names the field", body = ApiError),
         (status = 404, description = "No such session of this tenant", body = ApiError),
-        (status = 429, description = "As many execs running in this session as it takes", body = ApiError),
+        (status = 413, description = "Body too large", body = ApiError),
+        (status = 415, description = "Not `Content-Type: application/json`", body = ApiError),
+        (status = 429, description = "As many execs running in this session as it takes, or as many request bodies held as the server may", body = ApiError),
+        (status = 504, description = "The body was not received within --body-timeout", body = ApiError),
     )
 )]
 pub(crate) async fn exec(
@@ -705,12 +718,24 @@ pub(crate) async fn exec(
     request: Request,
 ) -> Result<Response, Failure> {
     let session = state.sessions.get(&tenant, &id)?;
-    let request: SessionExecRequest = read_json(
-        request.into_body(),
-        state.config.body_limit,
-        state.config.body_timeout,
-    )
-    .await?;
+    let (parts, body) = request.into_parts();
+    // Everything that can refuse the exec without its body does so before any of it is
+    // read: the headers, the session's bound on execs, the budget of bodies in memory.
+    let announced = json_body_size(&parts.headers, state.config.body_limit)?;
+    if session.running.fetch_add(1, Ordering::SeqCst) >= MAX_EXECS {
+        session.running.fetch_sub(1, Ordering::SeqCst);
+        return Err(Failure::overloaded(
+            format!("{MAX_EXECS} execs are running in this session; wait for one to end"),
+            1,
+        ));
+    }
+    let exec_id = format!("exe_{}", &new_id()[4..20]);
+    // Counted from here: a body still arriving holds its place among the session's execs.
+    let running = Running(session.clone(), exec_id.clone());
+    let held = hold_body_bytes(&state, announced)?;
+    let request: SessionExecRequest =
+        read_json(body, state.config.body_limit, state.config.body_timeout).await?;
+    drop(held);
     let mut exec = match (request.command.is_empty(), &request.shell) {
         (false, None) => ExecRequest::argv(request.command.clone()),
         (true, Some(script)) => ExecRequest::shell(script.clone()),
@@ -740,16 +765,7 @@ pub(crate) async fn exec(
         exec.timeout = Some(Duration::from_millis(ms));
     }
     exec.validate().map_err(env_failure)?;
-    if session.running.fetch_add(1, Ordering::SeqCst) >= MAX_EXECS {
-        session.running.fetch_sub(1, Ordering::SeqCst);
-        return Err(Failure::overloaded(
-            format!("{MAX_EXECS} execs are running in this session; wait for one to end"),
-            1,
-        ));
-    }
     session.touch();
-    let exec_id = format!("exe_{}", &new_id()[4..20]);
-    let running = Running(session.clone(), exec_id.clone());
     let cancel = session.ending.child_token();
     if let Ok(mut execs) = session.execs.lock() {
         execs.insert(exec_id.clone(), cancel.clone());
@@ -964,9 +980,11 @@ pub(crate) async fn read_file(
             ),
         ));
     }
+    // The size above is a quick answer; the read itself holds the bound, against a file
+    // that grew or was swapped for a bigger one since.
     let bytes = session
         .env
-        .read_bytes(&path, &cancel)
+        .read_bytes_max(&path, MAX_READ_BYTES, &cancel)
         .await
         .map_err(env_failure)?;
     Ok((
@@ -1000,6 +1018,8 @@ pub(crate) struct PutQuery {
         (status = 200, description = "Written"),
         (status = 404, description = "No such session of this tenant", body = ApiError),
         (status = 413, description = "Body too large", body = ApiError),
+        (status = 429, description = "As many request bodies held as the server may", body = ApiError),
+        (status = 504, description = "The body was not received within --body-timeout", body = ApiError),
     )
 )]
 pub(crate) async fn write_file(
@@ -1007,8 +1027,11 @@ pub(crate) async fn write_file(
     Extension(tenant): Extension<Tenant>,
     UrlPath((id, path)): UrlPath<(String, String)>,
     Query(query): Query<PutQuery>,
-    body: Bytes,
+    request: Request,
 ) -> Result<Json<serde_json::Value>, Failure> {
+    // The session and the path are checked, and the announced size, before any of the
+    // body is read; it is read within the body timeout and held within the budget of
+    // bodies in memory until it is written.
     let session = state.sessions.get(&tenant, &id)?;
     session.touch();
     let absolute = workspace_path(&path, "path")?;
@@ -1022,6 +1045,12 @@ pub(crate) async fn write_file(
             "path: names /workspace itself; give a file",
         ));
     }
+    let (parts, body) = request.into_parts();
+    let limit = state.config.body_limit;
+    let announced = body_size(&parts.headers, limit)?;
+    let _held = hold_body_bytes(&state, announced)?;
+    let body = read_body(body, limit, state.config.body_timeout).await?;
+    session.touch();
     let mut tree = skillbox_env::Tree::new();
     let size = body.len();
     tree.file(relative, body, query.executable)

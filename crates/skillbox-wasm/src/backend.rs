@@ -655,6 +655,15 @@ impl FileSystem for WasmSandbox {
         self.inner.read_bytes(path, cancel).await
     }
 
+    async fn read_bytes_max(
+        &self,
+        path: &Path,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<u8>> {
+        self.inner.read_bytes_max(path, max_bytes, cancel).await
+    }
+
     async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
         self.inner.write(path, data, cancel).await
     }

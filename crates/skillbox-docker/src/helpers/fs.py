@@ -312,6 +312,33 @@ def main(op, args):
                 if not chunk:
                     return
                 out.write(chunk)
+    if op == 'readmax':
+        # At most limit + 1 bytes of the file opened once, never through a final symlink:
+        # the caller refuses the file past limit, and a file grown or swapped in since it
+        # was looked at cannot make this read (or print) more.
+        path, left = args[0], int(args[1]) + 1
+        mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise OSError(22, 'a symlink, which a read does not follow')
+        refuse(mode)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY |
+                         os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise OSError(22, 'a symlink, which a read does not follow')
+            raise
+        try:
+            refuse(os.fstat(fd).st_mode)
+            while left > 0:
+                chunk = os.read(fd, min(1 << 20, left))
+                if not chunk:
+                    return
+                out.write(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+        return
     if op == 'canonical':
         return os.path.realpath(args[0], strict=True)
     if op == 'exists':
@@ -450,7 +477,7 @@ def main(op, args):
 
 try:
     result = main(sys.argv[1], sys.argv[2:])
-    if sys.argv[1] not in ('read', 'readmany', 'walkread'):
+    if sys.argv[1] not in ('read', 'readmax', 'readmany', 'walkread'):
         sys.stdout.write(dumps(result))
     sys.stdout.flush()
 except OSError as e:

@@ -515,6 +515,64 @@ pub async fn read_files_reads_only_regular_files_within_the_cap(env: &dyn Execut
     );
 }
 
+/// `read_bytes_max` hands out a regular file of at most its bound, and refuses one past
+/// it (`resource_exhausted`), a symlink (never followed), a directory, a FIFO (at once)
+/// and a missing path with the codes the other reads use.
+pub async fn read_bytes_max_reads_at_most_the_bound(env: &dyn ExecutionEnv) {
+    async fn read(env: &dyn ExecutionEnv, p: &str, max: u64) -> EnvResult<Vec<u8>> {
+        tokio::time::timeout(BOUND, env.read_bytes_max(path(p), max, &live()))
+            .await
+            .unwrap_or_else(|_| panic!("read_bytes_max {p} is still waiting"))
+    }
+    mkdir(env, "m").await;
+    write(env, "m/ten.bin", [1u8; 10]).await;
+    write(env, "m/empty.txt", "").await;
+    sh_ok(
+        env,
+        "cd m && ln -s ten.bin link && mkdir dir && mkfifo fifo",
+    )
+    .await;
+    assert_eq!(read(env, "m/ten.bin", 10).await.ok(), Some(vec![1u8; 10]));
+    assert_eq!(read(env, "m/ten.bin", 11).await.ok(), Some(vec![1u8; 10]));
+    assert_eq!(read(env, "m/empty.txt", 0).await.ok(), Some(Vec::new()));
+    assert_code(
+        read(env, "m/ten.bin", 9).await,
+        ErrorCode::ResourceExhausted,
+        "read_bytes_max of 10 bytes with a bound of 9",
+    );
+    assert_code(
+        read(env, "m/ten.bin", 0).await,
+        ErrorCode::ResourceExhausted,
+        "read_bytes_max of 10 bytes with a bound of 0",
+    );
+    assert_code(
+        read(env, "m/link", 10).await,
+        ErrorCode::Invalid,
+        "read_bytes_max of a symlink",
+    );
+    assert_code(
+        read(env, "m/dir", 10).await,
+        ErrorCode::IsDirectory,
+        "read_bytes_max of a directory",
+    );
+    assert_code(
+        read(env, "m/fifo", 10).await,
+        ErrorCode::Invalid,
+        "read_bytes_max of a FIFO",
+    );
+    assert_code(
+        read(env, "m/missing", 10).await,
+        ErrorCode::NotFound,
+        "read_bytes_max of a missing file",
+    );
+    assert_code(
+        env.read_bytes_max(path("m/ten.bin"), 10, &cancelled())
+            .await,
+        ErrorCode::Aborted,
+        "read_bytes_max cancelled",
+    );
+}
+
 /// A FIFO (or any special file) planted where a file is expected fails every read and
 /// append at once, with `invalid`: no tool, agent run or shutdown waits on a writer that
 /// never comes.

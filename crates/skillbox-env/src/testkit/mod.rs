@@ -110,6 +110,7 @@ macro_rules! conformance_suite {
                     walk_lists_the_tree_without_following_symlinks,
                     read_files_reads_only_regular_files_within_the_cap,
                     read_files_after_a_walk_sees_later_changes,
+                    read_bytes_max_reads_at_most_the_bound,
                     put_tree_places_dirs_and_files_with_their_modes,
                     put_tree_replaces_files_with_the_tree_s_mode,
                     put_tree_scripts_run_by_their_path,

@@ -24,6 +24,15 @@ struct Served {
 }
 
 async fn serve(sessions: SessionConfig) -> Option<Served> {
+    serve_with(ServerConfig {
+        sessions,
+        ..ServerConfig::default()
+    })
+    .await
+}
+
+/// A server of `config` with ana's and bob's keys.
+async fn serve_with(config: ServerConfig) -> Option<Served> {
     let native = skillbox_native::probe();
     if !native.available {
         skillbox_env::testkit::skip("sessions over http", &native.reason.unwrap_or_default());
@@ -36,8 +45,7 @@ async fn serve(sessions: SessionConfig) -> Option<Served> {
     let keys = ApiKeys::from_pairs(&format!("ana={ANA},bob={BOB}")).unwrap();
     let config = ServerConfig {
         keys: Some(Arc::new(keys)),
-        sessions,
-        ..ServerConfig::default()
+        ..config
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -106,6 +114,75 @@ impl Served {
             response,
             buffer: Vec::new(),
         }
+    }
+}
+
+/// A request whose head, and `sent` of its body, is all a client sends: the server
+/// must answer it without the rest. [`Stalled::answer`] reads that answer.
+struct Stalled(tokio::net::TcpStream);
+
+impl Served {
+    /// Sends `method path` as ana with `content_type`, announcing `length` bytes of body
+    /// (chunked when `None`), then `sent` of them, and never the rest.
+    async fn stall(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        length: Option<usize>,
+        sent: &[u8],
+    ) -> Stalled {
+        use tokio::io::AsyncWriteExt;
+        let addr = self.base.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let framing = match length {
+            Some(length) => format!("Content-Length: {length}"),
+            None => "Transfer-Encoding: chunked".to_string(),
+        };
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ANA}\r\n\
+             Content-Type: {content_type}\r\n{framing}\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(sent).await.unwrap();
+        Stalled(stream)
+    }
+}
+
+impl Stalled {
+    /// The status and JSON body of the server's answer, read for at most `within`.
+    async fn answer(mut self, within: Duration) -> (u16, Value) {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(within, async {
+            let mut buf = [0u8; 4096];
+            loop {
+                match self.0.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+                let text = String::from_utf8_lossy(&got).to_lowercase();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length = head
+                        .lines()
+                        .find_map(|line| line.strip_prefix("content-length:"))
+                        .and_then(|value| value.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if body.len() >= length {
+                        return;
+                    }
+                }
+            }
+        })
+        .await;
+        let text = String::from_utf8_lossy(&got).to_string();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("no answer within {within:?}: {text:?}"));
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        (status, serde_json::from_str(body).unwrap_or(Value::Null))
     }
 }
 
@@ -497,5 +574,157 @@ except urllib.error.HTTPError as e:
             .contains("egress"),
         "{answer}"
     );
+    served.shutdown.cancel();
+}
+
+/// A session request's body is refused by what can refuse it before any of it is read
+/// (no such session, too large by its length, not JSON, the session's execs all taken),
+/// and one that never finishes is ended by the body timeout, its exec's place freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_bodies_are_refused_before_they_are_read_and_timed_out() {
+    let Some(served) = serve_with(ServerConfig {
+        body_timeout: Duration::from_secs(1),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let soon = Duration::from_secs(5);
+    // No such session: 404 without waiting for the 48 MiB announced.
+    let began = Instant::now();
+    let (status, error) = served
+        .stall(
+            "PUT",
+            "/v1/sessions/ses_00000000000000000000000000000000/files/big.bin",
+            "application/octet-stream",
+            Some(48 * 1024 * 1024),
+            b"",
+        )
+        .await
+        .answer(soon)
+        .await;
+    assert_eq!(status, 404, "{error}");
+    assert!(began.elapsed() < soon);
+
+    // Not JSON: 415, before the body and before a sandbox is made.
+    for (path, what) in [
+        ("/v1/sessions", "create"),
+        (
+            "/v1/sessions/ses_00000000000000000000000000000000/exec",
+            "exec",
+        ),
+    ] {
+        let response = served
+            .http
+            .post(format!("{}{path}", served.base))
+            .bearer_auth(ANA)
+            .header("content-type", "text/plain")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        let (status, error) = (response.status().as_u16(), response.text().await.unwrap());
+        let expected = if what == "create" { 415 } else { 404 };
+        assert_eq!(status, expected, "{what}: {error}");
+    }
+
+    let (status, opened) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{opened}");
+    let id = opened["id"].as_str().unwrap().to_string();
+    let response = served
+        .http
+        .post(format!("{}/v1/sessions/{id}/exec", served.base))
+        .bearer_auth(ANA)
+        .header("content-type", "text/plain")
+        .body(r#"{"shell": "echo ran > ran.txt"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 415);
+    assert_eq!(
+        served
+            .get(ANA, &format!("/v1/sessions/{id}/files/ran.txt"))
+            .await
+            .status(),
+        404,
+        "a text/plain exec ran"
+    );
+
+    // Announced over the body limit: 413 without the body.
+    let files = format!("/v1/sessions/{id}/files/big.bin");
+    let (status, error) = served
+        .stall(
+            "PUT",
+            &files,
+            "application/octet-stream",
+            Some(49 * 1024 * 1024),
+            b"",
+        )
+        .await
+        .answer(soon)
+        .await;
+    assert_eq!(status, 413, "{error}");
+
+    // A body that never finishes is ended by the body timeout (1 s here), announced or
+    // chunked, and nothing is written.
+    for length in [Some(100), None] {
+        let began = Instant::now();
+        let sent: &[u8] = if length.is_some() {
+            b"0123456789"
+        } else {
+            b"a\r\n0123456789\r\n"
+        };
+        let (status, error) = served
+            .stall("PUT", &files, "application/octet-stream", length, sent)
+            .await
+            .answer(soon)
+            .await;
+        assert_eq!(status, 504, "{length:?}: {error}");
+        assert!(began.elapsed() >= Duration::from_secs(1), "{length:?}");
+    }
+    assert_eq!(served.get(ANA, &files).await.status(), 404);
+
+    // Execs whose bodies are still coming hold the session's places: the fifth is 429 at
+    // once, and the places are free again once the body timeout ends them.
+    let exec = format!("/v1/sessions/{id}/exec");
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        stalled.push(
+            served
+                .stall("POST", &exec, "application/json", Some(100), b"{")
+                .await,
+        );
+    }
+    let began = Instant::now();
+    loop {
+        let info: Value = served
+            .get(ANA, &format!("/v1/sessions/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if info["execsRunning"] == 4 {
+            break;
+        }
+        assert!(
+            began.elapsed() < soon,
+            "the stalled execs never counted: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, error) = served
+        .stall("POST", &exec, "application/json", Some(100), b"")
+        .await
+        .answer(Duration::from_millis(900))
+        .await;
+    assert_eq!(status, 429, "{error}");
+    for waiting in stalled {
+        let (status, error) = waiting.answer(soon).await;
+        assert_eq!(status, 504, "{error}");
+    }
+    let mut events = served.exec(ANA, &id, json!({"shell": "echo after"})).await;
+    let events = events.rest().await;
+    assert_eq!(events.last().unwrap()["type"], "exit", "{events:?}");
     served.shutdown.cancel();
 }
