@@ -506,3 +506,144 @@ pub fn regular_file(fd: std::os::fd::OwnedFd, op: &str, path: &Path) -> EnvResul
         .map_err(|e| EnvError::io(&e.into(), op, path))?;
     Ok(std::fs::File::from(fd))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+    use crate::HostEnv;
+
+    /// A host env whose `file_info` answers as if each file were 1 byte (a stat taken
+    /// before the file grew) and whose `read_bytes` must not be called: what the default
+    /// `read_files` does when a file grows between its stat and its read.
+    struct StaleStat(HostEnv);
+
+    #[async_trait]
+    impl FileSystem for StaleStat {
+        fn cwd(&self) -> &Path {
+            self.0.cwd()
+        }
+        async fn canonical(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<PathBuf> {
+            self.0.canonical(path, cancel).await
+        }
+        async fn exists(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<bool> {
+            self.0.exists(path, cancel).await
+        }
+        async fn file_info(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<FileInfo> {
+            let info = self.0.file_info(path, cancel).await?;
+            Ok(FileInfo { size: 1, ..info })
+        }
+        async fn list_dir(
+            &self,
+            path: &Path,
+            cancel: &CancellationToken,
+        ) -> EnvResult<Vec<DirEntry>> {
+            self.0.list_dir(path, cancel).await
+        }
+        async fn read_text(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<String> {
+            self.0.read_text(path, cancel).await
+        }
+        async fn read_text_lines(
+            &self,
+            path: &Path,
+            max: usize,
+            cancel: &CancellationToken,
+        ) -> EnvResult<TextLines> {
+            self.0.read_text_lines(path, max, cancel).await
+        }
+        async fn read_bytes(&self, path: &Path, _: &CancellationToken) -> EnvResult<Vec<u8>> {
+            panic!("{} was read whole", path.display())
+        }
+        async fn read_bytes_max(
+            &self,
+            path: &Path,
+            max_bytes: u64,
+            cancel: &CancellationToken,
+        ) -> EnvResult<Vec<u8>> {
+            self.0.read_bytes_max(path, max_bytes, cancel).await
+        }
+        async fn write(
+            &self,
+            path: &Path,
+            data: &[u8],
+            cancel: &CancellationToken,
+        ) -> EnvResult<()> {
+            self.0.write(path, data, cancel).await
+        }
+        async fn append(
+            &self,
+            path: &Path,
+            data: &[u8],
+            cancel: &CancellationToken,
+        ) -> EnvResult<()> {
+            self.0.append(path, data, cancel).await
+        }
+        async fn rename(
+            &self,
+            from: &Path,
+            to: &Path,
+            cancel: &CancellationToken,
+        ) -> EnvResult<()> {
+            self.0.rename(from, to, cancel).await
+        }
+        async fn remove(
+            &self,
+            path: &Path,
+            recursive: bool,
+            cancel: &CancellationToken,
+        ) -> EnvResult<()> {
+            self.0.remove(path, recursive, cancel).await
+        }
+        async fn create_dir(
+            &self,
+            path: &Path,
+            recursive: bool,
+            cancel: &CancellationToken,
+        ) -> EnvResult<()> {
+            self.0.create_dir(path, recursive, cancel).await
+        }
+        async fn create_temp_dir(
+            &self,
+            prefix: &str,
+            cancel: &CancellationToken,
+        ) -> EnvResult<PathBuf> {
+            self.0.create_temp_dir(prefix, cancel).await
+        }
+        async fn create_temp_file(
+            &self,
+            prefix: &str,
+            cancel: &CancellationToken,
+        ) -> EnvResult<PathBuf> {
+            self.0.create_temp_file(prefix, cancel).await
+        }
+        async fn cleanup(&self) -> EnvResult<()> {
+            self.0.cleanup().await
+        }
+    }
+
+    #[tokio::test]
+    async fn read_files_never_reads_a_file_grown_since_its_stat_past_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = StaleStat(HostEnv::new(dir.path(), dir.path().join("tmp")));
+        let live = CancellationToken::new();
+        env.write(Path::new("grown.bin"), &[7u8; 1000], &live)
+            .await
+            .unwrap();
+        env.write(Path::new("small.txt"), b"small", &live)
+            .await
+            .unwrap();
+        let read = env
+            .read_files(
+                &[PathBuf::from("grown.bin"), PathBuf::from("small.txt")],
+                10,
+                &live,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            read,
+            [FileRead::TooLarge(11), FileRead::Content(b"small".to_vec())]
+        );
+    }
+}
