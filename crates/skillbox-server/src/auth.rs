@@ -247,6 +247,9 @@ pub(crate) async fn guard(
             return closing_if_unread(&request, response);
         }
     }
+    if let Some(refusal) = cross_origin(&request) {
+        return closing_if_unread(&request, refusal);
+    }
     let tenant = match &state.config.keys {
         None => Tenant(LOCAL_TENANT.into()),
         // The UI's static files hold no data; what they fetch sends the key.
@@ -283,6 +286,51 @@ pub(crate) async fn guard(
     };
     request.extensions_mut().insert(tenant);
     next.run(request).await
+}
+
+/// A request that may change something (any method but GET, HEAD and OPTIONS) sent by a
+/// web page of another origin is refused: a browser sends `Origin` with it, and lets a
+/// page send a form-like POST to any address without asking first, so a page the user
+/// visits could otherwise start runs, sessions or services on a server on loopback
+/// without keys (the Host check does not stop it: the browser names the server's own
+/// host). The server sends no CORS headers, so such a page could never read an answer;
+/// clients that are not browsers send no `Origin` and are not affected.
+fn cross_origin(request: &Request) -> Option<Response> {
+    use axum::http::Method;
+    if matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    ) {
+        return None;
+    }
+    let origin = request.headers().get(header::ORIGIN)?;
+    let origin = origin
+        .to_str()
+        .unwrap_or("null")
+        .trim()
+        .to_ascii_lowercase();
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    if authority.is_some_and(|a| !host.is_empty() && a == host) {
+        return None;
+    }
+    Some(
+        Failure::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "Origin {origin:?} is not this server ({host:?}): a request from another site's page is refused"
+            ),
+        )
+        .into_response(),
+    )
 }
 
 /// A refusal sent before the request's body is read ends the connection, and says so:

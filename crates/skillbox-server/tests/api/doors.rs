@@ -182,6 +182,75 @@ async fn a_foreign_host_header_is_refused_before_anything_runs() {
     }
 }
 
+/// A web page of another site can make the browser send a simple POST (`text/plain`,
+/// no preflight) to a keyless server on loopback, with the server's own Host: the
+/// browser's `Origin` gives it away, and every request that could change something is
+/// refused by it (a run, a session, a service start) before anything happens. The
+/// server's own page (same origin) and clients that send no `Origin` go on working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_from_another_sites_page_changes_nothing() {
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let post = |path: &str, origin: Option<&str>, content_type: &str, body: &str| {
+        let mut request = server
+            .http
+            .post(format!("{}{path}", server.base))
+            .header("content-type", content_type)
+            .body(body.to_string());
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+    let run = r#"{"script": "echo ran", "language": "sh"}"#;
+    for origin in [
+        "http://evil.example",
+        "null",
+        "https://127.0.0.1.evil.example",
+    ] {
+        for (path, content_type, body) in [
+            ("/v1/run", "application/json", run),
+            ("/v1/sessions", "text/plain", "{}"),
+            ("/v1/capabilities/anything/start", "text/plain", ""),
+        ] {
+            let response = post(path, Some(origin), content_type, body).await.unwrap();
+            assert_eq!(response.status(), 403, "{origin} {path}");
+            let json: Value = response.json().await.unwrap();
+            assert!(is_error(&json, "permission_denied"), "{json}");
+            assert!(json.to_string().contains("Origin"), "{json}");
+        }
+    }
+    let metrics = metrics_text(&server).await;
+    assert!(
+        metrics.contains("skillbox_runs_total{outcome=\"ok\"} 0"),
+        "a refused request ran nothing: {metrics}"
+    );
+    let sessions: Value = server
+        .http
+        .get(format!("{}/v1/sessions", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sessions["sessions"], json!([]), "{sessions}");
+    // The server's own page, and a client that sends no Origin.
+    let own = format!("http://{}", server.addr());
+    for origin in [Some(own.as_str()), None] {
+        let response = post("/v1/run", origin, "application/json", run)
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{origin:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_gate_every_route_but_healthz() {
     let Some(server) = start(ServerConfig {
