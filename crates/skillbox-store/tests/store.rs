@@ -358,6 +358,18 @@ impl FileSystem for Tripwire {
             .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::SeqCst);
         Ok(bytes)
     }
+    async fn read_bytes_max(
+        &self,
+        path: &Path,
+        max_bytes: u64,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Vec<u8>> {
+        self.check(path)?;
+        let bytes = self.inner.read_bytes_max(path, max_bytes, cancel).await?;
+        self.bytes_read
+            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::SeqCst);
+        Ok(bytes)
+    }
     async fn write(&self, path: &Path, data: &[u8], cancel: &CancellationToken) -> EnvResult<()> {
         self.inner.write(path, data, cancel).await
     }
