@@ -247,7 +247,12 @@ pub(crate) async fn guard(
             return closing_if_unread(&request, response);
         }
     }
-    if let Some(refusal) = cross_origin(&request) {
+    // Without keys only: a browser never attaches a bearer key by itself, so a keyed
+    // server is not reachable this way, and a proxy in front of it that rewrites Host
+    // keeps working.
+    if state.config.keys.is_none()
+        && let Some(refusal) = cross_origin(&request)
+    {
         return closing_if_unread(&request, refusal);
     }
     let tenant = match &state.config.keys {
@@ -288,8 +293,8 @@ pub(crate) async fn guard(
     next.run(request).await
 }
 
-/// A request that may change something (any method but GET, HEAD and OPTIONS) sent by a
-/// web page of another origin is refused: a browser sends `Origin` with it, and lets a
+/// On a server without keys, a request that may change something (any method but GET,
+/// HEAD and OPTIONS) sent by a web page of another origin is refused: a browser sends `Origin` with it, and lets a
 /// page send a form-like POST to any address without asking first, so a page the user
 /// visits could otherwise start runs, sessions or services on a server on loopback
 /// without keys (the Host check does not stop it: the browser names the server's own

@@ -183,7 +183,7 @@ async fn a_foreign_host_header_is_refused_before_anything_runs() {
 }
 
 /// A web page of another site can make the browser send a simple POST (`text/plain`,
-/// no preflight) to a keyless server on loopback, with the server's own Host: the
+/// no preflight) to a server on loopback without keys, with the server's own Host: the
 /// browser's `Origin` gives it away, and every request that could change something is
 /// refused by it (a run, a session, a service start) before anything happens. The
 /// server's own page (same origin) and clients that send no `Origin` go on working.
@@ -249,6 +249,29 @@ async fn a_request_from_another_sites_page_changes_nothing() {
             .unwrap();
         assert_eq!(response.status(), 200, "{origin:?}");
     }
+
+    // With keys a page cannot send one (a browser attaches no bearer key by itself): the
+    // key decides, whatever the Origin (a proxy that rewrites Host keeps working).
+    let Some(keyed) = start(ServerConfig {
+        addr: local(),
+        keys: keys(),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let response = keyed
+        .http
+        .post(format!("{}/v1/run", keyed.base))
+        .header("origin", "https://skillbox.example")
+        .bearer_auth(KEY_A)
+        .header("content-type", "application/json")
+        .body(run.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
