@@ -284,36 +284,12 @@ fn in_user_namespace(
 ) -> Result<(OwnedFd, Option<Kept>), String> {
     // Inside the child's namespace, our uid and gid are 0.
     let options = Options::new(bytes, inodes, HostIds { uid: 0, gid: 0 });
-    let (ours, theirs) = seqpacket_pair()?;
-    // SAFETY: a fork-like clone into new user and mount namespaces. The child runs
-    // `child_main`: raw syscalls only, and it always exits.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
-    if pid == 0 {
-        // SAFETY: we are the child; see above.
-        unsafe { child_main(theirs.as_raw_fd(), ours.as_raw_fd(), &options) }
-    }
-    drop(theirs);
-    if pid < 0 {
-        return Err(format!(
-            "user_ns: cannot make the tmpfs's namespace (clone: {})",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let pid = pid as i32;
-    let reap = || {
-        let mut status = 0;
-        // SAFETY: reaping the child we made.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-    };
+    let (pid, ours) = spawn_helper(
+        libc::CLONE_NEWUSER | libc::CLONE_NEWNS,
+        "user_ns: cannot make the tmpfs's namespace",
+        // SAFETY: `child_main` makes raw syscalls only, and options outlives it.
+        |socket| unsafe { child_main(socket, &options) },
+    )?;
     let maps = (|| -> std::io::Result<()> {
         std::fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
         std::fs::write(
@@ -332,8 +308,7 @@ fn in_user_namespace(
     };
     // SAFETY: one byte from a stack array to our socket.
     unsafe { libc::send(ours.as_raw_fd(), go.as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
-    let answer = receive(&ours);
-    reap();
+    let answer = answer_of(pid, &ours);
     if let Err(e) = maps {
         return Err(format!(
             "user_ns: cannot write the tmpfs namespace's map: {e}"
@@ -347,44 +322,19 @@ fn in_user_namespace(
 /// (Root needs no user namespace to join it, and the tmpfs stays in the host's, so the
 /// host-side view writes to it as root can.)
 fn keep_as_root(mount: OwnedFd) -> Result<(OwnedFd, Kept), String> {
-    let (ours, theirs) = seqpacket_pair()?;
-    // SAFETY: a fork-like clone into a new mount namespace. The child runs raw syscalls
-    // only, and it always exits.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_NEWNS | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
-    if pid == 0 {
-        // SAFETY: we are the child: raw syscalls on fds it holds, then an exit without
-        // unwinding. It never waits for the parent's end (see `child_main`).
-        unsafe {
-            libc::close(ours.as_raw_fd());
-            let socket = theirs.as_raw_fd();
+    let (pid, ours) = spawn_helper(
+        libc::CLONE_NEWNS,
+        "mnt_ns: cannot make the tmpfs's mount namespace",
+        // SAFETY: raw syscalls on fds the child holds. It never waits for the parent's
+        // end (see `child_main`).
+        |socket| unsafe {
             match keep_here(mount.as_raw_fd()) {
                 Ok((_user, mnt)) => answer(socket, [-3, 0], &[mount.as_raw_fd(), mnt]),
                 Err(errno) => answer(socket, [11, errno], &[]),
             }
-            libc::_exit(0)
-        }
-    }
-    drop(theirs);
-    if pid < 0 {
-        return Err(format!(
-            "mnt_ns: cannot make the tmpfs's mount namespace (clone: {})",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let answer = receive(&ours);
-    let mut status = 0;
-    // SAFETY: reaping the child we made.
-    unsafe { libc::waitpid(pid as i32, &mut status, 0) };
-    match answer? {
+        },
+    )?;
+    match answer_of(pid, &ours)? {
         (mount, Some(kept)) => Ok((mount, kept)),
         (_, None) => Err("the tmpfs helper sent no mount namespace".into()),
     }
@@ -394,43 +344,63 @@ impl Kept {
     /// A clone of `mount` (attached in these namespaces), made by a short-lived child
     /// that joins them: only from inside may it be cloned on such a kernel.
     fn clone_mount(&self, mount: &OwnedFd) -> Result<OwnedFd, String> {
-        let (ours, theirs) = seqpacket_pair()?;
-        // SAFETY: a fork-like clone; the child runs `clone_main`: raw syscalls only,
-        // and it always exits.
-        let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                libc::SIGCHLD as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
-            )
-        };
-        if pid == 0 {
-            // SAFETY: we are the child; see above.
-            unsafe {
-                clone_main(
-                    theirs.as_raw_fd(),
-                    self.user.as_ref().map_or(-1, AsRawFd::as_raw_fd),
-                    self.mnt.as_raw_fd(),
-                    mount.as_raw_fd(),
-                )
-            }
-        }
-        drop(theirs);
-        if pid < 0 {
-            return Err(format!(
-                "clone the tmpfs for an exec: fork: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        let answer = receive(&ours);
-        let mut status = 0;
-        // SAFETY: reaping the child we made.
-        unsafe { libc::waitpid(pid as i32, &mut status, 0) };
-        answer.map(|(clone, _)| clone)
+        let user = self.user.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+        let (pid, ours) = spawn_helper(
+            0,
+            "clone the tmpfs for an exec",
+            // SAFETY: `clone_main` makes raw syscalls only, on fds the child holds.
+            |socket| unsafe { clone_main(socket, user, self.mnt.as_raw_fd(), mount.as_raw_fd()) },
+        )?;
+        answer_of(pid, &ours).map(|(clone, _)| clone)
     }
+}
+
+/// Starts a helper child: a fork-like clone into the new `namespaces` given (0: none)
+/// that runs `child` on its end of a fresh socket pair (ours closed there) and exits.
+/// Here: its pid and our end. A failed clone is `what` with the errno.
+///
+/// `child` runs in a fork of a threaded process: raw syscalls only, no allocation.
+fn spawn_helper(
+    namespaces: libc::c_int,
+    what: &str,
+    child: impl FnOnce(i32),
+) -> Result<(i32, OwnedFd), String> {
+    let (ours, theirs) = seqpacket_pair()?;
+    // SAFETY: a fork-like clone; the child runs `child` and exits without unwinding.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (namespaces | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid == 0 {
+        // SAFETY: we are the child: our copy of the parent's end is not ours to use.
+        unsafe { libc::close(ours.as_raw_fd()) };
+        child(theirs.as_raw_fd());
+        // SAFETY: exiting without unwinding.
+        unsafe { libc::_exit(0) }
+    }
+    drop(theirs);
+    if pid < 0 {
+        return Err(format!(
+            "{what}: clone: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok((pid as i32, ours))
+}
+
+/// A helper's answer ([`receive`]), once it has been reaped.
+fn answer_of(pid: i32, ours: &OwnedFd) -> Result<(OwnedFd, Option<Kept>), String> {
+    let answer = receive(ours);
+    let mut status = 0;
+    // SAFETY: reaping the child we made.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    answer
 }
 
 /// A connected pair of `SOCK_SEQPACKET` sockets: ours, and the child's.
@@ -503,9 +473,7 @@ unsafe fn clone_main(socket: i32, user: i32, mnt: i32, mount: i32) -> ! {
 ///
 /// # Safety
 /// Runs after a fork-like clone: raw syscalls only, never returns.
-unsafe fn child_main(socket: i32, parents: i32, options: &Options) -> ! {
-    // SAFETY: closing our copy of the parent's end, which is not ours to use.
-    unsafe { libc::close(parents) };
+unsafe fn child_main(socket: i32, options: &Options) -> ! {
     let mut go = 0u8;
     // SAFETY: reading one byte into a stack variable.
     let got = unsafe { libc::recv(socket, (&mut go as *mut u8).cast(), 1, 0) };
