@@ -1066,8 +1066,10 @@ impl Shell for NativeSandbox {
         let shutdown = self.shutdown.clone();
         let one_shot = self.one_shot;
         let scratch = self.scratch.clone();
-        let program = request.command.to_argv()[0].clone();
-        let address_space = self.address_space_bound();
+        // What a crash note needs, only where one can be given (not on every exec).
+        let crash_note_for = self
+            .address_space_bound()
+            .map(|bytes| (request.command.to_argv()[0].clone(), bytes));
         self.running.spawn(async move {
             let _egress = egress_done;
             let mut timed_out = false;
@@ -1142,7 +1144,9 @@ impl Shell for NativeSandbox {
                 (failed && scratch.as_ref().is_some_and(|s| s.is_full()))
                     .then_some(skillbox_env::LimitKind::Disk)
             });
-            if let Some(note) = address_space.and_then(|bytes| crash_note(&program, &ending, bytes))
+            if let Some(note) = crash_note_for
+                .as_ref()
+                .and_then(|(program, bytes)| crash_note(program, &ending, *bytes))
             {
                 let _ = tx.send(Ok(ExecEvent::Stderr(note.into_bytes().into()))).await;
             }
