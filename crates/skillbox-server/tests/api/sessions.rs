@@ -217,6 +217,27 @@ impl Events {
     }
 }
 
+impl Served {
+    /// Polls ANA's session `id` until it counts `n` execs running; fails with `what`
+    /// and the session's info if that takes longer than `bound`.
+    async fn wait_execs_running(&self, id: &str, n: u64, bound: Duration, what: &str) {
+        let began = Instant::now();
+        loop {
+            let info: Value = self
+                .get(ANA, &format!("/v1/sessions/{id}"))
+                .await
+                .json()
+                .await
+                .unwrap();
+            if info["execsRunning"] == n {
+                return;
+            }
+            assert!(began.elapsed() < bound, "{what}: {info}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// True once no host process's command line holds `needle`.
 fn gone(needle: &str) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().all(|e| {
@@ -423,23 +444,9 @@ async fn a_client_gone_cancels_an_exec_that_writes_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let began = Instant::now();
-    loop {
-        let info: Value = served
-            .get(ANA, &format!("/v1/sessions/{id}"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        if info["execsRunning"] == 0 {
-            break;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(20),
-            "the exec is still counted: {info}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    served
+        .wait_execs_running(&id, 0, Duration::from_secs(20), "the exec is still counted")
+        .await;
     served.shutdown.cancel();
 }
 
@@ -696,23 +703,9 @@ async fn session_bodies_are_refused_before_they_are_read_and_timed_out() {
                 .await,
         );
     }
-    let began = Instant::now();
-    loop {
-        let info: Value = served
-            .get(ANA, &format!("/v1/sessions/{id}"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        if info["execsRunning"] == 4 {
-            break;
-        }
-        assert!(
-            began.elapsed() < soon,
-            "the stalled execs never counted: {info}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    served
+        .wait_execs_running(&id, 4, soon, "the stalled execs never counted")
+        .await;
     let (status, error) = served
         .stall("POST", &exec, "application/json", Some(100), b"")
         .await
