@@ -618,8 +618,10 @@ fn an_idle_tunnel_is_closed() {
         let mut sent = 0;
         let mut last_sent = opened;
         while opened.elapsed() < idle * 3 {
-            client.write_all(b"x").await.unwrap();
+            // Taken before the write: the proxy may read the byte (and restart its idle
+            // clock) before the write call returns here.
             last_sent = std::time::Instant::now();
+            client.write_all(b"x").await.unwrap();
             sent += 1;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
