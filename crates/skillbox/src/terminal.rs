@@ -9,8 +9,9 @@ use std::fmt::Write as _;
 /// `text` with every control character (C0, DEL, C1) and every bidi embedding, override
 /// or isolate (U+202A–U+202E, U+2066–U+2069) written as a visible escape: `\n`, `\r`,
 /// `\t`, `\x1b` for the rest of C0 and DEL, `\u{85}` for C1 and the bidi characters.
-/// Everything else, non-ASCII letters included, is left as it is. For `--json`, print
-/// the name itself: JSON escapes it already.
+/// A backslash is written `\\`, so a name holding the text `\x1b` cannot pass for one
+/// holding an ESC. Everything else, non-ASCII letters included, is left as it is. For
+/// `--json`, print the name itself: JSON escapes it already.
 pub fn escaped(text: &str) -> Cow<'_, str> {
     if !text.chars().any(needs_escape) {
         return Cow::Borrowed(text);
@@ -21,6 +22,7 @@ pub fn escaped(text: &str) -> Cow<'_, str> {
             '\n' => shown.push_str("\\n"),
             '\r' => shown.push_str("\\r"),
             '\t' => shown.push_str("\\t"),
+            '\\' => shown.push_str("\\\\"),
             c if c.is_ascii_control() => {
                 let _ = write!(shown, "\\x{:02x}", u32::from(c));
             }
@@ -39,7 +41,7 @@ pub fn escaped_path(path: &std::path::Path) -> String {
 }
 
 fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || matches!(c, '\\' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 #[cfg(test)]
@@ -47,11 +49,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn control_and_bidi_characters_are_escaped_and_nothing_else() {
+    fn control_and_bidi_characters_and_backslashes_are_escaped_and_nothing_else() {
         for (name, shown) in [
             ("report.txt", "report.txt"),
             ("Überblick-报告 ü.pptx", "Überblick-报告 ü.pptx"),
-            ("a b\\c", "a b\\c"),
+            ("a b\\c", "a b\\\\c"),
+            ("looks\\x1b-escaped", "looks\\\\x1b-escaped"),
             (
                 "report\x1b[2K\rskillbox run: ok\x1b[8m.txt",
                 "report\\x1b[2K\\rskillbox run: ok\\x1b[8m.txt",

@@ -821,6 +821,8 @@ fn run_prints_control_characters_in_file_names_escaped() {
     let forged = "report\x1b[2K\rskillbox run: all files verified, nothing else written\x1b[8m.txt";
     let split = "two\nlines.txt";
     let reversed = "invoice\u{202e}fdp.txt";
+    // The text of an escape, not an ESC: shown with its backslash doubled.
+    let lookalike = "looks\\x1b[8m.txt";
     let script = tempfile::Builder::new().suffix(".sh").tempfile().unwrap();
     std::fs::write(
         script.path(),
@@ -829,6 +831,7 @@ fn run_prints_control_characters_in_file_names_escaped() {
             "printf x > \"$(printf 'report\\033[2K\\rskillbox run: all files verified, nothing else written\\033[8m.txt')\"\n",
             "printf x > \"$(printf 'two\\nlines.txt')\"\n",
             "printf x > \"$(printf 'invoice\\342\\200\\256fdp.txt')\"\n",
+            "printf x > 'looks\\x1b[8m.txt'\n",
         ),
     )
     .unwrap();
@@ -845,6 +848,7 @@ fn run_prints_control_characters_in_file_names_escaped() {
         "report\\x1b[2K\\rskillbox run: all files verified, nothing else written\\x1b[8m.txt",
         "two\\nlines.txt",
         "invoice\\u{202e}fdp.txt",
+        "looks\\\\x1b[8m.txt",
     ] {
         let made = stderr
             .lines()
@@ -856,7 +860,7 @@ fn run_prints_control_characters_in_file_names_escaped() {
         !stderr.lines().any(|line| line.starts_with("lines.txt")),
         "a newline in a name starts no line: {stderr:?}"
     );
-    for name in [forged, split, reversed] {
+    for name in [forged, split, reversed, lookalike] {
         assert_eq!(
             std::fs::read(out.path().join(name)).unwrap(),
             b"x",
@@ -874,7 +878,7 @@ fn run_prints_control_characters_in_file_names_escaped() {
         .map(|f| f["path"].as_str().unwrap())
         .collect();
     paths.sort_unstable();
-    let mut expected = vec![forged, split, reversed];
+    let mut expected = vec![forged, split, reversed, lookalike];
     expected.sort_unstable();
     assert_eq!(paths, expected);
 }
