@@ -13,7 +13,7 @@ use futures_util::StreamExt;
 use skillbox_env::{CancellationToken, DiskSplit, EnvError, Limits};
 use tokio::sync::{Mutex, RwLock};
 
-use crate::daemon::{Live, collect_exec, is_running, remove_container, unavailable};
+use crate::daemon::{LINE_BYTES, Live, collect_exec, is_running, remove_container, unavailable};
 use crate::runtime::Runtime;
 
 /// How long a death is waited for the daemon to report: it comes in milliseconds on
@@ -151,7 +151,16 @@ impl Container {
             .map(|s| s.to_string())
             .collect();
         let backend = self.runtime.backend();
-        let Ok(out) = collect_exec(&self.docker, &self.id, backend, "disk check", argv, None).await
+        let Ok(out) = collect_exec(
+            &self.docker,
+            &self.id,
+            backend,
+            "disk check",
+            argv,
+            None,
+            LINE_BYTES,
+        )
+        .await
         else {
             return false;
         };

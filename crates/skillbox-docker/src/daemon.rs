@@ -19,6 +19,10 @@ use tokio::io::AsyncWriteExt;
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// The most one of skillbox's own commands may print on stdout (a file read).
 pub(crate) const MAX_READ_BYTES: usize = 1024 * 1024 * 1024;
+/// The most stderr one of skillbox's own commands may print: its errors are a line.
+const MAX_HELPER_STDERR_BYTES: usize = 1024 * 1024;
+/// The most stdout one of skillbox's own commands that answers in a few lines may print.
+pub(crate) const LINE_BYTES: usize = 64 * 1024;
 
 /// The containers a backend made and has not removed yet.
 pub(crate) type Live = Arc<Mutex<BTreeSet<String>>>;
@@ -150,11 +154,19 @@ pub(crate) async fn is_running(docker: &Docker, id: &str) -> bool {
 pub(crate) struct Collected {
     pub(crate) stdout: Vec<u8>,
     pub(crate) stderr: Vec<u8>,
+    /// `None` when it was not waited for (more stdout came than the bound).
     pub(crate) exit_code: Option<i64>,
+    /// More stdout came than the bound: what fitted is in `stdout`, the rest was not
+    /// read, and how it ended is not known.
+    pub(crate) stdout_past_bound: bool,
 }
 
 /// Runs one of skillbox's own commands in the container to its end and collects what it
-/// printed (up to [`MAX_READ_BYTES`] of stdout).
+/// printed: up to `max_stdout` bytes of stdout (past them it stops reading, and says
+/// so: [`Collected::stdout_past_bound`]) and [`MAX_HELPER_STDERR_BYTES`] of stderr
+/// (past them it fails `resource_exhausted`). The bounds hold against the sandbox's
+/// code too, which under gVisor can open a helper's stdout and stderr
+/// (`/proc/<pid>/fd/1`) and write into them as long as it likes.
 pub(crate) async fn collect_exec(
     docker: &Docker,
     id: &str,
@@ -162,8 +174,15 @@ pub(crate) async fn collect_exec(
     what: &'static str,
     argv: Vec<String>,
     stdin: Option<Vec<u8>>,
+    max_stdout: usize,
 ) -> EnvResult<Collected> {
-    collect_exec_as(docker, id, backend, what, argv, stdin, None).await
+    let attach = Attach {
+        argv,
+        stdin: stdin.is_some(),
+        user: None,
+        output_capacity: None,
+    };
+    collect(docker, id, backend, what, attach, stdin, max_stdout).await
 }
 
 /// An exec's output (stdout and stderr, demultiplexed) and its stdin.
@@ -236,7 +255,8 @@ pub(crate) async fn start_attached(
     })
 }
 
-/// [`collect_exec`] as `user` (the container's own when `None`).
+/// [`collect_exec`] as `user` (the container's own when `None`), with up to
+/// [`MAX_READ_BYTES`] of stdout.
 pub(crate) async fn collect_exec_as(
     docker: &Docker,
     id: &str,
@@ -252,6 +272,20 @@ pub(crate) async fn collect_exec_as(
         user,
         output_capacity: None,
     };
+    collect(docker, id, backend, what, attach, stdin, MAX_READ_BYTES).await
+}
+
+/// [`collect_exec`] and [`collect_exec_as`]: `attach` run to its end, `stdin` written
+/// to it, its output collected within the bounds.
+async fn collect(
+    docker: &Docker,
+    id: &str,
+    backend: BackendKind,
+    what: &'static str,
+    attach: Attach<'_>,
+    stdin: Option<Vec<u8>>,
+    max_stdout: usize,
+) -> EnvResult<Collected> {
     let Attached {
         id: exec,
         mut output,
@@ -267,19 +301,26 @@ pub(crate) async fn collect_exec_as(
         stdout: Vec::new(),
         stderr: Vec::new(),
         exit_code: None,
+        stdout_past_bound: false,
     };
     while let Some(frame) = output.next().await {
         match frame {
             Ok(LogOutput::StdOut { message }) => {
-                if collected.stdout.len() + message.len() > MAX_READ_BYTES {
-                    return Err(EnvError::new(
-                        ErrorCode::ResourceExhausted,
-                        format!("{what}: more than {MAX_READ_BYTES} bytes"),
-                    ));
+                if collected.stdout.len() + message.len() > max_stdout {
+                    collected.stdout_past_bound = true;
+                    return Ok(collected);
                 }
                 collected.stdout.extend_from_slice(&message);
             }
-            Ok(LogOutput::StdErr { message }) => collected.stderr.extend_from_slice(&message),
+            Ok(LogOutput::StdErr { message }) => {
+                if collected.stderr.len() + message.len() > MAX_HELPER_STDERR_BYTES {
+                    return Err(EnvError::new(
+                        ErrorCode::ResourceExhausted,
+                        format!("{what}: more than {MAX_HELPER_STDERR_BYTES} bytes of stderr"),
+                    ));
+                }
+                collected.stderr.extend_from_slice(&message);
+            }
             Ok(_) => {}
             Err(e) => return Err(op_error(backend, what, &e)),
         }

@@ -57,6 +57,7 @@ impl DockerSandbox {
         &self,
         argv: Vec<String>,
         stdin: Option<Vec<u8>>,
+        max_stdout: usize,
         cancel: &CancellationToken,
     ) -> EnvResult<Collected> {
         let container = self.container();
@@ -76,7 +77,16 @@ impl DockerSandbox {
         // next reset if it got stuck) keeps the gate until it is really over.
         let run = tokio::spawn(async move {
             let _gate = gate;
-            collect_exec(&docker, &id, backend, "file operation", argv, stdin).await
+            collect_exec(
+                &docker,
+                &id,
+                backend,
+                "file operation",
+                argv,
+                stdin,
+                max_stdout,
+            )
+            .await
         });
         tokio::select! {
             joined = run => joined.map_err(|e| EnvError::new(ErrorCode::Unknown, format!("file operation: {e}")))?,
@@ -94,10 +104,35 @@ impl DockerSandbox {
         path: &Path,
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<u8>> {
+        self.fs_op_within(op, args, stdin, path, MAX_READ_BYTES, cancel)
+            .await?
+            .ok_or_else(|| {
+                EnvError::new(
+                    ErrorCode::ResourceExhausted,
+                    format!("{op} {}: more than {MAX_READ_BYTES} bytes", path.display()),
+                )
+                .with_path(path)
+            })
+    }
+
+    /// [`Self::fs_op`] taking at most `max_stdout` bytes of its stdout: `None` when more
+    /// came (the rest is not read).
+    async fn fs_op_within(
+        &self,
+        op: &str,
+        args: &[String],
+        stdin: Option<Vec<u8>>,
+        path: &Path,
+        max_stdout: usize,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Option<Vec<u8>>> {
         let argv = helper_argv(self.container().runtime, op, args);
-        let out = self.helper(argv, stdin, cancel).await?;
+        let out = self.helper(argv, stdin, max_stdout, cancel).await?;
+        if out.stdout_past_bound {
+            return Ok(None);
+        }
         match out.exit_code {
-            Some(0) => Ok(out.stdout),
+            Some(0) => Ok(Some(out.stdout)),
             Some(1) => {
                 let parsed: Option<serde_json::Value> = serde_json::from_slice(&out.stderr).ok();
                 let errno = parsed
@@ -400,8 +435,9 @@ impl FileSystem for DockerSandbox {
             .await
     }
 
-    /// The helper stops after `max_bytes + 1` bytes of the one file it opened, so no
-    /// more than that crosses from the container.
+    /// The helper stops after `max_bytes + 1` bytes of the one file it opened, and no
+    /// more than that is taken from its stdout: the sandbox's code, which may write
+    /// into it too (gVisor), cannot make the read hold more.
     async fn read_bytes_max(
         &self,
         path: &Path,
@@ -409,10 +445,13 @@ impl FileSystem for DockerSandbox {
         cancel: &CancellationToken,
     ) -> EnvResult<Vec<u8>> {
         let args = [self.arg(path), max_bytes.to_string()];
-        let out = self.fs_op("readmax", &args, None, path, cancel).await?;
-        if out.len() as u64 > max_bytes {
-            return Err(too_large_to_read(&self.absolute(path), max_bytes));
-        }
+        let max = max_bytes.min(MAX_READ_BYTES as u64 - 1);
+        let out = self
+            .fs_op_within("readmax", &args, None, path, max as usize + 1, cancel)
+            .await?;
+        let Some(out) = out.filter(|out| out.len() as u64 <= max) else {
+            return Err(too_large_to_read(&self.absolute(path), max));
+        };
         Ok(out)
     }
 

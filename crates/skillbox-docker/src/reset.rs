@@ -12,7 +12,7 @@ use bollard::query_parameters::KillContainerOptions;
 use skillbox_env::{BackendKind, EnvError, EnvResult, ErrorCode};
 
 use crate::container::Container;
-use crate::daemon::{collect_exec, op_error, unavailable};
+use crate::daemon::{LINE_BYTES, collect_exec, op_error, unavailable};
 use crate::runtime::{NR_PRCTL, Runtime};
 
 /// Kills every process in the container but pid 1, itself and skillbox's egress bridge
@@ -206,6 +206,7 @@ async fn kill_from_inside(container: &Container) -> EnvResult<()> {
         "reset the sandbox",
         argv,
         None,
+        LINE_BYTES,
     ))
     .await?;
     // The exit status is the authority: the sandbox's code cannot forge it (it could

@@ -1105,3 +1105,115 @@ async fn docker_special_files_are_refused_at_once() {
 async fn gvisor_special_files_are_refused_at_once() {
     check_special_files_refused(Runtime::Runsc).await;
 }
+
+/// The peak resident memory of this test process (`VmHWM`), in bytes.
+fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// The sandbox's code, running while the file view reads, watches for the file helper
+/// and opens its stdout, then its stderr (`/proc/<pid>/fd/N`: gVisor lets a process of
+/// the same uid open the fds of a non-dumpable one; runc's helpers never let it), to
+/// push 512 MiB into each. A `read_bytes_max` of a small file with a 1 MiB bound still
+/// takes at most about the bound from the helper: it answers the file's bytes, or that
+/// there is more than a bound, and this process never holds the pushed bytes.
+async fn check_read_bytes_max_holds_against_a_stuffed_helper(runtime: Runtime) {
+    let test = "read_bytes_max_holds_against_a_stuffed_helper";
+    let Some(backend) = backend(runtime, test).await else {
+        return;
+    };
+    let sandbox = std::sync::Arc::new(backend.create(spec()).await.unwrap());
+    let never = CancellationToken::new();
+    let small = std::path::Path::new("/workspace/small");
+    sandbox.write(small, b"0123456789", &never).await.unwrap();
+    let script = r#"
+import glob, os, sys, time
+fd = sys.argv[1]
+start = time.time()
+grabbed = None
+while grabbed is None and time.time() < start + 10:
+    for d in glob.glob('/proc/[0-9]*'):
+        try:
+            argv = open(d + '/cmdline', 'rb').read().split(b'\0')
+        except OSError:
+            continue
+        if b'readmax' in argv:
+            try:
+                grabbed = os.open(d + '/fd/' + fd, os.O_WRONLY)
+                break
+            except OSError:
+                pass
+print('GRABBED' if grabbed is not None else 'MISSED', flush=True)
+if grabbed is not None:
+    chunk, sent = b'x' * (1 << 20), 0
+    try:
+        while sent < (512 << 20) and time.time() < start + 15:
+            sent += os.write(grabbed, chunk)
+    except OSError as e:
+        print('STOPPED', e, flush=True)
+    print('SENT', sent, flush=True)
+"#;
+    for fd in ["1", "2"] {
+        let attacker = {
+            let sandbox = sandbox.clone();
+            tokio::spawn(async move {
+                sandbox
+                    .exec(
+                        ExecRequest::argv(["python3", "-c", script, fd]),
+                        &CancellationToken::new(),
+                    )
+                    .await
+                    .unwrap()
+            })
+        };
+        let before = peak_memory();
+        let started = std::time::Instant::now();
+        while !attacker.is_finished() && started.elapsed() < Duration::from_secs(30) {
+            let read = tokio::time::timeout(
+                Duration::from_secs(60),
+                sandbox.read_bytes_max(small, 1 << 20, &never),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{test}: read_bytes_max is still waiting"));
+            match read {
+                Ok(bytes) => assert_eq!(bytes, b"0123456789"),
+                Err(e) => {
+                    assert_eq!(e.code, ErrorCode::ResourceExhausted, "{e}");
+                    assert!(e.message.contains("more than"), "{e}");
+                }
+            }
+        }
+        let grown = peak_memory().saturating_sub(before);
+        let out = attacker.await.unwrap();
+        let said = out.stdout_text();
+        eprintln!(
+            "{test}: fd {fd}: {said:?}, peak memory grew {} MiB",
+            grown >> 20
+        );
+        if runtime == Runtime::Runsc {
+            assert!(
+                said.starts_with("GRABBED"),
+                "{test}: the attack did not run: {out:?}"
+            );
+        }
+        assert!(
+            grown < 64 << 20,
+            "{test}: reads with a 1 MiB bound took {} MiB through fd {fd}: {out:?}",
+            grown >> 20
+        );
+    }
+    sandbox.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_read_bytes_max_holds_against_a_stuffed_helper() {
+    check_read_bytes_max_holds_against_a_stuffed_helper(Runtime::Runc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gvisor_read_bytes_max_holds_against_a_stuffed_helper() {
+    check_read_bytes_max_holds_against_a_stuffed_helper(Runtime::Runsc).await;
+}
