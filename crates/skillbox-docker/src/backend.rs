@@ -210,32 +210,54 @@ impl DockerBackend {
         }
     }
 
-    /// Removes the sandbox containers of skillbox processes that no longer exist (a
-    /// crash, a kill -9). Only for a daemon on this machine: owners are named by this
-    /// machine's boot id and pids.
+    /// Removes the sandbox containers of skillbox processes that no longer exist.
     async fn sweep(&self) {
-        if !daemon_address().starts_with("unix://") {
-            return;
-        }
-        let filters = HashMap::from([("label".to_string(), vec![LABEL_SANDBOX.to_string()])]);
-        let options = ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
+        sweep_dead_owners(&self.launcher.docker).await;
+    }
+}
+
+/// Removes the sandbox containers (docker's and gvisor's) of skillbox processes that no
+/// longer run, without a backend: a server calls it as it starts, so what a killed one
+/// left goes then, not when a container backend is first used. Nothing when the
+/// daemon's unix socket is not there (no Docker here) or the daemon is not on this
+/// machine.
+pub async fn sweep_left_behind() {
+    let address = daemon_address();
+    let Some(socket) = address.strip_prefix("unix://") else {
+        return;
+    };
+    if !std::path::Path::new(socket).exists() {
+        return;
+    }
+    if let Ok(docker) = connect(BackendKind::Docker).await {
+        sweep_dead_owners(&docker).await;
+    }
+}
+
+/// Removes the sandbox containers whose owner label names a skillbox process that no
+/// longer runs (a crash, a kill -9). Only for a daemon on this machine: owners are named
+/// by this machine's boot id and pids.
+async fn sweep_dead_owners(docker: &bollard::Docker) {
+    if !daemon_address().starts_with("unix://") {
+        return;
+    }
+    let filters = HashMap::from([("label".to_string(), vec![LABEL_SANDBOX.to_string()])]);
+    let options = ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    let Ok(containers) = docker.list_containers(Some(options)).await else {
+        return;
+    };
+    for container in containers {
+        let (Some(id), Some(labels)) = (container.id, container.labels) else {
+            continue;
         };
-        let docker = &self.launcher.docker;
-        let Ok(containers) = docker.list_containers(Some(options)).await else {
-            return;
-        };
-        for container in containers {
-            let (Some(id), Some(labels)) = (container.id, container.labels) else {
-                continue;
-            };
-            let owner = labels.get(LABEL_OWNER).map(String::as_str).unwrap_or("");
-            if !owner_alive(owner) {
-                tracing::info!(container = %id, owner, "docker: removing a sandbox left by a skillbox that is gone");
-                remove_container(docker, &id).await;
-            }
+        let owner = labels.get(LABEL_OWNER).map(String::as_str).unwrap_or("");
+        if !owner_alive(owner) {
+            tracing::info!(container = %id, owner, "docker: removing a sandbox left by a skillbox that is gone");
+            remove_container(docker, &id).await;
         }
     }
 }

@@ -45,7 +45,7 @@ mod reset;
 mod runtime;
 mod sandbox;
 
-pub use backend::{DockerBackend, probe};
+pub use backend::{DockerBackend, probe, sweep_left_behind};
 pub use image::{BuildInputs, ImageBuilder, image_tag};
 pub use runtime::Runtime;
 pub use sandbox::DockerSandbox;

@@ -13,6 +13,7 @@ mod exit;
 mod fs;
 mod host;
 mod limits;
+pub mod owner;
 pub mod path;
 pub mod remove;
 

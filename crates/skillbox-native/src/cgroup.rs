@@ -1,6 +1,7 @@
 //! Per-exec cgroups for memory, pids and CPU: v2 where this process's cgroup is
 //! delegated to it, v1 where the host mounts the controllers separately. Each exec gets
-//! its own leaf, named after our pid so a later sweep can tell leftovers from live ones.
+//! its own leaf, named after this process (its pid and start time) so a later sweep can
+//! tell leftovers from live ones.
 
 use std::fs;
 use std::io;
@@ -199,7 +200,7 @@ impl ExecCgroup {
     /// Creates the leaf and writes the limits the cgroup enforces. Only controllers
     /// that a limit needs are used.
     pub fn create(host: &Host, limits: &Limits, name: &str) -> Result<ExecCgroup, String> {
-        let name = format!("{PREFIX}{}-{name}", std::process::id());
+        let name = format!("{PREFIX}{}-{name}", skillbox_env::owner::this_process());
         let mut cg = ExecCgroup {
             v2: false,
             memory: None,
@@ -371,7 +372,8 @@ impl Drop for ExecCgroup {
     }
 }
 
-/// Removes empty leaves that a skillbox process which no longer runs left behind.
+/// Removes empty leaves that a skillbox process which no longer runs left behind (told
+/// by the owner tag in each leaf's name, `skillbox_env::owner`).
 pub fn sweep(host: &Host) {
     let parents: Vec<PathBuf> = match host {
         Host::V1 { memory, pids, cpu } => {
@@ -386,13 +388,11 @@ pub fn sweep(host: &Host) {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
+            let Some(owner) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
                 continue;
             };
-            let Ok(pid) = pid.parse::<u32>() else {
-                continue;
-            };
-            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            if owner.starts_with(|c: char| c.is_ascii_digit()) && !skillbox_env::owner::alive(owner)
+            {
                 let _ = fs::remove_dir(entry.path());
             }
         }

@@ -137,7 +137,7 @@ pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
     }
     let staging = native_dir.join(skillbox_env::path::temp_name(&format!(
         "{}-etc-",
-        std::process::id()
+        skillbox_env::owner::this_process()
     )));
     let build = || -> std::io::Result<()> {
         fs::create_dir(&staging)?;

@@ -66,6 +66,15 @@ impl NativeBackend {
         self
     }
 
+    /// Removes what skillbox processes that no longer run left (sandbox dirs under this
+    /// data dir, exec cgroups), as the first `create` of this process does: a server
+    /// calls it as it starts, so what a killed one left goes then, not at its first
+    /// native sandbox. Once per process; it may block on the removals.
+    pub fn sweep_leftovers(&self) {
+        let native_dir = self.data_dir.join(BackendKind::Native.as_str());
+        sweep_once(&native_dir, false, cgroup::Host::get());
+    }
+
     /// Starts making sandboxes ahead for `spec`'s shape, before the first `create`.
     pub fn prepare_warm(&self, spec: SandboxSpec) {
         if let Some(warm) = &self.warm {
@@ -275,22 +284,45 @@ fn sandbox_counter() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Removes sandbox dirs of skillbox processes that no longer run.
+/// Removes sandbox dirs of skillbox processes that no longer run: each name starts
+/// with its maker's owner tag (`skillbox_env::owner`), so a pid handed out again (a
+/// server that is pid 1 of its container, restarted) does not keep them.
 fn sweep_dirs(native_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(native_dir) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+        let Some(owner) = name.split('-').next() else {
             continue;
         };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+        // `etc-<hash>` and the like are no owner's: only a name that starts with a pid.
+        if !owner.starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        if !skillbox_env::owner::alive(owner) {
             // A tmpfs an earlier skillbox attached there as root goes first.
             crate::scratch::unmount_leftover(&entry.path());
             let _ = skillbox_env::remove::remove_tree(&entry.path());
         }
     }
+}
+
+/// Sweeps, once per process, what skillbox processes that no longer run left: their
+/// sandbox dirs under `native_dir` and their exec cgroups.
+fn sweep_once(native_dir: &Path, one_shot: bool, cgroup_host: &'static cgroup::Host) {
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| {
+        sweep_dirs(native_dir);
+        // Leftover cgroups are empty directories: the spawner removes them while
+        // this thread goes on. A one-shot caller sweeps them only if it uses
+        // cgroups itself (it has probed them anyway).
+        if !one_shot {
+            crate::spawn::run_on_spawner(|| cgroup::sweep(cgroup::Host::get()));
+        } else if !std::ptr::eq(cgroup_host, cgroup::Host::unused()) {
+            cgroup::sweep(cgroup_host);
+        }
+    });
 }
 
 fn unavailable(layer: &str, detail: impl std::fmt::Display) -> EnvError {
@@ -374,24 +406,13 @@ impl NativeSandbox {
         let native_dir = data_dir.join(BackendKind::Native.as_str());
         std::fs::create_dir_all(&native_dir)
             .map_err(|e| EnvError::io(&e, "create data dir", &native_dir))?;
-        static SWEPT: OnceLock<()> = OnceLock::new();
-        SWEPT.get_or_init(|| {
-            sweep_dirs(&native_dir);
-            // Leftover cgroups are empty directories: the spawner removes them while
-            // this thread goes on. A one-shot caller sweeps them only if it uses
-            // cgroups itself (it has probed them anyway).
-            if !one_shot {
-                crate::spawn::run_on_spawner(|| cgroup::sweep(cgroup::Host::get()));
-            } else if !std::ptr::eq(cgroup_host, cgroup::Host::unused()) {
-                cgroup::sweep(cgroup_host);
-            }
-        });
+        sweep_once(&native_dir, one_shot, cgroup_host);
         let spec_has_no_workspace = spec.workspace.is_none();
         let mut random = [0u8; 4];
         skillbox_env::path::fill_random(&mut random);
         let dir = native_dir.join(format!(
             "{}-{}-{:02x}{:02x}{:02x}{:02x}",
-            std::process::id(),
+            skillbox_env::owner::this_process(),
             sandbox_counter(),
             random[0],
             random[1],
@@ -402,7 +423,10 @@ impl NativeSandbox {
         // workspace), shown read-only at /skillbox-egress.
         let mut egress_dir = None;
         if let Some(ca_pem) = egress.as_ref().and_then(|e| e.ca_pem.as_deref()) {
-            let ca_dir = dir.with_extension("egress");
+            // Not `with_extension`: the owner tag in the name has a dot of its own.
+            let mut ca_dir = dir.clone().into_os_string();
+            ca_dir.push(".egress");
+            let ca_dir = PathBuf::from(ca_dir);
             crate::egress::write_ca_dir(&ca_dir, ca_pem).map_err(|e| {
                 let _ = skillbox_env::remove::remove_tree(&ca_dir);
                 EnvError::io(&e, "write the egress CA", &ca_dir)

@@ -173,6 +173,16 @@ impl BackendRegistry {
         futures_util::future::join_all(BackendKind::ALL.map(|kind| self.probe(kind))).await
     }
 
+    /// Removes what skillbox processes that no longer run left behind: native sandbox
+    /// dirs and cgroups, and the containers of both container backends, used here or
+    /// not. A server calls it as it starts: what a killed one left goes at the next
+    /// start, not only once a run uses that backend again.
+    pub async fn sweep_leftovers(&self) {
+        let native = self.native.clone();
+        let _ = tokio::task::spawn_blocking(move || native.sweep_leftovers()).await;
+        skillbox_docker::sweep_left_behind().await;
+    }
+
     /// Removes what the connected backends still hold (a server shutting down).
     pub async fn shutdown(&self) {
         self.native.drain_warm().await;

@@ -295,6 +295,12 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
             return ExitCode::from(crate::EXIT_SETUP_FAILED);
         }
     };
+    // What a killed server left (sandbox dirs, cgroups, containers) goes now, beside
+    // the first requests, not when a run first uses that backend.
+    tokio::spawn({
+        let runner = runner.clone();
+        async move { runner.backends().sweep_leftovers().await }
+    });
     if let Some(n) = args.max_concurrency {
         if n == 0 {
             eprintln!("skillbox serve: --max-concurrency must be at least 1");

@@ -584,7 +584,7 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
             .filter(|n| n.starts_with(prefix))
             .collect()
     };
-    let prefix = format!("{skillbox_pid}-");
+    let prefix = format!("{skillbox_pid}.");
     assert!(
         !leftovers(&prefix).is_empty(),
         "expected the killed run's sandbox dir"
@@ -596,7 +596,7 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
         "the next run must sweep the dead run's dir"
     );
     // And its cgroups, where this host gives cgroups.
-    let cgroup_name = format!("skillbox-{skillbox_pid}-");
+    let cgroup_name = format!("skillbox-{skillbox_pid}.");
     for controller in ["memory", "pids"] {
         let Ok(own) = std::fs::read_to_string("/proc/self/cgroup") else {
             continue;
@@ -624,6 +624,94 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
             .collect();
         assert!(stale.is_empty(), "stale {controller} cgroups: {stale:?}");
     }
+}
+
+/// A skillbox that is pid 1 of its pid namespace (a server in a container) has the same
+/// pid after every restart: killed mid-run, its sandbox dir and cgroups must still be
+/// swept by the next one, not kept because a process with their pid runs (its own).
+#[test]
+fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
+    if !native_or_skip("a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1") {
+        return;
+    }
+    if !is_root() {
+        skillbox_env::testkit::skip(
+            "a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1",
+            "a pid namespace of its own needs root",
+        );
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let marker = format!("{}", 950_000_000 + std::process::id());
+    let as_pid_1 = |args: &[&str]| {
+        let mut command = Command::new("unshare");
+        command
+            .args(["--pid", "--fork", "--mount-proc", BIN, "--data-dir"])
+            .arg(data.path())
+            .args(args);
+        command
+    };
+    let mut unshare = as_pid_1(&[
+        "exec",
+        "--disk",
+        "none",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo started; sleep {marker}"),
+    ])
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(unshare.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "started\n");
+    // skillbox is unshare's one child, pid 1 inside: killing it ends the namespace.
+    let skillbox_pid = wait_for("skillbox under unshare", || {
+        children_of(unshare.id()).first().map(|(pid, _)| *pid)
+    });
+    // SAFETY: signalling the child of the unshare this test started.
+    unsafe { libc::kill(skillbox_pid as i32, libc::SIGKILL) };
+    unshare.wait().unwrap();
+    // The sandbox dies with it (the kernel delivers the parent-death signal); only then
+    // are its cgroups empty enough to remove.
+    let needle = format!("sleep {marker}");
+    wait_for("the killed run's sandbox to end", || {
+        skillbox_env::testkit::host_processes_with(&needle)
+            .is_empty()
+            .then_some(())
+    });
+    let left_by_pid_1 = || -> Vec<String> {
+        let mut left: Vec<String> = std::fs::read_dir(data.path().join("native"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("1."))
+            .collect();
+        let found = Command::new("find")
+            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name", "skillbox-1.*"])
+            .output()
+            .unwrap();
+        left.extend(text(&found.stdout).lines().map(str::to_string));
+        left
+    };
+    assert!(
+        !left_by_pid_1().is_empty(),
+        "expected the killed run's sandbox dir and cgroups"
+    );
+    let out = as_pid_1(&["exec", "--disk", "none", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        left_by_pid_1(),
+        Vec::<String>::new(),
+        "the next pid 1 must sweep what the killed pid 1 left"
+    );
 }
 
 /// The Node runtime is installed once for these tests (npm ci), not per test.
@@ -1109,6 +1197,68 @@ fn serve_clones_sandboxes_in_its_spawner_process_and_none_outlives_it() {
     }
 }
 
+/// A server killed mid-run leaves its sandbox dir (without a disk bound) and its exec
+/// cgroups; the next server on the data dir removes them as it starts, before any run.
+#[test]
+fn a_killed_server_leaves_what_its_next_start_sweeps() {
+    if !native_or_skip("a_killed_server_leaves_what_its_next_start_sweeps") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let nap = format!("3.{}", std::process::id());
+    let script = dir.path().join("nap.sh");
+    std::fs::write(&script, format!("echo started; sleep {nap}")).unwrap();
+    let flags = ["--disk", "none", "--warm-sandboxes", "0"];
+    let (mut server, addr) = start_serve(&flags);
+    let mut client = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(dir.path().join("client"))
+        .arg("run")
+        .arg(&script)
+        .args(["--remote", &format!("http://{addr}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the run's sandbox", || process_running(&["sleep", &nap]));
+    let owner = format!("{}.", server.id());
+    let left = || -> Vec<String> {
+        let mut left: Vec<String> = std::fs::read_dir(shared_data_dir().join("native"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&owner))
+            .collect();
+        let found = Command::new("find")
+            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
+            .arg(format!("skillbox-{owner}*"))
+            .output()
+            .unwrap();
+        left.extend(text(&found.stdout).lines().map(str::to_string));
+        left
+    };
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let _ = client.wait();
+    wait_for("the killed server's sandbox to end", || {
+        process_running(&["sleep", &nap]).is_none().then_some(())
+    });
+    assert!(!left().is_empty(), "nothing was left to sweep");
+    let _next = Serving(start_serve(&flags).0);
+    wait_for("the next start's sweep", || left().is_empty().then_some(()));
+}
+
+/// A server a test started, stopped (SIGTERM, and waited for) however the test ends.
+struct Serving(std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        // SAFETY: signalling the server this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
 /// `run --remote` against a server that has API keys: the key from `SKILLBOX_API_KEY`
 /// gets the run through; without it the server's 401 is the error, named.
 #[test]
@@ -1539,7 +1689,7 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
     let cgroups_of = |pid: u32| {
         let found = Command::new("find")
             .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
-            .arg(format!("skillbox-{pid}-*"))
+            .arg(format!("skillbox-{pid}.*"))
             .output()
             .unwrap();
         text(&found.stdout)

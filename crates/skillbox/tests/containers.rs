@@ -304,36 +304,50 @@ fn a_killed_skillbox_leaves_a_container_the_next_run_sweeps() {
     wait_for("the sweep", || containers_of(pid).is_empty());
 }
 
-/// `skillbox serve` removes the containers of runs in flight when it shuts down.
-#[test]
-fn serve_shutdown_removes_containers_of_runs_in_flight() {
-    if !available("docker", "serve_shutdown_removes_containers") {
-        return;
-    }
+/// `skillbox serve` on the shared data dir and a free loopback port, once it accepts.
+fn start_serve(extra: &[&str]) -> (std::process::Child, String) {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
-    let mut server = Command::new(BIN)
+    let server = Command::new(BIN)
         .arg("--data-dir")
         .arg(data_dir())
         .args(["serve", "--addr", &addr])
+        .args(extra)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let pid = server.id();
     wait_for("skillbox serve", || {
         std::net::TcpStream::connect(&addr).is_ok()
     });
+    (server, addr)
+}
+
+/// Sends a docker run of `sleep 600` to the server at `addr`; the connection stays open
+/// (dropping it cancels the run).
+fn start_docker_sleep(addr: &str) -> std::net::TcpStream {
     let body = r#"{"script":"sleep 600","language":"sh","backend":"docker","timeoutMs":600000}"#;
     let request = format!(
         "POST /v1/run HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    let mut client = std::net::TcpStream::connect(&addr).unwrap();
+    let mut client = std::net::TcpStream::connect(addr).unwrap();
     std::io::Write::write_all(&mut client, request.as_bytes()).unwrap();
+    client
+}
+
+/// `skillbox serve` removes the containers of runs in flight when it shuts down.
+#[test]
+fn serve_shutdown_removes_containers_of_runs_in_flight() {
+    if !available("docker", "serve_shutdown_removes_containers") {
+        return;
+    }
+    let (mut server, addr) = start_serve(&[]);
+    let pid = server.id();
+    let client = start_docker_sleep(&addr);
     wait_for("the run's container", || !containers_of(pid).is_empty());
     // SAFETY: signalling the server we started.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
@@ -344,6 +358,39 @@ fn serve_shutdown_removes_containers_of_runs_in_flight() {
         "serve left the container of an in-flight run"
     );
     drop(client);
+}
+
+/// A server killed with SIGKILL leaves its runs' and its pool's containers running;
+/// the next server removes them as it starts, before any run uses docker again.
+#[test]
+fn a_killed_server_leaves_containers_its_next_start_sweeps() {
+    if !available("docker", "a_killed_server_leaves_containers") {
+        return;
+    }
+    let (mut server, addr) = start_serve(&["--warm-containers", "1"]);
+    let pid = server.id();
+    let client = start_docker_sleep(&addr);
+    // The run's container and the one the pool keeps ready after the first use.
+    wait_for("the run's and the pool's containers", || {
+        containers_of(pid).len() >= 2
+    });
+    server.kill().unwrap();
+    server.wait().unwrap();
+    drop(client);
+    assert!(!containers_of(pid).is_empty(), "nothing was left to sweep");
+    let _next = Serving(start_serve(&[]).0);
+    wait_for("the next start's sweep", || containers_of(pid).is_empty());
+}
+
+/// A server a test started, stopped (SIGTERM, and waited for) however the test ends.
+struct Serving(std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        // SAFETY: signalling the server this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
 }
 
 /// A user who may not use the daemon's socket gets `unavailable` naming the socket and

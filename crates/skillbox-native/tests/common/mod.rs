@@ -69,7 +69,7 @@ pub fn parent_of(pid: &str) -> Option<u32> {
 pub fn assert_in_exec_cgroup(pid: &str) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    let leaf = format!("skillbox-{}-", std::process::id());
+    let leaf = format!("skillbox-{}-", skillbox_env::owner::this_process());
     let path_of = |text: &str, controller: &str| -> Option<String> {
         text.lines().find_map(|line| {
             let mut parts = line.splitn(3, ':');
@@ -118,12 +118,12 @@ pub async fn assert_sees_its_cgroups_as_root(env: &dyn skillbox_env::ExecutionEn
     }
 }
 
-/// The exec cgroups this test process made that are still there: `skillbox-<pid>-…`
+/// The exec cgroups this test process made that are still there: `skillbox-<owner>-…`
 /// directories anywhere under `/sys/fs/cgroup` (v1 or v2; symlinked hierarchies are
 /// walked once, under their real names).
 #[allow(dead_code, reason = "not every test file uses it")]
 pub fn exec_cgroups_left() -> Vec<PathBuf> {
-    let prefix = format!("skillbox-{}-", std::process::id());
+    let prefix = format!("skillbox-{}-", skillbox_env::owner::this_process());
     let mut left = Vec::new();
     let mut dirs = vec![PathBuf::from("/sys/fs/cgroup")];
     while let Some(dir) = dirs.pop() {
