@@ -12,6 +12,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const PACKAGE_JSON: &str = include_str!("../../../runtimes/node/package.json");
 const PACKAGE_LOCK: &str = include_str!("../../../runtimes/node/package-lock.json");
 const COMPLETE: &str = ".skillbox-complete";
+/// An install's temp dir beside the runtime: this prefix, its owner (`<pid>.<start
+/// time>`, `skillbox_env::owner`), `-`, random hex.
+const STAGING: &str = ".node-install-";
 
 /// Why the runtime could not be installed.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +91,11 @@ impl NodeRuntime {
         tokio::fs::create_dir_all(parent)
             .await
             .map_err(io(format!("create {}", parent.display())))?;
-        let staging = parent.join(skillbox_env::path::temp_name(".node-install-"));
+        sweep_staging(parent).await;
+        let staging = parent.join(skillbox_env::path::temp_name(&format!(
+            "{STAGING}{}-",
+            skillbox_env::owner::this_process()
+        )));
         let result = self.install_into(&staging, progress).await;
         if result.is_err() {
             let _ = tokio::fs::remove_dir_all(&staging).await;
@@ -172,6 +179,25 @@ impl NodeRuntime {
     }
 }
 
+/// Removes the temp dirs of installs whose process is gone (killed mid-`npm ci`, or a
+/// Ctrl-C during the first start): left alone, each would stay for good. A name without
+/// an owner with a start time (an older version's) is left, as it cannot be told from a
+/// running install's.
+async fn sweep_staging(parent: &Path) {
+    let Ok(mut entries) = tokio::fs::read_dir(parent).await else {
+        return;
+    };
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name.strip_prefix(STAGING).and_then(|r| r.split('-').next()) else {
+            continue;
+        };
+        if owner.contains('.') && !skillbox_env::owner::alive(owner) {
+            let _ = tokio::fs::remove_dir_all(entry.path()).await;
+        }
+    }
+}
+
 async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(
     lines: &mut Option<tokio::io::Lines<R>>,
 ) -> Option<String> {
@@ -187,4 +213,41 @@ fn which(tool: &str) -> Option<PathBuf> {
         .split(':')
         .map(|dir| Path::new(dir).join(tool))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dead_installs_temp_dir_is_swept_and_a_live_ones_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        // An owner that is gone: a child, by its pid and start time (read before it is
+        // reaped), then reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        let started = after_name.split_whitespace().nth(19).unwrap().to_string();
+        child.wait().unwrap();
+        let dead = format!("{STAGING}{pid}.{started}-00aa");
+        let live = format!("{STAGING}{}-00bb", skillbox_env::owner::this_process());
+        let older = format!("{STAGING}0123456789abcdef");
+        for name in [&dead, &live, &older] {
+            std::fs::create_dir_all(parent.path().join(name).join("node_modules/x")).unwrap();
+        }
+        sweep_staging(parent.path()).await;
+        assert!(
+            !parent.path().join(&dead).exists(),
+            "a dead install's dir stays"
+        );
+        assert!(
+            parent.path().join(&live).exists(),
+            "a running install's dir went"
+        );
+        assert!(
+            parent.path().join(&older).exists(),
+            "an unknown owner's dir went"
+        );
+    }
 }

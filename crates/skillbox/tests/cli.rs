@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -712,6 +713,58 @@ fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
         Vec::<String>::new(),
         "the next pid 1 must sweep what the killed pid 1 left"
     );
+}
+
+/// Ctrl-C during the first install of the Node runtime (`npm ci`, seconds long) ends
+/// skillbox before it can remove the install's temp dir; the next install removes it.
+#[test]
+fn an_interrupted_runtime_install_is_swept_by_the_next() {
+    if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|dir| dir.join("npm").is_file())
+    {
+        skillbox_env::testkit::skip("an_interrupted_runtime_install_is_swept", "no npm");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let staging = || -> Vec<String> {
+        std::fs::read_dir(data.path().join("runtimes"))
+            .map(|dir| {
+                dir.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(".node-install-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let setup = || {
+        let mut command = Command::new(BIN);
+        command
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(["setup", "--no-wasm"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        command
+    };
+    // A group of its own, signalled whole, as a terminal's Ctrl-C does.
+    let mut first = setup().process_group(0).spawn().unwrap();
+    let npm = wait_for("npm ci under skillbox setup", || {
+        children_of(first.id())
+            .into_iter()
+            .find(|(_, cmdline)| cmdline.starts_with("npm"))
+            .map(|(pid, _)| pid)
+    });
+    // SAFETY: signalling the process group this test started.
+    unsafe { libc::kill(-(first.id() as i32), libc::SIGINT) };
+    assert!(!first.wait().unwrap().success());
+    wait_for("npm to end", || (!running(npm)).then_some(()));
+    assert!(
+        !staging().is_empty(),
+        "the interrupted install left nothing"
+    );
+    let out = setup().output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(staging(), Vec::<String>::new());
 }
 
 /// The Node runtime is installed once for these tests (npm ci), not per test.
