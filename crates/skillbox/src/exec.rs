@@ -160,17 +160,18 @@ pub async fn run(args: ExecArgs, data_dir: &Path) -> ExitCode {
             return code;
         }
     }
+    // Watched before the sandbox is made: a stop asked while it is made cancels the
+    // exec once it is there, and the sandbox is removed.
+    let cancel = CancellationToken::new();
+    let interrupt = cancel.clone();
+    tokio::spawn(async move {
+        crate::local::stop_asked().await;
+        interrupt.cancel();
+    });
     let env = match make_env(&args, data_dir, limits).await {
         Ok(env) => env,
         Err(e) => return failed(&e),
     };
-    let cancel = CancellationToken::new();
-    let interrupt = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            interrupt.cancel();
-        }
-    });
     let request = ExecRequest::argv(args.command.clone());
     let code = if args.json {
         run_json(env.as_ref(), request, &cancel).await

@@ -50,11 +50,32 @@ impl LocalSandbox {
         let runner = Arc::new(runner_with(config, install_node).await?);
         let interrupt = cancel.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                interrupt.cancel();
-            }
+            stop_asked().await;
+            interrupt.cancel();
         });
         Ok(LocalSandbox { runner, cancel })
+    }
+}
+
+/// Resolves when this process is asked to stop: Ctrl-C (SIGINT), SIGTERM (`kill`,
+/// `timeout`, a service manager) or SIGHUP (its terminal closed). A one-shot command
+/// cancels its run then, so that its sandbox goes before it exits: a container would
+/// otherwise run on, unbounded, until a later skillbox sweeps it. Never resolves where
+/// no signal can be watched.
+pub async fn stop_asked() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let watch = |kind: SignalKind| async move {
+        match signal(kind) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = watch(SignalKind::interrupt()) => {}
+        () = watch(SignalKind::terminate()) => {}
+        () = watch(SignalKind::hangup()) => {}
     }
 }
 

@@ -627,6 +627,79 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
     }
 }
 
+/// SIGTERM (`kill`, `timeout`) and SIGHUP (a closed terminal) end `exec` and `run` as
+/// Ctrl-C does: the sandbox is removed before skillbox exits, nothing is left to sweep.
+#[test]
+fn exec_and_run_stopped_by_sigterm_or_sighup_remove_their_sandbox() {
+    if !native_or_skip("exec_and_run_stopped_by_sigterm_or_sighup_remove_their_sandbox") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let script = data.path().join("nap.sh");
+    for (signal, command) in [
+        (libc::SIGTERM, "exec"),
+        (libc::SIGHUP, "exec"),
+        (libc::SIGTERM, "run"),
+    ] {
+        let marker = format!("4.{}{signal}", std::process::id());
+        std::fs::write(&script, format!("sleep {marker}")).unwrap();
+        let mut skillbox = Command::new(BIN);
+        skillbox.arg("--data-dir").arg(data.path()).arg(command);
+        if command == "exec" {
+            skillbox.args([
+                "--disk",
+                "none",
+                "--",
+                "sh",
+                "-c",
+                &format!("sleep {marker}"),
+            ]);
+        } else {
+            skillbox.arg(&script).args(["--disk", "none"]);
+        }
+        let child = skillbox
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        wait_for("the command", || process_running(&["sleep", &marker]));
+        // SAFETY: signalling the child this test started.
+        unsafe { libc::kill(pid as i32, signal) };
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(125),
+            "{command} after signal {signal}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("cancelled"),
+            "{}",
+            text(&out.stderr)
+        );
+        assert!(process_running(&["sleep", &marker]).is_none());
+        let owner = format!("{pid}.");
+        let dirs: Vec<String> = std::fs::read_dir(data.path().join("native"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&owner))
+            .collect();
+        assert_eq!(
+            dirs,
+            Vec::<String>::new(),
+            "{command} after signal {signal}"
+        );
+        let cgroups = Command::new("find")
+            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
+            .arg(format!("skillbox-{owner}*"))
+            .output()
+            .unwrap();
+        assert_eq!(text(&cgroups.stdout), "", "{command} after signal {signal}");
+    }
+}
+
 /// A skillbox that is pid 1 of its pid namespace (a server in a container) has the same
 /// pid after every restart: killed mid-run, its sandbox dir and cgroups must still be
 /// swept by the next one, not kept because a process with their pid runs (its own).

@@ -304,6 +304,42 @@ fn a_killed_skillbox_leaves_a_container_the_next_run_sweeps() {
     wait_for("the sweep", || containers_of(pid).is_empty());
 }
 
+/// skillbox stopped by SIGTERM (`timeout`, `kill`) removes its container before it
+/// exits, as after Ctrl-C: nothing is left running until a later sweep.
+#[test]
+fn a_skillbox_stopped_by_sigterm_removes_its_container() {
+    if !available(
+        "docker",
+        "a_skillbox_stopped_by_sigterm_removes_its_container",
+    ) {
+        return;
+    }
+    let child = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .args([
+            "exec",
+            "--backend",
+            "docker",
+            "--timeout",
+            "10m",
+            "--",
+            "sleep",
+            "600",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_for("the sandbox container", || !containers_of(pid).is_empty());
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert_eq!(containers_of(pid), Vec::<String>::new(), "left running");
+}
+
 /// `skillbox serve` on the shared data dir and a free loopback port, once it accepts.
 fn start_serve(extra: &[&str]) -> (std::process::Child, String) {
     let port = TcpListener::bind("127.0.0.1:0")
