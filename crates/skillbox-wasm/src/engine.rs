@@ -73,6 +73,7 @@ pub fn ensure_compiled(
     // the others wait and then find it done. The lock sits beside the cache, out of
     // what sandboxes see.
     let _lock = CompileLock::take(cache.parent().unwrap_or(cache))?;
+    remove_stale_temps(cache);
     if target.is_file() {
         return Ok(target);
     }
@@ -123,6 +124,22 @@ pub fn ensure_compiled(
     Ok(target)
 }
 
+/// Removes the temp files of compiles in `cache`. Only under the compile lock: every
+/// writer holds it while its temp file exists, so one there now is a process's that
+/// was killed mid-write (tens of MiB for an interpreter), which nothing else removes.
+fn remove_stale_temps(cache: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// An exclusive `flock` on `<cache>/.compile.lock`, released when dropped.
 struct CompileLock(std::fs::File);
 
@@ -153,5 +170,29 @@ impl Drop for CompileLock {
         use std::os::fd::AsRawFd;
         // SAFETY: as above; closing the file would release it too.
         unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compile_removes_what_a_killed_compile_left() {
+        let home = tempfile::tempdir().unwrap();
+        let (cache, module) = (home.path().join("cache"), home.path().join("m.wat"));
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::write(&module, "(module)").unwrap();
+        let sha = crate::sha256_hex(b"(module)");
+        // A temp file as a compile killed between its write and its rename leaves it.
+        let left = cache.join(format!(".{sha}.4242.4242-0-00000000.tmp"));
+        std::fs::write(&left, vec![0u8; 4096]).unwrap();
+        let engine = engine().unwrap();
+        let compiled = ensure_compiled(&engine, &cache, &module, &sha).unwrap();
+        assert!(compiled.is_file());
+        assert!(
+            !left.exists(),
+            "the killed compile's temp file is still there"
+        );
     }
 }
