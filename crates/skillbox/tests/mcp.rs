@@ -764,3 +764,159 @@ fn mcp_sessions_are_bounded_per_tenant_and_per_server() {
     refused(ALICE, server_bound);
     assert!(serve.stop().success());
 }
+
+/// One `tools/call` of `name` in alice's MCP `session`, by hand: the JSON-RPC result.
+/// Each call has an id of its own (calls may overlap).
+fn call_tool(serve: &Serve, session: &str, name: &str, arguments: Value) -> Value {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(100);
+    let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let bearer = format!("Bearer {ALICE}");
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": name, "arguments": arguments}});
+    let (status, _, body) = http(
+        serve,
+        "POST",
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("Mcp-Session-Id", session),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        Some(&call),
+    );
+    assert_eq!(status, 200, "{name}: {body:.500}");
+    let answer = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .find(|message| message["id"] == id)
+        .unwrap_or_else(|| panic!("{name}: no answer in {body:.500}"));
+    answer["result"].clone()
+}
+
+/// The message of a tool error (`isError`), or `None` for a result.
+fn tool_error(result: &Value) -> Option<String> {
+    (result["isError"] == true).then(|| result["content"][0]["text"].as_str().unwrap().into())
+}
+
+/// `read_file` hands out at most 16 MiB, held by the read itself: a file one byte past
+/// the cap is a tool error naming its size and what to do instead, one at the cap is
+/// read whole, and a file swapped for a 20 MB one between `read_file`'s look at it and
+/// its read (an exec renames the two over each other while `read_file` is called again
+/// and again) is refused by the read, never handed out, whole or cut.
+#[test]
+fn mcp_read_file_hands_out_at_most_its_cap() {
+    if !native_or_skip("mcp_read_file_hands_out_at_most_its_cap") {
+        return;
+    }
+    const CAP: usize = 16 * 1024 * 1024;
+    let serve = Serve::start();
+    let session = open_session(&serve, ALICE);
+    let made = call_tool(
+        &serve,
+        &session,
+        "exec",
+        serde_json::json!({"shell": format!(
+            "head -c {over} /dev/zero > over && head -c {CAP} /dev/zero | tr '\\0' a > at && \
+             head -c 100 /dev/zero | tr '\\0' s > small && head -c 20000000 /dev/zero > big && \
+             cp small grow && echo made",
+            over = CAP + 1
+        )}),
+    );
+    assert_eq!(made["structuredContent"]["stdout"], "made\n", "{made}");
+
+    let over = call_tool(
+        &serve,
+        &session,
+        "read_file",
+        serde_json::json!({"path": "over"}),
+    );
+    assert_eq!(
+        tool_error(&over).as_deref(),
+        Some(
+            "read_file failed (resource_exhausted): /workspace/over: 16777217 bytes, more than \
+             the 16777216 read_file hands out; \
+             read a part with exec (head -c, tail -c)"
+        ),
+        "{over:.500}"
+    );
+    let at = call_tool(
+        &serve,
+        &session,
+        "read_file",
+        serde_json::json!({"path": "at"}),
+    );
+    assert_eq!(tool_error(&at), None, "{at:.500}");
+    assert_eq!(at["structuredContent"]["size"], CAP);
+    assert_eq!(
+        at["structuredContent"]["content"].as_str().unwrap().len(),
+        CAP
+    );
+
+    // The swapper: each rename is atomic, so `grow` is always one of the two files.
+    let (small, by_look, by_read) = std::thread::scope(|scope| {
+        let swapper = scope.spawn(|| {
+            call_tool(
+                &serve,
+                &session,
+                "exec",
+                serde_json::json!({"shell":
+                    "end=$(($(date +%s) + 40)); \
+                     while [ ! -e stop ] && [ $(date +%s) -lt $end ]; do \
+                       ln -f small s && mv s grow && ln -f big b && mv b grow; done; echo swapped",
+                    "timeoutMs": 50000}),
+            )
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (mut small, mut by_look, mut by_read) = (0, 0, 0);
+        while by_read == 0 && Instant::now() < deadline {
+            let read = call_tool(
+                &serve,
+                &session,
+                "read_file",
+                serde_json::json!({"path": "grow"}),
+            );
+            match tool_error(&read) {
+                None => {
+                    assert_eq!(read["structuredContent"]["size"], 100, "{read:.500}");
+                    small += 1;
+                }
+                Some(e)
+                    if e.contains("20000000 bytes, more than the 16777216 read_file hands out") =>
+                {
+                    by_look += 1
+                }
+                Some(e) => {
+                    assert_eq!(
+                        e,
+                        "read_file failed (resource_exhausted): /workspace/grow: more than the \
+                         16777216 bytes read_file hands out; read a part with exec (head -c, tail -c)"
+                    );
+                    by_read += 1;
+                }
+            }
+        }
+        let stop = call_tool(
+            &serve,
+            &session,
+            "write_file",
+            serde_json::json!({"path": "stop", "content": ""}),
+        );
+        assert_eq!(tool_error(&stop), None, "{stop}");
+        let swapped = swapper.join().unwrap();
+        assert_eq!(
+            swapped["structuredContent"]["stdout"], "swapped\n",
+            "{swapped}"
+        );
+        (small, by_look, by_read)
+    });
+    eprintln!(
+        "read_file of the swapped file: {small} small, {by_look} refused by the look, {by_read} by the read"
+    );
+    assert!(
+        by_read > 0,
+        "the swap never came between read_file's look and its read ({small} small, {by_look} refused by the look)"
+    );
+    assert!(serve.stop().success());
+}
