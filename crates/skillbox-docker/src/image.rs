@@ -21,6 +21,9 @@ use crate::backend::DockerBackend;
 use crate::daemon::{connect, daemon_error};
 use crate::runtime::{PRIVATE_PERL, PRIVATE_PYTHON, Runtime};
 
+/// A debootstrap root being made: this prefix, the recipe hash, `-`, its owner
+/// (`<pid>.<start time>`, `skillbox_env::owner`), `-`, random hex; renamed when done.
+const ROOT_STAGING: &str = ".rootfs-";
 /// Bump when the recipe below changes what ends up in the image.
 const RECIPE: &str = "skillbox-runtime-4";
 const REPOSITORY: &str = "skillbox-runtime";
@@ -180,9 +183,11 @@ impl ImageBuilder {
             ));
         }
         std::fs::create_dir_all(&self.cache).map_err(|e| io_failed("create", &self.cache, &e))?;
-        let work = self
-            .cache
-            .join(skillbox_env::path::temp_name(&format!(".rootfs-{short}-")));
+        sweep_dead_roots(&self.cache);
+        let work = self.cache.join(skillbox_env::path::temp_name(&format!(
+            "{ROOT_STAGING}{short}-{}-",
+            skillbox_env::owner::this_process()
+        )));
         progress(&format!(
             "debootstrap {suite} (minbase + {PACKAGES}) from {} — about a minute",
             self.mirror
@@ -454,6 +459,44 @@ fn append_tree(
     Ok(())
 }
 
+/// Removes the debootstrap roots of builds whose process is gone (a Ctrl-C during the
+/// minute of debootstrap): a partial Debian root of a few hundred MiB each, which no
+/// later build reuses. One with anything mounted beneath it (a debootstrap still
+/// running, orphaned) is left for a later build: the removal must not go into a mount.
+/// A name without an owner with a start time (an older version's) is left too.
+fn sweep_dead_roots(cache: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name
+            .strip_prefix(ROOT_STAGING)
+            .and_then(|r| r.split('-').nth(1))
+        else {
+            continue;
+        };
+        if !owner.contains('.') || skillbox_env::owner::alive(owner) {
+            continue;
+        }
+        let path = entry.path();
+        let beneath = format!("{}/", path.display());
+        // Field 5 of a mountinfo line is the mount point (spaces escaped as \040).
+        let mounted = mounts
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .any(|point| point.starts_with(&beneath) || point == beneath.trim_end_matches('/'));
+        if mounted {
+            tracing::warn!(dir = %path.display(), "image build: a dead build's root has mounts beneath it; left for later");
+            continue;
+        }
+        if let Err(e) = skillbox_env::remove::remove_tree(&path) {
+            tracing::warn!(dir = %path.display(), error = %e, "image build: could not remove a dead build's root");
+        }
+    }
+}
+
 fn with_sandbox_user(rootfs: &Path, file: &str, line: &str) -> EnvResult<Vec<u8>> {
     let path = rootfs.join(file);
     let mut text = std::fs::read_to_string(&path).map_err(|e| io_failed("read", &path, &e))?;
@@ -582,4 +625,60 @@ async fn verify(tag: &str) -> EnvResult<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dead build's root goes; a live build's, an older version's and one with a
+    /// mount beneath it (root only: a tmpfs stands in for debootstrap's /proc) stay.
+    #[test]
+    fn only_a_dead_builds_unmounted_root_is_removed() {
+        let cache = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let started = stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .nth(19)
+            .unwrap()
+            .to_string();
+        child.wait().unwrap();
+        let dead = format!("{ROOT_STAGING}0123456789abcdef-{pid}.{started}-01");
+        let busy = format!("{ROOT_STAGING}0123456789abcdef-{pid}.{started}-02");
+        let live = format!(
+            "{ROOT_STAGING}0123456789abcdef-{}-03",
+            skillbox_env::owner::this_process()
+        );
+        let older = format!("{ROOT_STAGING}0123456789abcdef-fedcba9876543210");
+        for name in [&dead, &busy, &live, &older] {
+            std::fs::create_dir_all(cache.path().join(name).join("proc")).unwrap();
+        }
+        let proc_dir = cache.path().join(&busy).join("proc");
+        let path = std::ffi::CString::new(proc_dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mount(2) of a fresh tmpfs on a directory this test made.
+        let mounted = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        } == 0;
+        sweep_dead_roots(cache.path());
+        let busy_kept = proc_dir.exists();
+        if mounted {
+            // SAFETY: unmounting the tmpfs mounted above (before any assert can fail).
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+        assert!(!cache.path().join(&dead).exists(), "a dead build's root");
+        assert!(cache.path().join(&live).exists(), "a live build's root");
+        assert!(
+            cache.path().join(&older).exists(),
+            "an unknown owner's root"
+        );
+        assert!(!mounted || busy_kept, "a root with a mount beneath it");
+    }
 }

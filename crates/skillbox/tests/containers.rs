@@ -340,6 +340,80 @@ fn a_skillbox_stopped_by_sigterm_removes_its_container() {
     assert_eq!(containers_of(pid), Vec::<String>::new(), "left running");
 }
 
+/// Ctrl-C during the minute of debootstrap ends `image build` before it can remove the
+/// partial root; the next build removes it. A stand-in debootstrap on PATH (the real one
+/// takes a minute and a mirror) makes a root and waits, or fails at once.
+#[test]
+fn an_interrupted_image_build_leaves_a_root_the_next_build_removes() {
+    if !available("docker", "an_interrupted_image_build_leaves_a_root") {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip(
+            "an_interrupted_image_build_leaves_a_root",
+            "image build needs root",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let fake = bin.join("debootstrap");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n[ -n \"$FAIL_AT_ONCE\" ] && exit 1\n\
+         for a; do case \"$a\" in /*) target=\"$a\"; break;; esac; done\n\
+         mkdir -p \"$target/usr/bin\" && echo partial > \"$target/usr/bin/made\"\nsleep 300\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let data = dir.path().join("data");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let build = || {
+        let mut command = Command::new(BIN);
+        command
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["image", "build", "--force"])
+            .env("PATH", &path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command
+    };
+    let roots = || -> Vec<String> {
+        std::fs::read_dir(data.join("images"))
+            .map(|dir| {
+                dir.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(".rootfs-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // A group of its own, signalled whole, as a terminal's Ctrl-C does.
+    let mut first = std::os::unix::process::CommandExt::process_group(&mut build(), 0)
+        .spawn()
+        .unwrap();
+    wait_for("the stand-in debootstrap's root", || {
+        roots()
+            .iter()
+            .any(|r| data.join("images").join(r).join("usr/bin/made").exists())
+    });
+    // SAFETY: signalling the process group this test started.
+    unsafe { libc::kill(-(first.id() as i32), libc::SIGINT) };
+    assert!(!first.wait().unwrap().success());
+    let left = roots();
+    assert_eq!(left.len(), 1, "the interrupted build's root: {left:?}");
+    let second = build().env("FAIL_AT_ONCE", "1").status().unwrap();
+    assert!(!second.success(), "the stand-in debootstrap fails");
+    assert_eq!(roots(), Vec::<String>::new());
+}
+
 /// `skillbox serve` on the shared data dir and a free loopback port, once it accepts.
 fn start_serve(extra: &[&str]) -> (std::process::Child, String) {
     let port = TcpListener::bind("127.0.0.1:0")
