@@ -305,8 +305,9 @@ pub(crate) fn grant(
     Ok(())
 }
 
-/// `bytes` of the budget of request bodies in memory (`--max-body-bytes-in-flight`),
-/// held until the permit is dropped, or 429 when they are not free now.
+/// `bytes` of the budget of request bodies (and session file reads) in memory
+/// (`--max-body-bytes-in-flight`), held until the permit is dropped, or 429 when they
+/// are not free now.
 pub(crate) fn hold_body_bytes(
     state: &AppState,
     bytes: usize,
@@ -321,7 +322,7 @@ pub(crate) fn hold_body_bytes(
                 .rejected_overloaded
                 .fetch_add(1, Ordering::Relaxed);
             Failure::overloaded(
-                "the server holds as many request bodies as it may; retry later",
+                "the server holds as many request bodies and file reads as it may; retry later",
                 1,
             )
         })

@@ -945,6 +945,7 @@ pub(crate) async fn cancel(
     responses(
         (status = 200, description = "The file's bytes", content_type = "application/octet-stream"),
         (status = 404, description = "No such session, or no such file", body = ApiError),
+        (status = 429, description = "As many request bodies and file reads held as the server may", body = ApiError),
     )
 )]
 pub(crate) async fn read_file(
@@ -980,21 +981,49 @@ pub(crate) async fn read_file(
             ),
         ));
     }
-    // The size above is a quick answer; the read itself holds the bound, against a file
-    // that grew or was swapped for a bigger one since.
+    // The bytes stay in memory until they are sent, so they are held within the budget
+    // of bytes in memory that request bodies count against, from before the read until
+    // the last of them is sent; as many as the size above, which the read itself holds
+    // against a file that grew or was swapped for a bigger one since.
+    let budget = state.config.max_body_bytes_in_flight;
+    let size = usize::try_from(info.size).unwrap_or(usize::MAX);
+    if size > budget {
+        return Err(Failure::new(
+            ErrorCode::ResourceExhausted,
+            format!(
+                "{}: {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight)",
+                path.display()
+            ),
+        ));
+    }
+    let held = hold_body_bytes(&state, size)?;
     let bytes = session
         .env
-        .read_bytes_max(&path, MAX_READ_BYTES, &cancel)
+        .read_bytes_max(&path, info.size, &cancel)
         .await
         .map_err(env_failure)?;
+    let body = Bytes::from_owner(HeldBytes { bytes, _held: held });
     Ok((
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
         )],
-        bytes,
+        body,
     )
         .into_response())
+}
+
+/// A file's bytes with their place in the budget of bytes in memory, given back when
+/// the response is done with them.
+struct HeldBytes {
+    bytes: Vec<u8>,
+    _held: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -721,3 +721,91 @@ async fn session_bodies_are_refused_before_they_are_read_and_timed_out() {
     assert_eq!(events.last().unwrap()["type"], "exit", "{events:?}");
     served.shutdown.cancel();
 }
+
+/// The peak resident memory of this test process (`VmHWM`), in bytes.
+fn peak_memory() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// A file read is held in the server's memory until it is sent, so it counts against
+/// the budget of bytes in memory that request bodies count against: six clients that
+/// ask for a 48 MiB file at once, and read none of it yet, make the server hold at most
+/// the 64 MiB budget (the others are 429 until the held read is sent), not 288 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_file_reads_are_held_within_the_memory_budget() {
+    const MIB: u64 = 1024 * 1024;
+    let Some(served) = serve_with(ServerConfig {
+        max_body_bytes_in_flight: 64 * MIB as usize,
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let (status, opened) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{opened}");
+    let id = opened["id"].as_str().unwrap().to_string();
+    let events = served
+        .exec(
+            ANA,
+            &id,
+            json!({"shell": "head -c 48M /dev/zero > big && echo made"}),
+        )
+        .await
+        .rest()
+        .await;
+    assert!(events.iter().any(|e| e["data"] == "made\n"), "{events:?}");
+
+    let before = peak_memory();
+    let path = format!("/v1/sessions/{id}/files/big");
+    let asked = (0..6).map(|_| served.get(ANA, &path));
+    let answers = futures_util::future::join_all(asked).await;
+    let grown = peak_memory().saturating_sub(before);
+    let (mut read, mut refused) = (0, 0);
+    for mut answer in answers {
+        match answer.status().as_u16() {
+            200 => {
+                let mut got = 0;
+                while let Some(chunk) = answer.chunk().await.unwrap() {
+                    got += chunk.len() as u64;
+                }
+                assert_eq!(got, 48 * MIB);
+                read += 1;
+            }
+            429 => {
+                let error: Value = answer.json().await.unwrap();
+                assert_eq!(error["error"]["code"], "overloaded", "{error}");
+                refused += 1;
+            }
+            other => panic!("{other}: {}", answer.text().await.unwrap()),
+        }
+    }
+    eprintln!(
+        "6 reads of 48 MiB: {read} read, {refused} refused, peak memory grew {} MiB",
+        grown / MIB
+    );
+    assert!(read >= 1);
+    assert!(
+        grown < 160 * MIB,
+        "reads of 48 MiB held {} MiB at once ({read} read, {refused} refused)",
+        grown / MIB
+    );
+    // Once the held read is sent (its bytes dropped just after the last is written),
+    // the next one is served.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut again = served.get(ANA, &path).await;
+    while again.status() == 429 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        again = served.get(ANA, &path).await;
+    }
+    assert_eq!(again.status(), 200);
+    let mut got = 0;
+    while let Some(chunk) = again.chunk().await.unwrap() {
+        got += chunk.len() as u64;
+    }
+    assert_eq!(got, 48 * MIB);
+    served.shutdown.cancel();
+}
