@@ -268,28 +268,37 @@ fn boot_id() -> String {
         .unwrap_or_default()
 }
 
-/// Field 22 of /proc/<pid>/stat: when the process started, in clock ticks since boot.
-fn start_time(pid: &str) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces; fields after it follow its ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19).map(str::to_string)
-}
-
-/// `<boot id>/<pid>/<start time>` of this process.
+/// `<boot id>/<pid namespace>/<pid>/<start time>` of this process: the pid and start
+/// time mean something only in the pid namespace named beside them.
 fn owner_label() -> String {
-    let pid = std::process::id().to_string();
-    let started = start_time(&pid).unwrap_or_default();
-    format!("{}/{pid}/{started}", boot_id())
+    let tag = skillbox_env::owner::this_process();
+    let (pid, started) = tag.split_once('.').unwrap_or((tag, ""));
+    let namespace = skillbox_env::owner::pid_namespace().unwrap_or(0);
+    format!("{}/{namespace}/{pid}/{started}", boot_id())
 }
 
-/// True while the process named by an owner label still runs.
+/// True while the process named by an owner label may still run: it does, or it is
+/// in another pid namespace, whose pids this process cannot look up (a skillbox in a
+/// container beside one on the host, both on one daemon: each sweeps only its own).
+/// An earlier boot's owner is gone. A label of the older form `<boot id>/<pid>/<start
+/// time>` is judged by this namespace's pids, as it was written.
 fn owner_alive(owner: &str) -> bool {
-    let mut parts = owner.split('/');
-    let (Some(boot), Some(pid), Some(started)) = (parts.next(), parts.next(), parts.next()) else {
-        return false;
+    let parts: Vec<&str> = owner.split('/').collect();
+    let (boot, namespace, pid, started) = match parts[..] {
+        [boot, namespace, pid, started] => (boot, Some(namespace), pid, started),
+        [boot, pid, started] => (boot, None, pid, started),
+        _ => return false,
     };
-    boot == boot_id() && start_time(pid).as_deref() == Some(started)
+    if boot != boot_id() {
+        return false;
+    }
+    let ours = skillbox_env::owner::pid_namespace().map(|ns| ns.to_string());
+    if namespace.is_some_and(|ns| Some(ns) != ours.as_deref()) {
+        return true;
+    }
+    !pid.is_empty()
+        && !started.is_empty()
+        && skillbox_env::owner::alive(&format!("{pid}.{started}"))
 }
 
 /// What the docker (or gvisor) backend gives on this host, layer by layer.

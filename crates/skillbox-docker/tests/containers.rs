@@ -257,27 +257,39 @@ async fn nothing_is_left_behind() {
     }
 }
 
-/// A container whose owner (a skillbox process) is gone is removed by the next backend
-/// that connects.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn containers_of_a_dead_skillbox_are_swept() {
-    let test = "containers_of_a_dead_skillbox_are_swept";
-    let Some(_) = backend(Runtime::Runc, test).await else {
-        return;
-    };
-    let docker = docker().await;
-    // A real dead process: its pid and start time name the owner.
-    let mut child = std::process::Command::new("true").spawn().unwrap();
-    let pid = child.id();
+/// Field 22 of `/proc/<pid>/stat`: when `pid` started, in clock ticks since boot.
+fn start_time(pid: u32) -> String {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let started = stat[stat.rfind(')').unwrap() + 2..]
+    stat[stat.rfind(')').unwrap() + 2..]
         .split_whitespace()
         .nth(19)
         .unwrap()
-        .to_string();
-    child.wait().unwrap();
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
-    let owner = format!("{}/{pid}/{started}", boot.trim());
+        .to_string()
+}
+
+/// The inode of `pid`'s pid namespace.
+fn pid_namespace(pid: u32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/pid"))
+        .unwrap()
+        .ino()
+}
+
+/// Removes a container a test made, whatever its state.
+async fn remove(docker: &Docker, id: &str) {
+    let _ = docker
+        .remove_container(
+            id,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+}
+
+/// A started sandbox-labelled container (`sleep`) whose owner label is `owner`.
+async fn labelled_container(docker: &Docker, owner: String) -> String {
     let body = bollard::models::ContainerCreateBody {
         image: Some(image()),
         entrypoint: Some(vec!["sleep".into(), "1000".into()]),
@@ -305,10 +317,88 @@ async fn containers_of_a_dead_skillbox_are_swept() {
         )
         .await
         .unwrap();
+    created.id
+}
+
+fn boot_id() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    boot.trim().to_string()
+}
+
+/// A container whose owner (a skillbox process) is gone is removed by the next backend
+/// that connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_of_a_dead_skillbox_are_swept() {
+    let test = "containers_of_a_dead_skillbox_are_swept";
+    let Some(_) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    let docker = docker().await;
+    // A real dead process: its pid and start time name the owner, in the label's
+    // current form (with this pid namespace) and in the older one (without).
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    let started = start_time(pid);
+    let namespace = pid_namespace(pid);
+    child.wait().unwrap();
+    let boot = boot_id();
+    let current = labelled_container(&docker, format!("{boot}/{namespace}/{pid}/{started}")).await;
+    let older = labelled_container(&docker, format!("{boot}/{pid}/{started}")).await;
     DockerBackend::connect(Runtime::Runc, image())
         .await
         .unwrap();
-    assert_removed(&docker, &created.id, "after the sweep").await;
+    assert_removed(&docker, &current, "after the sweep").await;
+    assert_removed(&docker, &older, "after the sweep (an older label)").await;
+}
+
+/// A skillbox in another pid namespace on the same daemon (one in a container beside
+/// one on the host) keeps its containers when this one sweeps: its pid names nothing
+/// here, or another process (its pid 1 is not this namespace's), and is not judged
+/// through this `/proc`. The owner is a live process that is pid 1 of a namespace of
+/// its own; before pid namespaces were in the label, the sweep removed its container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_of_a_skillbox_in_another_pid_namespace_are_kept() {
+    let test = "containers_of_a_skillbox_in_another_pid_namespace_are_kept";
+    let Some(_) = backend(Runtime::Runc, test).await else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip(test, "needs root for a pid namespace of its own");
+        return;
+    }
+    let docker = docker().await;
+    let mut unshare = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", "sleep", "1000"])
+        .spawn()
+        .unwrap();
+    // The forked child: pid 1 of the new namespace, seen here by its host pid.
+    let mut owner = None;
+    for _ in 0..100 {
+        let children =
+            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id()))
+                .unwrap_or_default();
+        if let Some(child) = children.split_whitespace().next() {
+            let child: u32 = child.parse().unwrap();
+            owner = Some((pid_namespace(child), start_time(child)));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (namespace, started) = owner.expect("unshare's child");
+    assert_ne!(namespace, pid_namespace(std::process::id()));
+    let id = labelled_container(&docker, format!("{}/{namespace}/1/{started}", boot_id())).await;
+    DockerBackend::connect(Runtime::Runc, image())
+        .await
+        .unwrap();
+    let kept = exists(&docker, &id).await;
+    let _ = unshare.kill();
+    let _ = unshare.wait();
+    remove(&docker, &id).await;
+    assert!(
+        kept,
+        "the sweep removed a live owner's container in another pid namespace"
+    );
 }
 
 /// Missing parts fail with `unavailable`, saying which and how to fix it.

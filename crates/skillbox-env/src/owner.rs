@@ -33,6 +33,16 @@ pub fn this_process() -> &'static str {
     })
 }
 
+/// The pid namespace this process runs in (the inode of `/proc/self/ns/pid`), which
+/// names it for as long as the machine runs. A pid means something only in its own pid
+/// namespace: a process in another (a skillbox in a container next to one on the host)
+/// cannot be judged through this one's `/proc`. `None` where `/proc` cannot say.
+pub fn pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    static NAMESPACE: OnceLock<Option<u64>> = OnceLock::new();
+    *NAMESPACE.get_or_init(|| std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino()))
+}
+
 /// Whether the owner `tag` names still runs. A tag this process did not make is a
 /// leftover of a dead owner unless a process with its pid and start time runs. A bare
 /// pid (what earlier versions wrote) counts as alive while any process has that pid,
