@@ -415,11 +415,15 @@ impl Session<'_> {
                 info.size
             ));
         }
-        let text = self
+        // Bounded by the read itself: a file swapped or grown since the look above is
+        // refused as too large, never read whole.
+        let bytes = self
             .env
-            .read_text(&path, self.cancel)
+            .read_bytes_max(&target, MAX_READ_BYTES, self.cancel)
             .await
             .map_err(|e| e.to_string())?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("read_file {}: not UTF-8 text", path.display()))?;
         Ok(json!({"content": tail(&text, self.config.output_budget * 4)}).to_string())
     }
 

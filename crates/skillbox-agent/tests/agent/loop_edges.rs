@@ -479,6 +479,33 @@ async fn read_file_cannot_follow_a_symlink_out_of_the_workspace() {
     assert_eq!(outcome.answer, "done");
 }
 
+/// `read_file` hands the model a file's text, refuses a file past its 256 KiB cap (by
+/// its size, and by the read itself) and one that is not UTF-8 text, and the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_file_hands_out_text_within_its_cap() {
+    let provider = loopback(json!([
+        {"toolCalls": [run_script("sh", "echo hello-from-the-sandbox > note.txt; head -c 262145 /dev/zero | tr '\\0' a > big.txt; printf '\\377\\376' > binary.bin; echo ok")]},
+        {"expect": {"exitCode": 0}, "toolCalls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
+        {"expect": {"resultContains": "hello-from-the-sandbox"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "big.txt"}}]},
+        {"expect": {"resultContains": "262145 bytes, more than the 262144 bytes"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "binary.bin"}}]},
+        {"expect": {"resultContains": "not UTF-8 text"}, "text": "done"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let config = AgentConfig {
+        max_turns: 5,
+        ..AgentConfig::default()
+    };
+    let outcome = agent
+        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
+        .await
+        .unwrap();
+    // Every expectation above held: a mismatch ends the run with an error.
+    assert_eq!(outcome.error, None, "{outcome:?}");
+    assert_eq!(outcome.answer, "done");
+}
+
 /// A good run on the last allowed turn is the run's result: the model had no turn left
 /// to say it was done, and the run still succeeds with its files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
