@@ -113,16 +113,18 @@ pub async fn serve_on(
     tracing::info!(%addr, "skillbox serve: listening");
     // Runs in flight are cancelled as soon as shutdown begins (their sandboxes go with
     // them), so connections waiting on a run answer at once and the drain is short.
-    let runs = state.runs_cancel().clone();
+    // Sessions end then too: an exec streaming to its client would otherwise hold its
+    // connection open through the whole drain.
+    let ending = state.clone();
     let cancel_runs = shutdown.clone();
-    let mcp = state.mcp.clone();
     tokio::spawn(async move {
         cancel_runs.cancelled().await;
-        runs.cancel();
+        ending.runs_cancel().cancel();
         // MCP calls end too, and the MCP sessions' streams with them.
-        if let Some(mcp) = mcp {
+        if let Some(mcp) = &ending.mcp {
             mcp.server.stop();
         }
+        sessions::close_all(&ending).await;
     });
     listen::accept_loop(
         listener,
@@ -134,7 +136,8 @@ pub async fn serve_on(
     )
     .await;
     state.runs_cancel().cancel();
-    // Every session ends with it: nothing of one is left behind.
+    // Every session ends with it (one made during the drain too): nothing of one is
+    // left behind.
     sessions::close_all(&state).await;
     if let Some(mcp) = &state.mcp {
         mcp.server.close().await;

@@ -19,6 +19,8 @@ struct Served {
     base: String,
     http: reqwest::Client,
     shutdown: CancellationToken,
+    /// The server's task: it ends once shutdown has drained the connections.
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
     _data: tempfile::TempDir,
     _objects: tempfile::TempDir,
 }
@@ -50,7 +52,7 @@ async fn serve_with(config: ServerConfig) -> Option<Served> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = CancellationToken::new();
-    tokio::spawn(skillbox_server::serve_on(
+    let serving = tokio::spawn(skillbox_server::serve_on(
         listener,
         config,
         Arc::new(runner),
@@ -60,6 +62,7 @@ async fn serve_with(config: ServerConfig) -> Option<Served> {
         base,
         http: reqwest::Client::new(),
         shutdown,
+        serving,
         _data: data,
         _objects: objects,
     })
@@ -448,6 +451,45 @@ async fn a_client_gone_cancels_an_exec_that_writes_nothing() {
         .wait_execs_running(&id, 0, Duration::from_secs(20), "the exec is still counted")
         .await;
     served.shutdown.cancel();
+}
+
+/// A shutdown ends the sessions as it begins: an exec whose client still reads its
+/// stream is ended (its command killed), so the connection closes and the server stops
+/// at once, not after the 30 s drain of open connections (a service manager's grace
+/// period is often 10 s, and a server killed then leaves its containers running).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_ends_session_execs_at_once() {
+    let Some(served) = serve(SessionConfig::default()).await else {
+        return;
+    };
+    let (status, session) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    let marker = format!("{}", 973_000_000 + std::process::id());
+    let mut events = served
+        .exec(ANA, &id, json!({"shell": format!("sleep {marker}")}))
+        .await;
+    assert_eq!(events.next().await.unwrap()["type"], "started");
+    served
+        .wait_execs_running(&id, 1, Duration::from_secs(20), "the exec never ran")
+        .await;
+    served.shutdown.cancel();
+    // Well inside the drain's 30 s: the server is done, and so is the stream.
+    let stopped = tokio::time::timeout(Duration::from_secs(15), served.serving).await;
+    assert!(
+        matches!(stopped, Ok(Ok(Ok(())))),
+        "the server was still draining a session's exec 15 s after its shutdown: {stopped:?}"
+    );
+    // The exec's stream ends (its last events, then the close), not hangs.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = events.response.chunk().await {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the exec's stream was still open after the server stopped"
+    );
+    assert!(gone(&marker), "the session's command outlived the server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
