@@ -314,9 +314,15 @@ impl FileSystem for DockerSandbox {
         entries
             .iter()
             .map(|e| {
+                let kind = kind_of(e.get(1)?.as_str()?);
+                let size = match e.get(2) {
+                    Some(size) if kind == FileKind::File => Some(size.as_u64()?),
+                    _ => None,
+                };
                 Some(DirEntry {
                     name: e.get(0)?.as_str()?.to_string(),
-                    kind: kind_of(e.get(1)?.as_str()?),
+                    kind,
+                    size,
                 })
             })
             .collect::<Option<Vec<_>>>()

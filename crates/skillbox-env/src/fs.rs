@@ -39,6 +39,11 @@ pub struct FileInfo {
 pub struct DirEntry {
     pub name: String,
     pub kind: FileKind,
+    /// A regular file's size, from the same look at the entry as its kind (a symlink
+    /// is not followed): a listing answers sizes without a `file_info` per file, which
+    /// on a container backend is a process per file. `None` for anything else.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
 }
 
 /// The first lines of a text file.

@@ -133,10 +133,16 @@ impl FileSystem for HostEnv {
             let mut entries = Vec::new();
             for entry in read {
                 let entry = entry.map_err(|e| EnvError::io(&e, "list", &p))?;
-                let kind = entry.file_type().map(kind_of).unwrap_or(FileKind::Other);
+                // `DirEntry::metadata` does not follow a symlink.
+                let meta = entry.metadata().ok();
+                let kind = meta
+                    .as_ref()
+                    .map(|m| kind_of(m.file_type()))
+                    .unwrap_or(FileKind::Other);
                 entries.push(DirEntry {
                     name: entry.file_name().to_string_lossy().into(),
                     kind,
+                    size: meta.filter(|m| m.is_file()).map(|m| m.len()),
                 });
             }
             entries.sort_by(|a, b| a.name.cmp(&b.name));

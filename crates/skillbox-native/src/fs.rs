@@ -268,17 +268,28 @@ fn list(dir: OwnedFd) -> Result<Vec<DirEntry>, Errno> {
             continue;
         }
         let name_os = std::ffi::OsStr::from_bytes(name);
-        let kind = match entry.file_type() {
-            rustix::fs::FileType::Unknown => {
-                rustix::fs::statat(&dir, name_os, AtFlags::SYMLINK_NOFOLLOW)
-                    .map(|s| kind_of(rustix::fs::FileType::from_raw_mode(s.st_mode)))
-                    .unwrap_or(FileKind::Other)
-            }
-            t => kind_of(t),
+        let look = || rustix::fs::statat(&dir, name_os, AtFlags::SYMLINK_NOFOLLOW).ok();
+        let (kind, size) = match entry.file_type() {
+            // A regular file's size takes a look at it; nothing else does.
+            rustix::fs::FileType::RegularFile => (
+                FileKind::File,
+                look().map(|s| u64::try_from(s.st_size).unwrap_or(0)),
+            ),
+            rustix::fs::FileType::Unknown => match look() {
+                Some(s) => {
+                    let kind = kind_of(rustix::fs::FileType::from_raw_mode(s.st_mode));
+                    let size = (kind == FileKind::File)
+                        .then(|| u64::try_from(s.st_size).unwrap_or(0));
+                    (kind, size)
+                }
+                None => (FileKind::Other, None),
+            },
+            t => (kind_of(t), None),
         };
         entries.push(DirEntry {
             name: String::from_utf8_lossy(name).into_owned(),
             kind,
+            size,
         });
     }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -409,7 +420,11 @@ impl FileSystem for NativeSandbox {
                     } else {
                         FileKind::Dir
                     };
-                    DirEntry { name, kind }
+                    DirEntry {
+                        name,
+                        kind,
+                        size: None,
+                    }
                 })
                 .collect());
         }

@@ -352,9 +352,14 @@ def main(op, args):
         return {'kind': kind(st.st_mode), 'size': st.st_size, 'mode': stat.S_IMODE(st.st_mode),
                 'mtimeNs': st.st_mtime_ns, 'readOnly': read_only(args[0], st)}
     if op == 'list':
+        # [name, kind, size]: the size of a regular file, else None (a link not followed).
+        listed = []
         with os.scandir(args[0]) as entries:
-            listed = [(e.name, kind(e.stat(follow_symlinks=False).st_mode)) for e in entries]
-        return sorted(listed)
+            for e in entries:
+                st = e.stat(follow_symlinks=False)
+                listed.append((e.name, kind(st.st_mode),
+                               st.st_size if stat.S_ISREG(st.st_mode) else None))
+        return sorted(listed, key=lambda e: e[0])
     if op == 'walk':
         # Breadth first, each directory sorted; symlinks listed, never followed; the
         # directories in args[2:] (relative) listed but not entered. One entry more

@@ -213,16 +213,21 @@ async fn expect_aborted(stream: &mut ExecStream) {
 }
 
 /// `(name, kind)` of each entry of a directory, in the order `list_dir` gives them.
-async fn listing(env: &dyn ExecutionEnv, p: &str) -> Vec<(String, FileKind)> {
+async fn listing(env: &dyn ExecutionEnv, p: &str) -> Vec<(String, FileKind, Option<u64>)> {
     let entries = env
         .list_dir(path(p), &live())
         .await
         .unwrap_or_else(|e| panic!("list_dir {p}: {e}"));
-    entries.into_iter().map(|e| (e.name, e.kind)).collect()
+    entries.into_iter().map(|e| (e.name, e.kind, e.size)).collect()
 }
 
-fn entry(name: &str, kind: FileKind) -> (String, FileKind) {
-    (name.to_string(), kind)
+/// A listed entry: a regular file with its size, anything else without one.
+fn entry(name: &str, kind: FileKind) -> (String, FileKind, Option<u64>) {
+    (name.to_string(), kind, None)
+}
+
+fn file_entry(name: &str, size: u64) -> (String, FileKind, Option<u64>) {
+    (name.to_string(), FileKind::File, Some(size))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -340,7 +345,7 @@ pub async fn read_text_lines_stops_at_max(env: &dyn ExecutionEnv) {
 
 pub async fn list_dir_is_sorted_and_does_not_follow_symlinks(env: &dyn ExecutionEnv) {
     mkdir(env, "d").await;
-    write(env, "d/b.txt", "b").await;
+    write(env, "d/b.txt", "bbb").await;
     write(env, "d/a.txt", "a").await;
     mkdir(env, "d/c").await;
     // FileSystem has no symlink operation; the env's processes make them.
@@ -352,8 +357,8 @@ pub async fn list_dir_is_sorted_and_does_not_follow_symlinks(env: &dyn Execution
     assert_eq!(
         listing(env, "d").await,
         vec![
-            entry("a.txt", FileKind::File),
-            entry("b.txt", FileKind::File),
+            file_entry("a.txt", 1),
+            file_entry("b.txt", 3),
             entry("c", FileKind::Dir),
             entry("e-file", FileKind::Symlink),
             entry("f-dir", FileKind::Symlink),
