@@ -340,6 +340,14 @@ pub async fn close_all(state: &AppState) {
     }
 }
 
+/// 503 to a session asked for once the server's shutdown began.
+fn shutting_down() -> Failure {
+    Failure::new(
+        ErrorCode::Unavailable,
+        "the server is shutting down; no session opens now (open one once it is back)",
+    )
+}
+
 fn run_failure(e: RunError) -> Failure {
     Failure::new(e.code(), e.to_string())
 }
@@ -390,7 +398,7 @@ fn duration_field(
         (status = 413, description = "Body too large", body = ApiError),
         (status = 415, description = "Not `Content-Type: application/json`", body = ApiError),
         (status = 429, description = "As many sessions open as the server or this tenant may have, or as many request bodies held as the server may", body = ApiError),
-        (status = 503, description = "The backend, or the scope's snapshot, is not available", body = ApiError),
+        (status = 503, description = "The backend, or the scope's snapshot, is not available; or the server is shutting down", body = ApiError),
         (status = 504, description = "The body was not received within --body-timeout", body = ApiError),
     )
 )]
@@ -407,6 +415,10 @@ pub(crate) async fn create(
     let request: SessionCreateRequest =
         read_json(body, MAX_CREATE_BODY, state.config.body_timeout).await?;
     drop(held);
+    // Sessions are closed as the shutdown begins: one asked for since is not opened.
+    if state.runs_cancel().is_cancelled() {
+        return Err(shutting_down());
+    }
     let kind = request.backend.unwrap_or(BackendKind::Native);
     if kind == BackendKind::Host {
         return Err(Failure::new(
@@ -551,10 +563,27 @@ pub(crate) async fn create(
         snapshot: Mutex::new(snapshot),
     });
     let info = session.info();
-    if let Ok(mut table) = state.sessions.table.lock() {
-        table.insert(session.id.clone(), session);
-    }
+    // Checked under the table's lock, which the shutdown takes to close every session
+    // after it cancels: a session opened meanwhile is either closed with the others or
+    // not opened.
+    let refused = match state.sessions.table.lock() {
+        Err(_) => Some(Failure::new(
+            ErrorCode::Unknown,
+            "the session table is poisoned",
+        )),
+        Ok(_) if state.runs_cancel().is_cancelled() => Some(shutting_down()),
+        Ok(mut table) => {
+            table.insert(session.id.clone(), session.clone());
+            None
+        }
+    };
     drop(opening);
+    if let Some(failure) = refused {
+        if let Err(e) = session.env.cleanup().await {
+            tracing::warn!(session = %session.id, error = %e, "sessions: cleanup failed");
+        }
+        return Err(failure);
+    }
     tracing::info!(session = %info.id, backend = %kind.as_str(), open_ms = info.open_ms, "sessions: opened");
     Ok((StatusCode::CREATED, Json(info)))
 }
@@ -1174,19 +1203,11 @@ pub(crate) async fn ls(
         .list_dir(&path, &cancel)
         .await
         .map_err(env_failure)?;
-    let mut entries = Vec::with_capacity(listed.len());
-    for entry in listed {
-        let size = if entry.kind == FileKind::File {
-            session
-                .env
-                .file_info(&path.join(&entry.name), &cancel)
-                .await
-                .ok()
-                .map(|i| i.size)
-        } else {
-            None
-        };
-        entries.push(SessionFileEntry {
+    // The sizes come with the listing: no look per file (on a container backend, a
+    // process each).
+    let entries = listed
+        .into_iter()
+        .map(|entry| SessionFileEntry {
             name: entry.name,
             kind: match entry.kind {
                 FileKind::File => "file",
@@ -1195,9 +1216,9 @@ pub(crate) async fn ls(
                 FileKind::Other => "other",
             }
             .to_string(),
-            size,
-        });
-    }
+            size: entry.size,
+        })
+        .collect::<Vec<_>>();
     let shown = path
         .strip_prefix(WORKSPACE)
         .map(|p| p.display().to_string())
