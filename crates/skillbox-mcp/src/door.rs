@@ -53,6 +53,9 @@ impl From<EnvError> for ToolError {
 /// What a run holds from its admission until it ends (dropped: its place is free).
 pub type Admitted = Box<dyn Send + Sync>;
 
+/// Bytes of memory a call holds until the answer they are for is sent (dropped: free).
+pub type Held = Box<dyn Send + Sync>;
+
 /// What the tools need from where they are served. Every method has a body that fits a
 /// single local user, so a door states only what it adds.
 #[async_trait]
@@ -61,6 +64,15 @@ pub trait Door: Send + Sync + fmt::Debug + 'static {
     /// of input, as the HTTP API admits a `POST /v1/run`; refused with `overloaded`.
     async fn admit(&self, tenant: &str, bytes: usize) -> Result<Admitted, ToolError> {
         let _ = (tenant, bytes);
+        Ok(Box::new(()))
+    }
+
+    /// Holds `bytes` of memory for an answer being made (`read_file`'s), from before
+    /// what it carries is read until it is sent, in the budget the HTTP API holds
+    /// request bodies and file reads in; refused with `overloaded` while the budget is
+    /// taken, `resource_exhausted` past all of it. The message says what to do.
+    fn hold_memory(&self, bytes: usize) -> Result<Held, ToolError> {
+        let _ = bytes;
         Ok(Box::new(()))
     }
 

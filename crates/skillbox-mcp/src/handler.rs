@@ -30,7 +30,8 @@ use skillbox_run::Runner;
 use skillbox_skills::{SkillSet, Sources};
 use skillbox_store::is_sha256_hex;
 
-use crate::door::{Door, ToolError};
+use crate::door::{Door, Held, ToolError};
+use crate::http::AnswerHolds;
 use crate::sandboxes::{Running, Sandbox, Sandboxes};
 use crate::tools::{self, parse};
 
@@ -39,6 +40,31 @@ const WORKSPACE: &str = "/workspace";
 /// does (a larger one is downloaded over HTTP).
 const MAX_READ_BYTES: u64 = 16 * 1024 * 1024;
 const MAX_RESOURCE_BYTES: u64 = 32 * 1024 * 1024;
+
+/// The most an answer that carries `copies` of a content of `in_json` bytes as a JSON
+/// string holds in memory at once while it is made and sent: the copies in the result
+/// (`read_file`: its text and the structured content; `resources/read`: one), then the
+/// JSON-RPC message serialized with them, then that message framed as an SSE event
+/// (rmcp 3.11, sse-stream 0.2): twice the copies at most, and 4 KiB for the rest.
+fn answer_bytes(copies: usize, in_json: usize) -> usize {
+    in_json.saturating_mul(2 * copies).saturating_add(4096)
+}
+
+/// The length of `text` as a JSON string's content: what serde_json escapes, longer.
+fn json_string_len(text: &str) -> usize {
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// The length of `n` bytes in padded base64.
+fn base64_len(n: usize) -> usize {
+    n.div_ceil(3).saturating_mul(4)
+}
 /// Where a made file's resource URI starts.
 pub(crate) const OBJECTS_URI: &str = "skillbox://objects/";
 
@@ -457,41 +483,85 @@ impl SkillboxMcp {
                 ),
             ));
         }
-        // The size above is a quick answer; the read itself holds the bound, against a
-        // file that grew or was swapped for a bigger one since.
+        // The answer stays in memory until it is sent, so it is held within the budget
+        // of bytes in memory from before the read (as a file of that size in plain
+        // text needs) until the answer's last byte is sent. The read itself holds
+        // that size, against a file that grew or was swapped for a bigger one since.
+        let size = usize::try_from(info.size).unwrap_or(usize::MAX);
+        let shown = path.display().to_string();
+        let instead = "read a part with exec (head -c, tail -c)";
+        let mut held = vec![self.hold_answer(context, answer_bytes(2, size), &shown, instead)?];
         let bytes = sandbox
             .env
-            .read_bytes_max(&path, MAX_READ_BYTES, &cancel)
+            .read_bytes_max(&path, info.size, &cancel)
             .await
             .map_err(|e| match e.code {
                 ErrorCode::ResourceExhausted => ToolError::new(
                     ErrorCode::ResourceExhausted,
                     format!(
-                        "{}: more than the {MAX_READ_BYTES} bytes read_file hands out; read a part with exec (head -c, tail -c)",
-                        path.display()
+                        "{shown}: grew past the {size} bytes it had when read_file looked at it (it hands out at most {MAX_READ_BYTES}); call read_file again, or read a part with exec (head -c, tail -c)"
                     ),
                 ),
                 _ => e.into(),
             })?;
-        let shown = path.display().to_string();
-        Ok(match String::from_utf8(bytes.to_vec()) {
+        let size = bytes.len();
+        let text = String::from_utf8(bytes);
+        // Escaped text, or base64, is longer in JSON than the file: the rest is held
+        // before the answer is made.
+        let in_json = match &text {
+            Ok(text) => json_string_len(text),
+            Err(binary) => base64_len(binary.as_bytes().len()),
+        };
+        if let Some(more) = answer_bytes(2, in_json).checked_sub(answer_bytes(2, size))
+            && more > 0
+        {
+            held.push(self.hold_answer(context, more, &shown, instead)?);
+        }
+        Ok(match text {
             Ok(text) => {
                 let mut result = CallToolResult::success(vec![ContentBlock::text(text.clone())]);
                 result.structured_content = Some(json!({
-                    "path": shown, "size": bytes.len(), "encoding": "utf8", "content": text,
+                    "path": shown, "size": size, "encoding": "utf8", "content": text,
                 }));
                 result
             }
-            Err(_) => answer(
+            Err(binary) => answer(
                 json!({
                     "path": shown,
-                    "size": bytes.len(),
+                    "size": size,
                     "encoding": "base64",
-                    "content": base64::engine::general_purpose::STANDARD.encode(&bytes),
+                    "content": base64::engine::general_purpose::STANDARD.encode(binary.as_bytes()),
                 }),
                 Vec::new(),
                 false,
             ),
+        })
+    }
+
+    /// Holds `bytes` of memory for this request's answer (what `what` is read into),
+    /// kept until the answer is sent when the request came over HTTP
+    /// ([`AnswerHolds`]), else until the returned guard is dropped. Refused, the error
+    /// names `what`, and what to do `instead`.
+    fn hold_answer(
+        &self,
+        context: &RequestContext<RoleServer>,
+        bytes: usize,
+        what: &str,
+        instead: &str,
+    ) -> Result<Option<Held>, ToolError> {
+        let held = self.shared.door.hold_memory(bytes).map_err(|e| {
+            ToolError::new(e.code, format!("{what}: {e}, or {instead}", e = e.message))
+        })?;
+        let holds = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<AnswerHolds>());
+        Ok(match holds {
+            Some(holds) => {
+                holds.keep(held);
+                None
+            }
+            None => Some(held),
         })
     }
 
@@ -846,6 +916,24 @@ impl ServerHandler for SkillboxMcp {
                 None,
             ));
         }
+        // Held in the budget of bytes in memory until the answer is sent, as read_file's.
+        let instead = if self.downloads() {
+            format!("download it at /v1/objects/{sha256}")
+        } else {
+            "read it with read_file in parts".to_string()
+        };
+        let busy = |e: ToolError| {
+            ErrorData::new(
+                rmcp::model::ErrorCode(-32000),
+                e.message,
+                Some(json!({"code": e.code.as_str()})),
+            )
+        };
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        let mut held = vec![
+            self.hold_answer(&context, answer_bytes(1, size), &uri, &instead)
+                .map_err(busy)?,
+        ];
         let bytes = store
             .get(sha256)
             .await
@@ -853,6 +941,18 @@ impl ServerHandler for SkillboxMcp {
         let texty = content_type.starts_with("text/")
             || content_type.contains("json")
             || content_type.contains("xml");
+        let in_json = match std::str::from_utf8(&bytes) {
+            Ok(text) if texty => json_string_len(text),
+            _ => base64_len(bytes.len()),
+        };
+        if let Some(more) = answer_bytes(1, in_json).checked_sub(answer_bytes(1, size))
+            && more > 0
+        {
+            held.push(
+                self.hold_answer(&context, more, &uri, &instead)
+                    .map_err(busy)?,
+            );
+        }
         let contents = match std::str::from_utf8(&bytes) {
             Ok(text) if texty => ResourceContents::text(text, uri.clone()),
             _ => ResourceContents::blob(

@@ -30,6 +30,7 @@ use rmcp::transport::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::Value;
 
+use crate::door::Held;
 use crate::handler::{Caller, SkillboxMcp};
 
 const SESSION_ID: &str = "mcp-session-id";
@@ -220,6 +221,51 @@ impl HttpService {
 
 type HttpResponse = Response<BoxBody<Bytes, Infallible>>;
 
+/// What the calls of one POST hold in memory for their answers ([`Held`]), kept until
+/// the response has sent them: a tool puts its hold here (it reaches the handler in
+/// the request's parts), and each frame of the response body carries this along, so
+/// the last hold goes when the server drops the last bytes it sent, not when the tool
+/// returns (its answer is then still to be serialized and written).
+#[derive(Clone, Default)]
+pub(crate) struct AnswerHolds(Arc<Mutex<Vec<Held>>>);
+
+impl AnswerHolds {
+    pub(crate) fn keep(&self, held: Held) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(held);
+    }
+}
+
+/// A frame's bytes, with the holds of the answer they are part of.
+struct HeldFrame {
+    bytes: Bytes,
+    _holds: AnswerHolds,
+}
+
+impl AsRef<[u8]> for HeldFrame {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// `response` whose body keeps `holds` until it is done, and each of whose frames
+/// keeps them until its bytes are dropped.
+fn holding(response: HttpResponse, holds: AnswerHolds) -> HttpResponse {
+    response.map(|body| {
+        body.map_frame(move |frame| {
+            frame.map_data(|bytes| {
+                Bytes::from_owner(HeldFrame {
+                    bytes,
+                    _holds: holds.clone(),
+                })
+            })
+        })
+        .boxed()
+    })
+}
+
 /// A JSON-RPC error answer (`id` null when the request's is not known); `data`, when
 /// given, carries skillbox's error code.
 fn jsonrpc_error(
@@ -392,6 +438,11 @@ where
                 Ok(open(inner, owners, caller, request, max_body_bytes).await)
             });
         }
+        let mut request = request;
+        let holds = (method == Method::POST).then(AnswerHolds::default);
+        if let Some(holds) = &holds {
+            request.extensions_mut().insert(holds.clone());
+        }
         Box::pin(async move {
             if let Some(id) = &session
                 && !owners.is_callers(id, caller.as_ref())
@@ -399,6 +450,10 @@ where
                 return Ok(no_such_session());
             }
             let response = inner.call(request).await?;
+            let response = match holds {
+                Some(holds) => holding(response, holds),
+                None => response,
+            };
             if let Some(id) = &session
                 && method == Method::DELETE
                 && response.status().is_success()

@@ -15,7 +15,7 @@ mod http;
 mod sandboxes;
 mod tools;
 
-pub use door::{Admitted, Door, LocalDoor, ToolError};
+pub use door::{Admitted, Door, Held, LocalDoor, ToolError};
 pub use handler::{Caller, SkillboxMcp};
 pub use http::{HttpService, SessionBounds};
 pub use sandboxes::{SandboxBounds, Sandboxes};

@@ -14,9 +14,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use skillbox_env::CancellationToken;
 use skillbox_mcp::{
-    Admitted, Caller, Door, HttpConfig, HttpService, McpConfig, McpServer, SandboxBounds, ToolError,
+    Admitted, Caller, Door, Held, HttpConfig, HttpService, McpConfig, McpServer, SandboxBounds,
+    ToolError,
 };
-use skillbox_protocol::{ArtifactInfo, CapabilityRun, CapabilityRunRequest};
+use skillbox_protocol::{ArtifactInfo, CapabilityRun, CapabilityRunRequest, ErrorCode};
 
 use crate::auth::Tenant;
 use crate::error::Failure;
@@ -43,6 +44,27 @@ impl Door for ServerDoor {
         Ok(Box::new(
             crate::runs::admit_bytes(&self.state, &tenant, bytes).await?,
         ))
+    }
+
+    fn hold_memory(&self, bytes: usize) -> Result<Held, ToolError> {
+        let budget = self.state.config.max_body_bytes_in_flight;
+        if bytes > budget {
+            return Err(ToolError::new(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "its answer holds {bytes} bytes in memory, more than the {budget} this server holds at once (--max-body-bytes-in-flight); serve with a larger --max-body-bytes-in-flight"
+                ),
+            ));
+        }
+        match crate::runs::hold_body_bytes(&self.state, bytes) {
+            Ok(held) => Ok(Box::new(held)),
+            Err(_) => Err(ToolError::new(
+                ErrorCode::Overloaded,
+                format!(
+                    "its answer holds {bytes} bytes in memory, and the server holds as many request bodies, file reads and answers as it may now (--max-body-bytes-in-flight, {budget} bytes); retry later"
+                ),
+            )),
+        }
     }
 
     fn grant(&self, tenant: &str, files: &[ArtifactInfo]) -> Result<(), ToolError> {

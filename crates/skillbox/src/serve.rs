@@ -58,6 +58,11 @@ pub struct ServeArgs {
     /// Open connections at most; more are closed at once.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_connections: usize,
+    /// Bytes of request bodies, session file reads and MCP `read_file` answers held in
+    /// memory at once; past it a request is refused (429, or an MCP tool error) until
+    /// some are sent. At least the 48M body limit.
+    #[arg(long, value_parser = crate::units::parse_size, default_value = "256M")]
+    max_body_bytes_in_flight: u64,
     /// Runs one tenant may have running or waiting [default: 4 × the number of cores]
     #[arg(long, value_name = "N")]
     tenant_max_runs: Option<usize>,
@@ -206,6 +211,16 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         body_timeout: args.body_timeout,
         max_connections: args.max_connections,
         ..ServerConfig::default()
+    };
+    let least = config.body_limit;
+    config.max_body_bytes_in_flight = match usize::try_from(args.max_body_bytes_in_flight) {
+        Ok(bytes) if bytes >= least => bytes,
+        _ => {
+            eprintln!(
+                "skillbox serve: --max-body-bytes-in-flight: at least the body limit, {least} bytes (48M), or no request body could ever be held"
+            );
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
     };
     if let Some(keys) = keys {
         eprintln!(

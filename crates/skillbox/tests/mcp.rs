@@ -804,7 +804,8 @@ fn tool_error(result: &Value) -> Option<String> {
 /// the cap is a tool error naming its size and what to do instead, one at the cap is
 /// read whole, and a file swapped for a 20 MB one between `read_file`'s look at it and
 /// its read (an exec renames the two over each other while `read_file` is called again
-/// and again) is refused by the read, never handed out, whole or cut.
+/// and again) is refused by the read (bounded by the size looked at, which the answer's
+/// memory is held for), never handed out, whole or cut.
 #[test]
 fn mcp_read_file_hands_out_at_most_its_cap() {
     if !native_or_skip("mcp_read_file_hands_out_at_most_its_cap") {
@@ -890,8 +891,9 @@ fn mcp_read_file_hands_out_at_most_its_cap() {
                 Some(e) => {
                     assert_eq!(
                         e,
-                        "read_file failed (resource_exhausted): /workspace/grow: more than the \
-                         16777216 bytes read_file hands out; read a part with exec (head -c, tail -c)"
+                        "read_file failed (resource_exhausted): /workspace/grow: grew past the \
+                         100 bytes it had when read_file looked at it (it hands out at most \
+                         16777216); call read_file again, or read a part with exec (head -c, tail -c)"
                     );
                     by_read += 1;
                 }
@@ -918,5 +920,265 @@ fn mcp_read_file_hands_out_at_most_its_cap() {
         by_read > 0,
         "the swap never came between read_file's look and its read ({small} small, {by_look} refused by the look)"
     );
+    assert!(serve.stop().success());
+}
+
+/// Sends one request (`method`, `params`, JSON-RPC id `id`) in alice's MCP `session`,
+/// by hand, and reads nothing of its answer: the stream to read it from.
+fn start_request(
+    serve: &Serve,
+    session: &str,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> std::net::TcpStream {
+    use std::io::Write;
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        .to_string();
+    let mut stream = std::net::TcpStream::connect(&serve.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n\
+         Authorization: Bearer {ALICE}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\n\
+         MCP-Protocol-Version: 2025-11-25\r\n\r\n{body}",
+        serve.addr,
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+}
+
+/// Reads `stream` into `got` until `done` holds of what was read, or the stream ends.
+fn read_until(stream: &mut std::net::TcpStream, got: &mut Vec<u8>, done: impl Fn(&[u8]) -> bool) {
+    let mut chunk = vec![0u8; 64 * 1024];
+    while !done(got) {
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!("reading an answer: {e} (read {} bytes)", got.len()),
+        }
+    }
+}
+
+/// The JSON-RPC answer to request `id` in a whole SSE stream.
+fn answer_of(stream: &[u8], id: u64) -> Value {
+    let stream = text(stream);
+    stream
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .find(|message| message["id"] == id)
+        .unwrap_or_else(|| panic!("no answer to {id} in {stream:.500}"))
+}
+
+/// The resident memory of process `pid` (`VmRSS`, or its peak: `VmHWM`), in bytes.
+fn memory_of(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// Makes `requests` one after another, each answer's start read but no more (an answer
+/// is made whole before its first byte is sent, so one handed out is held whole in the
+/// server while its client reads no more, and the requests after it find it still
+/// held); one handed out carries text starting `aaaa`. Then reads the rest of every
+/// answer. The ids handed out, the answers, and how much the server's peak memory grew
+/// while none was read.
+fn hand_out_in_turn(
+    serve: &Serve,
+    requests: &[(&str, &str, Value)],
+) -> (Vec<u64>, Vec<Value>, u64) {
+    let pid = serve.child.as_ref().unwrap().id();
+    // The server's peak from now on (`5` resets VmHWM to the present VmRSS).
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = memory_of(pid, "VmRSS:");
+    let (mut streams, mut handed) = (Vec::new(), Vec::new());
+    for (n, (session, method, params)) in requests.iter().enumerate() {
+        let id = 9000 + n as u64;
+        let mut stream = start_request(serve, session, id, method, params.clone());
+        let mut got = Vec::new();
+        let result = format!(r#""id":{id},"result":"#);
+        let error = format!(r#""id":{id},"error":"#);
+        let text_at = |got: &[u8]| -> Option<usize> {
+            let got = String::from_utf8_lossy(got);
+            let at = got.find(&result)?;
+            got[at..]
+                .find(r#""text":""#)
+                .map(|t| at + t + r#""text":""#.len())
+        };
+        read_until(&mut stream, &mut got, |g| {
+            text_at(g).is_some_and(|at| g.len() >= at + 16)
+                || String::from_utf8_lossy(g).contains(&error)
+        });
+        if text_at(&got).is_some_and(|at| got[at..].starts_with(b"aaaaaaaaaaaaaaaa")) {
+            handed.push(id);
+        }
+        streams.push((id, stream, got));
+    }
+    let grown = memory_of(pid, "VmHWM:").saturating_sub(before);
+    let answers = streams
+        .into_iter()
+        .map(|(id, mut stream, mut got)| {
+            read_until(&mut stream, &mut got, |_| false);
+            answer_of(&got, id)
+        })
+        .collect();
+    (handed, answers, grown)
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// How much the server's peak memory may grow while one answer is held within a 64 MiB
+/// budget: the budget counts the bytes live at once, and the allocator keeps pages one
+/// copy of the answer freed while the next is made (in another thread's arena), so the
+/// peak passes the budget by a copy or two; six answers at once are hundreds of MiB.
+const HELD_AT_MOST: u64 = 160 * MIB;
+
+/// A `read_file` answer stays in the server's memory until it is sent, so it is held
+/// in the budget of bytes in memory that request bodies and session file reads are
+/// (`--max-body-bytes-in-flight`): six calls, one after another, to read a 15 MiB
+/// file, whose clients read only the start of the answer, make the server hold one
+/// answer (as much as four copies of the file: the content twice in the result, then
+/// twice in the JSON sent) within its 64 MiB, the calls after it refused with a tool
+/// error that names the flag while that answer is unread; not six answers at once.
+/// Once the held answer is read, the next call is answered.
+#[test]
+fn mcp_read_file_answers_are_held_within_the_memory_budget() {
+    if !native_or_skip("mcp_read_file_answers_are_held_within_the_memory_budget") {
+        return;
+    }
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M"]);
+    // Two sessions (a sandbox runs four calls at once), each with the file.
+    let sessions = [open_session(&serve, ALICE), open_session(&serve, ALICE)];
+    for session in &sessions {
+        let made = call_tool(
+            &serve,
+            session,
+            "exec",
+            serde_json::json!({"shell": "head -c 15M /dev/zero | tr '\\0' a > big && echo made"}),
+        );
+        assert_eq!(made["structuredContent"]["stdout"], "made\n", "{made}");
+    }
+    let read = serde_json::json!({"name": "read_file", "arguments": {"path": "big"}});
+    let requests: Vec<_> = (0..6)
+        .map(|n| (sessions[n % 2].as_str(), "tools/call", read.clone()))
+        .collect();
+    let (handed, answers, grown) = hand_out_in_turn(&serve, &requests);
+    eprintln!(
+        "6 read_file calls of 15 MiB: {} handed out at once, the server's peak memory grew {} MiB",
+        handed.len(),
+        grown / MIB
+    );
+    assert!(
+        grown < HELD_AT_MOST,
+        "read_file answers of 15 MiB held {} MiB at once ({} handed out)",
+        grown / MIB,
+        handed.len()
+    );
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    for answer in &answers {
+        let result = &answer["result"];
+        if handed.contains(&answer["id"].as_u64().unwrap()) {
+            assert_eq!(tool_error(result), None);
+            assert_eq!(result["structuredContent"]["size"], 15 * MIB);
+        } else {
+            let message = tool_error(result).unwrap();
+            assert!(
+                message.starts_with("read_file failed (overloaded): /workspace/big: ")
+                    && message.contains("--max-body-bytes-in-flight")
+                    && message
+                        .ends_with("retry later, or read a part with exec (head -c, tail -c)"),
+                "{message}"
+            );
+        }
+    }
+    // The answers read, their place in the budget is free again (given back as the
+    // server drops the last of their bytes, just after it sends them).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        let again = call_tool(
+            &serve,
+            &sessions[0],
+            "read_file",
+            serde_json::json!({"path": "big"}),
+        );
+        match tool_error(&again) {
+            Some(e) if e.contains("(overloaded)") && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => break again,
+        }
+    };
+    assert_eq!(tool_error(&again), None, "{again:.500}");
+    assert_eq!(again["structuredContent"]["size"], 15 * MIB);
+    assert!(serve.stop().success());
+}
+
+/// `resources/read` of a made file is held in the same budget until its answer is
+/// sent: of six reads of a 30 MiB text file in turn, whose clients read only the start
+/// of the answer, one is handed out within the 64 MiB budget, the others are refused
+/// (a JSON-RPC error naming the flag and the download link) while it is unread.
+#[test]
+fn mcp_resource_reads_are_held_within_the_memory_budget() {
+    if !native_or_skip("mcp_resource_reads_are_held_within_the_memory_budget") {
+        return;
+    }
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M"]);
+    let session = open_session(&serve, ALICE);
+    let ran = call_tool(
+        &serve,
+        &session,
+        "run_script",
+        serde_json::json!({"language": "sh",
+            "script": "head -c 30M /dev/zero | tr '\\0' a > big.txt"}),
+    );
+    let file = &ran["structuredContent"]["files"][0];
+    assert_eq!(file["path"], "big.txt", "{ran:.500}");
+    let (uri, sha) = (
+        file["uri"].as_str().unwrap(),
+        file["sha256"].as_str().unwrap(),
+    );
+    let requests: Vec<_> = (0..6)
+        .map(|_| {
+            (
+                session.as_str(),
+                "resources/read",
+                serde_json::json!({"uri": uri}),
+            )
+        })
+        .collect();
+    let (handed, answers, grown) = hand_out_in_turn(&serve, &requests);
+    eprintln!(
+        "6 resources/read of 30 MiB: {} handed out at once, the server's peak memory grew {} MiB",
+        handed.len(),
+        grown / MIB
+    );
+    assert!(
+        grown < HELD_AT_MOST,
+        "resource answers of 30 MiB held {} MiB at once ({} handed out)",
+        grown / MIB,
+        handed.len()
+    );
+    assert_eq!(handed.len(), 1, "{handed:?}");
+    for answer in &answers {
+        if handed.contains(&answer["id"].as_u64().unwrap()) {
+            let text = answer["result"]["contents"][0]["text"].as_str().unwrap();
+            assert_eq!(text.len() as u64, 30 * MIB);
+        } else {
+            assert_eq!(answer["error"]["data"]["code"], "overloaded", "{answer}");
+            let message = answer["error"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with(&format!("{uri}: "))
+                    && message.contains("--max-body-bytes-in-flight")
+                    && message
+                        .ends_with(&format!("retry later, or download it at /v1/objects/{sha}")),
+                "{message}"
+            );
+        }
+    }
     assert!(serve.stop().success());
 }
