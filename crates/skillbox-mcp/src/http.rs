@@ -29,6 +29,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use rmcp::transport::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde_json::Value;
+use skillbox_env::CancellationToken;
 
 use crate::door::Held;
 use crate::handler::{Caller, SkillboxMcp};
@@ -184,6 +185,8 @@ pub struct HttpService {
     inner: StreamableHttpService<SkillboxMcp, LocalSessionManager>,
     owners: Arc<Owners>,
     max_body_bytes: usize,
+    /// Cancelled as the server stops: no session opens from then on.
+    stopping: CancellationToken,
 }
 
 impl std::fmt::Debug for HttpService {
@@ -198,6 +201,7 @@ impl HttpService {
         sessions: Arc<LocalSessionManager>,
         bounds: SessionBounds,
         max_body_bytes: usize,
+        stopping: CancellationToken,
     ) -> Self {
         HttpService {
             inner,
@@ -207,6 +211,7 @@ impl HttpService {
                 bounds,
             }),
             max_body_bytes,
+            stopping,
         }
     }
 
@@ -313,6 +318,17 @@ fn too_many_sessions(id: Value, message: &str) -> HttpResponse {
         .headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
     response
+}
+
+/// 503 to a request for a new session once the server is stopping.
+fn shutting_down() -> HttpResponse {
+    jsonrpc_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        Value::Null,
+        -32000,
+        "the server is shutting down; no MCP session opens now (open one once it is back)",
+        Some("unavailable"),
+    )
 }
 
 /// What a body with no session says it is: enough to tell an `initialize`.
@@ -430,6 +446,13 @@ where
         let method = request.method().clone();
         let mut inner = self.inner.clone();
         let owners = self.owners.clone();
+        if let (None, Some(_)) = (&session, &caller)
+            && method == Method::POST
+            && self.stopping.is_cancelled()
+        {
+            // rmcp would answer 500 (its session service is gone); no session is made.
+            return Box::pin(async { Ok(shutting_down()) });
+        }
         if let (None, Some(caller)) = (&session, &caller)
             && method == Method::POST
         {
@@ -570,6 +593,33 @@ mod tests {
         }
         assert_eq!(answer(&mut mcp, initialize("carol")).await.0, 200);
         assert_eq!(answer(&mut mcp, initialize("alice")).await.0, 200);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Once the server stops, an `initialize` is 503 saying so (rmcp's own answer would
+    /// be a 500 naming its session service), and no session is made.
+    #[tokio::test]
+    async fn initialize_once_stopping_is_503() {
+        let dir = std::env::temp_dir().join(format!("skillbox-mcp-stop-{}", std::process::id()));
+        let store = skillbox_store::ArtifactStore::local(&dir.join("objects"))
+            .await
+            .unwrap();
+        let runner = skillbox_run::Runner::new(skillbox_run::RunnerConfig::new(&dir), store);
+        let server = McpServer::local(Arc::new(runner), McpConfig::default());
+        let mut mcp = server.http_service(HttpConfig {
+            max_body_bytes: 1 << 20,
+            idle: Duration::from_secs(60),
+            sessions: SessionBounds::default(),
+        });
+        server.stop();
+        let (status, body) = answer(&mut mcp, initialize("alice")).await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["data"]["code"], "unavailable", "{body}");
+        assert_eq!(
+            body["error"]["message"],
+            "the server is shutting down; no MCP session opens now (open one once it is back)"
+        );
+        assert_eq!(mcp.sessions_open().await, 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

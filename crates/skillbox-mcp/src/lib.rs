@@ -152,7 +152,13 @@ impl McpServer {
         let server = self.clone();
         let inner =
             StreamableHttpService::new(move || Ok(server.handler()), sessions.clone(), http);
-        HttpService::new(inner, sessions, config.sessions, config.max_body_bytes)
+        HttpService::new(
+            inner,
+            sessions,
+            config.sessions,
+            config.max_body_bytes,
+            self.shared.stopping.clone(),
+        )
     }
 
     /// Stops taking calls: every running one is cancelled, and sessions end.

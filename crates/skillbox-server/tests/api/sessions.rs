@@ -317,6 +317,8 @@ async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["go", "in", "out.txt"], "{listing}");
+    // A file's size comes with the listing.
+    assert_eq!(listing["entries"][2]["size"], 5, "{listing}");
 
     // Cancel a long command: its whole process tree dies.
     let marker = format!("{}", 970_000_000 + std::process::id());
@@ -850,4 +852,62 @@ async fn session_file_reads_are_held_within_the_memory_budget() {
     }
     assert_eq!(got, 48 * MIB);
     served.shutdown.cancel();
+}
+
+/// A session asked for before the shutdown began, whose body arrives after it (sessions
+/// are closed as the shutdown begins), is refused 503, not opened: its sandbox would be
+/// made for a server that no longer keeps it, and its client told it is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_not_opened_once_shutdown_began() {
+    use tokio::io::AsyncWriteExt;
+    // The budget of bodies is one create's: while the stalled create holds it (it is in
+    // the handler, reading its body), another request's body is refused 429.
+    const BODY: usize = 64 * 1024;
+    let Some(served) = serve_with(ServerConfig {
+        max_body_bytes_in_flight: BODY,
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let body = format!("{{}}{}", " ".repeat(BODY - 2));
+    let mut stalled = served
+        .stall("POST", "/v1/sessions", "application/json", Some(BODY), b"{")
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // Not JSON: 400 once read, 429 while the budget is held (before it is read).
+        let probe = served
+            .http
+            .post(format!("{}/v1/sessions", served.base))
+            .bearer_auth(BOB)
+            .header("content-type", "application/json")
+            .body("not json")
+            .send()
+            .await
+            .unwrap();
+        let status = probe.status().as_u16();
+        if status == 429 {
+            break;
+        }
+        assert_eq!(status, 400);
+        assert!(
+            Instant::now() < deadline,
+            "the stalled create never held the budget"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    served.shutdown.cancel();
+    stalled.0.write_all(&body.as_bytes()[1..]).await.unwrap();
+    let (status, answer) = stalled.answer(Duration::from_secs(30)).await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "unavailable", "{answer}");
+    assert_eq!(
+        answer["error"]["message"],
+        "the server is shutting down; no session opens now (open one once it is back)",
+        "{answer}"
+    );
+    let stopped = tokio::time::timeout(Duration::from_secs(15), served.serving).await;
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
 }
