@@ -278,8 +278,8 @@ fn list(dir: OwnedFd) -> Result<Vec<DirEntry>, Errno> {
             rustix::fs::FileType::Unknown => match look() {
                 Some(s) => {
                     let kind = kind_of(rustix::fs::FileType::from_raw_mode(s.st_mode));
-                    let size = (kind == FileKind::File)
-                        .then(|| u64::try_from(s.st_size).unwrap_or(0));
+                    let size =
+                        (kind == FileKind::File).then(|| u64::try_from(s.st_size).unwrap_or(0));
                     (kind, size)
                 }
                 None => (FileKind::Other, None),

@@ -218,7 +218,10 @@ async fn listing(env: &dyn ExecutionEnv, p: &str) -> Vec<(String, FileKind, Opti
         .list_dir(path(p), &live())
         .await
         .unwrap_or_else(|e| panic!("list_dir {p}: {e}"));
-    entries.into_iter().map(|e| (e.name, e.kind, e.size)).collect()
+    entries
+        .into_iter()
+        .map(|e| (e.name, e.kind, e.size))
+        .collect()
 }
 
 /// A listed entry: a regular file with its size, anything else without one.
