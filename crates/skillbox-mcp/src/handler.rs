@@ -617,26 +617,20 @@ impl SkillboxMcp {
         let cancel = self.call_cancel(&context.ct, Some(&sandbox.ending));
         let _cancel_on_drop = cancel.clone().drop_guard();
         let listed = sandbox.env.list_dir(&path, &cancel).await?;
-        let mut entries = Vec::with_capacity(listed.len());
-        for entry in listed {
-            let size = if entry.kind == FileKind::File {
-                sandbox
-                    .env
-                    .file_info(&path.join(&entry.name), &cancel)
-                    .await
-                    .ok()
-                    .map(|i| i.size)
-            } else {
-                None
-            };
-            let kind = match entry.kind {
-                FileKind::File => "file",
-                FileKind::Dir => "dir",
-                FileKind::Symlink => "symlink",
-                FileKind::Other => "other",
-            };
-            entries.push(json!({"name": entry.name, "kind": kind, "size": size}));
-        }
+        // The sizes come with the listing: no look per file (on a container backend, a
+        // process each).
+        let entries: Vec<serde_json::Value> = listed
+            .into_iter()
+            .map(|entry| {
+                let kind = match entry.kind {
+                    FileKind::File => "file",
+                    FileKind::Dir => "dir",
+                    FileKind::Symlink => "symlink",
+                    FileKind::Other => "other",
+                };
+                json!({"name": entry.name, "kind": kind, "size": entry.size})
+            })
+            .collect();
         Ok(answer(
             json!({"path": path.display().to_string(), "entries": entries}),
             Vec::new(),
