@@ -177,9 +177,15 @@ impl TrustStore {
         };
         let text =
             serde_json::to_string_pretty(kept).map_err(|e| failed(std::io::Error::other(e)))?;
+        // Random, not only this process's pid: a process killed between this create
+        // and the rename leaves its file, and a later one with its pid (a server that
+        // is pid 1 of its container, restarted) would find it there on every write.
+        let mut random = [0u8; 8];
+        skillbox_env::path::fill_random(&mut random);
+        let random: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let temp = self
             .file
-            .with_extension(format!("tmp-{}", std::process::id()));
+            .with_extension(format!("tmp-{}-{random}", std::process::id()));
         let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -329,6 +329,30 @@ fn loaded(root: &Path, manifest: &str) -> skillbox_capability::Capability {
         .unwrap()
 }
 
+/// A grants write that a killed process left half done (its temp file, named after a
+/// pid this process has now: a server that is pid 1 of its container, restarted) does
+/// not stop this process's grants.
+#[test]
+fn a_grants_write_a_killed_process_left_does_not_block_grants() {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let word_count = loaded(root.path(), GOOD);
+    let left = data
+        .path()
+        .join(format!("trust.tmp-{}", std::process::id()));
+    std::fs::write(&left, "{\"grants\":[").unwrap();
+    let trust = TrustStore::open(data.path());
+    trust
+        .grant(&word_count, Scope::Project, root.path())
+        .unwrap();
+    assert_eq!(
+        TrustStore::open(data.path())
+            .authorize(&word_count, root.path())
+            .unwrap(),
+        Scope::Project
+    );
+}
+
 #[test]
 fn a_host_capability_never_gets_more_than_a_session() {
     let root = tempfile::tempdir().unwrap();
