@@ -275,10 +275,7 @@ pub async fn write_replaces_the_whole_file(env: &dyn ExecutionEnv) {
     write(env, "dir/f.txt", "short\n").await;
     assert_eq!(read(env, "dir/f.txt").await, "short\n");
     // Replacing goes through no leftover temporary file.
-    assert_eq!(
-        listing(env, "dir").await,
-        vec![entry("f.txt", FileKind::File)]
-    );
+    assert_eq!(listing(env, "dir").await, vec![file_entry("f.txt", 6)]);
 }
 
 pub async fn write_keeps_the_mode_of_a_replaced_file(env: &dyn ExecutionEnv) {
@@ -967,10 +964,7 @@ pub async fn put_tree_replaces_files_with_the_tree_s_mode(env: &dyn ExecutionEnv
     assert_eq!(read(env, "t/d/kept.txt").await, "not in the tree");
     assert_eq!(
         listing(env, "t/d").await,
-        vec![
-            entry("b.txt", FileKind::File),
-            entry("kept.txt", FileKind::File)
-        ]
+        vec![file_entry("b.txt", 6), file_entry("kept.txt", 15)]
     );
 }
 
@@ -1103,8 +1097,8 @@ pub async fn put_tree_refuses_what_is_in_the_way(env: &dyn ExecutionEnv) {
         listing(env, "w").await,
         vec![
             entry("dir", FileKind::Dir),
-            entry("file", FileKind::File),
-            entry("first.txt", FileKind::File),
+            file_entry("file", 1),
+            file_entry("first.txt", 6),
         ],
         "nothing else was left (a cancelled call places nothing)"
     );
