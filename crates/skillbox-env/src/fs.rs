@@ -22,6 +22,18 @@ pub enum FileKind {
     Other,
 }
 
+impl FileKind {
+    /// Its name, as it is serialized: `file`, `dir`, `symlink` or `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileKind::File => "file",
+            FileKind::Dir => "dir",
+            FileKind::Symlink => "symlink",
+            FileKind::Other => "other",
+        }
+    }
+}
+
 /// What `file_info` says about a path (the path itself, not a symlink's target).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -518,6 +530,18 @@ mod tests {
 
     use super::*;
     use crate::HostEnv;
+
+    #[test]
+    fn a_kind_is_named_as_it_is_serialized() {
+        for kind in [
+            FileKind::File,
+            FileKind::Dir,
+            FileKind::Symlink,
+            FileKind::Other,
+        ] {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+    }
 
     /// A host env whose `file_info` answers as if each file were 1 byte (a stat taken
     /// before the file grew) and whose `read_bytes` must not be called: what the default

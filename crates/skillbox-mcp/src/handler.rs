@@ -622,13 +622,7 @@ impl SkillboxMcp {
         let entries: Vec<serde_json::Value> = listed
             .into_iter()
             .map(|entry| {
-                let kind = match entry.kind {
-                    FileKind::File => "file",
-                    FileKind::Dir => "dir",
-                    FileKind::Symlink => "symlink",
-                    FileKind::Other => "other",
-                };
-                json!({"name": entry.name, "kind": kind, "size": entry.size})
+                json!({"name": entry.name, "kind": entry.kind.as_str(), "size": entry.size})
             })
             .collect();
         Ok(answer(

@@ -1209,13 +1209,7 @@ pub(crate) async fn ls(
         .into_iter()
         .map(|entry| SessionFileEntry {
             name: entry.name,
-            kind: match entry.kind {
-                FileKind::File => "file",
-                FileKind::Dir => "dir",
-                FileKind::Symlink => "symlink",
-                FileKind::Other => "other",
-            }
-            .to_string(),
+            kind: entry.kind.as_str().to_string(),
             size: entry.size,
         })
         .collect::<Vec<_>>();
