@@ -272,12 +272,9 @@ fn docker_workdir_runs_as_its_owner_never_root() {
 
 /// skillbox killed with SIGKILL cannot remove its container; the next skillbox that
 /// uses docker does.
-#[test]
-fn a_killed_skillbox_leaves_a_container_the_next_run_sweeps() {
-    if !available("docker", "a_killed_skillbox_leaves_a_container") {
-        return;
-    }
-    let mut child = Command::new(BIN)
+/// A one-shot `skillbox exec --backend docker -- sleep 600`, its stderr to `stderr`.
+fn docker_sleep(stderr: Stdio) -> std::process::Child {
+    Command::new(BIN)
         .arg("--data-dir")
         .arg(data_dir())
         .args([
@@ -291,9 +288,17 @@ fn a_killed_skillbox_leaves_a_container_the_next_run_sweeps() {
             "600",
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_killed_skillbox_leaves_a_container_the_next_run_sweeps() {
+    if !available("docker", "a_killed_skillbox_leaves_a_container") {
+        return;
+    }
+    let mut child = docker_sleep(Stdio::null());
     let pid = child.id();
     wait_for("the sandbox container", || !containers_of(pid).is_empty());
     child.kill().unwrap();
@@ -314,23 +319,7 @@ fn a_skillbox_stopped_by_sigterm_removes_its_container() {
     ) {
         return;
     }
-    let child = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .args([
-            "exec",
-            "--backend",
-            "docker",
-            "--timeout",
-            "10m",
-            "--",
-            "sleep",
-            "600",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = docker_sleep(Stdio::piped());
     let pid = child.id();
     wait_for("the sandbox container", || !containers_of(pid).is_empty());
     // SAFETY: signalling the child this test started.
