@@ -272,7 +272,9 @@ fn boot_id() -> String {
 /// time mean something only in the pid namespace named beside them.
 fn owner_label() -> String {
     let tag = skillbox_env::owner::this_process();
-    let (pid, started) = tag.split_once('.').unwrap_or((tag, ""));
+    let mut parts = tag.split('.');
+    let pid = parts.next().unwrap_or_default();
+    let started = parts.next().unwrap_or_default();
     let namespace = skillbox_env::owner::pid_namespace().unwrap_or(0);
     format!("{}/{namespace}/{pid}/{started}", boot_id())
 }

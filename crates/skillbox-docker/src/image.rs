@@ -183,6 +183,8 @@ impl ImageBuilder {
             ));
         }
         std::fs::create_dir_all(&self.cache).map_err(|e| io_failed("create", &self.cache, &e))?;
+        skillbox_env::owner::claim(&self.cache)
+            .map_err(|e| io_failed("claim", &self.cache.join(skillbox_env::owner::CLAIMS), &e))?;
         sweep_dead_roots(&self.cache);
         let work = self.cache.join(skillbox_env::path::temp_name(&format!(
             "{ROOT_STAGING}{short}-{}-",
@@ -477,7 +479,7 @@ fn sweep_dead_roots(cache: &Path) {
         else {
             continue;
         };
-        if !owner.contains('.') || skillbox_env::owner::alive(owner) {
+        if !owner.contains('.') || !skillbox_env::owner::gone(cache, owner) {
             continue;
         }
         let path = entry.path();
@@ -495,6 +497,7 @@ fn sweep_dead_roots(cache: &Path) {
             tracing::warn!(dir = %path.display(), error = %e, "image build: could not remove a dead build's root");
         }
     }
+    skillbox_env::owner::sweep_claims(cache, |_| false);
 }
 
 fn with_sandbox_user(rootfs: &Path, file: &str, line: &str) -> EnvResult<Vec<u8>> {

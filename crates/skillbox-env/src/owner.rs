@@ -6,10 +6,27 @@
 //! A pid alone does not say it: the pid of a killed process is handed out again, and a
 //! server that is pid 1 of its container has the same pid after every restart, so a
 //! sweep by pid alone never removes what its earlier self left. The tag is
-//! `<pid>.<start time>` (the start time in clock ticks since boot, field 22 of
-//! `/proc/<pid>/stat`), which names one process for as long as the machine runs.
+//! `<pid>.<start time>.<pid namespace>` (the start time in clock ticks since boot, field
+//! 22 of `/proc/<pid>/stat`; the namespace the inode of `/proc/self/ns/pid`), which
+//! names one process for as long as the machine runs.
+//!
+//! A pid means something only in its own pid namespace. Two skillboxes that share a
+//! directory from different namespaces (a server in a container whose data dir is a
+//! volume, and a CLI on the host) cannot judge each other through their own `/proc`.
+//! So a process that makes tagged things in a directory first takes a *claim* there:
+//! `<dir>/.owners/<tag>`, a file it keeps open under a shared `flock` for as long as it
+//! runs, which the kernel lets go of when it dies, in any namespace. An owner in this
+//! namespace is judged by its pid and start time; one in another by its claim alone:
+//! gone once the claim is free or removed.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+/// The directory of claims beneath a directory that holds tagged things.
+pub const CLAIMS: &str = ".owners";
 
 /// The start time of `pid` (field 22 of `/proc/<pid>/stat`), in clock ticks since boot.
 fn start_time(pid: u32) -> Option<u64> {
@@ -20,15 +37,16 @@ fn start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// This process's owner tag, `<pid>.<start time>` (the bare pid where `/proc` cannot
-/// say when it started). It holds no `-`, so a name may go on after it with one.
+/// This process's owner tag, `<pid>.<start time>.<pid namespace>` (without the parts
+/// `/proc` cannot say). It holds no `-`, so a name may go on after it with one.
 pub fn this_process() -> &'static str {
     static TAG: OnceLock<String> = OnceLock::new();
     TAG.get_or_init(|| {
         let pid = std::process::id();
-        match start_time(pid) {
-            Some(started) => format!("{pid}.{started}"),
-            None => pid.to_string(),
+        match (start_time(pid), pid_namespace()) {
+            (Some(started), Some(namespace)) => format!("{pid}.{started}.{namespace}"),
+            (Some(started), None) => format!("{pid}.{started}"),
+            _ => pid.to_string(),
         }
     })
 }
@@ -43,31 +61,151 @@ pub fn pid_namespace() -> Option<u64> {
     *NAMESPACE.get_or_init(|| std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino()))
 }
 
-/// Whether the owner `tag` names still runs. A tag this process did not make is a
-/// leftover of a dead owner unless a process with its pid and start time runs. A bare
-/// pid (what earlier versions wrote) counts as alive while any process has that pid,
-/// except this process's own pid when it is not this process's tag: then an earlier
-/// process with this pid wrote it. Anything else that does
-/// not parse is not a tag: alive, so that nothing unknown is removed.
+/// What a tag says, parsed.
+enum Tag {
+    /// Not a tag at all.
+    Unknown,
+    /// A bare pid, as the earliest versions wrote.
+    Pid(u32),
+    /// A pid and start time that this process's `/proc` can judge.
+    Here(u32, u64),
+    /// An owner in another pid namespace.
+    Elsewhere,
+}
+
+fn parse(tag: &str) -> Tag {
+    let mut parts = tag.split('.');
+    let (Some(pid), started, namespace, None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Tag::Unknown;
+    };
+    let Ok(pid) = pid.parse::<u32>() else {
+        return Tag::Unknown;
+    };
+    let Some(started) = started else {
+        return Tag::Pid(pid);
+    };
+    let Ok(started) = started.parse::<u64>() else {
+        return Tag::Unknown;
+    };
+    match namespace.map(str::parse::<u64>) {
+        None => Tag::Here(pid, started),
+        Some(Ok(namespace)) if Some(namespace) == pid_namespace() => Tag::Here(pid, started),
+        Some(Ok(_)) => Tag::Elsewhere,
+        Some(Err(_)) => Tag::Unknown,
+    }
+}
+
+/// Whether the owner `tag` names still runs, judged by this process's `/proc` alone.
+/// A tag this process did not make is a leftover of a dead owner unless a process with
+/// its pid and start time runs. A bare pid (what earlier versions wrote) counts as
+/// alive while any process has that pid, except this process's own pid when it is not
+/// this process's tag: then an earlier process with this pid wrote it. An owner in
+/// another pid namespace is alive (see [`gone`], which can tell), and anything else
+/// that does not parse is not a tag: alive, so that nothing unknown is removed.
 pub fn alive(tag: &str) -> bool {
     if tag == this_process() {
         return true;
     }
-    let (pid, started) = match tag.split_once('.') {
-        Some((pid, started)) => (pid, Some(started)),
-        None => (tag, None),
-    };
-    let Ok(pid) = pid.parse::<u32>() else {
-        return true;
-    };
-    match started {
-        Some(started) => match started.parse::<u64>() {
-            Ok(started) => start_time(pid) == Some(started),
-            Err(_) => true,
-        },
+    match parse(tag) {
+        Tag::Unknown | Tag::Elsewhere => true,
+        Tag::Here(pid, started) => start_time(pid) == Some(started),
         // Not this process's tag (checked above), so an earlier process's.
-        None if pid == std::process::id() => false,
-        None => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        Tag::Pid(pid) if pid == std::process::id() => false,
+        Tag::Pid(pid) => Path::new(&format!("/proc/{pid}")).exists(),
+    }
+}
+
+/// Whether what `tag`'s owner made in `dir` is left behind: its owner no longer runs.
+/// An owner in this pid namespace is judged by [`alive`]; one in another by its claim
+/// in `dir` ([`claim`]): gone when nothing holds the claim, or when there is none (an
+/// owner claims before it makes anything, and a claim is removed only once its owner
+/// is gone).
+pub fn gone(dir: &Path, tag: &str) -> bool {
+    judge(dir, tag, true)
+}
+
+/// Like [`gone`], for what `tag`'s owner made outside `dir` while it held its claim in
+/// `dir` (a native sandbox's cgroups, beside its dir): an owner in another pid
+/// namespace is gone only while its claim is there and free, since one with no claim
+/// in `dir` may have used another. Sweep such things before [`sweep_claims`].
+pub fn gone_by_claim_in(dir: &Path, tag: &str) -> bool {
+    judge(dir, tag, false)
+}
+
+fn judge(dir: &Path, tag: &str, no_claim_is_gone: bool) -> bool {
+    match parse(tag) {
+        Tag::Elsewhere => match File::open(dir.join(CLAIMS).join(tag)) {
+            Ok(claim) => {
+                rustix::fs::flock(&claim, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                    .is_ok()
+            }
+            Err(e) => no_claim_is_gone && e.kind() == io::ErrorKind::NotFound,
+        },
+        _ => !alive(tag),
+    }
+}
+
+/// Takes this process's claim in `dir` (once per dir; later calls return at once):
+/// `<dir>/.owners/<tag>`, held open under a shared `flock` until this process ends, so
+/// that a skillbox in another pid namespace sharing `dir` can tell that what this one
+/// makes there is in use. Call it before making any tagged thing in `dir`.
+pub fn claim(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    static HELD: OnceLock<Mutex<HashMap<PathBuf, File>>> = OnceLock::new();
+    let mut held = HELD
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if held.contains_key(dir) {
+        return Ok(());
+    }
+    let claims = dir.join(CLAIMS);
+    std::fs::create_dir_all(&claims)?;
+    let path = claims.join(this_process());
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)?;
+        // A sweeper that took the file for a dead owner's between its creation and the
+        // lock has removed it: the lock is then on a name no one finds. Again.
+        let opened = file.metadata()?;
+        match std::fs::metadata(&path) {
+            Ok(named) if named.ino() == opened.ino() && named.dev() == opened.dev() => {
+                held.insert(dir.to_path_buf(), file);
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Whether `tag` names an owner in another pid namespace than this process's.
+pub fn elsewhere(tag: &str) -> bool {
+    matches!(parse(tag), Tag::Elsewhere)
+}
+
+/// Removes the claims in `dir` of owners that are gone, except those `keep` picks
+/// (owners whose leftovers could not all be removed yet). Call it after sweeping what
+/// they left.
+pub fn sweep_claims(dir: &Path, keep: impl Fn(&str) -> bool) {
+    let claims = dir.join(CLAIMS);
+    let Ok(entries) = std::fs::read_dir(&claims) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let tag = entry.file_name().to_string_lossy().into_owned();
+        if !matches!(parse(&tag), Tag::Unknown) && !keep(&tag) && gone(dir, &tag) {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 
@@ -79,11 +217,20 @@ mod tests {
     fn this_process_is_alive_and_a_restarted_pid_is_not() {
         let me = this_process();
         assert!(alive(me));
-        let (pid, started) = me.split_once('.').expect("a tag with a start time");
+        let parts: Vec<&str> = me.split('.').collect();
+        let [pid, started, namespace] = parts[..] else {
+            panic!("a tag with a start time and a pid namespace: {me}");
+        };
         assert_eq!(pid, std::process::id().to_string());
-        // The same pid with another start time: an earlier process that had this pid.
+        assert_eq!(namespace, pid_namespace().unwrap().to_string());
+        // The same pid with another start time: an earlier process that had this pid,
+        // with or without the namespace (what the version before wrote).
         let earlier: u64 = started.parse::<u64>().unwrap() - 1;
+        assert!(!alive(&format!("{pid}.{earlier}.{namespace}")));
         assert!(!alive(&format!("{pid}.{earlier}")));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(gone(dir.path(), &format!("{pid}.{earlier}.{namespace}")));
+        assert!(!gone(dir.path(), me));
         // A bare pid of our own is an earlier process's (we write start times).
         assert!(!alive(pid));
     }
@@ -108,5 +255,61 @@ mod tests {
         // Not a tag: never taken for a dead owner.
         assert!(alive("etc"));
         assert!(alive("12.x"));
+    }
+
+    /// An owner in another pid namespace cannot be judged by pid: it is alive to
+    /// [`alive`], and [`gone`] asks its claim, which a process holding it keeps.
+    #[test]
+    fn an_owner_in_another_namespace_is_judged_by_its_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = pid_namespace().unwrap();
+        // Pid 1 started at tick 1 in a namespace that is not ours: whatever this
+        // process's pid 1 is, that says nothing of it.
+        let elsewhere = format!("1.1.{}", ours + 1);
+        assert!(alive(&elsewhere));
+        assert!(gone(dir.path(), &elsewhere), "no claim: gone");
+        assert!(
+            !gone_by_claim_in(dir.path(), &elsewhere),
+            "no claim here: it may have claimed elsewhere"
+        );
+        let claims = dir.path().join(CLAIMS);
+        std::fs::create_dir_all(&claims).unwrap();
+        let path = claims.join(&elsewhere);
+        std::fs::write(&path, "").unwrap();
+        assert!(gone(dir.path(), &elsewhere), "a claim nothing holds: gone");
+        assert!(gone_by_claim_in(dir.path(), &elsewhere));
+        // The lock is on the shell's fd 9, which `sleep` takes over: killing it frees.
+        let mut holder = std::process::Command::new("sh")
+            .args(["-c", "exec 9<\"$0\"; flock --shared 9; exec sleep 30"])
+            .arg(&path)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while gone(dir.path(), &elsewhere) {
+            assert!(std::time::Instant::now() < deadline, "flock never took it");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        sweep_claims(dir.path(), |_| false);
+        assert!(path.exists(), "a held claim is kept");
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+        assert!(gone(dir.path(), &elsewhere), "its holder died: gone");
+        sweep_claims(dir.path(), |_| false);
+        assert!(!path.exists(), "a claim nothing holds is removed");
+    }
+
+    #[test]
+    fn a_claim_is_held_for_as_long_as_this_process_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        claim(dir.path()).unwrap();
+        claim(dir.path()).unwrap();
+        let path = dir.path().join(CLAIMS).join(this_process());
+        let file = File::open(&path).unwrap();
+        assert!(
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err(),
+            "the claim is held"
+        );
+        sweep_claims(dir.path(), |_| false);
+        assert!(path.exists(), "this process's own claim is kept");
     }
 }

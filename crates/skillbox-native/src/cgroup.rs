@@ -373,14 +373,17 @@ impl Drop for ExecCgroup {
 }
 
 /// Removes empty leaves that a skillbox process which no longer runs left behind (told
-/// by the owner tag in each leaf's name, `skillbox_env::owner`).
-pub fn sweep(host: &Host) {
+/// by the owner tag in each leaf's name, `skillbox_env::owner`; one in another pid
+/// namespace by its claim in `native_dir`). Gives the owners whose leaves are not all
+/// gone (their killed processes still being torn down), for a later sweep.
+pub fn sweep(host: &Host, native_dir: &Path) -> Vec<String> {
+    let mut kept = Vec::new();
     let parents: Vec<PathBuf> = match host {
         Host::V1 { memory, pids, cpu } => {
             [memory, pids, cpu].into_iter().flatten().cloned().collect()
         }
         Host::V2 { parent, .. } => vec![parent.clone()],
-        Host::None(_) => return,
+        Host::None(_) => return kept,
     };
     for parent in parents {
         let Ok(entries) = fs::read_dir(&parent) else {
@@ -391,12 +394,16 @@ pub fn sweep(host: &Host) {
             let Some(owner) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
                 continue;
             };
-            if owner.starts_with(|c: char| c.is_ascii_digit()) && !skillbox_env::owner::alive(owner)
+            if owner.starts_with(|c: char| c.is_ascii_digit())
+                && skillbox_env::owner::gone_by_claim_in(native_dir, owner)
+                && fs::remove_dir(entry.path()).is_err()
+                && !kept.iter().any(|k| k == owner)
             {
-                let _ = fs::remove_dir(entry.path());
+                kept.push(owner.to_string());
             }
         }
     }
+    kept
 }
 
 /// Whether the host has any swap (`SwapTotal` above 0 in `/proc/meminfo`).

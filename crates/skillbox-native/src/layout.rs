@@ -135,6 +135,7 @@ pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
     if dir.is_dir() {
         return Ok(dir);
     }
+    skillbox_env::owner::claim(native_dir)?;
     let staging = native_dir.join(skillbox_env::path::temp_name(&format!(
         "{}-etc-",
         skillbox_env::owner::this_process()

@@ -284,9 +284,9 @@ fn sandbox_counter() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Removes sandbox dirs of skillbox processes that no longer run: each name starts
-/// with its maker's owner tag (`skillbox_env::owner`), so a pid handed out again (a
-/// server that is pid 1 of its container, restarted) does not keep them.
+/// Removes sandbox dirs of skillbox processes that no longer run: each name starts with its maker's owner tag (`skillbox_env::owner`), so a pid handed
+/// out again (a server that is pid 1 of its container, restarted) does not keep them,
+/// and one made from another pid namespace is judged by its maker's claim.
 fn sweep_dirs(native_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(native_dir) else {
         return;
@@ -300,7 +300,7 @@ fn sweep_dirs(native_dir: &Path) {
         if !owner.starts_with(|c: char| c.is_ascii_digit()) {
             continue;
         }
-        if !skillbox_env::owner::alive(owner) {
+        if skillbox_env::owner::gone(native_dir, owner) {
             // A tmpfs an earlier skillbox attached there as root goes first.
             crate::scratch::unmount_leftover(&entry.path());
             let _ = skillbox_env::remove::remove_tree(&entry.path());
@@ -316,11 +316,20 @@ fn sweep_once(native_dir: &Path, one_shot: bool, cgroup_host: &'static cgroup::H
         sweep_dirs(native_dir);
         // Leftover cgroups are empty directories: the spawner removes them while
         // this thread goes on. A one-shot caller sweeps them only if it uses
-        // cgroups itself (it has probed them anyway).
+        // cgroups itself (it has probed them anyway). The claims of owners that are
+        // gone go after their cgroups, which are judged by them; without a cgroup
+        // sweep those of other pid namespaces stay for one that has it.
+        let sweep_cgroups = move |host: &cgroup::Host, native_dir: &Path| {
+            let kept = cgroup::sweep(host, native_dir);
+            skillbox_env::owner::sweep_claims(native_dir, |tag| kept.iter().any(|k| k == tag));
+        };
         if !one_shot {
-            crate::spawn::run_on_spawner(|| cgroup::sweep(cgroup::Host::get()));
+            let native_dir = native_dir.to_path_buf();
+            crate::spawn::run_on_spawner(move || sweep_cgroups(cgroup::Host::get(), &native_dir));
         } else if !std::ptr::eq(cgroup_host, cgroup::Host::unused()) {
-            cgroup::sweep(cgroup_host);
+            sweep_cgroups(cgroup_host, native_dir);
+        } else {
+            skillbox_env::owner::sweep_claims(native_dir, skillbox_env::owner::elsewhere);
         }
     });
 }
@@ -406,6 +415,10 @@ impl NativeSandbox {
         let native_dir = data_dir.join(BackendKind::Native.as_str());
         std::fs::create_dir_all(&native_dir)
             .map_err(|e| EnvError::io(&e, "create data dir", &native_dir))?;
+        // Before anything of this process's is in it: what tells a skillbox in another
+        // pid namespace, sharing this data dir, that this one's sandboxes are in use.
+        skillbox_env::owner::claim(&native_dir)
+            .map_err(|e| EnvError::io(&e, "claim", native_dir.join(skillbox_env::owner::CLAIMS)))?;
         sweep_once(&native_dir, one_shot, cgroup_host);
         let spec_has_no_workspace = spec.workspace.is_none();
         let mut random = [0u8; 4];

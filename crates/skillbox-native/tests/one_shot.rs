@@ -27,7 +27,7 @@ fn sandbox_dirs(data: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(data.join("native"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|name| !name.starts_with("etc-"))
+        .filter(|name| !name.starts_with("etc-") && name != skillbox_env::owner::CLAIMS)
         .collect()
 }
 

@@ -91,6 +91,10 @@ impl NodeRuntime {
         tokio::fs::create_dir_all(parent)
             .await
             .map_err(io(format!("create {}", parent.display())))?;
+        skillbox_env::owner::claim(parent).map_err(io(format!(
+            "claim {}",
+            parent.join(skillbox_env::owner::CLAIMS).display()
+        )))?;
         sweep_staging(parent).await;
         let staging = parent.join(skillbox_env::path::temp_name(&format!(
             "{STAGING}{}-",
@@ -192,10 +196,11 @@ async fn sweep_staging(parent: &Path) {
         let Some(owner) = name.strip_prefix(STAGING).and_then(|r| r.split('-').next()) else {
             continue;
         };
-        if owner.contains('.') && !skillbox_env::owner::alive(owner) {
+        if owner.contains('.') && skillbox_env::owner::gone(parent, owner) {
             let _ = tokio::fs::remove_dir_all(entry.path()).await;
         }
     }
+    skillbox_env::owner::sweep_claims(parent, |_| false);
 }
 
 async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(

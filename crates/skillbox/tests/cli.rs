@@ -67,7 +67,7 @@ fn exec_runs_as_non_root_writes_the_workspace_and_cannot_read_shadow() {
     let left: Vec<String> = std::fs::read_dir(data.path().join("native"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|name| !name.starts_with("etc-"))
+        .filter(|name| !name.starts_with("etc-") && name != skillbox_env::owner::CLAIMS)
         .collect();
     assert!(left.is_empty(), "sandbox dirs left behind: {left:?}");
 }
@@ -785,6 +785,92 @@ fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
         left_by_pid_1(),
         Vec::<String>::new(),
         "the next pid 1 must sweep what the killed pid 1 left"
+    );
+}
+
+/// A skillbox in a pid namespace of its own (a server in a container whose data dir is
+/// a volume) and one on the host share a data dir. The host's pids say nothing of the
+/// other's: its sandbox dir, named by pid 1 there, is kept while that skillbox runs
+/// (judged by its claim, not by the host's pid 1), and swept once it is killed.
+#[test]
+fn a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox_from_the_host_s_sweep() {
+    let test = "a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox";
+    if !native_or_skip(test) {
+        return;
+    }
+    if !is_root() {
+        skillbox_env::testkit::skip(test, "a pid namespace of its own needs root");
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let marker = format!("{}", 940_000_000 + std::process::id());
+    let mut unshare = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", BIN, "--data-dir"])
+        .arg(data.path())
+        .args(["exec", "--disk", "none", "--", "sh", "-c"])
+        .arg(format!("echo started; sleep {marker}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(unshare.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "started\n");
+    // skillbox is unshare's one child, pid 1 inside: killing it ends the namespace,
+    // which the guard does if an assertion fails first.
+    struct Killed(u32);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            // SAFETY: signalling the child of the unshare this test started.
+            unsafe { libc::kill(self.0 as i32, libc::SIGKILL) };
+        }
+    }
+    let skillbox_pid = Killed(wait_for("skillbox under unshare", || {
+        children_of(unshare.id()).first().map(|(pid, _)| *pid)
+    }));
+    let left_by_pid_1 = || -> Vec<String> {
+        std::fs::read_dir(data.path().join("native"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("1."))
+            .collect()
+    };
+    let theirs = left_by_pid_1();
+    assert_eq!(
+        theirs.len(),
+        1,
+        "expected the running sandbox's dir: {theirs:?}"
+    );
+    let needle = format!("sleep {marker}");
+    let out = skillbox(data.path(), &["exec", "--disk", "none", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        left_by_pid_1(),
+        theirs,
+        "the host's run must not take a live sandbox of another pid namespace for a dead one's"
+    );
+    assert!(
+        !skillbox_env::testkit::host_processes_with(&needle).is_empty(),
+        "the other namespace's run goes on"
+    );
+    // Killed, it is gone, and the host's next run sweeps what it left.
+    drop(skillbox_pid);
+    unshare.wait().unwrap();
+    wait_for("the killed run's sandbox to end", || {
+        skillbox_env::testkit::host_processes_with(&needle)
+            .is_empty()
+            .then_some(())
+    });
+    let out = skillbox(data.path(), &["exec", "--disk", "none", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        left_by_pid_1(),
+        Vec::<String>::new(),
+        "the host's next run must sweep what the killed one left"
     );
 }
 
@@ -1834,7 +1920,7 @@ fn exec_through_skillbox_warm_answers_as_without_it() {
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|name| !name.starts_with("etc-"))
+        .filter(|name| !name.starts_with("etc-") && name != skillbox_env::owner::CLAIMS)
         .collect();
     assert!(left.is_empty(), "{left:?}");
     // And exec, without it, makes its own sandbox again.
