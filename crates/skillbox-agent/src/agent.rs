@@ -204,7 +204,7 @@ fn tools(skills: &[skillbox_skills::Skill]) -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "list_dir".into(),
-            description: "List a directory of /workspace.".into(),
+            description: "List a directory of /workspace (the first few hundred entries of a larger one).".into(),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false}),
         },
     ];
@@ -286,6 +286,30 @@ fn tail(text: &str, budget: usize) -> String {
     }
     let kept: String = text.chars().skip(count - budget).collect();
     format!("[…{} characters cut…]\n{kept}", count - budget)
+}
+
+/// A listing as a tool result of at most about `budget` characters (what `read_file`'s
+/// content may take): the entries as a JSON array, or, when they do not fit, as many of
+/// the first as do, with how many more there are.
+fn listing(entries: &[skillbox_env::DirEntry], budget: usize) -> String {
+    let all = serde_json::to_string(entries).unwrap_or_default();
+    if all.len() <= budget {
+        return all;
+    }
+    let mut used = 0;
+    let shown = entries
+        .iter()
+        .take_while(|entry| {
+            used += serde_json::to_string(entry).map_or(0, |one| one.len() + 1);
+            used <= budget
+        })
+        .count();
+    json!({
+        "entries": &entries[..shown],
+        "more": entries.len() - shown,
+        "note": "the listing is cut: list a directory beneath this one, or run ls in a script",
+    })
+    .to_string()
 }
 
 /// A workspace path from a tool argument: relative (or under /workspace), no `..`.
@@ -444,7 +468,7 @@ impl Session<'_> {
             .list_dir(&path, self.cancel)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(serde_json::to_string(&entries).unwrap_or_default())
+        Ok(listing(&entries, self.config.output_budget * 4))
     }
 
     async fn run_script(
@@ -995,5 +1019,35 @@ impl Agent {
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skillbox_env::{DirEntry, FileKind};
+
+    #[test]
+    fn a_listing_past_its_budget_is_cut_and_says_how_many_more() {
+        let entries: Vec<DirEntry> = (0..3000)
+            .map(|i| DirEntry {
+                name: format!("file-{i:05}"),
+                kind: FileKind::File,
+                size: Some(i),
+            })
+            .collect();
+        let whole = listing(&entries[..3], 16_000);
+        assert_eq!(whole, serde_json::to_string(&entries[..3]).unwrap());
+        let cut = listing(&entries, 16_000);
+        // The entries take at most the budget; the note and count a few words more.
+        assert!(cut.len() <= 16_000 + 200, "{} characters", cut.len());
+        let cut: serde_json::Value = serde_json::from_str(&cut).unwrap();
+        let shown = cut["entries"].as_array().unwrap();
+        assert!(shown.len() > 200, "{} entries shown", shown.len());
+        assert_eq!(shown[0]["name"], "file-00000");
+        assert_eq!(
+            shown.len() as u64 + cut["more"].as_u64().unwrap(),
+            entries.len() as u64
+        );
     }
 }

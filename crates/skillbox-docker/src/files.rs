@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use skillbox_env::{
     CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, FileInfo, FileKind, FileRead,
-    FileSystem, TextLines, Tree, TreeKind, WalkEntry, first_lines, too_large_to_read,
-    too_many_entries,
+    FileSystem, MAX_LIST_ENTRIES, TextLines, Tree, TreeKind, WalkEntry, first_lines,
+    too_large_to_read, too_many_entries,
 };
 
 use crate::daemon::{Collected, MAX_READ_BYTES, collect_exec};
@@ -308,9 +308,17 @@ impl FileSystem for DockerSandbox {
 
     async fn list_dir(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<DirEntry>> {
         let v = self
-            .fs_json("list", &[self.arg(path)], path, cancel)
+            .fs_json(
+                "list",
+                &[self.arg(path), MAX_LIST_ENTRIES.to_string()],
+                path,
+                cancel,
+            )
             .await?;
         let entries = v.as_array().ok_or_else(|| bad_answer("list", path))?;
+        if entries.len() > MAX_LIST_ENTRIES {
+            return Err(skillbox_env::too_many_to_list(path));
+        }
         entries
             .iter()
             .map(|e| {

@@ -228,7 +228,9 @@ pub trait FileSystem: Send + Sync {
 
     async fn file_info(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<FileInfo>;
 
-    /// Entries sorted by name; symlinks are listed as symlinks, not followed.
+    /// Entries sorted by name; symlinks are listed as symlinks, not followed. More than
+    /// [`MAX_LIST_ENTRIES`] is a `resource_exhausted` error ([`too_many_to_list`]): the
+    /// listing is bounded whatever the sandboxed code put in the directory.
     async fn list_dir(&self, path: &Path, cancel: &CancellationToken) -> EnvResult<Vec<DirEntry>>;
 
     /// Reads a UTF-8 file (invalid UTF-8 is `invalid`).
@@ -427,6 +429,22 @@ pub fn too_many_entries(root: &Path, max: usize) -> EnvError {
         format!("walk {}: more than {max} entries", root.display()),
     )
     .with_path(root)
+}
+
+/// The most entries [`FileSystem::list_dir`] gives (as many as artifact collection
+/// walks in all): a directory of a million files must not become a listing of 100 MB.
+pub const MAX_LIST_ENTRIES: usize = 100_000;
+
+/// The error of a [`FileSystem::list_dir`] that found more than [`MAX_LIST_ENTRIES`].
+pub fn too_many_to_list(dir: &Path) -> EnvError {
+    EnvError::new(
+        ErrorCode::ResourceExhausted,
+        format!(
+            "list {}: more than {MAX_LIST_ENTRIES} entries; list a directory beneath it",
+            dir.display()
+        ),
+    )
+    .with_path(dir)
 }
 
 /// The error of a [`FileSystem::read_bytes_max`] that found more than `max` bytes.

@@ -133,6 +133,9 @@ impl FileSystem for HostEnv {
             let mut entries = Vec::new();
             for entry in read {
                 let entry = entry.map_err(|e| EnvError::io(&e, "list", &p))?;
+                if entries.len() == crate::MAX_LIST_ENTRIES {
+                    return Err(crate::too_many_to_list(&p));
+                }
                 // `DirEntry::metadata` does not follow a symlink.
                 let meta = entry.metadata().ok();
                 let kind = meta

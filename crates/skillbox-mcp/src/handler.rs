@@ -617,6 +617,20 @@ impl SkillboxMcp {
         let cancel = self.call_cancel(&context.ct, Some(&sandbox.ending));
         let _cancel_on_drop = cancel.clone().drop_guard();
         let listed = sandbox.env.list_dir(&path, &cancel).await?;
+        // A listing of many long names is megabytes: held in the budget until it is
+        // sent, as a read_file answer is. Each entry, pretty-printed, is its name and
+        // at most about 80 bytes more.
+        let in_json = listed
+            .iter()
+            .map(|entry| json_string_len(&entry.name) + 80)
+            .sum();
+        let shown = path.display().to_string();
+        let _held = self.hold_answer(
+            context,
+            answer_bytes(2, in_json),
+            &shown,
+            "list a directory beneath it",
+        )?;
         // The sizes come with the listing: no look per file (on a container backend, a
         // process each).
         let entries: Vec<serde_json::Value> = listed

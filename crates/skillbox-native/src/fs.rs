@@ -15,7 +15,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use skillbox_env::{
     CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, FileInfo, FileKind, FileSystem,
-    TextLines, Tree, TreeKind, blocking,
+    MAX_LIST_ENTRIES, TextLines, Tree, TreeKind, blocking,
 };
 
 use crate::layout::WORKSPACE;
@@ -259,13 +259,18 @@ impl NativeSandbox {
     }
 }
 
-fn list(dir: OwnedFd) -> Result<Vec<DirEntry>, Errno> {
+/// The entries of `dir`, sorted; `None` when there are more than [`MAX_LIST_ENTRIES`]
+/// (read no further than that).
+fn list(dir: OwnedFd) -> Result<Option<Vec<DirEntry>>, Errno> {
     let mut entries = Vec::new();
     for entry in rustix::fs::Dir::read_from(&dir)? {
         let entry = entry?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
             continue;
+        }
+        if entries.len() == MAX_LIST_ENTRIES {
+            return Ok(None);
         }
         let name_os = std::ffi::OsStr::from_bytes(name);
         let look = || rustix::fs::statat(&dir, name_os, AtFlags::SYMLINK_NOFOLLOW).ok();
@@ -293,7 +298,7 @@ fn list(dir: OwnedFd) -> Result<Vec<DirEntry>, Errno> {
         });
     }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(entries)
+    Ok(Some(entries))
 }
 
 /// The directory `loc` of a tree, made with its parents unless this `put_tree` made it
@@ -436,7 +441,9 @@ impl FileSystem for NativeSandbox {
                 Mode::empty(),
                 "list",
             )?;
-            list(dir).map_err(|e| loc.err(e, "list"))
+            list(dir)
+                .map_err(|e| loc.err(e, "list"))?
+                .ok_or_else(|| skillbox_env::too_many_to_list(&loc.shown))
         })
         .await
     }

@@ -1186,6 +1186,8 @@ pub(crate) struct LsQuery {
     responses(
         (status = 200, description = "The entries, by name", body = SessionListing),
         (status = 404, description = "No such session, or no such directory", body = ApiError),
+        (status = 429, description = "As many request bodies and answers held as the server may", body = ApiError),
+        (status = 422, description = "More entries than a listing gives (100,000): list a directory beneath", body = ApiError),
     )
 )]
 pub(crate) async fn ls(
@@ -1193,7 +1195,7 @@ pub(crate) async fn ls(
     Extension(tenant): Extension<Tenant>,
     UrlPath(id): UrlPath<String>,
     Query(query): Query<LsQuery>,
-) -> Result<Json<SessionListing>, Failure> {
+) -> Result<Response, Failure> {
     let session = state.sessions.get(&tenant, &id)?;
     session.touch();
     let path = workspace_path(query.path.as_deref().unwrap_or(""), "path")?;
@@ -1217,8 +1219,23 @@ pub(crate) async fn ls(
         .strip_prefix(WORKSPACE)
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    Ok(Json(SessionListing {
+    // A listing of many long names is megabytes: held within the budget of bytes in
+    // memory, as a file read is, until it is sent.
+    let body = serde_json::to_vec(&SessionListing {
         path: shown,
         entries,
-    }))
+    })
+    .map_err(|e| Failure::new(ErrorCode::Unknown, format!("listing: {e}")))?;
+    let held = hold_body_bytes(&state, body.len())?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        Bytes::from_owner(HeldBytes {
+            bytes: body,
+            _held: held,
+        }),
+    )
+        .into_response())
 }

@@ -58,8 +58,8 @@ pub struct ServeArgs {
     /// Open connections at most; more are closed at once.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_connections: usize,
-    /// Bytes of request bodies, session file reads and MCP `read_file` answers held in
-    /// memory at once; past it a request is refused (429, or an MCP tool error) until
+    /// Bytes of request bodies, session file reads and listings, and MCP `read_file` and
+    /// `list_dir` answers held in memory at once; past it a request is refused (429, or an MCP tool error) until
     /// some are sent. At least the 48M body limit.
     #[arg(long, value_parser = crate::units::parse_size, default_value = "256M")]
     max_body_bytes_in_flight: u64,

@@ -1118,6 +1118,52 @@ fn mcp_read_file_answers_are_held_within_the_memory_budget() {
     assert!(serve.stop().success());
 }
 
+/// A `list_dir` answer is held in the same budget: a directory of 60,000 files with
+/// names of 250 characters (an answer of about 80 MiB as made and sent) is more than
+/// the whole 64 MiB: refused with a tool error that names the flag and what to do
+/// instead, not made; a small one is listed.
+#[test]
+fn mcp_list_dir_answers_are_held_within_the_memory_budget() {
+    if !native_or_skip("mcp_list_dir_answers_are_held_within_the_memory_budget") {
+        return;
+    }
+    // Room for the files: 1 GiB of disk holds 65,536 inodes.
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M", "--disk", "4G"]);
+    let session = open_session(&serve, ALICE);
+    let made = call_tool(
+        &serve,
+        &session,
+        "exec",
+        serde_json::json!({"shell": "mkdir many && cd many && seq -f '%0250g' 1 60000 | xargs touch && echo made"}),
+    );
+    assert_eq!(
+        made["structuredContent"]["stdout"], "made\n",
+        "{made:.2000}"
+    );
+    let listed = call_tool(
+        &serve,
+        &session,
+        "list_dir",
+        serde_json::json!({"path": "many"}),
+    );
+    let message = tool_error(&listed).unwrap_or_else(|| panic!("answered: {listed:.500}"));
+    assert!(
+        message.starts_with(
+            "list_dir failed (resource_exhausted): /workspace/many: its answer holds "
+        ) && message.contains(
+            "more than the 67108864 this server holds at once (--max-body-bytes-in-flight)"
+        ) && message.ends_with("list a directory beneath it"),
+        "{message}"
+    );
+    let listed = call_tool(&serve, &session, "list_dir", serde_json::json!({}));
+    assert_eq!(tool_error(&listed), None, "{listed:.500}");
+    assert_eq!(
+        listed["structuredContent"]["entries"][0]["name"], "many",
+        "{listed:.500}"
+    );
+    assert!(serve.stop().success());
+}
+
 /// `resources/read` of a made file is held in the same budget until its answer is
 /// sent: of six reads of a 30 MiB text file in turn, whose clients read only the start
 /// of the answer, one is handed out within the 64 MiB budget, the others are refused

@@ -506,6 +506,32 @@ async fn read_file_hands_out_text_within_its_cap() {
     assert_eq!(outcome.answer, "done");
 }
 
+/// `list_dir` hands the model a small directory whole, and of a directory of thousands
+/// of files only as many entries as a tool result holds, saying how many more there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_dir_hands_out_at_most_a_result_s_worth() {
+    let provider = loopback(json!([
+        {"toolCalls": [run_script("sh", "mkdir small many && echo hi > small/a.txt && cd many && seq 1 3000 | xargs touch; echo ok")]},
+        {"expect": {"exitCode": 0}, "toolCalls": [{"name": "list_dir", "arguments": {"path": "small"}}]},
+        {"expect": {"resultContains": "[{\"kind\":\"file\",\"name\":\"a.txt\",\"size\":3}]"}, "toolCalls": [{"name": "list_dir", "arguments": {"path": "many"}}]},
+        {"expect": {"resultContains": "\"more\":"}, "text": "done"}
+    ]));
+    let Some((agent, _objects)) = agent(provider).await else {
+        return;
+    };
+    let config = AgentConfig {
+        max_turns: 4,
+        ..AgentConfig::default()
+    };
+    let outcome = agent
+        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
+        .await
+        .unwrap();
+    // Every expectation above held: a mismatch ends the run with an error.
+    assert_eq!(outcome.error, None, "{outcome:?}");
+    assert_eq!(outcome.answer, "done");
+}
+
 /// A good run on the last allowed turn is the run's result: the model had no turn left
 /// to say it was done, and the run still succeeds with its files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -368,6 +368,42 @@ pub async fn list_dir_is_sorted_and_does_not_follow_symlinks(env: &dyn Execution
     assert!(listing(env, "d/c").await.is_empty());
 }
 
+/// [`super::spec`] with room for more files than a listing gives: the suite's disk bound
+/// holds 4096 inodes, this one 196,608 in the workspace (one per 16 KiB of its 3 GiB; not
+/// asked for outright, which gVisor cannot hold).
+pub fn roomy_spec() -> crate::SandboxSpec {
+    let mut spec = super::spec();
+    spec.limits.disk_bytes = Some(4 << 30);
+    spec.limits.memory_bytes = Some(1 << 30);
+    spec
+}
+
+/// A directory the sandboxed code filled with more entries than a listing gives: the
+/// listing is refused, naming the directory, instead of growing with what is there; at
+/// the bound it is whole.
+pub async fn list_dir_refuses_more_than_its_bound(env: &dyn ExecutionEnv) {
+    let bound = crate::MAX_LIST_ENTRIES;
+    sh_ok(
+        env,
+        &format!("mkdir full && cd full && seq 1 {bound} | xargs touch"),
+    )
+    .await;
+    let cancel = CancellationToken::new();
+    let listed = within("list_dir", env.list_dir(Path::new("full"), &cancel))
+        .await
+        .expect("a listing at the bound");
+    assert_eq!(listed.len(), bound);
+    sh_ok(env, "touch full/one-more").await;
+    let err = within("list_dir", env.list_dir(Path::new("full"), &cancel))
+        .await
+        .expect_err("more than the bound");
+    assert_eq!(err.code, ErrorCode::ResourceExhausted, "{err}");
+    assert!(
+        err.message.contains("full") && err.message.contains(&bound.to_string()),
+        "{err}"
+    );
+}
+
 pub async fn walk_lists_the_tree_without_following_symlinks(env: &dyn ExecutionEnv) {
     mkdir(env, "t/sub/deeper").await;
     write(env, "t/b.txt", "bb").await;

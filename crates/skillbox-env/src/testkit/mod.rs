@@ -75,16 +75,28 @@ pub fn skip(test: &str, reason: &str) {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __testkit_tests {
-    ($make:path, $module:ident, [$($name:ident),* $(,)?]) => {
+    ($make:path, $module:ident, [$($name:ident $(($spec:path))?),* $(,)?]) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let made = $make($crate::testkit::spec()).await;
+                let made = $make($crate::__testkit_spec!($($spec)?)).await;
                 let Some(env) = $crate::testkit::require(made, stringify!($name)) else { return };
                 $crate::testkit::$module::$name(env.as_ref()).await;
                 env.cleanup().await.expect("cleanup");
             }
         )*
+    };
+}
+
+/// The spec of a suite's test: [`spec`], or the one its entry names (`name(spec_fn)`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __testkit_spec {
+    () => {
+        $crate::testkit::spec()
+    };
+    ($spec:path) => {
+        $spec()
     };
 }
 
@@ -107,6 +119,7 @@ macro_rules! conformance_suite {
                     append_creates_then_appends,
                     read_text_lines_stops_at_max,
                     list_dir_is_sorted_and_does_not_follow_symlinks,
+                    list_dir_refuses_more_than_its_bound($crate::testkit::conformance::roomy_spec),
                     walk_lists_the_tree_without_following_symlinks,
                     read_files_reads_only_regular_files_within_the_cap,
                     read_files_after_a_walk_sees_later_changes,

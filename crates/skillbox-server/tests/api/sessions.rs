@@ -35,6 +35,11 @@ async fn serve(sessions: SessionConfig) -> Option<Served> {
 
 /// A server of `config` with ana's and bob's keys.
 async fn serve_with(config: ServerConfig) -> Option<Served> {
+    serve_with_limits(config, skillbox_env::Limits::default()).await
+}
+
+/// As [`serve_with`], with `limits` for the server's sandboxes (and its bounds).
+async fn serve_with_limits(config: ServerConfig, limits: skillbox_env::Limits) -> Option<Served> {
     let native = skillbox_native::probe();
     if !native.available {
         skillbox_env::testkit::skip("sessions over http", &native.reason.unwrap_or_default());
@@ -43,7 +48,13 @@ async fn serve_with(config: ServerConfig) -> Option<Served> {
     let data = tempfile::tempdir().unwrap();
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();
-    let runner = Runner::new(RunnerConfig::new(data.path()), store);
+    let runner = Runner::new(
+        RunnerConfig {
+            limits,
+            ..RunnerConfig::new(data.path())
+        },
+        store,
+    );
     let keys = ApiKeys::from_pairs(&format!("ana={ANA},bob={BOB}")).unwrap();
     let config = ServerConfig {
         keys: Some(Arc::new(keys)),
@@ -851,6 +862,73 @@ async fn session_file_reads_are_held_within_the_memory_budget() {
         got += chunk.len() as u64;
     }
     assert_eq!(got, 48 * MIB);
+    served.shutdown.cancel();
+}
+
+/// A directory the session's code filled: its listing is held within the budget of
+/// bytes in memory (429 past it, served once the budget allows), and one of more entries
+/// than a listing gives is refused naming the directory, never answered whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_listings_are_bounded_and_held_within_the_memory_budget() {
+    // Room for more files than a listing gives: 1 GiB of disk holds 65,536 inodes.
+    let roomy = skillbox_env::Limits {
+        disk_bytes: Some(4 << 30),
+        ..skillbox_env::Limits::default()
+    };
+    let config = ServerConfig {
+        max_body_bytes_in_flight: 64 * 1024,
+        ..ServerConfig::default()
+    };
+    let Some(served) = serve_with_limits(config, roomy).await else {
+        return;
+    };
+    let (status, opened) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{opened}");
+    let id = opened["id"].as_str().unwrap().to_string();
+    let events = served
+        .exec(
+            ANA,
+            &id,
+            json!({"shell": "mkdir some full && (cd some && seq 1 3000 | xargs touch) && (cd full && seq 1 100001 | xargs touch) && echo made"}),
+        )
+        .await
+        .rest()
+        .await;
+    assert!(events.iter().any(|e| e["data"] == "made\n"), "{events:?}");
+    // 3000 entries are about 120 KB of JSON: more than the 64 KiB this server holds.
+    let some = served
+        .get(ANA, &format!("/v1/sessions/{id}/ls?path=some"))
+        .await;
+    assert_eq!(some.status(), 429);
+    let error: Value = some.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "overloaded", "{error}");
+    let full = served
+        .get(ANA, &format!("/v1/sessions/{id}/ls?path=full"))
+        .await;
+    assert_eq!(full.status(), 422);
+    let error: Value = full.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "resource_exhausted", "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("/workspace/full") && message.contains("100000"),
+        "{error}"
+    );
+    // A listing that fits is answered, and its place given back once sent.
+    for _ in 0..3 {
+        let listing: Value = served
+            .get(ANA, &format!("/v1/sessions/{id}/ls"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let names: Vec<&str> = listing["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["full", "some"], "{listing}");
+    }
     served.shutdown.cancel();
 }
 
