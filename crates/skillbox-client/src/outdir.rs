@@ -11,12 +11,16 @@
 //!   caller's [`OutputSelection`] spells its dot.
 //! - Files are created 0644 and directories 0755 (less under the umask): whatever mode
 //!   the sandbox gave a file, no exec, setuid, setgid or sticky bit comes out.
-//! - Each file is written under a temporary name beneath the same directory fd and
-//!   renamed into place with `RENAME_NOREPLACE`, so a partial file never has its final
-//!   name. A count and a byte cap bound the whole export.
+//! - Each file is written beneath the same directory fd as a file with no name
+//!   (`O_TMPFILE`), linked in under a hidden temp name once it is whole, and renamed
+//!   into place with `RENAME_NOREPLACE`: a partial file never has its final name, and a
+//!   copy killed mid-write leaves nothing behind. Where the filesystem has no unnamed
+//!   files (or this process cannot link one in), the temp name is the file's from the
+//!   start, and such a kill leaves it.
+//! - A count and a byte cap bound the whole export.
 
 use std::io::Write;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -78,6 +82,22 @@ pub struct OutDir {
 
 fn err(code: ErrorCode, message: String) -> ClientError {
     ClientError::new(code, message)
+}
+
+/// `doing` to `target` failed with `e`; the message names the file.
+fn failed(target: &Path, e: Errno, doing: &str) -> ClientError {
+    err(
+        errno_code(e),
+        format!("{}: cannot {doing}: {e}", target.display()),
+    )
+}
+
+/// Writing `target`'s bytes failed.
+fn write_failed(target: &Path, e: std::io::Error) -> ClientError {
+    err(
+        ErrorCode::Unknown,
+        format!("{}: cannot write it: {e}", target.display()),
+    )
 }
 
 fn errno_code(errno: Errno) -> ErrorCode {
@@ -274,7 +294,7 @@ impl OutDir {
         Ok(current)
     }
 
-    /// Writes a temp file beneath `parent` and renames it to `name`.
+    /// Writes the file beneath `parent` under a temp name, then renames it to `name`.
     fn place(
         &self,
         parent: BorrowedFd<'_>,
@@ -282,30 +302,9 @@ impl OutDir {
         bytes: &[u8],
         target: &Path,
     ) -> Result<(), ClientError> {
-        let failed = |e: Errno, doing: &str| {
-            err(
-                errno_code(e),
-                format!("{}: cannot {doing}: {e}", target.display()),
-            )
-        };
         let temp = temp_name();
-        let fd = open_beneath(
-            parent,
-            &temp,
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
-            Mode::from_raw_mode(0o644),
-        )
-        .map_err(|e| failed(e, "create it"))?;
-        let written = std::fs::File::from(fd).write_all(bytes);
-        let remove_temp = || {
-            let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
-        };
-        if let Err(e) = written {
-            remove_temp();
-            return Err(err(
-                ErrorCode::Unknown,
-                format!("{}: cannot write it: {e}", target.display()),
-            ));
+        if !write_unnamed(parent, &temp, bytes, target)? {
+            write_named(parent, &temp, bytes, target)?;
         }
         let result = if self.options.overwrite {
             self.replace(parent, &temp, name, target)
@@ -318,11 +317,11 @@ impl OutDir {
                         target.display()
                     ),
                 ),
-                e => failed(e, "put it in place"),
+                e => failed(target, e, "put it in place"),
             })
         };
         if result.is_err() {
-            remove_temp();
+            let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
         }
         result
     }
@@ -355,6 +354,77 @@ impl OutDir {
             )
         })
     }
+}
+
+/// Writes `bytes` into a file that has no name yet (`O_TMPFILE` beneath `parent`) and,
+/// once it is whole, links it in as `temp`: a process killed while writing leaves
+/// nothing in the directory, since the kernel frees a file no name holds. `Ok(false)`
+/// when this cannot be done here and nothing was made: the filesystem has no unnamed
+/// files (EOPNOTSUPP; EISDIR from a kernel that reads the flag as `O_DIRECTORY` alone;
+/// EINVAL), or this process can name none (see [`link_unnamed`]).
+fn write_unnamed(
+    parent: BorrowedFd<'_>,
+    temp: &str,
+    bytes: &[u8],
+    target: &Path,
+) -> Result<bool, ClientError> {
+    let fd = match open_beneath(
+        parent,
+        ".",
+        OFlags::WRONLY | OFlags::TMPFILE,
+        Mode::from_raw_mode(0o644),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => return Ok(false),
+        Err(e) => return Err(failed(target, e, "create it")),
+    };
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes).map_err(|e| write_failed(target, e))?;
+    match link_unnamed(file.as_fd(), parent, temp) {
+        Ok(()) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
+        Err(e) => Err(failed(target, e, "create it")),
+    }
+}
+
+/// Gives the unnamed file `fd` the name `temp` beneath `dir`: through its
+/// `/proc/self/fd` link, which a process may follow to its own file, else with
+/// `AT_EMPTY_PATH`, which asks for CAP_DAC_READ_SEARCH. ENOENT: neither is open to this
+/// process (no `/proc`, no capability).
+fn link_unnamed(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, temp: &str) -> Result<(), Errno> {
+    let by_proc = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    match rustix::fs::linkat(
+        rustix::fs::CWD,
+        by_proc.as_str(),
+        dir,
+        temp,
+        AtFlags::SYMLINK_FOLLOW,
+    ) {
+        Err(Errno::NOENT) => rustix::fs::linkat(fd, "", dir, temp, AtFlags::EMPTY_PATH),
+        other => other,
+    }
+}
+
+/// Writes `bytes` under the name `temp` from the start, where a file cannot be written
+/// unnamed: a process killed while writing leaves the temp file behind.
+fn write_named(
+    parent: BorrowedFd<'_>,
+    temp: &str,
+    bytes: &[u8],
+    target: &Path,
+) -> Result<(), ClientError> {
+    let fd = open_beneath(
+        parent,
+        temp,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+        Mode::from_raw_mode(0o644),
+    )
+    .map_err(|e| failed(target, e, "create it"))?;
+    if let Err(e) = std::fs::File::from(fd).write_all(bytes) {
+        let _ = rustix::fs::unlinkat(parent, temp, AtFlags::empty());
+        return Err(write_failed(target, e));
+    }
+    Ok(())
 }
 
 /// `renameat2(RENAME_NOREPLACE)`; where the filesystem lacks it, a hard link (which
