@@ -134,12 +134,18 @@ fn open_beneath(
     }
 }
 
-/// A name for a file being written, unique in this process; hidden so that a crash
-/// leaves nothing that looks like an artifact.
+/// A name for a file being written, unique in this process and, by a random part,
+/// apart from what an earlier process with this pid left (a killed one, where the file
+/// could not be written unnamed); hidden so that nothing looks like an artifact.
 fn temp_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    // Std's hasher keys are random per process (and differ from one to the next).
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     format!(
-        ".skillbox-partial-{}-{}",
+        ".skillbox-partial-{}-{}-{random:016x}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )

@@ -173,7 +173,9 @@ fn killed_writer_body() {
 
 /// Where the kernel refuses what the unnamed write needs, as a seccomp filter in the
 /// writer makes it refuse (the cases of [`refusals`]), the files are still written, with
-/// the same rules: plain modes, nothing replaced unless asked, nothing left behind.
+/// the same rules: plain modes, nothing replaced unless asked, nothing left behind. A
+/// temp file a killed earlier writer with the same pid left (`<pid>-0`, as a container's
+/// pid 1 has after each restart) is not in the way.
 #[test]
 fn where_unnamed_files_are_refused_files_are_still_written() {
     for case in CASES {
@@ -181,14 +183,17 @@ fn where_unnamed_files_are_refused_files_are_still_written() {
         let dir = tmp.path();
         std::fs::write(dir.join("README.md"), "mine").unwrap();
         std::fs::write(dir.join("replaced.txt"), "old").unwrap();
-        let status = body("refused_writer_body", dir)
+        let mut writer = body("refused_writer_body", dir)
             .env(REFUSAL_VAR, case)
-            .status()
+            .spawn()
             .unwrap();
+        let left = format!(".skillbox-partial-{}-0", writer.id());
+        let status = writer.wait().unwrap();
         assert!(status.success(), "{case}: the writer failed: {status}");
         assert_eq!(
             tree(dir),
             [
+                left.as_str(),
                 "README.md",
                 "a",
                 "a/b",
@@ -219,6 +224,9 @@ fn refused_writer_body() {
         return;
     };
     let dir = Path::new(&dir);
+    // What a killed writer with this pid left, by the name it would have had.
+    let left = format!(".skillbox-partial-{}-0", std::process::id());
+    std::fs::write(dir.join(left), "an earlier writer's").unwrap();
     install_filter(&refusals(&case));
     assert_refused(dir, &case);
 
