@@ -610,15 +610,37 @@ fn finish(mut projection: Projection, cache: &mut HashCache) -> Projection {
     projection
 }
 
-/// The fingerprint of what was last projected into `env` at `root`, if any.
+/// The most of the marker a fingerprint is read from: its hex digest and a newline.
+/// The sandbox's code may have put anything there (a workspace restored from a
+/// snapshot brings what earlier runs left), so no more is ever read.
+const MARKER_BYTES: u64 = 128;
+
+/// The fingerprint of what was last projected into `env` at `root`, if any: a marker
+/// that is not one (too large, not text, not a regular file) is none.
 pub async fn fingerprint_in(
     env: &dyn ExecutionEnv,
     root: &Path,
     cancel: &CancellationToken,
 ) -> EnvResult<Option<String>> {
-    match env.read_text(&root.join(MARKER), cancel).await {
-        Ok(text) => Ok(Some(text.trim().to_string())),
-        Err(e) if matches!(e.code, ErrorCode::NotFound | ErrorCode::NotDirectory) => Ok(None),
+    match env
+        .read_bytes_max(&root.join(MARKER), MARKER_BYTES, cancel)
+        .await
+    {
+        Ok(bytes) => Ok(String::from_utf8(bytes)
+            .ok()
+            .map(|text| text.trim().to_string())),
+        Err(e)
+            if matches!(
+                e.code,
+                ErrorCode::NotFound
+                    | ErrorCode::NotDirectory
+                    | ErrorCode::ResourceExhausted
+                    | ErrorCode::Invalid
+                    | ErrorCode::IsDirectory
+            ) =>
+        {
+            Ok(None)
+        }
         Err(e) => Err(e),
     }
 }

@@ -203,6 +203,56 @@ fn a_skill_script_runs_by_name_through_its_projected_path_and_a_staged_one_too()
     );
 }
 
+/// The marker of what was projected is the run's to write: whatever a run left there in
+/// place of it (bytes that are not text, a file of 64 MiB, a FIFO) is no fingerprint,
+/// read no further than one could be, and the skills are projected again over it.
+#[test]
+fn a_marker_a_run_replaced_is_read_no_further_than_a_fingerprint() {
+    if !native_or_skip("a_marker_a_run_replaced_is_read_no_further_than_a_fingerprint") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    let workdir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(workdir.path(), Some(65534), Some(65534)).unwrap();
+    let project = || {
+        json(&skills(
+            data.path(),
+            ws.path(),
+            &[
+                "project",
+                "--workdir",
+                workdir.path().to_str().unwrap(),
+                "--json",
+            ],
+        ))
+    };
+    let first = project();
+    assert_eq!(first["copied"], true, "{first}");
+    let marker = workdir.path().join(".skillbox/projection");
+    assert!(marker.is_file());
+    for what in ["bytes that are not text", "a file of 64 MiB", "a FIFO"] {
+        std::fs::remove_file(&marker).unwrap();
+        match what {
+            "bytes that are not text" => std::fs::write(&marker, b"\xff\xfe not utf-8").unwrap(),
+            "a file of 64 MiB" => std::fs::write(&marker, vec![b'a'; 64 << 20]).unwrap(),
+            _ => {
+                let path = std::ffi::CString::new(marker.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: mkfifo(3) of a path this test names.
+                assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+            }
+        }
+        let again = project();
+        assert_eq!(again["copied"], true, "{what}: {again}");
+        assert_eq!(again["fingerprint"], first["fingerprint"], "{what}");
+        assert_eq!(
+            std::fs::read_to_string(&marker).unwrap().trim(),
+            first["fingerprint"].as_str().unwrap(),
+            "{what}"
+        );
+    }
+}
+
 /// Projected into a kept workdir twice: the second time nothing is copied; a changed
 /// skill file is copied again; what the workdir holds besides is never touched.
 #[test]
