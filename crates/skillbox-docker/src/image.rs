@@ -497,7 +497,7 @@ fn sweep_dead_roots(cache: &Path) {
             tracing::warn!(dir = %path.display(), error = %e, "image build: could not remove a dead build's root");
         }
     }
-    skillbox_env::owner::sweep_claims(cache, |_| false);
+    skillbox_env::owner::sweep_claims(cache);
 }
 
 fn with_sandbox_user(rootfs: &Path, file: &str, line: &str) -> EnvResult<Vec<u8>> {

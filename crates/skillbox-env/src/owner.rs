@@ -117,33 +117,66 @@ pub fn alive(tag: &str) -> bool {
     }
 }
 
-/// Whether what `tag`'s owner made in `dir` is left behind: its owner no longer runs.
-/// An owner in this pid namespace is judged by [`alive`]; one in another by its claim
-/// in `dir` ([`claim`]): gone when nothing holds the claim, or when there is none (an
-/// owner claims before it makes anything, and a claim is removed only once its owner
-/// is gone).
-pub fn gone(dir: &Path, tag: &str) -> bool {
-    judge(dir, tag, true)
+/// Whether `lock` (a claim, or a thing its owner holds locked itself, such as a cgroup
+/// leaf) is held under `flock` by some process: a shared lock blocks the exclusive one
+/// tried here, which is let go of at once. Absent, or free: not held. Unreadable: held,
+/// so that nothing is removed on a guess.
+fn held(lock: &Path) -> bool {
+    match File::open(lock) {
+        Ok(file) => {
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+        }
+        Err(e) => e.kind() != io::ErrorKind::NotFound,
+    }
 }
 
-/// Like [`gone`], for what `tag`'s owner made outside `dir` while it held its claim in
-/// `dir` (a native sandbox's cgroups, beside its dir): an owner in another pid
-/// namespace is gone only while its claim is there and free, since one with no claim
-/// in `dir` may have used another. Sweep such things before [`sweep_claims`].
-pub fn gone_by_claim_in(dir: &Path, tag: &str) -> bool {
-    judge(dir, tag, false)
-}
-
-fn judge(dir: &Path, tag: &str, no_claim_is_gone: bool) -> bool {
+/// Whether `tag` names no running owner, given whether its lock is held: an owner of
+/// this pid namespace is gone when its pid and start time say so and it holds no lock
+/// (a reader in another time namespace reads other start times); one of another pid
+/// namespace, whose pids mean nothing here, when it holds no lock. This process and
+/// anything that is not a tag never are.
+fn gone_unless(tag: &str, lock_held: impl FnOnce() -> bool) -> bool {
+    if tag == this_process() {
+        return false;
+    }
     match parse(tag) {
-        Tag::Elsewhere => match File::open(dir.join(CLAIMS).join(tag)) {
-            Ok(claim) => {
-                rustix::fs::flock(&claim, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-                    .is_ok()
-            }
-            Err(e) => no_claim_is_gone && e.kind() == io::ErrorKind::NotFound,
-        },
-        _ => !alive(tag),
+        Tag::Unknown => false,
+        Tag::Elsewhere => !lock_held(),
+        Tag::Pid(_) | Tag::Here(..) => !alive(tag) && !lock_held(),
+    }
+}
+
+/// Whether what `tag`'s owner made in `dir` is left behind: its owner no longer runs.
+/// Judged by [`alive`] and by its claim in `dir` ([`claim`]): gone when its pid says so
+/// (in this pid namespace) and nothing holds its claim, or there is none (an owner
+/// claims before it makes anything, and a claim is removed only once nothing holds it).
+pub fn gone(dir: &Path, tag: &str) -> bool {
+    gone_unless(tag, || held(&dir.join(CLAIMS).join(tag)))
+}
+
+/// `thing` of `tag`'s owner (a claim, or a directory its owner holds under a shared
+/// `flock` itself while it uses it: [`hold`]; a cgroup leaf, which may belong to a
+/// process of another data dir), locked exclusively, when it is left behind: nothing
+/// holds it, and its owner is gone as [`gone`] judges. Remove it before the returned
+/// lock is dropped: an owner that made it and locks it only after finds it gone.
+pub fn take_if_gone(thing: &Path, tag: &str) -> Option<File> {
+    let file = File::open(thing).ok()?;
+    let free =
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok();
+    (free && gone_unless(tag, || false)).then_some(file)
+}
+
+/// Holds the directory `thing` this process just made under a shared `flock` until the
+/// returned file is dropped, so that [`take_if_gone`] in any pid namespace tells that
+/// it is in use. `NotFound` when a sweep took it between its making and this lock: make
+/// it again.
+pub fn hold(thing: &Path) -> io::Result<File> {
+    let file = File::open(thing)?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)?;
+    if still_named(&file, thing)? {
+        Ok(file)
+    } else {
+        Err(io::ErrorKind::NotFound.into())
     }
 }
 
@@ -152,7 +185,7 @@ fn judge(dir: &Path, tag: &str, no_claim_is_gone: bool) -> bool {
 /// that a skillbox in another pid namespace sharing `dir` can tell that what this one
 /// makes there is in use. Call it before making any tagged thing in `dir`.
 pub fn claim(dir: &Path) -> io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     static HELD: OnceLock<Mutex<HashMap<PathBuf, File>>> = OnceLock::new();
     let mut held = HELD
         .get_or_init(Mutex::default)
@@ -173,18 +206,24 @@ pub fn claim(dir: &Path) -> io::Result<()> {
             .mode(0o600)
             .open(&path)?;
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)?;
-        // A sweeper that took the file for a dead owner's between its creation and the
-        // lock has removed it: the lock is then on a name no one finds. Again.
-        let opened = file.metadata()?;
-        match std::fs::metadata(&path) {
-            Ok(named) if named.ino() == opened.ino() && named.dev() == opened.dev() => {
-                held.insert(dir.to_path_buf(), file);
-                return Ok(());
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        // A sweeper removes a claim only while it holds it locked (`sweep_claims`): one
+        // that found this file before the lock above may have removed it since, and
+        // the lock is then on a name no one finds. Again, with a new file.
+        if still_named(&file, &path)? {
+            held.insert(dir.to_path_buf(), file);
+            return Ok(());
         }
+    }
+}
+
+/// Whether `path` still names the open `file`.
+fn still_named(file: &File, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let opened = file.metadata()?;
+    match std::fs::symlink_metadata(path) {
+        Ok(named) => Ok(named.ino() == opened.ino() && named.dev() == opened.dev()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -193,18 +232,24 @@ pub fn elsewhere(tag: &str) -> bool {
     matches!(parse(tag), Tag::Elsewhere)
 }
 
-/// Removes the claims in `dir` of owners that are gone, except those `keep` picks
-/// (owners whose leftovers could not all be removed yet). Call it after sweeping what
-/// they left.
-pub fn sweep_claims(dir: &Path, keep: impl Fn(&str) -> bool) {
+/// Removes the claims in `dir` of owners that are gone. Each is removed while this
+/// process holds it under an exclusive lock, and only if its name still names the file
+/// locked: an owner that opened it, and locks it only after, finds it gone and claims
+/// again ([`claim`]); it never holds a claim no one can find.
+pub fn sweep_claims(dir: &Path) {
     let claims = dir.join(CLAIMS);
     let Ok(entries) = std::fs::read_dir(&claims) else {
         return;
     };
     for entry in entries.flatten() {
         let tag = entry.file_name().to_string_lossy().into_owned();
-        if !matches!(parse(&tag), Tag::Unknown) && !keep(&tag) && gone(dir, &tag) {
-            let _ = std::fs::remove_file(entry.path());
+        let path = entry.path();
+        if let Some(lock) = take_if_gone(&path, &tag)
+            && still_named(&lock, &path).unwrap_or(false)
+        {
+            let _ = std::fs::remove_file(&path);
+            // The lock goes with the file, after the removal.
+            drop(lock);
         }
     }
 }
@@ -257,6 +302,27 @@ mod tests {
         assert!(alive("12.x"));
     }
 
+    /// A child that holds `lock` (a file or a directory) under a shared `flock` until
+    /// it is killed: the lock is on the shell's fd 9, which `sleep` takes over.
+    fn holder(lock: &Path) -> std::process::Child {
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exec 9<\"$0\"; flock --shared 9; exec sleep 30"])
+            .arg(lock)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !held(lock) {
+            assert!(std::time::Instant::now() < deadline, "flock never took it");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        child
+    }
+
+    fn stop(mut child: std::process::Child) {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
     /// An owner in another pid namespace cannot be judged by pid: it is alive to
     /// [`alive`], and [`gone`] asks its claim, which a process holding it keeps.
     #[test]
@@ -268,34 +334,74 @@ mod tests {
         let elsewhere = format!("1.1.{}", ours + 1);
         assert!(alive(&elsewhere));
         assert!(gone(dir.path(), &elsewhere), "no claim: gone");
-        assert!(
-            !gone_by_claim_in(dir.path(), &elsewhere),
-            "no claim here: it may have claimed elsewhere"
-        );
         let claims = dir.path().join(CLAIMS);
         std::fs::create_dir_all(&claims).unwrap();
         let path = claims.join(&elsewhere);
         std::fs::write(&path, "").unwrap();
         assert!(gone(dir.path(), &elsewhere), "a claim nothing holds: gone");
-        assert!(gone_by_claim_in(dir.path(), &elsewhere));
-        // The lock is on the shell's fd 9, which `sleep` takes over: killing it frees.
-        let mut holder = std::process::Command::new("sh")
-            .args(["-c", "exec 9<\"$0\"; flock --shared 9; exec sleep 30"])
-            .arg(&path)
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while gone(dir.path(), &elsewhere) {
-            assert!(std::time::Instant::now() < deadline, "flock never took it");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        sweep_claims(dir.path(), |_| false);
+        let holding = holder(&path);
+        assert!(!gone(dir.path(), &elsewhere), "a held claim: in use");
+        sweep_claims(dir.path());
         assert!(path.exists(), "a held claim is kept");
-        holder.kill().unwrap();
-        holder.wait().unwrap();
+        stop(holding);
         assert!(gone(dir.path(), &elsewhere), "its holder died: gone");
-        sweep_claims(dir.path(), |_| false);
+        sweep_claims(dir.path());
         assert!(!path.exists(), "a claim nothing holds is removed");
+    }
+
+    /// An owner of this pid namespace whose start time reads as another's (a process
+    /// in another time namespace) is kept while it holds its claim, or the thing's own
+    /// lock: the pid alone never removes what is in use.
+    #[test]
+    fn a_held_lock_keeps_an_owner_whose_pid_looks_dead() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = this_process();
+        let (pid, rest) = me.split_once('.').unwrap();
+        let (started, namespace) = rest.split_once('.').unwrap();
+        let earlier = started.parse::<u64>().unwrap() - 1;
+        let looks_dead = format!("{pid}.{earlier}.{namespace}");
+        assert!(!alive(&looks_dead));
+        assert!(gone(dir.path(), &looks_dead));
+        let claims = dir.path().join(CLAIMS);
+        std::fs::create_dir_all(&claims).unwrap();
+        let claim = claims.join(&looks_dead);
+        std::fs::write(&claim, "").unwrap();
+        let holding = holder(&claim);
+        assert!(!gone(dir.path(), &looks_dead));
+        sweep_claims(dir.path());
+        assert!(claim.exists());
+        stop(holding);
+        assert!(gone(dir.path(), &looks_dead));
+
+        // A directory its owner holds itself (a cgroup leaf), in this namespace and in
+        // another: kept while held, whatever a claim says.
+        let leaf = dir.path().join("leaf");
+        std::fs::create_dir(&leaf).unwrap();
+        let elsewhere = format!("1.1.{}", pid_namespace().unwrap() + 1);
+        assert!(take_if_gone(&leaf, &looks_dead).is_some());
+        assert!(take_if_gone(&leaf, &elsewhere).is_some());
+        let holding = holder(&leaf);
+        assert!(take_if_gone(&leaf, &looks_dead).is_none());
+        assert!(take_if_gone(&leaf, &elsewhere).is_none());
+        stop(holding);
+        assert!(take_if_gone(&leaf, me).is_none(), "this process's own");
+        let held_here = hold(&leaf).unwrap();
+        assert!(
+            take_if_gone(&leaf, &elsewhere).is_none(),
+            "held by this process"
+        );
+        drop(held_here);
+        // Taken, it is held: an owner's hold waits, then finds it removed.
+        let taken = take_if_gone(&leaf, &elsewhere).unwrap();
+        let holding = {
+            let leaf = leaf.clone();
+            std::thread::spawn(move || hold(&leaf).map(drop))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::fs::remove_dir(&leaf).unwrap();
+        drop(taken);
+        let e = holding.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
     }
 
     #[test]
@@ -304,12 +410,33 @@ mod tests {
         claim(dir.path()).unwrap();
         claim(dir.path()).unwrap();
         let path = dir.path().join(CLAIMS).join(this_process());
-        let file = File::open(&path).unwrap();
-        assert!(
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err(),
-            "the claim is held"
-        );
-        sweep_claims(dir.path(), |_| false);
+        assert!(held(&path), "the claim is held");
+        sweep_claims(dir.path());
         assert!(path.exists(), "this process's own claim is kept");
+    }
+
+    /// A sweeper that found this process's claim file before this process locked it,
+    /// and removed it (under its own lock) before this process's lock was granted: the
+    /// claim is made again, so that it is never held on a name no one finds.
+    #[test]
+    fn a_claim_removed_before_it_was_locked_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let claims = dir.path().join(CLAIMS);
+        std::fs::create_dir_all(&claims).unwrap();
+        let path = claims.join(this_process());
+        std::fs::write(&path, "").unwrap();
+        // The sweeper's exclusive lock, which the claim's shared one waits for.
+        let sweeper = File::open(&path).unwrap();
+        rustix::fs::flock(&sweeper, rustix::fs::FlockOperation::LockExclusive).unwrap();
+        let claiming = {
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || claim(&dir))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        std::fs::remove_file(&path).unwrap();
+        drop(sweeper);
+        claiming.join().unwrap().unwrap();
+        assert!(path.exists(), "the claim was made again");
+        assert!(held(&path), "and is held");
     }
 }

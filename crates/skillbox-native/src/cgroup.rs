@@ -1,7 +1,8 @@
 //! Per-exec cgroups for memory, pids and CPU: v2 where this process's cgroup is
 //! delegated to it, v1 where the host mounts the controllers separately. Each exec gets
-//! its own leaf, named after this process (its pid and start time) so a later sweep can
-//! tell leftovers from live ones.
+//! its own leaf, named after this process (its owner tag: pid, start time and pid
+//! namespace) and held under a shared `flock` while it is used, so a later sweep, in
+//! this pid namespace or another, can tell leftovers from live ones.
 
 use std::fs;
 use std::io;
@@ -190,6 +191,9 @@ pub struct ExecCgroup {
     memory: Option<PathBuf>,
     pids: Option<PathBuf>,
     dirs: Vec<PathBuf>,
+    /// Each leaf open under a shared `flock` until it is removed
+    /// (`skillbox_env::owner::hold`).
+    held: Vec<fs::File>,
 }
 
 fn write(path: PathBuf, value: &str) -> Result<(), String> {
@@ -206,6 +210,7 @@ impl ExecCgroup {
             memory: None,
             pids: None,
             dirs: Vec::new(),
+            held: Vec::new(),
         };
         let result = cg.setup(host, limits, &name);
         if let Err(e) = result {
@@ -217,9 +222,27 @@ impl ExecCgroup {
 
     fn mkdir(&mut self, parent: &Path, name: &str) -> Result<PathBuf, String> {
         let dir = parent.join(name);
-        fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-        self.dirs.push(dir.clone());
-        Ok(dir)
+        // A sweep in another pid namespace may take the leaf between its making and
+        // its lock (it is empty and unlocked then): made again, a few times at most.
+        for _ in 0..3 {
+            fs::create_dir(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+            match skillbox_env::owner::hold(&dir) {
+                Ok(held) => {
+                    self.dirs.push(dir.clone());
+                    self.held.push(held);
+                    return Ok(dir);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    let _ = fs::remove_dir(&dir);
+                    return Err(format!("lock {}: {e}", dir.display()));
+                }
+            }
+        }
+        Err(format!(
+            "mkdir {}: removed as it was made, three times",
+            dir.display()
+        ))
     }
 
     fn setup(&mut self, host: &Host, limits: &Limits, name: &str) -> Result<(), String> {
@@ -346,6 +369,7 @@ impl ExecCgroup {
     /// Removes the leaves. The processes are gone by then (the pid namespace died with
     /// its init), but the kernel may take a moment to let go of them.
     pub fn remove(&mut self) {
+        self.held.clear();
         for dir in self.dirs.drain(..).rev() {
             let deadline = Instant::now() + Duration::from_secs(2);
             loop {
@@ -372,18 +396,19 @@ impl Drop for ExecCgroup {
     }
 }
 
-/// Removes empty leaves that a skillbox process which no longer runs left behind (told
-/// by the owner tag in each leaf's name, `skillbox_env::owner`; one in another pid
-/// namespace by its claim in `native_dir`). Gives the owners whose leaves are not all
-/// gone (their killed processes still being torn down), for a later sweep.
-pub fn sweep(host: &Host, native_dir: &Path) -> Vec<String> {
-    let mut kept = Vec::new();
+/// Removes empty leaves that a skillbox process which no longer runs left behind: told
+/// by the owner tag in each leaf's name and by the leaf's own lock, which its owner
+/// holds while it uses it (`skillbox_env::owner::take_if_gone`), so an owner in
+/// another pid namespace (in another data dir, even) is judged too. A leaf is removed
+/// while this sweep holds it locked: an owner that had just made it finds it gone once
+/// its own lock is granted, and makes it again.
+pub fn sweep(host: &Host) {
     let parents: Vec<PathBuf> = match host {
         Host::V1 { memory, pids, cpu } => {
             [memory, pids, cpu].into_iter().flatten().cloned().collect()
         }
         Host::V2 { parent, .. } => vec![parent.clone()],
-        Host::None(_) => return kept,
+        Host::None(_) => return,
     };
     for parent in parents {
         let Ok(entries) = fs::read_dir(&parent) else {
@@ -394,16 +419,15 @@ pub fn sweep(host: &Host, native_dir: &Path) -> Vec<String> {
             let Some(owner) = name.strip_prefix(PREFIX).and_then(|r| r.split('-').next()) else {
                 continue;
             };
+            let path = entry.path();
             if owner.starts_with(|c: char| c.is_ascii_digit())
-                && skillbox_env::owner::gone_by_claim_in(native_dir, owner)
-                && fs::remove_dir(entry.path()).is_err()
-                && !kept.iter().any(|k| k == owner)
+                && let Some(lock) = skillbox_env::owner::take_if_gone(&path, owner)
             {
-                kept.push(owner.to_string());
+                let _ = fs::remove_dir(&path);
+                drop(lock);
             }
         }
     }
-    kept
 }
 
 /// Whether the host has any swap (`SwapTotal` above 0 in `/proc/meminfo`).

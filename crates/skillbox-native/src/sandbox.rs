@@ -314,22 +314,14 @@ fn sweep_once(native_dir: &Path, one_shot: bool, cgroup_host: &'static cgroup::H
     static SWEPT: OnceLock<()> = OnceLock::new();
     SWEPT.get_or_init(|| {
         sweep_dirs(native_dir);
+        skillbox_env::owner::sweep_claims(native_dir);
         // Leftover cgroups are empty directories: the spawner removes them while
         // this thread goes on. A one-shot caller sweeps them only if it uses
-        // cgroups itself (it has probed them anyway). The claims of owners that are
-        // gone go after their cgroups, which are judged by them; without a cgroup
-        // sweep those of other pid namespaces stay for one that has it.
-        let sweep_cgroups = move |host: &cgroup::Host, native_dir: &Path| {
-            let kept = cgroup::sweep(host, native_dir);
-            skillbox_env::owner::sweep_claims(native_dir, |tag| kept.iter().any(|k| k == tag));
-        };
+        // cgroups itself (it has probed them anyway).
         if !one_shot {
-            let native_dir = native_dir.to_path_buf();
-            crate::spawn::run_on_spawner(move || sweep_cgroups(cgroup::Host::get(), &native_dir));
+            crate::spawn::run_on_spawner(|| cgroup::sweep(cgroup::Host::get()));
         } else if !std::ptr::eq(cgroup_host, cgroup::Host::unused()) {
-            sweep_cgroups(cgroup_host, native_dir);
-        } else {
-            skillbox_env::owner::sweep_claims(native_dir, skillbox_env::owner::elsewhere);
+            cgroup::sweep(cgroup_host);
         }
     });
 }

@@ -200,7 +200,7 @@ async fn sweep_staging(parent: &Path) {
             let _ = tokio::fs::remove_dir_all(entry.path()).await;
         }
     }
-    skillbox_env::owner::sweep_claims(parent, |_| false);
+    skillbox_env::owner::sweep_claims(parent);
 }
 
 async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(

@@ -703,6 +703,10 @@ fn exec_and_run_stopped_by_sigterm_or_sighup_remove_their_sandbox() {
 /// A skillbox that is pid 1 of its pid namespace (a server in a container) has the same
 /// pid after every restart: killed mid-run, its sandbox dir and cgroups must still be
 /// swept by the next one, not kept because a process with their pid runs (its own).
+/// Each `unshare --pid` is a new namespace, mostly with another inode, so the next pid 1
+/// mostly judges the killed one by its claim and locks; when the kernel hands out the
+/// same inode again, by its start time (the unit tests of `skillbox_env::owner` pin
+/// both ways).
 #[test]
 fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
     if !native_or_skip("a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1") {
@@ -759,15 +763,25 @@ fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
             .is_empty()
             .then_some(())
     });
+    // The killed run's owner tag, from its sandbox dir (this test's data dir alone):
+    // other tests' live pid-1 skillboxes have cgroups named `skillbox-1.…` too.
+    let tag = std::fs::read_dir(data.path().join("native"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("1."))
+        .and_then(|n| n.split('-').next().map(str::to_string))
+        .expect("the killed run's sandbox dir");
     let left_by_pid_1 = || -> Vec<String> {
         let mut left: Vec<String> = std::fs::read_dir(data.path().join("native"))
             .unwrap()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with("1."))
+            .filter(|n| n.starts_with(&format!("{tag}-")))
             .collect();
         let found = Command::new("find")
-            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name", "skillbox-1.*"])
+            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
+            .arg(format!("skillbox-{tag}-*"))
             .output()
             .unwrap();
         left.extend(text(&found.stdout).lines().map(str::to_string));
@@ -845,6 +859,15 @@ fn a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox_from_the_host_s_sw
         1,
         "expected the running sandbox's dir: {theirs:?}"
     );
+    let tag = theirs[0].split('-').next().unwrap().to_string();
+    let cgroups = || {
+        let found = Command::new("find")
+            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
+            .arg(format!("skillbox-{tag}-*"))
+            .output()
+            .unwrap();
+        text(&found.stdout)
+    };
     let needle = format!("sleep {marker}");
     let out = skillbox(data.path(), &["exec", "--disk", "none", "--", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -853,6 +876,7 @@ fn a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox_from_the_host_s_sw
         theirs,
         "the host's run must not take a live sandbox of another pid namespace for a dead one's"
     );
+    assert_ne!(cgroups(), "", "the live run's cgroups");
     assert!(
         !skillbox_env::testkit::host_processes_with(&needle).is_empty(),
         "the other namespace's run goes on"
@@ -872,6 +896,8 @@ fn a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox_from_the_host_s_sw
         Vec::<String>::new(),
         "the host's next run must sweep what the killed one left"
     );
+    // Its cgroups too, judged by their own locks, which died with it.
+    assert_eq!(cgroups(), "", "the killed run's cgroups");
 }
 
 /// Ctrl-C during the first install of the Node runtime (`npm ci`, seconds long) ends
