@@ -15,9 +15,13 @@
 //! volume, and a CLI on the host) cannot judge each other through their own `/proc`.
 //! So a process that makes tagged things in a directory first takes a *claim* there:
 //! `<dir>/.owners/<tag>`, a file it keeps open under a shared `flock` for as long as it
-//! runs, which the kernel lets go of when it dies, in any namespace. An owner in this
-//! namespace is judged by its pid and start time; one in another by its claim alone:
-//! gone once the claim is free or removed.
+//! runs, which the kernel lets go of when it dies, in any namespace; a thing that may
+//! outlive a data dir's view (a cgroup leaf) is held by its own fd the same way
+//! ([`hold`]). An owner is gone when nothing holds its lock and, in this namespace, its
+//! pid and start time say so too; in another, the lock alone says it. A sweep removes a
+//! claim or a held thing only while it holds it under an exclusive lock
+//! ([`take_if_gone`]), and an owner checks its name once its own lock is granted, so
+//! no owner ever holds a lock that no one can find.
 
 use std::collections::HashMap;
 use std::fs::File;
