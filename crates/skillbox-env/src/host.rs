@@ -231,7 +231,7 @@ impl FileSystem for HostEnv {
         .await
     }
 
-    /// Each directory made once (`create_dir_all`), each file through [`replace_file`]
+    /// Each directory made once (`create_dir_all`), each file through `replace_file`
     /// with the tree's mode.
     async fn put_tree(&self, dir: &Path, tree: &Tree, cancel: &CancellationToken) -> EnvResult<()> {
         let base = self.absolute(dir);
