@@ -164,10 +164,13 @@ pub fn gone(dir: &Path, tag: &str) -> bool {
 /// holds it, and its owner is gone as [`gone`] judges. Remove it before the returned
 /// lock is dropped: an owner that made it and locks it only after finds it gone.
 pub fn take_if_gone(thing: &Path, tag: &str) -> Option<File> {
+    // The pid first: a live owner of this namespace costs no open.
+    if !gone_unless(tag, || false) {
+        return None;
+    }
     let file = File::open(thing).ok()?;
-    let free =
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok();
-    (free && gone_unless(tag, || false)).then_some(file)
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).ok()?;
+    Some(file)
 }
 
 /// Holds the directory `thing` this process just made under a shared `flock` until the

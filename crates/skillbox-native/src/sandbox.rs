@@ -326,6 +326,15 @@ fn sweep_once(native_dir: &Path, one_shot: bool, cgroup_host: &'static cgroup::H
     });
 }
 
+/// Takes this process's claim in `native_dir` before it makes its first directory
+/// there (a temp workspace, an egress CA): what tells a skillbox in another pid
+/// namespace, sharing this data dir, that this one's are in use. A sandbox with a disk
+/// bound makes none (its workspace is its own tmpfs), and takes none.
+fn claim(native_dir: &Path) -> EnvResult<()> {
+    skillbox_env::owner::claim(native_dir)
+        .map_err(|e| EnvError::io(&e, "claim", native_dir.join(skillbox_env::owner::CLAIMS)))
+}
+
 fn unavailable(layer: &str, detail: impl std::fmt::Display) -> EnvError {
     EnvError::unavailable(format!("native: {layer}: {detail}"))
 }
@@ -407,10 +416,6 @@ impl NativeSandbox {
         let native_dir = data_dir.join(BackendKind::Native.as_str());
         std::fs::create_dir_all(&native_dir)
             .map_err(|e| EnvError::io(&e, "create data dir", &native_dir))?;
-        // Before anything of this process's is in it: what tells a skillbox in another
-        // pid namespace, sharing this data dir, that this one's sandboxes are in use.
-        skillbox_env::owner::claim(&native_dir)
-            .map_err(|e| EnvError::io(&e, "claim", native_dir.join(skillbox_env::owner::CLAIMS)))?;
         sweep_once(&native_dir, one_shot, cgroup_host);
         let spec_has_no_workspace = spec.workspace.is_none();
         let mut random = [0u8; 4];
@@ -432,6 +437,7 @@ impl NativeSandbox {
             let mut ca_dir = dir.clone().into_os_string();
             ca_dir.push(".egress");
             let ca_dir = PathBuf::from(ca_dir);
+            claim(&native_dir)?;
             crate::egress::write_ca_dir(&ca_dir, ca_pem).map_err(|e| {
                 let _ = skillbox_env::remove::remove_tree(&ca_dir);
                 EnvError::io(&e, "write the egress CA", &ca_dir)
@@ -505,6 +511,7 @@ impl NativeSandbox {
             // A temp workspace is the sandbox's own directory (which exists only then).
             None => {
                 let ws = dir.to_path_buf();
+                claim(dir.parent().unwrap_or(dir))?;
                 std::fs::create_dir(&ws).map_err(|e| EnvError::io(&e, "create workspace", &ws))?;
                 if let Some(ids) = chown_to {
                     std::os::unix::fs::chown(&ws, Some(ids.uid), Some(ids.gid))
