@@ -292,24 +292,29 @@ fn tail(text: &str, budget: usize) -> String {
 /// content may take): the entries as a JSON array, or, when they do not fit, as many of
 /// the first as do, with how many more there are.
 fn listing(entries: &[skillbox_env::DirEntry], budget: usize) -> String {
-    let all = serde_json::to_string(entries).unwrap_or_default();
-    if all.len() <= budget {
-        return all;
+    // Entry by entry, never the whole listing (100,000 names of control bytes are
+    // 150 MB of JSON) for a result of a few KB.
+    let mut array = String::from("[");
+    let mut shown = 0;
+    for entry in entries {
+        let one = serde_json::to_string(entry).unwrap_or_default();
+        if array.len() + one.len() + 1 > budget {
+            break;
+        }
+        if shown > 0 {
+            array.push(',');
+        }
+        array.push_str(&one);
+        shown += 1;
     }
-    let mut used = 0;
-    let shown = entries
-        .iter()
-        .take_while(|entry| {
-            used += serde_json::to_string(entry).map_or(0, |one| one.len() + 1);
-            used <= budget
-        })
-        .count();
-    json!({
-        "entries": &entries[..shown],
-        "more": entries.len() - shown,
-        "note": "the listing is cut: list a directory beneath this one, or run ls in a script",
-    })
-    .to_string()
+    array.push(']');
+    if shown == entries.len() {
+        return array;
+    }
+    format!(
+        r#"{{"entries":{array},"more":{},"note":"the listing is cut: list a directory beneath this one, or run ls in a script"}}"#,
+        entries.len() - shown
+    )
 }
 
 /// A workspace path from a tool argument: relative (or under /workspace), no `..`.

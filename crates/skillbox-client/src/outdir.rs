@@ -367,7 +367,8 @@ impl OutDir {
 /// nothing in the directory, since the kernel frees a file no name holds. `Ok(false)`
 /// when this cannot be done here and nothing was made: the filesystem has no unnamed
 /// files (EOPNOTSUPP; EISDIR from a kernel that reads the flag as `O_DIRECTORY` alone;
-/// EINVAL), or this process can name none (see [`link_unnamed`]).
+/// EINVAL), or this process can name none (see [`link_unnamed`]; any error there: a
+/// security module may refuse the link, and the named write is as safe).
 fn write_unnamed(
     parent: BorrowedFd<'_>,
     temp: &str,
@@ -386,11 +387,7 @@ fn write_unnamed(
     };
     let mut file = std::fs::File::from(fd);
     file.write_all(bytes).map_err(|e| write_failed(target, e))?;
-    match link_unnamed(file.as_fd(), parent, temp) {
-        Ok(()) => Ok(true),
-        Err(Errno::NOENT) => Ok(false),
-        Err(e) => Err(failed(target, e, "create it")),
-    }
+    Ok(link_unnamed(file.as_fd(), parent, temp).is_ok())
 }
 
 /// Gives the unnamed file `fd` the name `temp` beneath `dir`: through its

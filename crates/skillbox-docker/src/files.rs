@@ -315,10 +315,10 @@ impl FileSystem for DockerSandbox {
                 cancel,
             )
             .await?;
-        let entries = v.as_array().ok_or_else(|| bad_answer("list", path))?;
-        if entries.len() > MAX_LIST_ENTRIES {
+        if v.as_str() == Some("too many") {
             return Err(skillbox_env::too_many_to_list(path));
         }
+        let entries = v.as_array().ok_or_else(|| bad_answer("list", path))?;
         entries
             .iter()
             .map(|e| {

@@ -435,6 +435,29 @@ pub fn too_many_entries(root: &Path, max: usize) -> EnvError {
 /// walks in all): a directory of a million files must not become a listing of 100 MB.
 pub const MAX_LIST_ENTRIES: usize = 100_000;
 
+/// The length of `text` as a JSON string's content: what serde_json escapes, longer (a
+/// control byte takes six).
+pub fn json_string_len(text: &str) -> usize {
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// At most the length of `entries` as compact JSON (`[{"name","kind","size"},…]`): each
+/// name as JSON escapes it and 64 bytes for the rest of its entry. What a listing sent
+/// as JSON takes, known before it is made.
+pub fn listing_json_len(entries: &[DirEntry]) -> usize {
+    entries
+        .iter()
+        .map(|entry| json_string_len(&entry.name) + 64)
+        .sum::<usize>()
+        + 2
+}
+
 /// The error of a [`FileSystem::list_dir`] that found more than [`MAX_LIST_ENTRIES`].
 pub fn too_many_to_list(dir: &Path) -> EnvError {
     EnvError::new(

@@ -24,6 +24,7 @@ use serde::Serialize;
 use serde_json::json;
 use skillbox_env::{
     BackendKind, CancellationToken, ErrorCode, ExecOutput, ExecRequest, FileKind, Tree,
+    json_string_len,
 };
 use skillbox_protocol::{ArtifactInfo, CapabilityRunRequest, MAX_TIMEOUT_MS, RunRequest};
 use skillbox_run::Runner;
@@ -48,17 +49,6 @@ const MAX_RESOURCE_BYTES: u64 = 32 * 1024 * 1024;
 /// (rmcp 3.11, sse-stream 0.2): twice the copies at most, and 4 KiB for the rest.
 fn answer_bytes(copies: usize, in_json: usize) -> usize {
     in_json.saturating_mul(2 * copies).saturating_add(4096)
-}
-
-/// The length of `text` as a JSON string's content: what serde_json escapes, longer.
-fn json_string_len(text: &str) -> usize {
-    text.bytes()
-        .map(|b| match b {
-            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
-            0..0x20 => 6,
-            _ => 1,
-        })
-        .sum()
 }
 
 /// The length of `n` bytes in padded base64.
@@ -618,16 +608,21 @@ impl SkillboxMcp {
         let _cancel_on_drop = cancel.clone().drop_guard();
         let listed = sandbox.env.list_dir(&path, &cancel).await?;
         // A listing of many long names is megabytes: held in the budget until it is
-        // sent, as a read_file answer is. Each entry, pretty-printed, is its name and
-        // at most about 80 bytes more.
+        // sent, as a read_file answer is: its JSON (each entry, pretty-printed, its name
+        // and at most about 80 bytes more) as answer_bytes counts it, and the structured
+        // content's tree of values, about 768 bytes an entry besides its name.
         let in_json = listed
             .iter()
             .map(|entry| json_string_len(&entry.name) + 80)
             .sum();
+        let tree = listed
+            .iter()
+            .map(|entry| entry.name.len() + 768)
+            .sum::<usize>();
         let shown = path.display().to_string();
         let _held = self.hold_answer(
             context,
-            answer_bytes(2, in_json),
+            answer_bytes(2, in_json).saturating_add(tree),
             &shown,
             "list a directory beneath it",
         )?;
@@ -639,11 +634,11 @@ impl SkillboxMcp {
                 json!({"name": entry.name, "kind": entry.kind.as_str(), "size": entry.size})
             })
             .collect();
-        Ok(answer(
-            json!({"path": path.display().to_string(), "entries": entries}),
-            Vec::new(),
-            false,
-        ))
+        // Moved in, not copied (as `json!` would copy a variable).
+        let mut value = serde_json::Map::new();
+        value.insert("path".into(), path.display().to_string().into());
+        value.insert("entries".into(), serde_json::Value::Array(entries));
+        Ok(answer(serde_json::Value::Object(value), Vec::new(), false))
     }
 
     /// As `GET /v1/skills`: the server's workspace's skills and the tenant's own.

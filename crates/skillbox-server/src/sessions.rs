@@ -1187,7 +1187,7 @@ pub(crate) struct LsQuery {
         (status = 200, description = "The entries, by name", body = SessionListing),
         (status = 404, description = "No such session, or no such directory", body = ApiError),
         (status = 429, description = "As many request bodies and answers held as the server may", body = ApiError),
-        (status = 422, description = "More entries than a listing gives (100,000): list a directory beneath", body = ApiError),
+        (status = 422, description = "More entries than a listing gives (100,000), or a listing larger than the server holds in memory at once: list a directory beneath", body = ApiError),
     )
 )]
 pub(crate) async fn ls(
@@ -1205,6 +1205,21 @@ pub(crate) async fn ls(
         .list_dir(&path, &cancel)
         .await
         .map_err(env_failure)?;
+    // A listing of many long names is megabytes (a control byte in a name is six in
+    // JSON): held within the budget of bytes in memory, as a file read is, from before
+    // its JSON is made until it is sent; one larger than the whole budget is refused.
+    let size = skillbox_env::listing_json_len(&listed).saturating_add(256);
+    let budget = state.config.max_body_bytes_in_flight;
+    if size > budget {
+        return Err(Failure::new(
+            ErrorCode::ResourceExhausted,
+            format!(
+                "list {}: its answer takes about {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight); list a directory beneath it",
+                path.display()
+            ),
+        ));
+    }
+    let held = hold_body_bytes(&state, size)?;
     // The sizes come with the listing: no look per file (on a container backend, a
     // process each).
     let entries = listed
@@ -1219,14 +1234,11 @@ pub(crate) async fn ls(
         .strip_prefix(WORKSPACE)
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    // A listing of many long names is megabytes: held within the budget of bytes in
-    // memory, as a file read is, until it is sent.
     let body = serde_json::to_vec(&SessionListing {
         path: shown,
         entries,
     })
     .map_err(|e| Failure::new(ErrorCode::Unknown, format!("listing: {e}")))?;
-    let held = hold_body_bytes(&state, body.len())?;
     Ok((
         [(
             header::CONTENT_TYPE,

@@ -616,7 +616,8 @@ fn finish(mut projection: Projection, cache: &mut HashCache) -> Projection {
 const MARKER_BYTES: u64 = 128;
 
 /// The fingerprint of what was last projected into `env` at `root`, if any: a marker
-/// that is not one (too large, not text, not a regular file) is none.
+/// that is not one (too large, not text, not a regular file, unreadable: the run may
+/// have made it so) is none.
 pub async fn fingerprint_in(
     env: &dyn ExecutionEnv,
     root: &Path,
@@ -637,6 +638,7 @@ pub async fn fingerprint_in(
                     | ErrorCode::ResourceExhausted
                     | ErrorCode::Invalid
                     | ErrorCode::IsDirectory
+                    | ErrorCode::PermissionDenied
             ) =>
         {
             Ok(None)

@@ -217,6 +217,62 @@ fn the_agent_demo_ships_a_verified_deck_in_containers() {
     }
 }
 
+/// A projection marker the run made unreadable (mode 000: the docker backend's file
+/// helper reads as the sandbox's user) is no fingerprint: the skills are projected
+/// again over it, not refused.
+#[test]
+fn docker_projects_again_over_a_marker_it_cannot_read() {
+    if !available(
+        "docker",
+        "docker_projects_again_over_a_marker_it_cannot_read",
+    ) {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skillbox_env::testkit::skip(
+            "docker_projects_again_over_a_marker_it_cannot_read",
+            "needs root to chown",
+        );
+        return;
+    }
+    let skills = tempfile::tempdir().unwrap();
+    let skill = skills.path().join("skills/report");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: report\ndescription: Writes a report.\n---\n# report\n",
+    )
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(work.path(), Some(65534), Some(65534)).unwrap();
+    let project = || {
+        let out = skillbox(
+            &data_dir(),
+            &[
+                "skills",
+                "--workspace",
+                skills.path().to_str().unwrap(),
+                "project",
+                "--backend",
+                "docker",
+                "--workdir",
+                work.path().to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    assert_eq!(project()["copied"], true);
+    let marker = work.path().join(".skillbox/projection");
+    std::fs::set_permissions(&marker, std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+    assert_eq!(project()["copied"], true);
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&marker).unwrap().permissions());
+    assert_ne!(mode & 0o444, 0, "the marker is whole again: {mode:o}");
+}
+
 /// A docker workdir runs as its owner, never root: a root-owned one is refused.
 #[test]
 fn docker_workdir_runs_as_its_owner_never_root() {

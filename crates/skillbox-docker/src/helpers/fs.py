@@ -353,13 +353,13 @@ def main(op, args):
                 'mtimeNs': st.st_mtime_ns, 'readOnly': read_only(args[0], st)}
     if op == 'list':
         # [name, kind, size]: the size of a regular file, else None (a link not followed).
-        # At most args[1] + 1 entries: one more than the limit tells the caller there
-        # are too many.
+        # More than args[1] entries: "too many", not a listing (nothing past the limit
+        # is looked at, and none of it is printed).
         listed = []
         with os.scandir(args[0]) as entries:
             for e in entries:
-                if len(listed) > int(args[1]):
-                    break
+                if len(listed) == int(args[1]):
+                    return 'too many'
                 st = e.stat(follow_symlinks=False)
                 listed.append((e.name, kind(st.st_mode),
                                st.st_size if stat.S_ISREG(st.st_mode) else None))

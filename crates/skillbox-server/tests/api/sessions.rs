@@ -866,8 +866,9 @@ async fn session_file_reads_are_held_within_the_memory_budget() {
 }
 
 /// A directory the session's code filled: its listing is held within the budget of
-/// bytes in memory (429 past it, served once the budget allows), and one of more entries
-/// than a listing gives is refused naming the directory, never answered whole.
+/// bytes in memory, counted before its JSON is made (names of control bytes are six
+/// times as long in JSON); one larger than the whole budget, or of more entries than a
+/// listing gives, is refused naming the directory, never answered whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_listings_are_bounded_and_held_within_the_memory_budget() {
     // Room for more files than a listing gives: 1 GiB of disk holds 65,536 inodes.
@@ -889,19 +890,29 @@ async fn session_listings_are_bounded_and_held_within_the_memory_budget() {
         .exec(
             ANA,
             &id,
-            json!({"shell": "mkdir some full && (cd some && seq 1 3000 | xargs touch) && (cd full && seq 1 100001 | xargs touch) && echo made"}),
+            json!({"shell": "mkdir some full odd && (cd some && seq 1 3000 | xargs touch) && (cd full && seq 1 100001 | xargs touch) && (cd odd && for i in $(seq 1 200); do touch \"$(printf '\\001%.0s' $(seq 1 200))$i\"; done) && echo made"}),
         )
         .await
         .rest()
         .await;
     assert!(events.iter().any(|e| e["data"] == "made\n"), "{events:?}");
-    // 3000 entries are about 120 KB of JSON: more than the 64 KiB this server holds.
-    let some = served
-        .get(ANA, &format!("/v1/sessions/{id}/ls?path=some"))
-        .await;
-    assert_eq!(some.status(), 429);
-    let error: Value = some.json().await.unwrap();
-    assert_eq!(error["error"]["code"], "overloaded", "{error}");
+    // 3000 entries are about 120 KB of JSON, and 200 names of 200 control bytes (40 KB
+    // on disk) 240 KB: more than the 64 KiB this server holds at once.
+    for dir in ["some", "odd"] {
+        let refused = served
+            .get(ANA, &format!("/v1/sessions/{id}/ls?path={dir}"))
+            .await;
+        assert_eq!(refused.status(), 422, "{dir}");
+        let error: Value = refused.json().await.unwrap();
+        assert_eq!(error["error"]["code"], "resource_exhausted", "{error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("/workspace/{dir}"))
+                && message.contains("--max-body-bytes-in-flight")
+                && message.ends_with("list a directory beneath it"),
+            "{error}"
+        );
+    }
     let full = served
         .get(ANA, &format!("/v1/sessions/{id}/ls?path=full"))
         .await;
@@ -927,7 +938,7 @@ async fn session_listings_are_bounded_and_held_within_the_memory_budget() {
             .iter()
             .map(|e| e["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["full", "some"], "{listing}");
+        assert_eq!(names, ["full", "odd", "some"], "{listing}");
     }
     served.shutdown.cancel();
 }
