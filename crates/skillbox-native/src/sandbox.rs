@@ -284,9 +284,10 @@ fn sandbox_counter() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Removes sandbox dirs of skillbox processes that no longer run: each name starts with its maker's owner tag (`skillbox_env::owner`), so a pid handed
-/// out again (a server that is pid 1 of its container, restarted) does not keep them,
-/// and one made from another pid namespace is judged by its maker's claim.
+/// Removes sandbox dirs of skillbox processes that no longer run: each name starts
+/// with its maker's owner tag (`skillbox_env::owner`), so a pid handed out again (a
+/// server that is pid 1 of its container, restarted) does not keep them, and one made
+/// from another pid namespace is judged by its maker's claim.
 fn sweep_dirs(native_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(native_dir) else {
         return;
