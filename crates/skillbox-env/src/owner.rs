@@ -121,15 +121,22 @@ pub fn alive(tag: &str) -> bool {
     }
 }
 
-/// Whether `lock` (a claim, or a thing its owner holds locked itself, such as a cgroup
-/// leaf) is held under `flock` by some process: a shared lock blocks the exclusive one
-/// tried here, which is let go of at once. Absent, or free: not held. Unreadable: held,
-/// so that nothing is removed on a guess.
+/// `lock` (a claim, or a thing its owner holds locked itself, such as a cgroup leaf)
+/// opened and locked exclusively, when no process holds it under `flock`; `None` when
+/// one does.
+fn lock_exclusive(lock: &Path) -> io::Result<Option<File>> {
+    let file = File::open(lock)?;
+    let free =
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok();
+    Ok(free.then_some(file))
+}
+
+/// Whether `lock` is held by some process (the exclusive lock tried is let go of at
+/// once). Absent, or free: not held. Unreadable: held, so that nothing is removed on a
+/// guess.
 fn held(lock: &Path) -> bool {
-    match File::open(lock) {
-        Ok(file) => {
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
-        }
+    match lock_exclusive(lock) {
+        Ok(taken) => taken.is_none(),
         Err(e) => e.kind() != io::ErrorKind::NotFound,
     }
 }
@@ -168,9 +175,7 @@ pub fn take_if_gone(thing: &Path, tag: &str) -> Option<File> {
     if !gone_unless(tag, || false) {
         return None;
     }
-    let file = File::open(thing).ok()?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).ok()?;
-    Some(file)
+    lock_exclusive(thing).ok().flatten()
 }
 
 /// Holds the directory `thing` this process just made under a shared `flock` until the
@@ -232,11 +237,6 @@ fn still_named(file: &File, path: &Path) -> io::Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
-}
-
-/// Whether `tag` names an owner in another pid namespace than this process's.
-pub fn elsewhere(tag: &str) -> bool {
-    matches!(parse(tag), Tag::Elsewhere)
 }
 
 /// Removes the claims in `dir` of owners that are gone. Each is removed while this
