@@ -1014,35 +1014,55 @@ pub(crate) async fn read_file(
     // of bytes in memory that request bodies count against, from before the read until
     // the last of them is sent; as many as the size above, which the read itself holds
     // against a file that grew or was swapped for a bigger one since.
-    let budget = state.config.max_body_bytes_in_flight;
     let size = usize::try_from(info.size).unwrap_or(usize::MAX);
-    if size > budget {
-        return Err(Failure::new(
-            ErrorCode::ResourceExhausted,
-            format!(
-                "{}: {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight)",
-                path.display()
-            ),
-        ));
-    }
-    let held = hold_body_bytes(&state, size)?;
+    let held = hold_answer(&state, size, |budget| {
+        format!(
+            "{}: {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight)",
+            path.display()
+        )
+    })?;
     let bytes = session
         .env
         .read_bytes_max(&path, info.size, &cancel)
         .await
         .map_err(env_failure)?;
-    let body = Bytes::from_owner(HeldBytes { bytes, _held: held });
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/octet-stream"),
-        )],
-        body,
-    )
-        .into_response())
+    Ok(held_response("application/octet-stream", bytes, held))
 }
 
-/// A file's bytes with their place in the budget of bytes in memory, given back when
+/// Holds `size` bytes of an answer in the budget of bytes in memory that request bodies
+/// count against, until the returned permit goes with the answer's last byte (429
+/// while the budget is taken). An answer larger than the whole budget could never be
+/// held: `resource_exhausted`, saying `too_large(budget)`.
+fn hold_answer(
+    state: &AppState,
+    size: usize,
+    too_large: impl FnOnce(usize) -> String,
+) -> Result<tokio::sync::OwnedSemaphorePermit, Failure> {
+    let budget = state.config.max_body_bytes_in_flight;
+    if size > budget {
+        return Err(Failure::new(
+            ErrorCode::ResourceExhausted,
+            too_large(budget),
+        ));
+    }
+    hold_body_bytes(state, size)
+}
+
+/// A 200 of `bytes` as `content_type`, which gives their place in the budget (`held`)
+/// back when the response is done with them.
+fn held_response(
+    content_type: &'static str,
+    bytes: Vec<u8>,
+    held: tokio::sync::OwnedSemaphorePermit,
+) -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+        Bytes::from_owner(HeldBytes { bytes, _held: held }),
+    )
+        .into_response()
+}
+
+/// An answer's bytes with their place in the budget of bytes in memory, given back when
 /// the response is done with them.
 struct HeldBytes {
     bytes: Vec<u8>,
@@ -1209,17 +1229,12 @@ pub(crate) async fn ls(
     // JSON): held within the budget of bytes in memory, as a file read is, from before
     // its JSON is made until it is sent; one larger than the whole budget is refused.
     let size = skillbox_env::listing_json_len(&listed).saturating_add(256);
-    let budget = state.config.max_body_bytes_in_flight;
-    if size > budget {
-        return Err(Failure::new(
-            ErrorCode::ResourceExhausted,
-            format!(
-                "list {}: its answer takes about {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight); list a directory beneath it",
-                path.display()
-            ),
-        ));
-    }
-    let held = hold_body_bytes(&state, size)?;
+    let held = hold_answer(&state, size, |budget| {
+        format!(
+            "list {}: its answer takes about {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight); list a directory beneath it",
+            path.display()
+        )
+    })?;
     // The sizes come with the listing: no look per file (on a container backend, a
     // process each).
     let entries = listed
@@ -1239,15 +1254,5 @@ pub(crate) async fn ls(
         entries,
     })
     .map_err(|e| Failure::new(ErrorCode::Unknown, format!("listing: {e}")))?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        Bytes::from_owner(HeldBytes {
-            bytes: body,
-            _held: held,
-        }),
-    )
-        .into_response())
+    Ok(held_response("application/json", body, held))
 }
