@@ -818,9 +818,26 @@ pub(crate) async fn exec(
             exec_id: exec_id.clone(),
         }))
         .await;
+        // A cancel ends the stream with exit, cancelled: whether it came while the
+        // command was being started or once it ran.
+        let cancelled = || {
+            ndjson(&SessionExecEvent::Exit {
+                exit_code: None,
+                signal: Some(libc_sigkill()),
+                timed_out: false,
+                limit_hit: None,
+                duration_ms: 0,
+                truncated: skillbox_protocol::Truncated::default(),
+                cancelled: true,
+            })
+        };
         let env = &session.env;
         let mut stream = match env.exec_stream(exec, &cancel).await {
             Ok(stream) => stream,
+            Err(e) if e.code == ErrorCode::Aborted => {
+                send(cancelled()).await;
+                return;
+            }
             Err(e) => {
                 send(ndjson(&SessionExecEvent::Error {
                     code: e.code.as_str().to_string(),
@@ -884,16 +901,7 @@ pub(crate) async fn exec(
                     return;
                 }
                 Err(e) if e.code == ErrorCode::Aborted => {
-                    send(ndjson(&SessionExecEvent::Exit {
-                        exit_code: None,
-                        signal: Some(libc_sigkill()),
-                        timed_out: false,
-                        limit_hit: None,
-                        duration_ms: 0,
-                        truncated: skillbox_protocol::Truncated::default(),
-                        cancelled: true,
-                    }))
-                    .await;
+                    send(cancelled()).await;
                     return;
                 }
                 Err(e) => {
