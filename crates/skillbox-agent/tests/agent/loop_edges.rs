@@ -41,6 +41,24 @@ fn run_script(language: &str, script: &str) -> serde_json::Value {
     json!({"name": "run_script", "arguments": {"language": language, "script": script}})
 }
 
+/// Replays `turns` within `max_turns` and checks the run ended on the transcript's
+/// "done": every expectation in it held, since a mismatch ends the run with an error.
+async fn replays_to_done(turns: serde_json::Value, max_turns: u32) {
+    let Some((agent, _objects)) = agent(loopback(turns)).await else {
+        return;
+    };
+    let config = AgentConfig {
+        max_turns,
+        ..AgentConfig::default()
+    };
+    let outcome = agent
+        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
+        .await
+        .unwrap();
+    assert_eq!(outcome.error, None, "{outcome:?}");
+    assert_eq!(outcome.answer, "done");
+}
+
 pub(crate) fn quiet(_: AgentEvent<'_>) {}
 
 /// A skill that asks for no particular file, for the loop's generic edges.
@@ -455,81 +473,51 @@ async fn a_provider_error_ends_the_run_but_keeps_the_attempts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_file_cannot_follow_a_symlink_out_of_the_workspace() {
-    let provider = loopback(json!([
-        {"toolCalls": [run_script("sh", "ln -s /etc/passwd leak; ln -s ../../../../etc/hostname leak2; echo ok")]},
-        {"expect": {"exitCode": 0}, "toolCalls": [{"name": "read_file", "arguments": {"path": "leak"}}]},
-        {"expect": {"resultContains": "permission_denied"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "/workspace/leak2"}}]},
-        {"expect": {"resultContains": "permission_denied"}, "text": "done"}
-    ]));
-    let Some((agent, _objects)) = agent(provider).await else {
-        return;
-    };
-    // The run made no file, so "done" is corrected: the turn limit ends it there.
-    let config = AgentConfig {
-        max_turns: 4,
-        ..AgentConfig::default()
-    };
-    let outcome = agent
-        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
-        .await
-        .unwrap();
-    // The transcript's expectations (both reads answered permission_denied) held:
-    // a mismatch would have ended the run with an error.
-    assert_eq!(outcome.error, None, "{outcome:?}");
-    assert_eq!(outcome.answer, "done");
+    // Both reads answered permission_denied. The run made no file, so "done" is
+    // corrected: the turn limit ends it there.
+    replays_to_done(
+        json!([
+            {"toolCalls": [run_script("sh", "ln -s /etc/passwd leak; ln -s ../../../../etc/hostname leak2; echo ok")]},
+            {"expect": {"exitCode": 0}, "toolCalls": [{"name": "read_file", "arguments": {"path": "leak"}}]},
+            {"expect": {"resultContains": "permission_denied"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "/workspace/leak2"}}]},
+            {"expect": {"resultContains": "permission_denied"}, "text": "done"}
+        ]),
+        4,
+    )
+    .await;
 }
 
 /// `read_file` hands the model a file's text, refuses a file past its 256 KiB cap (by
 /// its size, and by the read itself) and one that is not UTF-8 text, and the run goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_file_hands_out_text_within_its_cap() {
-    let provider = loopback(json!([
-        {"toolCalls": [run_script("sh", "echo hello-from-the-sandbox > note.txt; head -c 262145 /dev/zero | tr '\\0' a > big.txt; printf '\\377\\376' > binary.bin; echo ok")]},
-        {"expect": {"exitCode": 0}, "toolCalls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
-        {"expect": {"resultContains": "hello-from-the-sandbox"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "big.txt"}}]},
-        {"expect": {"resultContains": "262145 bytes, more than the 262144 bytes"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "binary.bin"}}]},
-        {"expect": {"resultContains": "not UTF-8 text"}, "text": "done"}
-    ]));
-    let Some((agent, _objects)) = agent(provider).await else {
-        return;
-    };
-    let config = AgentConfig {
-        max_turns: 5,
-        ..AgentConfig::default()
-    };
-    let outcome = agent
-        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
-        .await
-        .unwrap();
-    // Every expectation above held: a mismatch ends the run with an error.
-    assert_eq!(outcome.error, None, "{outcome:?}");
-    assert_eq!(outcome.answer, "done");
+    replays_to_done(
+        json!([
+            {"toolCalls": [run_script("sh", "echo hello-from-the-sandbox > note.txt; head -c 262145 /dev/zero | tr '\\0' a > big.txt; printf '\\377\\376' > binary.bin; echo ok")]},
+            {"expect": {"exitCode": 0}, "toolCalls": [{"name": "read_file", "arguments": {"path": "note.txt"}}]},
+            {"expect": {"resultContains": "hello-from-the-sandbox"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "big.txt"}}]},
+            {"expect": {"resultContains": "262145 bytes, more than the 262144 bytes"}, "toolCalls": [{"name": "read_file", "arguments": {"path": "binary.bin"}}]},
+            {"expect": {"resultContains": "not UTF-8 text"}, "text": "done"}
+        ]),
+        5,
+    )
+    .await;
 }
 
 /// `list_dir` hands the model a small directory whole, and of a directory of thousands
 /// of files only as many entries as a tool result holds, saying how many more there are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_dir_hands_out_at_most_a_result_s_worth() {
-    let provider = loopback(json!([
-        {"toolCalls": [run_script("sh", "mkdir small many && echo hi > small/a.txt && cd many && seq 1 3000 | xargs touch; echo ok")]},
-        {"expect": {"exitCode": 0}, "toolCalls": [{"name": "list_dir", "arguments": {"path": "small"}}]},
-        {"expect": {"resultContains": "[{\"kind\":\"file\",\"name\":\"a.txt\",\"size\":3}]"}, "toolCalls": [{"name": "list_dir", "arguments": {"path": "many"}}]},
-        {"expect": {"resultContains": "\"more\":"}, "text": "done"}
-    ]));
-    let Some((agent, _objects)) = agent(provider).await else {
-        return;
-    };
-    let config = AgentConfig {
-        max_turns: 4,
-        ..AgentConfig::default()
-    };
-    let outcome = agent
-        .run("go", &GENERIC, &config, &CancellationToken::new(), &quiet)
-        .await
-        .unwrap();
-    // Every expectation above held: a mismatch ends the run with an error.
-    assert_eq!(outcome.error, None, "{outcome:?}");
-    assert_eq!(outcome.answer, "done");
+    replays_to_done(
+        json!([
+            {"toolCalls": [run_script("sh", "mkdir small many && echo hi > small/a.txt && cd many && seq 1 3000 | xargs touch; echo ok")]},
+            {"expect": {"exitCode": 0}, "toolCalls": [{"name": "list_dir", "arguments": {"path": "small"}}]},
+            {"expect": {"resultContains": "[{\"kind\":\"file\",\"name\":\"a.txt\",\"size\":3}]"}, "toolCalls": [{"name": "list_dir", "arguments": {"path": "many"}}]},
+            {"expect": {"resultContains": "\"more\":"}, "text": "done"}
+        ]),
+        4,
+    )
+    .await;
 }
 
 /// A good run on the last allowed turn is the run's result: the model had no turn left
