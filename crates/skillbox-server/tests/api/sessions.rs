@@ -80,6 +80,21 @@ async fn serve_with_limits(config: ServerConfig, limits: skillbox_env::Limits) -
 }
 
 impl Served {
+    /// Opens a session of ANA's that has run `shell` (which must end by printing
+    /// `made`), and gives its id.
+    async fn open_having_run(&self, shell: &str) -> String {
+        let (status, opened) = self.create(ANA, json!({})).await;
+        assert_eq!(status, 201, "{opened}");
+        let id = opened["id"].as_str().unwrap().to_string();
+        let events = self
+            .exec(ANA, &id, json!({"shell": shell}))
+            .await
+            .rest()
+            .await;
+        assert!(events.iter().any(|e| e["data"] == "made\n"), "{events:?}");
+        id
+    }
+
     async fn create(&self, token: &str, body: Value) -> (u16, Value) {
         let response = self
             .http
@@ -800,19 +815,9 @@ async fn session_file_reads_are_held_within_the_memory_budget() {
     else {
         return;
     };
-    let (status, opened) = served.create(ANA, json!({})).await;
-    assert_eq!(status, 201, "{opened}");
-    let id = opened["id"].as_str().unwrap().to_string();
-    let events = served
-        .exec(
-            ANA,
-            &id,
-            json!({"shell": "head -c 48M /dev/zero > big && echo made"}),
-        )
-        .await
-        .rest()
+    let id = served
+        .open_having_run("head -c 48M /dev/zero > big && echo made")
         .await;
-    assert!(events.iter().any(|e| e["data"] == "made\n"), "{events:?}");
 
     let before = peak_memory();
     let path = format!("/v1/sessions/{id}/files/big");
@@ -883,19 +888,9 @@ async fn session_listings_are_bounded_and_held_within_the_memory_budget() {
     let Some(served) = serve_with_limits(config, roomy).await else {
         return;
     };
-    let (status, opened) = served.create(ANA, json!({})).await;
-    assert_eq!(status, 201, "{opened}");
-    let id = opened["id"].as_str().unwrap().to_string();
-    let events = served
-        .exec(
-            ANA,
-            &id,
-            json!({"shell": "mkdir some full odd && (cd some && seq 1 3000 | xargs touch) && (cd full && seq 1 100001 | xargs touch) && (cd odd && for i in $(seq 1 200); do touch \"$(printf '\\001%.0s' $(seq 1 200))$i\"; done) && echo made"}),
-        )
-        .await
-        .rest()
+    let id = served
+        .open_having_run("mkdir some full odd && (cd some && seq 1 3000 | xargs touch) && (cd full && seq 1 100001 | xargs touch) && (cd odd && for i in $(seq 1 200); do touch \"$(printf '\\001%.0s' $(seq 1 200))$i\"; done) && echo made")
         .await;
-    assert!(events.iter().any(|e| e["data"] == "made\n"), "{events:?}");
     // 3000 entries are about 120 KB of JSON, and 200 names of 200 control bytes (40 KB
     // on disk) 240 KB: more than the 64 KiB this server holds at once.
     for dir in ["some", "odd"] {
