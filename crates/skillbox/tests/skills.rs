@@ -203,6 +203,23 @@ fn a_skill_script_runs_by_name_through_its_projected_path_and_a_staged_one_too()
     );
 }
 
+/// A kept workdir for projections: as root, it must belong to an ordinary user (the
+/// sandbox runs as it).
+fn ordinary_workdir() -> tempfile::TempDir {
+    let workdir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(workdir.path(), Some(65534), Some(65534)).unwrap();
+    workdir
+}
+
+/// `skills project --workdir WORKDIR --json` of the skills workspace `ws`: its report.
+fn project_into(data: &Path, ws: &Path, workdir: &Path) -> Value {
+    json(&skills(
+        data,
+        ws,
+        &["project", "--workdir", workdir.to_str().unwrap(), "--json"],
+    ))
+}
+
 /// The marker of what was projected is the run's to write: whatever a run left there in
 /// place of it (bytes that are not text, a file of 64 MiB, a FIFO) is no fingerprint,
 /// read no further than one could be, and the skills are projected again over it.
@@ -213,20 +230,8 @@ fn a_marker_a_run_replaced_is_read_no_further_than_a_fingerprint() {
     }
     let data = tempfile::tempdir().unwrap();
     let ws = workspace();
-    let workdir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::chown(workdir.path(), Some(65534), Some(65534)).unwrap();
-    let project = || {
-        json(&skills(
-            data.path(),
-            ws.path(),
-            &[
-                "project",
-                "--workdir",
-                workdir.path().to_str().unwrap(),
-                "--json",
-            ],
-        ))
-    };
+    let workdir = ordinary_workdir();
+    let project = || project_into(data.path(), ws.path(), workdir.path());
     let first = project();
     assert_eq!(first["copied"], true, "{first}");
     let marker = workdir.path().join(".skillbox/projection");
@@ -262,22 +267,9 @@ fn an_unchanged_projection_copies_nothing_and_a_changed_one_only_the_tree() {
     }
     let data = tempfile::tempdir().unwrap();
     let ws = workspace();
-    let workdir = tempfile::tempdir().unwrap();
-    // As root, the workdir must belong to an ordinary user (the sandbox runs as it).
-    std::os::unix::fs::chown(workdir.path(), Some(65534), Some(65534)).unwrap();
+    let workdir = ordinary_workdir();
     write(&workdir.path().join("results.txt"), "the run's own");
-    let project = || {
-        json(&skills(
-            data.path(),
-            ws.path(),
-            &[
-                "project",
-                "--workdir",
-                workdir.path().to_str().unwrap(),
-                "--json",
-            ],
-        ))
-    };
+    let project = || project_into(data.path(), ws.path(), workdir.path());
     let first = project();
     assert_eq!(first["copied"], true, "{first}");
     assert_eq!(first["files"], 7, "{first}");
