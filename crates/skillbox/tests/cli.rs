@@ -556,13 +556,7 @@ fn a_killed_skillbox_takes_its_sandbox_with_it_and_the_next_run_sweeps() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line, "started\n");
+    read_started(&mut child);
     let skillbox_pid = child.id();
     child.kill().unwrap();
     child.wait().unwrap();
@@ -700,6 +694,48 @@ fn exec_and_run_stopped_by_sigterm_or_sighup_remove_their_sandbox() {
     }
 }
 
+/// Reads the first line of `child`'s stdout: `started`, which its sandboxed command
+/// prints once it runs.
+fn read_started(child: &mut std::process::Child) {
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "started\n");
+}
+
+/// `skillbox --data-dir DATA ARGS` as pid 1 of a pid namespace of its own (`unshare`).
+fn as_pid_1(data: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new("unshare");
+    command
+        .args(["--pid", "--fork", "--mount-proc", BIN, "--data-dir"])
+        .arg(data)
+        .args(args);
+    command
+}
+
+/// The cgroup leaves of the owner `tag` on this machine, one path a line.
+fn cgroups_named(tag: &str) -> String {
+    let found = Command::new("find")
+        .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
+        .arg(format!("skillbox-{tag}-*"))
+        .output()
+        .unwrap();
+    text(&found.stdout)
+}
+
+/// Waits until no host process has `needle` in its command line: a killed run's
+/// sandbox dies with it (the kernel delivers the parent-death signal).
+fn wait_for_none_with(needle: &str) {
+    wait_for("the killed run's sandbox to end", || {
+        skillbox_env::testkit::host_processes_with(needle)
+            .is_empty()
+            .then_some(())
+    });
+}
+
 /// A skillbox that is pid 1 of its pid namespace (a server in a container) has the same
 /// pid after every restart: killed mid-run, its sandbox dir and cgroups must still be
 /// swept by the next one, not kept because a process with their pid runs (its own).
@@ -721,33 +757,22 @@ fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
     }
     let data = tempfile::tempdir().unwrap();
     let marker = format!("{}", 950_000_000 + std::process::id());
-    let as_pid_1 = |args: &[&str]| {
-        let mut command = Command::new("unshare");
-        command
-            .args(["--pid", "--fork", "--mount-proc", BIN, "--data-dir"])
-            .arg(data.path())
-            .args(args);
-        command
-    };
-    let mut unshare = as_pid_1(&[
-        "exec",
-        "--disk",
-        "none",
-        "--",
-        "sh",
-        "-c",
-        &format!("echo started; sleep {marker}"),
-    ])
+    let mut unshare = as_pid_1(
+        data.path(),
+        &[
+            "exec",
+            "--disk",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo started; sleep {marker}"),
+        ],
+    )
     .stdout(std::process::Stdio::piped())
     .spawn()
     .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(unshare.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line, "started\n");
+    read_started(&mut unshare);
     // skillbox is unshare's one child, pid 1 inside: killing it ends the namespace.
     let skillbox_pid = wait_for("skillbox under unshare", || {
         children_of(unshare.id()).first().map(|(pid, _)| *pid)
@@ -758,11 +783,7 @@ fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
     // The sandbox dies with it (the kernel delivers the parent-death signal); only then
     // are its cgroups empty enough to remove.
     let needle = format!("sleep {marker}");
-    wait_for("the killed run's sandbox to end", || {
-        skillbox_env::testkit::host_processes_with(&needle)
-            .is_empty()
-            .then_some(())
-    });
+    wait_for_none_with(&needle);
     // The killed run's owner tag, from its sandbox dir (this test's data dir alone):
     // other tests' live pid-1 skillboxes have cgroups named `skillbox-1.…` too.
     let tag = std::fs::read_dir(data.path().join("native"))
@@ -779,19 +800,14 @@ fn a_killed_pid_1_skillbox_is_swept_by_the_next_pid_1() {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(&format!("{tag}-")))
             .collect();
-        let found = Command::new("find")
-            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
-            .arg(format!("skillbox-{tag}-*"))
-            .output()
-            .unwrap();
-        left.extend(text(&found.stdout).lines().map(str::to_string));
+        left.extend(cgroups_named(&tag).lines().map(str::to_string));
         left
     };
     assert!(
         !left_by_pid_1().is_empty(),
         "expected the killed run's sandbox dir and cgroups"
     );
-    let out = as_pid_1(&["exec", "--disk", "none", "--", "true"])
+    let out = as_pid_1(data.path(), &["exec", "--disk", "none", "--", "true"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -818,21 +834,22 @@ fn a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox_from_the_host_s_sw
     }
     let data = tempfile::tempdir().unwrap();
     let marker = format!("{}", 940_000_000 + std::process::id());
-    let mut unshare = Command::new("unshare")
-        .args(["--pid", "--fork", "--mount-proc", BIN, "--data-dir"])
-        .arg(data.path())
-        .args(["exec", "--disk", "none", "--", "sh", "-c"])
-        .arg(format!("echo started; sleep {marker}"))
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(unshare.stdout.take().unwrap()),
-        &mut line,
+    let mut unshare = as_pid_1(
+        data.path(),
+        &[
+            "exec",
+            "--disk",
+            "none",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo started; sleep {marker}"),
+        ],
     )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
     .unwrap();
-    assert_eq!(line, "started\n");
+    read_started(&mut unshare);
     // skillbox is unshare's one child, pid 1 inside: killing it ends the namespace,
     // which the guard does if an assertion fails first.
     struct Killed(u32);
@@ -860,14 +877,7 @@ fn a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox_from_the_host_s_sw
         "expected the running sandbox's dir: {theirs:?}"
     );
     let tag = theirs[0].split('-').next().unwrap().to_string();
-    let cgroups = || {
-        let found = Command::new("find")
-            .args(["/sys/fs/cgroup", "-maxdepth", "6", "-name"])
-            .arg(format!("skillbox-{tag}-*"))
-            .output()
-            .unwrap();
-        text(&found.stdout)
-    };
+    let cgroups = || cgroups_named(&tag);
     let needle = format!("sleep {marker}");
     let out = skillbox(data.path(), &["exec", "--disk", "none", "--", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -884,11 +894,7 @@ fn a_live_skillbox_in_another_pid_namespace_keeps_its_sandbox_from_the_host_s_sw
     // Killed, it is gone, and the host's next run sweeps what it left.
     drop(skillbox_pid);
     unshare.wait().unwrap();
-    wait_for("the killed run's sandbox to end", || {
-        skillbox_env::testkit::host_processes_with(&needle)
-            .is_empty()
-            .then_some(())
-    });
+    wait_for_none_with(&needle);
     let out = skillbox(data.path(), &["exec", "--disk", "none", "--", "true"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(
