@@ -32,6 +32,11 @@ fn userns() -> Result<&'static OwnedFd, String> {
 }
 
 fn make_userns() -> Result<OwnedFd, String> {
+    make_userns_with(|_| {})
+}
+
+/// [`make_userns`], calling `cloned` with the helper's pid right after it is made.
+fn make_userns_with(cloned: impl FnOnce(i32)) -> Result<OwnedFd, String> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills the array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -39,8 +44,9 @@ fn make_userns() -> Result<OwnedFd, String> {
     }
     // SAFETY: fresh fds owned here.
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: a fork-like clone into a new user namespace; the child only blocks on a
-    // read of the pipe and exits (raw syscalls, nothing else).
+    // SAFETY: a fork-like clone into a new user namespace; the child only closes its
+    // copy of the write end, blocks on a read of the pipe and exits (raw syscalls,
+    // nothing else).
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone,
@@ -53,8 +59,11 @@ fn make_userns() -> Result<OwnedFd, String> {
     };
     if pid == 0 {
         let mut byte = 0u8;
-        // SAFETY: child: wait for the parent's byte, then exit without unwinding.
+        // SAFETY: child: with only the parent holding the write end, the read ends at
+        // EOF when the parent drops it, or dies however it dies (a SIGKILL included):
+        // the helper never outlives its parent. Then exit without unwinding.
         unsafe {
+            libc::close(write.as_raw_fd());
             libc::read(read.as_raw_fd(), (&mut byte as *mut u8).cast(), 1);
             libc::_exit(0);
         }
@@ -65,6 +74,7 @@ fn make_userns() -> Result<OwnedFd, String> {
             std::io::Error::last_os_error()
         ));
     }
+    cloned(pid as i32);
     let result = (|| -> std::io::Result<OwnedFd> {
         fs::write(format!("/proc/{pid}/uid_map"), "0 65534 1\n")?;
         fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
@@ -73,13 +83,12 @@ fn make_userns() -> Result<OwnedFd, String> {
             "/proc/{pid}/ns/user"
         ))?))
     })();
-    // The child holds a copy of the write end too, so it needs a byte, not an EOF.
-    // SAFETY: one byte from a stack value to our own pipe.
-    unsafe { libc::write(write.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+    // The helper's read ends at EOF.
+    drop(write);
     let mut status = 0;
-    // SAFETY: reaping the helper, which exits once it read the byte.
+    // SAFETY: reaping the helper, which exits once its read ended.
     unsafe { libc::waitpid(pid as i32, &mut status, 0) };
-    drop((read, write));
+    drop(read);
     result.map_err(|e| format!("map the idmap user namespace: {e}"))
 }
 
@@ -142,4 +151,79 @@ pub fn idmapped(tree: OwnedFd, workspace: &Path) -> Result<OwnedFd, String> {
         ));
     }
     Ok(tree)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead as _, BufReader};
+    use std::os::unix::process::ExitStatusExt as _;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    const BODY_VAR: &str = "SKILLBOX_IDMAP_KILLED_BODY";
+
+    /// The state letter of `/proc/<pid>/stat`, `None` once the process is gone.
+    fn state(pid: i32) -> Option<char> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.chars().next()
+    }
+
+    /// The attack on the host's process table: the process making the idmap user
+    /// namespace is SIGKILLed while its helper (in the new namespace) waits to be told
+    /// to exit. The helper ends with it instead of waiting for good, holding the dead
+    /// process's files.
+    #[test]
+    fn the_user_namespace_helper_ends_when_its_maker_is_killed() {
+        let mut maker = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "idmap::tests::killed_maker_body",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(BODY_VAR, "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Up to its helper's line only: a helper that lived on would hold the pipe open.
+        let helper = BufReader::new(maker.stdout.take().unwrap())
+            .lines()
+            .find_map(|line| line.ok()?.strip_prefix("helper ")?.parse::<i32>().ok())
+            .expect("the maker never made its helper");
+        let status = maker.wait().unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "the maker was not killed: {status}"
+        );
+        let start = Instant::now();
+        while let Some(s) = state(helper).filter(|&s| s != 'Z') {
+            if start.elapsed() > Duration::from_secs(10) {
+                // SAFETY: ends the helper this test left, before failing.
+                unsafe { libc::kill(helper, libc::SIGKILL) };
+                panic!("the helper {helper} outlived its killed maker (state {s})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    #[ignore = "the maker killed by the_user_namespace_helper_ends_when_its_maker_is_killed"]
+    fn killed_maker_body() {
+        if std::env::var_os(BODY_VAR).is_none() {
+            return;
+        }
+        let _ = make_userns_with(|pid| {
+            use std::io::Write as _;
+            let mut out = std::io::stdout();
+            writeln!(out, "helper {pid}").unwrap();
+            out.flush().unwrap();
+            // SAFETY: kills this process, the helper's parent, at once.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        });
+        unreachable!("the maker outlived its SIGKILL");
+    }
 }
