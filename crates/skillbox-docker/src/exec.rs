@@ -26,10 +26,14 @@ use crate::outcome::{
     ExecEnd, Kill, MAX_INPUTS, Measured, Seen, Status, StatusKey, outcome, split_status,
 };
 use crate::reset::{kill_all, settle};
-use crate::runtime::{NR_PRCTL, NR_SECCOMP, helper_argv, walkread_args};
+use crate::runtime::{NR_PRCTL, NR_SECCOMP, walkread_args};
 use crate::sandbox::{DockerSandbox, WalkAhead};
 
-const EXEC_PL: &str = include_str!("helpers/exec.pl");
+/// The exec wrapper, with the walk it makes after its command (helpers/walk.pl).
+const EXEC_PL: &str = concat!(
+    include_str!("helpers/exec.pl"),
+    include_str!("helpers/walk.pl")
+);
 /// Bytes of stderr held back until the end, where the wrapper's status line is.
 const HOLD_BACK: usize = 128;
 /// What starts the frame in which the wrapper sends a walk announced with the exec
@@ -498,14 +502,17 @@ impl DockerSandbox {
         let command = request.command.to_argv();
         let program = command.first().cloned().unwrap_or_default();
         let env = self.exec_env(&request.env);
-        // The walk announced, made by the file helper after the command, in this exec.
+        // The walk announced, made by the wrapper after the command, in this exec.
         let walk_after = request.walk_after.filter(|w| w.root.is_absolute());
         let walk_argv = walk_after.as_ref().map(|w| {
             let prune: Vec<&str> = w.prune.iter().map(String::as_str).collect();
-            let args = walkread_args(&w.root.display().to_string(), w.max_entries, &prune);
-            // The wrapper's budget first, then the helper's command line.
+            // The wrapper's budget first, then the file helper's walkread arguments.
             let mut argv = vec![timeout.as_secs().to_string()];
-            argv.extend(helper_argv(container.runtime, "walkread", &args));
+            argv.extend(walkread_args(
+                &w.root.display().to_string(),
+                w.max_entries,
+                &prune,
+            ));
             argv
         });
         let argv = wrapper_argv(

@@ -754,6 +754,150 @@ mod tests {
         assert_eq!(out.len(), end + 1);
     }
 
+    /// The exec wrapper's own walk (helpers/walk.pl) run here, on the host, over
+    /// `root`: `None` where it leaves the walk to the file helper.
+    fn wrapper_walkread(root: &Path, limit: usize, budget: u64, prune: &[&str]) -> Option<Vec<u8>> {
+        let script = concat!(
+            "use POSIX ();\n",
+            include_str!("helpers/walk.pl"),
+            "\nmy $o = walkread(@ARGV); print(defined($o) ? \"y$o\" : 'n');\n"
+        );
+        let out = std::process::Command::new("perl")
+            .args(["-e", script])
+            .arg(root)
+            .args([limit.to_string(), budget.to_string()])
+            .args([(u32::MAX).to_string(), (16 << 20).to_string()])
+            .args(prune)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        match out.stdout.split_first() {
+            Some((b'y', rest)) => Some(rest.to_vec()),
+            Some((b'n', [])) => None,
+            _ => panic!("{out:?}"),
+        }
+    }
+
+    /// The file helper's `walkread` with `prune`, here, as [`walkread`]: `None` when it
+    /// fails.
+    fn helper_walkread(root: &Path, limit: usize, budget: u64, prune: &[&str]) -> Option<Vec<u8>> {
+        let out = std::process::Command::new("python3")
+            .args(["-I", "-S", "-c", FS_PY, "walkread"])
+            .arg(root)
+            .args([limit.to_string(), budget.to_string()])
+            .args(prune)
+            .output()
+            .unwrap();
+        out.status.success().then_some(out.stdout)
+    }
+
+    /// The walk the exec wrapper makes after a run's command prints byte for byte what
+    /// the file helper's `walkread` prints for the same tree: names JSON must escape,
+    /// past the basic plane, a pruned directory, a symlink, a FIFO, an executable, the
+    /// budget and the entry limit. What it cannot answer the same (a name that is not
+    /// UTF-8, a root that is not a directory) it leaves to the helper.
+    #[test]
+    fn the_wrapper_s_walk_prints_what_the_file_helper_prints() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        let root = real.join("w");
+        std::fs::create_dir_all(root.join("sub/deeper")).unwrap();
+        std::fs::create_dir_all(root.join(".tmp/inner")).unwrap();
+        std::fs::write(root.join(".tmp/inner/x"), b"pruned").unwrap();
+        std::fs::write(root.join("a.txt"), b"alpha").unwrap();
+        std::fs::write(root.join("run.sh"), b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(root.join("run.sh"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        std::fs::write(root.join("sub/b.bin"), [0u8, 1, 2, b'\n', 3, 0xff]).unwrap();
+        std::fs::write(root.join("sub/empty"), b"").unwrap();
+        std::fs::write(root.join("sub/deeper/c"), b"deep").unwrap();
+        for name in [
+            "é.txt",
+            "emoji😀",
+            "quote\"back\\slash",
+            "new\nline",
+            "tab\t",
+            "del\x7f",
+            "ctl\x01",
+            "Zed",
+            "ü/",
+        ] {
+            let name = name.trim_end_matches('/');
+            std::fs::write(root.join("sub").join(name), name.as_bytes()).unwrap();
+        }
+        std::os::unix::fs::symlink("/etc/passwd", root.join("link")).unwrap();
+        std::os::unix::fs::symlink("sub", root.join("dirlink")).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(root.join("fifo"))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // The root's parent through a symlink, which both resolve.
+        std::os::unix::fs::symlink(&real, dir.path().join("via")).unwrap();
+        let via = dir.path().join("via/w");
+
+        // 20 entries, with .tmp listed but not entered.
+        let n = 20;
+        for (root, limit, budget, prune) in [
+            (&root, 100, 1 << 20, &[".tmp"][..]),
+            (&root, 100, 1 << 20, &[][..]),
+            (&via, 100, 1 << 20, &[".tmp"][..]),
+            // Over the budget: the listing alone.
+            (&root, 100, 20, &[".tmp"][..]),
+            // Exactly the limit.
+            (&root, n, 1 << 20, &[".tmp"][..]),
+        ] {
+            let helper = helper_walkread(root, limit, budget, prune).unwrap();
+            let wrapper = wrapper_walkread(root, limit, budget, prune);
+            assert_eq!(
+                wrapper.as_deref().map(String::from_utf8_lossy),
+                Some(String::from_utf8_lossy(&helper)),
+                "{} limit {limit} budget {budget} prune {prune:?}",
+                root.display()
+            );
+            let end = helper.iter().position(|&b| b == b'\n').unwrap();
+            assert!(
+                listing(&helper[..end]).is_some(),
+                "{}",
+                String::from_utf8_lossy(&helper)
+            );
+        }
+        // The walk reads its files with the budget: all of them once.
+        let out = wrapper_walkread(&root, 100, 1 << 20, &[".tmp"]).unwrap();
+        let end = out.iter().position(|&b| b == b'\n').unwrap();
+        let listed = listing(&out[..end]).unwrap();
+        assert_eq!(listed.len(), n);
+        let read = parse_read_ahead(&out[end + 1..], listed.len()).unwrap();
+        assert_eq!(
+            read.len(),
+            listed.iter().filter(|e| e.kind == FileKind::File).count()
+        );
+        // Over the limit: one entry more than it, nothing read, from both.
+        for limit in [3, n - 1] {
+            for out in [
+                helper_walkread(&root, limit, 1 << 20, &[".tmp"]).unwrap(),
+                wrapper_walkread(&root, limit, 1 << 20, &[".tmp"]).unwrap(),
+            ] {
+                let end = out.iter().position(|&b| b == b'\n').unwrap();
+                assert_eq!(listing(&out[..end]).unwrap().len(), limit + 1);
+                assert_eq!(out.len(), end + 1);
+            }
+        }
+        // A root that is a symlink, or not there: the helper fails, the wrapper leaves it.
+        for not_dir in [dir.path().join("via"), dir.path().join("none")] {
+            assert_eq!(helper_walkread(&not_dir, 100, 1 << 20, &[]), None);
+            assert_eq!(wrapper_walkread(&not_dir, 100, 1 << 20, &[]), None);
+        }
+        // A name that is not UTF-8: the helper's listing is refused, the wrapper leaves it.
+        use std::os::unix::ffi::OsStrExt as _;
+        std::fs::write(root.join(std::ffi::OsStr::from_bytes(b"bad\xff")), b"").unwrap();
+        let helper = helper_walkread(&root, 100, 1 << 20, &[".tmp"]).unwrap();
+        let end = helper.iter().position(|&b| b == b'\n').unwrap();
+        assert!(listing(&helper[..end]).is_none());
+        assert_eq!(wrapper_walkread(&root, 100, 1 << 20, &[".tmp"]), None);
+    }
+
     /// A record that names an entry the listing does not have, or is cut short, is a
     /// bad answer, not a file.
     #[test]

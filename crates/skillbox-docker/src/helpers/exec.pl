@@ -19,9 +19,10 @@
 # 0644 file (made beside the path, renamed over it) as the sandbox's user. A failed
 # write ends the exec with kind input and n = index * 4096 + errno; nothing runs.
 # A walk to make after the command (a run's collection, in the same exec) comes as a
-# count and that many arguments: the file helper's command line. Its output, when it
-# succeeds and is at most 16 MiB, goes on stderr just before the status line, framed
-# (an empty frame when there is none):
+# count and that many arguments: the file helper's `walkread` arguments, made here by
+# helpers/walk.pl (appended to this script) without starting the helper. Its output,
+# when it answers and is at most 16 MiB, goes on stderr just before the status line,
+# framed (an empty frame when there is none: the caller then walks with the helper):
 #   NUL "skillbox-walk:<length>" LF <output>
 # The caller's environment variables come as arguments (a count, then KEY=VALUE each)
 # and are set only in the child, after the filter: none of them can reach perl itself
@@ -97,31 +98,8 @@ sub walk {
     my $left = $budget - (time - $started) - 1;
     return if $left < 4;
     my $bound = int($left / 2) > 10 ? 10 : int($left / 2);
-    pipe(my $from, my $to) or return;
-    my $child = fork();
-    defined($child) or return;
-    if ($child == 0) {
-        close($from);
-        open(STDIN, '<', '/dev/null');
-        open(STDOUT, '>&', $to) or POSIX::_exit(1);
-        open(STDERR, '>', '/dev/null');
-        exec { $walk[0] } @walk;
-        POSIX::_exit(127);
-    }
-    close($to);
-    my $out = '';
-    my $late = 0;
-    local $SIG{ALRM} = sub { $late = 1; kill('KILL', $child); };
-    alarm($bound);
-    while (!$late) {
-        my $got = sysread($from, $out, 65536, length($out));
-        last unless $got;
-        if (length($out) > 16777216) { kill('KILL', $child); $late = 1; }
-    }
-    waitpid($child, 0);
-    alarm(0);
-    return if $? || $late;
-    return $out;
+    my ($root, $limit, $read_ahead, @prune) = @walk;
+    return walkread($root, $limit, $read_ahead, time + $bound, 16777216, @prune);
 }
 # The memory cgroup's out-of-memory kills so far (v2, else v1), or -1.
 sub oom_kills {
