@@ -26,7 +26,7 @@ use crate::outcome::{
     ExecEnd, Kill, MAX_INPUTS, Measured, Seen, Status, StatusKey, outcome, split_status,
 };
 use crate::reset::{kill_all, settle};
-use crate::runtime::{NR_PRCTL, NR_SECCOMP, walkread_args};
+use crate::runtime::{NR_EXIT_GROUP, NR_PRCTL, NR_SECCOMP, walkread_args};
 use crate::sandbox::{DockerSandbox, WalkAhead};
 
 /// The exec wrapper, with the walk it makes after its command (helpers/walk.pl).
@@ -152,6 +152,7 @@ fn wrapper_argv(
         EXEC_PL.into(),
         NR_PRCTL.to_string(),
         NR_SECCOMP.to_string(),
+        NR_EXIT_GROUP.to_string(),
         filter_hex().to_string(),
         cwd.to_string(),
         // See helpers/exec.pl.
@@ -630,7 +631,7 @@ mod tests {
         use std::io::Write as _;
         let mut child = std::process::Command::new("perl")
             .args(["-e", EXEC_PL])
-            .args([NR_PRCTL.to_string(), NR_SECCOMP.to_string()])
+            .args([NR_PRCTL, NR_SECCOMP, NR_EXIT_GROUP].map(|n| n.to_string()))
             .args([filter_hex(), "/", "0", "0", "0"])
             .args(command)
             .stdin(std::process::Stdio::piped())

@@ -757,8 +757,19 @@ mod tests {
     /// The exec wrapper's own walk (helpers/walk.pl) run here, on the host, over
     /// `root`: `None` where it leaves the walk to the file helper.
     fn wrapper_walkread(root: &Path, limit: usize, budget: u64, prune: &[&str]) -> Option<Vec<u8>> {
+        wrapper_walkread_within(root, limit, budget, prune, 16 << 20)
+    }
+
+    /// [`wrapper_walkread`] printing at most `most` bytes.
+    fn wrapper_walkread_within(
+        root: &Path,
+        limit: usize,
+        budget: u64,
+        prune: &[&str],
+        most: usize,
+    ) -> Option<Vec<u8>> {
         let script = concat!(
-            "use POSIX ();\n",
+            "use Fcntl ();\n",
             include_str!("helpers/walk.pl"),
             "\nmy $o = walkread(@ARGV); print(defined($o) ? \"y$o\" : 'n');\n"
         );
@@ -766,7 +777,7 @@ mod tests {
             .args(["-e", script])
             .arg(root)
             .args([limit.to_string(), budget.to_string()])
-            .args([(u32::MAX).to_string(), (16 << 20).to_string()])
+            .args([(u32::MAX).to_string(), most.to_string()])
             .args(prune)
             .output()
             .unwrap();
@@ -822,6 +833,7 @@ mod tests {
             "ctl\x01",
             "Zed",
             "ü/",
+            "trail\n",
         ] {
             let name = name.trim_end_matches('/');
             std::fs::write(root.join("sub").join(name), name.as_bytes()).unwrap();
@@ -837,8 +849,8 @@ mod tests {
         std::os::unix::fs::symlink(&real, dir.path().join("via")).unwrap();
         let via = dir.path().join("via/w");
 
-        // 20 entries, with .tmp listed but not entered.
-        let n = 20;
+        // 21 entries, with .tmp listed but not entered.
+        let n = 21;
         for (root, limit, budget, prune) in [
             (&root, 100, 1 << 20, &[".tmp"][..]),
             (&root, 100, 1 << 20, &[][..]),
@@ -883,6 +895,21 @@ mod tests {
                 assert_eq!(listing(&out[..end]).unwrap().len(), limit + 1);
                 assert_eq!(out.len(), end + 1);
             }
+        }
+        // Past its most bytes, nothing: the listing alone (over the budget), and the
+        // listing with what it read.
+        for budget in [20, 1 << 20] {
+            let whole = helper_walkread(&root, 100, budget, &[".tmp"])
+                .unwrap()
+                .len();
+            for most in [whole - 2, whole - 1] {
+                assert_eq!(
+                    wrapper_walkread_within(&root, 100, budget, &[".tmp"], most),
+                    None
+                );
+            }
+            let out = wrapper_walkread_within(&root, 100, budget, &[".tmp"], whole);
+            assert_eq!(out.map(|o| o.len()), Some(whole));
         }
         // A root that is a symlink, or not there: the helper fails, the wrapper leaves it.
         for not_dir in [dir.path().join("via"), dir.path().join("none")] {

@@ -1307,3 +1307,99 @@ async fn docker_read_bytes_max_holds_against_a_stuffed_helper() {
 async fn gvisor_read_bytes_max_holds_against_a_stuffed_helper() {
     check_read_bytes_max_holds_against_a_stuffed_helper(Runtime::Runsc).await;
 }
+
+/// The attack on a run's collection: the command leaves a process behind that stops
+/// the walk the exec wrapper makes after the command (SIGSTOP, as the same user may).
+/// The walk is cut at its bound, the exec reports the command's own exit in time (not
+/// a timeout), and the walk after it is made afresh and sees what the attack left.
+async fn check_a_stalled_walk_is_cut_at_its_bound(runtime: Runtime) {
+    let test = "a_stalled_walk_is_cut_at_its_bound";
+    let Some(backend) = backend(runtime, test).await else {
+        return;
+    };
+    let sandbox = backend.create(spec()).await.unwrap();
+    // The stopper waits for a child of the wrapper other than the command's shell (the
+    // walk's fork), stops it, and says so in a file. 3000 files make the walk last
+    // long enough to be seen.
+    let stopper = r#"
+import os, signal, sys, time
+wrapper, shell = int(sys.argv[1]), int(sys.argv[2])
+open('/workspace/ready', 'w').close()
+end = time.time() + 20
+while time.time() < end:
+    for p in os.listdir('/proc'):
+        if not p.isdigit() or int(p) in (shell, os.getpid()):
+            continue
+        try:
+            stat = open('/proc/%s/stat' % p).read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(')') + 2:].split()[1]) == wrapper:
+            os.kill(int(p), signal.SIGSTOP)
+            open('/workspace/stopped', 'w').write(p)
+            sys.exit(0)
+"#;
+    let script = "mkdir many && python3 -c \"$MANY\" && \
+                  { python3 -c \"$STOPPER\" $PPID $$ </dev/null >/dev/null 2>&1 & } && \
+                  while [ ! -e ready ]; do sleep 0.01; done";
+    let walk = skillbox_env::WalkAfter {
+        root: "/workspace".into(),
+        prune: Vec::new(),
+        max_entries: 10_000,
+    };
+    let timeout = Duration::from_secs(13);
+    let started = std::time::Instant::now();
+    let out = sandbox
+        .exec(
+            ExecRequest::shell(script)
+                .env(
+                    "MANY",
+                    "for i in range(3000): open('many/%d' % i, 'w').close()",
+                )
+                .env("STOPPER", stopper)
+                .timeout(timeout)
+                .walk_after(walk),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        (out.exit_code, out.signal, out.timed_out),
+        (Some(0), None, false),
+        "{out:?}"
+    );
+    assert!(took < timeout, "the exec took {took:?} of its {timeout:?}");
+    let walked = sandbox
+        .walk(
+            std::path::Path::new("/workspace"),
+            &[],
+            10_000,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        walked.iter().any(|e| e.path == "stopped"),
+        "the stopper never stopped the walk: {} entries",
+        walked.len()
+    );
+    assert_eq!(
+        walked
+            .iter()
+            .filter(|e| e.path.starts_with("many/"))
+            .count(),
+        3000
+    );
+    sandbox.cleanup().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_docker_walk_is_cut_at_its_bound() {
+    check_a_stalled_walk_is_cut_at_its_bound(Runtime::Runc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_gvisor_walk_is_cut_at_its_bound() {
+    check_a_stalled_walk_is_cut_at_its_bound(Runtime::Runsc).await;
+}

@@ -1,6 +1,7 @@
-# The file helper's `walkread` (helpers/fs.py), made by the exec wrapper itself after
-# its command (a run's collection) instead of by a python it would start: under gVisor
-# every process started in the container costs 30-50 ms. The output is byte for byte
+# The file helper's `walkread` (helpers/fs.py), made by the exec wrapper after its
+# command (a run's collection) in a fork of itself, which bounds its time and memory
+# (helpers/exec.pl), instead of by a python it would start: under gVisor every program
+# started in the container costs 30-50 ms. The output is byte for byte
 # what fs.py prints for the same tree (a test holds the two together): the listing as
 # one JSON line, then, when its regular files come to at most $budget bytes, each
 # one's content, one record per file.
@@ -9,6 +10,13 @@
 # $deadline passing) returns undef, and the caller makes the walk with fs.py.
 # Nothing is read past the limit: a directory is read entry by entry, and a walk that
 # has found more than $limit entries stops with $limit + 1 of them.
+# Linux's errno values (the same on x86_64 and aarch64), without loading POSIX or
+# constant.pm: every module costs a few ms under gVisor.
+sub ENOENT () { 2 }
+sub ENXIO () { 6 }
+sub ENOTDIR () { 20 }
+sub ELOOP () { 40 }
+
 sub walkread {
     my ($root, $limit, $budget, $deadline, $most, @prune) = @_;
     my %prune = map { $_ => 1 } @prune;
@@ -41,7 +49,7 @@ sub walkread {
             my $full = "$dir/$n";
             my @s = lstat($full);
             unless (@s) {
-                next if $! == POSIX::ENOENT();
+                next if $! == ENOENT;
                 return undef;
             }
             my $kind = -l _ ? 'symlink' : -d _ ? 'dir' : -f _ ? 'file' : 'other';
@@ -61,6 +69,7 @@ sub walkread {
         return undef if $cut;
     }
     my $out = "$listing]\n";
+    return undef if length($out) > $most;
     my $total = 0;
     $total += $_->[2] for @files;
     return $out if $found > $limit || $total > $budget;
@@ -88,8 +97,8 @@ sub read_one {
     my $fh;
     unless (sysopen($fh, $path, $flags)) {
         my $e = $! + 0;
-        return ('"s": "missing"') if $e == POSIX::ENOENT() || $e == POSIX::ENOTDIR();
-        return ('"s": "notfile"') if $e == POSIX::ELOOP() || $e == POSIX::ENXIO();
+        return ('"s": "missing"') if $e == ENOENT || $e == ENOTDIR;
+        return ('"s": "notfile"') if $e == ELOOP || $e == ENXIO;
         return ("\"s\": \"error\", \"errno\": $e");
     }
     my @s = stat($fh);
@@ -113,7 +122,7 @@ sub read_one {
 # basic plane); undef when it is not UTF-8, which python would hold as surrogates.
 sub json_string {
     my ($s) = @_;
-    return "\"$s\"" if $s =~ /^[\x20-\x7e]*$/ && $s !~ /["\\]/;
+    return "\"$s\"" if $s =~ /\A[\x20-\x7e]*\z/ && $s !~ /["\\]/;
     my $chars = $s;
     utf8::decode($chars) or return undef;
     my $back = $chars;
