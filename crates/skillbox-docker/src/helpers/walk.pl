@@ -30,8 +30,7 @@ sub walkread {
         $parent = '' if $parent eq '/';
     }
     $root = "$parent/$name";
-    my @st = lstat($root) or return undef;
-    -d _ or return undef;
+    lstat($root) && -d _ or return undef;
     my ($found, $listing, @files, @pending) = (0, '[');
     push(@pending, [$root, '']);
     DIR: while (@pending) {
