@@ -521,6 +521,21 @@ impl Manifest {
                 ));
             }
         }
+        // File globs are checked as a run's `outputs` are: relative to the workspace,
+        // without `.` or `..`. A bad one is this file's fault, named here, not found at
+        // run time (after a `once` grant was spent on it).
+        for (i, permission) in self.permissions.iter().enumerate() {
+            let glob = match permission {
+                Permission::ReadFile(glob) | Permission::WriteFile(glob) => glob,
+                _ => continue,
+            };
+            if let Err(e) = skillbox_protocol::OutputSelection::new(&[glob.as_str()]) {
+                return Err(error(
+                    &format!("permissions[{i}]"),
+                    format!("{permission}: {}", e.reason),
+                ));
+            }
+        }
         for (i, name) in self.env.iter().enumerate() {
             let ok = !name.is_empty()
                 && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -607,19 +622,32 @@ impl Manifest {
         })
     }
 
-    /// What running it needs granted: running in its environment, each permission, and
-    /// each `network` entry (`network:allow:HOST`, `network:deny:HOST`: a grant covers
-    /// the allow entries it was given for, and holds only while the deny entries it was
-    /// given with are still there, since dropping one reaches more).
+    /// What running it needs granted: running in its environment, each permission, each
+    /// `network` entry (`network:allow:HOST`, `network:deny:HOST`: a grant covers the
+    /// allow entries it was given for, and holds only while the deny entries it was given
+    /// with are still there, since dropping one reaches more), each host directory it
+    /// sees (`volume:ro:PATH`, `volume:rw:PATH`), each environment variable passed in
+    /// from the caller (`env:NAME`: its value may be a secret), and serving
+    /// (`lifecycle:persistent`: it runs until stopped and answers whoever reaches it).
     pub fn needs(&self) -> Vec<String> {
         let network = self.network.iter().flat_map(|n| {
             let allow = n.allow.iter().map(|e| format!("{NETWORK_ALLOW}{e}"));
             let deny = n.deny.iter().map(|e| format!("{NETWORK_DENY}{e}"));
             allow.chain(deny)
         });
+        let volumes = self.volumes.iter().map(|v| {
+            let how = if v.rw { "rw" } else { "ro" };
+            format!("volume:{how}:{}", v.host.display())
+        });
+        let env = self.env.iter().map(|name| format!("env:{name}"));
+        let serves =
+            (self.lifecycle == Lifecycle::Persistent).then(|| "lifecycle:persistent".to_string());
         std::iter::once(format!("run_capability:{}", self.environment))
             .chain(self.permissions.iter().map(Permission::to_string))
             .chain(network)
+            .chain(volumes)
+            .chain(env)
+            .chain(serves)
             .collect()
     }
 

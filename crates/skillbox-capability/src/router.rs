@@ -138,6 +138,13 @@ pub(crate) fn sandbox_spec(
                     capability.manifest_file().display()
                 )));
             }
+            if !volume.host.is_dir() {
+                return Err(EnvError::invalid(format!(
+                    "{}: volumes[{i}].host: {}: not a directory here (or missing); a volume shows a host directory",
+                    capability.manifest_file().display(),
+                    volume.host.display()
+                )));
+            }
             policy.read_only_mounts.push(Mount {
                 host: volume.host.clone(),
                 sandbox: volume.sandbox.clone(),
@@ -201,13 +208,15 @@ pub async fn run(
             ),
         ));
     }
+    // What the run would be is worked out first: a capability that cannot run does not
+    // spend a `once` grant on the attempt.
+    let spec = sandbox_spec(capability, project)?;
+    let selection = outputs(capability)?;
     let scope = trust
         .authorize(capability, project)
         .map_err(|e| EnvError::new(e.code, e.message))?;
     let kind = manifest.environment.kind();
     let host = manifest.environment == Environment::Host;
-    let spec = sandbox_spec(capability, project)?;
-    let selection = outputs(capability)?;
     let env = backends.create_one_shot(kind, spec).await?;
     let result = call_in(env.as_ref(), capability, call, host, &selection, cancel).await;
     let egress = env.egress();

@@ -672,6 +672,9 @@ impl ServiceTable {
                 format!("{name} is already started here; stop it first: skillbox cap stop {name}"),
             ));
         }
+        // Worked out before the grant is checked: one that cannot start does not spend a
+        // `once` grant.
+        let mut spec = crate::router::sandbox_spec(capability, project)?;
         trust
             .authorize(capability, project)
             .map_err(|e| EnvError::new(e.code, e.message))?;
@@ -709,12 +712,6 @@ impl ServiceTable {
             .ok()
             .and_then(|b| b.timeout)
             .unwrap_or(DEFAULT_READY_TIMEOUT);
-        let mut spec = match crate::router::sandbox_spec(capability, project) {
-            Ok(spec) => spec,
-            Err(e) => {
-                return Err(e);
-            }
-        };
         // The service runs until stopped (at most the longest exec there is); its output
         // is streamed and only a tail kept, so nothing is cut off after a cap.
         spec.limits.timeout_ms = skillbox_env::MAX_TIMEOUT.as_millis() as u64;

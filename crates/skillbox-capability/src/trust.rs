@@ -123,31 +123,92 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// How long a change to the grants waits for another process's change to finish.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The grants of one data dir (project and once grants in `<data>/trust.json`) and of
 /// this process (session grants).
 #[derive(Debug)]
 pub struct TrustStore {
     file: PathBuf,
+    /// `<data>/trust.lock`: its `flock` is held across each read-modify-write of the
+    /// file, so processes sharing the data dir (the CLI beside a server) take turns.
+    lock: PathBuf,
     session: Mutex<Vec<Grant>>,
     /// Held across each read-modify-write of the file: two calls at once in one process
     /// (a server's requests) must not both use up one `once` grant, or lose a grant.
     kept: Mutex<()>,
 }
 
+/// The grants file to this caller, until it drops: this process's other callers wait on
+/// the mutex, other processes on the lock file's `flock`.
+struct Held<'a> {
+    _turn: std::sync::MutexGuard<'a, ()>,
+    _lock: std::fs::File,
+}
+
 impl TrustStore {
     pub fn open(data_dir: &Path) -> TrustStore {
         TrustStore {
             file: data_dir.join("trust.json"),
+            lock: data_dir.join("trust.lock"),
             session: Mutex::new(Vec::new()),
             kept: Mutex::new(()),
         }
     }
 
-    /// The file to itself, until the guard drops.
-    fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.kept
+    /// The file to itself, until the guard drops: read, change and write it under this.
+    /// Another process's change takes milliseconds; one that holds the lock for
+    /// [`LOCK_WAIT`] (stopped, say) makes this fail, naming the lock, rather than wait.
+    fn hold(&self) -> Result<Held<'_>, TrustError> {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let turn = self
+            .kept
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let failed = |e: std::io::Error| TrustError {
+            code: ErrorCode::Unknown,
+            message: format!("{}: {e}", self.lock.display()),
+        };
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&self.lock)
+            .map_err(failed)?;
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            match rustix::fs::flock(
+                lock.as_fd(),
+                rustix::fs::FlockOperation::NonBlockingLockExclusive,
+            ) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    return Err(TrustError {
+                        code: ErrorCode::Unavailable,
+                        message: format!(
+                            "{}: another skillbox process has held it for {} s while changing the grants; try again (or end that process)",
+                            self.lock.display(),
+                            LOCK_WAIT.as_secs()
+                        ),
+                    });
+                }
+                Err(e) => return Err(failed(e.into())),
+            }
+        }
+        Ok(Held {
+            _turn: turn,
+            _lock: lock,
+        })
     }
 
     fn read(&self) -> Result<Kept, TrustError> {
@@ -231,7 +292,7 @@ impl TrustStore {
             }
             return Ok(grant);
         }
-        let _held = self.hold();
+        let _held = self.hold()?;
         let mut kept = self.read()?;
         kept.grants.retain(|g| {
             !(g.capability == grant.capability && g.project == grant.project && g.scope == scope)
@@ -250,7 +311,7 @@ impl TrustStore {
             session.retain(|g| !matches(g));
             count += before - session.len();
         }
-        let _held = self.hold();
+        let _held = self.hold()?;
         let mut kept = self.read()?;
         let before = kept.grants.len();
         kept.grants.retain(|g| !matches(g));
@@ -263,7 +324,7 @@ impl TrustStore {
 
     /// Denies `name` in `project`: no grant makes it run until [`TrustStore::allow`].
     pub fn deny(&self, name: &str, project: &Path) -> Result<(), TrustError> {
-        let _held = self.hold();
+        let _held = self.hold()?;
         let mut kept = self.read()?;
         let pair = (name.to_string(), project.to_path_buf());
         if !kept.denied.contains(&pair) {
@@ -275,7 +336,7 @@ impl TrustStore {
 
     /// Lifts a deny.
     pub fn allow(&self, name: &str, project: &Path) -> Result<(), TrustError> {
-        let _held = self.hold();
+        let _held = self.hold()?;
         let mut kept = self.read()?;
         kept.denied.retain(|(n, p)| !(n == name && p == project));
         self.write(&kept)
@@ -328,7 +389,7 @@ impl TrustStore {
         let name = capability.name();
         let needs: BTreeSet<String> = capability.manifest.needs().into_iter().collect();
         let environment = capability.manifest.environment;
-        let _held = self.hold();
+        let _held = self.hold()?;
         let mut kept = self.read()?;
         if kept.denied.iter().any(|(n, p)| n == name && p == project) {
             return Err(denied(format!(

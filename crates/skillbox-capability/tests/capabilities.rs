@@ -59,7 +59,8 @@ fn a_manifest_parses_into_its_declared_answers() {
             "run_capability:native",
             "run_command:python3",
             "write_file:report-*",
-            "network:none"
+            "network:none",
+            "env:LANG"
         ]
     );
 }
@@ -90,6 +91,24 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             10,
             "permissions[1]",
             "unknown permission",
+        ),
+        (
+            GOOD.replace("write_file:report-*", "write_file:../x"),
+            10,
+            "permissions[1]",
+            "write_file:../x",
+        ),
+        (
+            GOOD.replace("write_file:report-*", "write_file:/etc/*"),
+            10,
+            "permissions[1]",
+            "write_file:/etc/*",
+        ),
+        (
+            GOOD.replace("write_file:report-*", "read_file:a/./b"),
+            10,
+            "permissions[1]",
+            "read_file:a/./b",
         ),
         (
             GOOD.replace("entry: count.py", "entry: ../../etc/passwd"),
@@ -458,7 +477,7 @@ fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
     let with = |network: &str| loaded(root.path(), &format!("{base}network:\n{network}"));
     let fetcher = with("  allow: [\"*.example.org\"]\n  deny: [secret.example.org]\n");
     assert_eq!(
-        fetcher.manifest.needs()[3..],
+        fetcher.manifest.needs()[3..5],
         [
             "network:allow:*.example.org",
             "network:deny:secret.example.org"
@@ -491,6 +510,140 @@ fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
     // An empty section is no network, as none is: nothing to grant beyond running.
     let none = with("  allow: []\n");
     assert!(none.manifest.network_policy().is_none());
+}
+
+/// What a manifest adds after its grant beyond permissions and network is "more" too: a
+/// host directory it sees, a variable passed in from the caller (a secret, say), and
+/// serving. Each is named among what it needs, and a grant given without it does not
+/// cover it.
+#[test]
+fn a_grant_covers_the_volumes_variables_and_serving_it_was_given_for_and_no_more() {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    let project = root.path();
+    let plain = loaded(root.path(), &GOOD.replace("env: [LANG]\n", ""));
+    let trust = TrustStore::open(data.path());
+    trust.grant(&plain, Scope::Project, project).unwrap();
+    assert_eq!(trust.authorize(&plain, project).unwrap(), Scope::Project);
+
+    let volume = format!(
+        "volumes:\n  - host: {}\n    sandbox: /shared\n",
+        shared.path().display()
+    );
+    let peeking = loaded(
+        root.path(),
+        &GOOD.replace("env: [LANG]\n", &format!("{volume}env: [API_TOKEN]\n")),
+    );
+    let needs = peeking.manifest.needs();
+    let seen = format!("volume:ro:{}", shared.path().display());
+    assert!(
+        needs.contains(&seen) && needs.contains(&"env:API_TOKEN".to_string()),
+        "{needs:?}"
+    );
+    let e = trust.authorize(&peeking, project).unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied);
+    assert!(
+        e.message.contains(&format!("needs env:API_TOKEN, {seen};")),
+        "{e}"
+    );
+    // Granted with them, it runs; the grant lists them.
+    let grant = trust.grant(&peeking, Scope::Project, project).unwrap();
+    assert!(grant.covers.contains(&seen), "{:?}", grant.covers);
+    assert_eq!(trust.authorize(&peeking, project).unwrap(), Scope::Project);
+
+    // A oneshot granted, then declared persistent: serving is new.
+    let serving = loaded(
+        root.path(),
+        &GOOD
+            .replace("env: [LANG]\n", &format!("{volume}env: [API_TOKEN]\n"))
+            .replace("lifecycle: oneshot", "lifecycle: persistent\nport: 8080"),
+    );
+    let e = trust.authorize(&serving, project).unwrap_err();
+    assert!(e.message.contains("needs lifecycle:persistent;"), "{e}");
+}
+
+/// Two processes sharing a data dir (the CLI beside a server: two stores here, each
+/// with its own in-process lock) change the grants file at once: no grant or deny is
+/// lost, and one `once` grant runs one call between them.
+#[test]
+fn two_processes_changing_the_grants_at_once_lose_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let project = root.path();
+    let names: Vec<String> = (0..16).map(|i| format!("cap-{i:02}")).collect();
+    let capabilities: Vec<_> = names
+        .iter()
+        .map(|name| {
+            loaded(
+                root.path(),
+                &GOOD.replace("name: word-count", &format!("name: {name}")),
+            )
+        })
+        .collect();
+    let (one, two) = (TrustStore::open(data.path()), TrustStore::open(data.path()));
+    std::thread::scope(|s| {
+        for (i, capability) in capabilities.iter().enumerate() {
+            let store = if i % 2 == 0 { &one } else { &two };
+            s.spawn(move || store.grant(capability, Scope::Project, project).unwrap());
+        }
+        for (i, name) in names.iter().enumerate() {
+            let store = if i % 2 == 0 { &two } else { &one };
+            s.spawn(move || store.deny(name, project).unwrap());
+        }
+    });
+    let (grants, denied) = TrustStore::open(data.path()).list(project).unwrap();
+    assert_eq!(grants.len(), names.len(), "grants were lost: {grants:#?}");
+    assert_eq!(denied.len(), names.len(), "denies were lost: {denied:?}");
+
+    let native = loaded(root.path(), GOOD);
+    let native = &native;
+    for _ in 0..20 {
+        one.grant(native, Scope::Once, project).unwrap();
+        let allowed = std::thread::scope(|s| {
+            let calls: Vec<_> = [&one, &two, &one, &two]
+                .into_iter()
+                .map(|store| s.spawn(move || store.authorize(native, project)))
+                .collect();
+            calls
+                .into_iter()
+                .map(|c| c.join().unwrap())
+                .filter(|r| r.is_ok())
+                .count()
+        });
+        assert_eq!(
+            allowed, 1,
+            "one once grant ran {allowed} calls across two stores"
+        );
+    }
+}
+
+/// A process that holds the grants' lock (stopped mid-change, say) makes a change fail
+/// after a bounded wait, naming the lock, instead of hanging every other process.
+#[test]
+fn a_held_grants_lock_fails_a_change_in_bounded_time() {
+    use std::os::fd::AsFd;
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let native = loaded(root.path(), GOOD);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(data.path().join("trust.lock"))
+        .unwrap();
+    rustix::fs::flock(lock.as_fd(), rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let started = std::time::Instant::now();
+    let e = TrustStore::open(data.path())
+        .grant(&native, Scope::Project, root.path())
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+    assert!(e.message.contains("trust.lock"), "{e}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    drop(lock);
+    TrustStore::open(data.path())
+        .grant(&native, Scope::Project, root.path())
+        .unwrap();
 }
 
 /// A server authorizes many calls at once: one `once` grant still runs one of them, and

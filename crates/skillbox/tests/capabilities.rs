@@ -715,6 +715,57 @@ fn a_persistent_docker_capability_is_refused_not_moved() {
     assert!(service_status(data.path(), project.path()).is_empty());
 }
 
+/// A capability that cannot run as declared (a volume whose host directory is missing)
+/// fails before the grant is checked: its `once` grant is still there for the run
+/// after the fix.
+#[test]
+fn a_capability_that_cannot_run_does_not_spend_its_once_grant() {
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let shared = project.path().join("shared");
+    let root = project.path().join("capabilities/peek");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("manifest.yaml"),
+        format!(
+            "name: peek\ndescription: reads a shared dir\nversion: 0.1.0\nenvironment: native\nlifecycle: oneshot\nentry: peek.sh\nvolumes:\n  - host: {}\n    sandbox: /shared\n",
+            shared.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(root.join("peek.sh"), "ls /shared\n").unwrap();
+    let granted = cap(
+        data.path(),
+        project.path(),
+        &["grant", "peek", "--scope", "once"],
+        &[],
+    );
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
+    // The grant names the host directory it lets the sandbox see.
+    assert!(
+        text(&granted.stderr).contains(&format!("volume:ro:{}", shared.display())),
+        "{}",
+        text(&granted.stderr)
+    );
+    let failed = cap(data.path(), project.path(), &["run", "peek"], &[]);
+    assert!(!failed.status.success());
+    let stderr = text(&failed.stderr);
+    assert!(
+        stderr.contains("volumes[0].host") && stderr.contains("not a directory"),
+        "{stderr}"
+    );
+    let listed = cap(data.path(), project.path(), &["list", "--json"], &[]);
+    let json: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let peek = json["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "peek")
+        .unwrap()
+        .clone();
+    assert_eq!(peek["grant"], "once", "{json}");
+}
+
 /// A service that never accepts (its socket's queue filled by itself) cannot hold the
 /// start, stop or status: the start fails at its ready timeout, naming why.
 #[test]
