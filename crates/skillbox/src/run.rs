@@ -295,9 +295,18 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
             );
         }
         for file in &result.files {
-            let place = match &out {
-                Some(out) => escaped_path(&out.path().join(&file.path)),
-                None => format!(
+            let place = match (&out, &report) {
+                (Some(out), Some(report)) => {
+                    let target = out.path().join(&file.path);
+                    // Only what is there now: a file not written (it exists, the disk
+                    // filled) or not selected is named below, with why.
+                    if !report.written.contains(&target) {
+                        continue;
+                    }
+                    escaped_path(&target)
+                }
+                (Some(out), None) => escaped_path(&out.path().join(&file.path)),
+                (None, _) => format!(
                     "{} (sha256 {}; --out DIR to copy it)",
                     escaped(&file.path),
                     escaped(file.sha256.get(..12).unwrap_or(&file.sha256))

@@ -106,6 +106,12 @@ with open("report.txt", "w") as f:
         std::fs::read_to_string(repo.join("README.md")).unwrap(),
         "mine\n"
     );
+    // Only what was written is said to be made: not the file that was kept.
+    let made: Vec<&str> = stderr.lines().filter(|l| l.contains(": made ")).collect();
+    assert!(
+        made.len() == 1 && made[0].contains("report.txt"),
+        "{stderr}"
+    );
     assert_eq!(
         std::fs::read(repo.join(".git/config")).unwrap(),
         config_before
