@@ -28,8 +28,9 @@ use skillbox_env::{
     Limits, SandboxPolicy, SandboxSpec,
 };
 use skillbox_protocol::{
-    ApiError, Encoding, ErrorCode, SessionCreateRequest, SessionExecEvent, SessionExecRequest,
-    SessionFileEntry, SessionInfo, SessionList, SessionListing, SkillsPlaced, SnapshotReport,
+    ApiError, Encoding, ErrorCode, MAX_TIMEOUT_MS, SessionCreateRequest, SessionExecEvent,
+    SessionExecRequest, SessionFileEntry, SessionInfo, SessionList, SessionListing, SkillsPlaced,
+    SnapshotReport,
 };
 use skillbox_run::{RunError, Scope};
 
@@ -445,12 +446,14 @@ pub(crate) async fn create(
     }
     let base = state.runner.limits().clone();
     let asked = request.limits.clone().unwrap_or_default();
+    // An exec's time is bounded as a run's and an MCP exec's are: a session does not
+    // hold a command longer than `POST /v1/run` could.
     let timeout_ms = match asked.timeout_ms {
-        None => base.timeout_ms,
-        Some(ms) if ms == 0 || Duration::from_millis(ms) > skillbox_env::MAX_TIMEOUT => {
+        None => base.timeout_ms.min(MAX_TIMEOUT_MS),
+        Some(ms) if ms == 0 || ms > MAX_TIMEOUT_MS => {
             return Err(Failure::new(
                 ErrorCode::Invalid,
-                "limits.timeoutMs: between 1 and 86400000",
+                format!("limits.timeoutMs: between 1 and {MAX_TIMEOUT_MS}"),
             ));
         }
         Some(ms) => ms,
@@ -791,6 +794,12 @@ pub(crate) async fn exec(
         });
     }
     if let Some(ms) = request.timeout_ms {
+        if ms == 0 || ms > MAX_TIMEOUT_MS {
+            return Err(Failure::new(
+                ErrorCode::Invalid,
+                format!("timeoutMs: between 1 and {MAX_TIMEOUT_MS}"),
+            ));
+        }
         exec.timeout = Some(Duration::from_millis(ms));
     }
     exec.validate().map_err(env_failure)?;

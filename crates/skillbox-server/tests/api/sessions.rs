@@ -420,6 +420,24 @@ async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
         )
         .await;
     assert_eq!(escaped.status(), 400);
+    // An exec's timeout is bounded as a run's is.
+    let long = served
+        .http
+        .post(format!("{}/v1/sessions/{id}/exec", served.base))
+        .bearer_auth(ANA)
+        .json(&json!({"shell": "true", "timeoutMs": 86400000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(long.status(), 400);
+    let error: Value = long.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("timeoutMs: between 1 and 600000"),
+        "{error}"
+    );
 
     let deleted = served
         .http
@@ -566,6 +584,12 @@ async fn an_abandoned_session_is_reaped_and_the_bounds_answer_429() {
         (json!({"backend": "host"}), "host"),
         (json!({"idleTimeoutMs": 0}), "idleTimeoutMs"),
         (json!({"limits": {"diskBytes": 10}}), "diskBytes"),
+        // No looser than a run's: 1..=600000 ms.
+        (
+            json!({"limits": {"timeoutMs": 86400000}}),
+            "limits.timeoutMs",
+        ),
+        (json!({"limits": {"timeoutMs": 600001}}), "limits.timeoutMs"),
         (json!({"nope": 1}), "nope"),
     ] {
         let (status, error) = served.create(BOB, body.clone()).await;
