@@ -226,20 +226,111 @@ impl HttpService {
 
 type HttpResponse = Response<BoxBody<Bytes, Infallible>>;
 
+/// A connection's deadline for taking an answer that holds bytes in the server's budget
+/// of bytes in memory. The server makes one per connection, with its body timeout, and
+/// puts it in each request's extensions; an answer arms it while it holds bytes
+/// ([`AnswerDeadline::arm`]), and a connection whose client has not taken the answer
+/// by then is closed, which gives its holds back. So a client that stops reading holds
+/// its share of the budget for at most that long, as one that stops sending a body
+/// does.
+#[derive(Clone, Debug)]
+pub struct AnswerDeadline {
+    within: std::time::Duration,
+    at: Arc<tokio::sync::watch::Sender<Option<tokio::time::Instant>>>,
+}
+
+impl AnswerDeadline {
+    /// A deadline `within` from each time it is armed.
+    pub fn new(within: std::time::Duration) -> AnswerDeadline {
+        AnswerDeadline {
+            within,
+            at: Arc::new(tokio::sync::watch::Sender::new(None)),
+        }
+    }
+
+    /// Armed from now until the guard drops (the answer's bytes are sent and dropped).
+    pub fn arm(&self) -> ArmedDeadline {
+        let at = tokio::time::Instant::now() + self.within;
+        self.at.send_replace(Some(at));
+        ArmedDeadline {
+            deadline: self.clone(),
+            at,
+        }
+    }
+
+    /// Returns once an armed deadline passes (never while none is armed).
+    pub async fn passed(&self) {
+        let mut at = self.at.subscribe();
+        loop {
+            let armed = *at.borrow_and_update();
+            let changed = match armed {
+                Some(when) => tokio::select! {
+                    () = tokio::time::sleep_until(when) => {
+                        if *self.at.borrow() == Some(when) {
+                            return;
+                        }
+                        continue;
+                    }
+                    changed = at.changed() => changed,
+                },
+                None => at.changed().await,
+            };
+            if changed.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
+/// An armed [`AnswerDeadline`]; dropped, it is disarmed (unless armed again since).
+#[derive(Debug)]
+pub struct ArmedDeadline {
+    deadline: AnswerDeadline,
+    at: tokio::time::Instant,
+}
+
+impl Drop for ArmedDeadline {
+    fn drop(&mut self) {
+        self.deadline.at.send_if_modified(|at| {
+            let ours = *at == Some(self.at);
+            if ours {
+                *at = None;
+            }
+            ours
+        });
+    }
+}
+
 /// What the calls of one POST hold in memory for their answers ([`Held`]), kept until
 /// the response has sent them: a tool puts its hold here (it reaches the handler in
 /// the request's parts), and each frame of the response body carries this along, so
 /// the last hold goes when the server drops the last bytes it sent, not when the tool
-/// returns (its answer is then still to be serialized and written).
+/// returns (its answer is then still to be serialized and written). The first hold
+/// arms the connection's [`AnswerDeadline`], if it has one, until the last goes.
 #[derive(Clone, Default)]
-pub(crate) struct AnswerHolds(Arc<Mutex<Vec<Held>>>);
+pub(crate) struct AnswerHolds(Arc<Mutex<AnswerHeld>>);
+
+#[derive(Default)]
+struct AnswerHeld {
+    holds: Vec<Held>,
+    deadline: Option<AnswerDeadline>,
+    armed: Option<ArmedDeadline>,
+}
 
 impl AnswerHolds {
+    fn for_connection(deadline: Option<AnswerDeadline>) -> AnswerHolds {
+        AnswerHolds(Arc::new(Mutex::new(AnswerHeld {
+            deadline,
+            ..AnswerHeld::default()
+        })))
+    }
+
     pub(crate) fn keep(&self, held: Held) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(held);
+        let mut answer = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if answer.armed.is_none() {
+            answer.armed = answer.deadline.as_ref().map(AnswerDeadline::arm);
+        }
+        answer.holds.push(held);
     }
 }
 
@@ -462,7 +553,8 @@ where
             });
         }
         let mut request = request;
-        let holds = (method == Method::POST).then(AnswerHolds::default);
+        let deadline = request.extensions().get::<AnswerDeadline>().cloned();
+        let holds = (method == Method::POST).then(|| AnswerHolds::for_connection(deadline));
         if let Some(holds) = &holds {
             request.extensions_mut().insert(holds.clone());
         }

@@ -96,7 +96,11 @@ pub async fn serve_on(
     let owners = ObjectOwners::open(&runner.data_dir().join("object-owners.sqlite"))
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let config_agents = config.agents.clone();
-    let (header_timeout, max_connections) = (config.header_timeout, config.max_connections);
+    let (header_timeout, body_timeout, max_connections) = (
+        config.header_timeout,
+        config.body_timeout,
+        config.max_connections,
+    );
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
     tokio::spawn(keep_within_retention(state.clone(), shutdown.clone()));
     state.hosts = hosts;
@@ -130,6 +134,7 @@ pub async fn serve_on(
         listener,
         app,
         header_timeout,
+        body_timeout,
         max_connections,
         state.metrics.clone(),
         shutdown,

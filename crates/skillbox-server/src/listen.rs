@@ -13,20 +13,26 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use skillbox_mcp::AnswerDeadline;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 use crate::metrics::Metrics;
 
 /// How long shutdown waits for connections to finish their requests.
 const DRAIN: Duration = Duration::from_secs(30);
 
-/// Serves `app` on `listener` until `shutdown` fires.
+/// Serves `app` on `listener` until `shutdown` fires. Each connection has an
+/// [`AnswerDeadline`] of `answer_timeout` in its requests' extensions: an answer that
+/// holds bytes in the server's budget arms it, and a client that has not taken that
+/// answer by then has its connection closed (which gives the bytes back).
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     app: Router,
     header_timeout: Duration,
+    answer_timeout: Duration,
     max_connections: usize,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -62,14 +68,34 @@ pub(crate) async fn accept_loop(
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
             .keep_alive(true);
+        let deadline = AnswerDeadline::new(answer_timeout);
+        let service = {
+            let deadline = deadline.clone();
+            app.clone()
+                .map_request(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(deadline.clone());
+                    request
+                })
+        };
         let connection =
-            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+            builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
         let connection = graceful.watch(connection);
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _open = Gauge::up(&metrics);
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "serve: connection ended with an error");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(e) = ended {
+                        tracing::debug!(error = %e, "serve: connection ended with an error");
+                    }
+                }
+                // Dropping the connection closes it, and drops the answer it was sending.
+                () = deadline.passed() => {
+                    metrics.answers_abandoned.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        "serve: a client did not take its answer within {answer_timeout:?}; its connection is closed"
+                    );
+                }
             }
             drop(slot);
         });

@@ -17,6 +17,7 @@ pub struct Metrics {
     pub artifact_bytes_total: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_refused: AtomicU64,
+    pub answers_abandoned: AtomicU64,
 }
 
 impl Metrics {
@@ -87,6 +88,12 @@ impl Metrics {
             "counter",
             "Connections closed at once because max_connections were open.",
             &[("", get(&self.connections_refused))],
+        );
+        line(
+            "skillbox_answers_abandoned_total",
+            "counter",
+            "Connections closed because the client had not taken an answer held in memory within the body timeout.",
+            &[("", get(&self.answers_abandoned))],
         );
         out
     }

@@ -27,6 +27,7 @@ use skillbox_env::{
     BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, FileKind,
     Limits, SandboxPolicy, SandboxSpec,
 };
+use skillbox_mcp::{AnswerDeadline, ArmedDeadline};
 use skillbox_protocol::{
     ApiError, Encoding, ErrorCode, MAX_TIMEOUT_MS, SessionCreateRequest, SessionExecEvent,
     SessionExecRequest, SessionFileEntry, SessionInfo, SessionList, SessionListing, SkillsPlaced,
@@ -997,6 +998,7 @@ pub(crate) async fn cancel(
 pub(crate) async fn read_file(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
+    deadline: Option<Extension<AnswerDeadline>>,
     UrlPath((id, path)): UrlPath<(String, String)>,
 ) -> Result<Response, Failure> {
     let session = state.sessions.get(&tenant, &id)?;
@@ -1043,7 +1045,12 @@ pub(crate) async fn read_file(
         .read_bytes_max(&path, info.size, &cancel)
         .await
         .map_err(env_failure)?;
-    Ok(held_response("application/octet-stream", bytes, held))
+    Ok(held_response(
+        "application/octet-stream",
+        bytes,
+        held,
+        deadline,
+    ))
 }
 
 /// Holds `size` bytes of an answer in the budget of bytes in memory that request bodies
@@ -1066,15 +1073,23 @@ fn hold_answer(
 }
 
 /// A 200 of `bytes` as `content_type`, which gives their place in the budget (`held`)
-/// back when the response is done with them.
+/// back when the response is done with them. Until then the connection's `deadline`
+/// is armed: a client that has not taken them within the body timeout has its
+/// connection closed, which gives them back.
 fn held_response(
     content_type: &'static str,
     bytes: Vec<u8>,
     held: tokio::sync::OwnedSemaphorePermit,
+    deadline: Option<Extension<AnswerDeadline>>,
 ) -> Response {
+    let armed = deadline.map(|Extension(deadline)| deadline.arm());
     (
         [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
-        Bytes::from_owner(HeldBytes { bytes, _held: held }),
+        Bytes::from_owner(HeldBytes {
+            bytes,
+            _held: held,
+            _armed: armed,
+        }),
     )
         .into_response()
 }
@@ -1084,6 +1099,7 @@ fn held_response(
 struct HeldBytes {
     bytes: Vec<u8>,
     _held: tokio::sync::OwnedSemaphorePermit,
+    _armed: Option<ArmedDeadline>,
 }
 
 impl AsRef<[u8]> for HeldBytes {
@@ -1230,6 +1246,7 @@ pub(crate) struct LsQuery {
 pub(crate) async fn ls(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
+    deadline: Option<Extension<AnswerDeadline>>,
     UrlPath(id): UrlPath<String>,
     Query(query): Query<LsQuery>,
 ) -> Result<Response, Failure> {
@@ -1271,5 +1288,5 @@ pub(crate) async fn ls(
         entries,
     })
     .map_err(|e| Failure::new(ErrorCode::Unknown, format!("listing: {e}")))?;
-    Ok(held_response("application/json", body, held))
+    Ok(held_response("application/json", body, held, deadline))
 }

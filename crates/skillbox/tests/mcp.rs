@@ -1118,6 +1118,93 @@ fn mcp_read_file_answers_are_held_within_the_memory_budget() {
     assert!(serve.stop().success());
 }
 
+/// A client that stops reading a `read_file` answer holds its place in the budget only
+/// until the body timeout: then the server closes its connection and gives the place
+/// back, and the next read is answered (it was refused, overloaded, meanwhile).
+#[test]
+fn mcp_a_client_that_stops_reading_holds_the_budget_only_until_the_body_timeout() {
+    use std::io::Read;
+    if !native_or_skip("mcp_a_client_that_stops_reading_holds_the_budget") {
+        return;
+    }
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M", "--body-timeout", "3s"]);
+    let session = open_session(&serve, ALICE);
+    let made = call_tool(
+        &serve,
+        &session,
+        "exec",
+        serde_json::json!({"shell": "head -c 15M /dev/zero | tr '\\0' a > big && echo made"}),
+    );
+    assert_eq!(made["structuredContent"]["stdout"], "made\n", "{made}");
+    let read = serde_json::json!({"name": "read_file", "arguments": {"path": "big"}});
+    let mut stalled = start_request(&serve, &session, 9100, "tools/call", read);
+    let mut got = Vec::new();
+    read_until(&mut stalled, &mut got, |g| g.len() >= 4096);
+    let stalled_at = Instant::now();
+    let held = call_tool(
+        &serve,
+        &session,
+        "read_file",
+        serde_json::json!({"path": "big"}),
+    );
+    assert!(
+        tool_error(&held).is_some_and(|e| e.contains("(overloaded)")),
+        "the first answer was not held: {held:.300}"
+    );
+    let answered = loop {
+        let again = call_tool(
+            &serve,
+            &session,
+            "read_file",
+            serde_json::json!({"path": "big"}),
+        );
+        match tool_error(&again) {
+            Some(e) if e.contains("(overloaded)") => {
+                assert!(
+                    stalled_at.elapsed() < Duration::from_secs(30),
+                    "a stalled reader still holds the budget after {:?}",
+                    stalled_at.elapsed()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            _ => break again,
+        }
+    };
+    assert_eq!(tool_error(&answered), None, "{answered:.300}");
+    assert_eq!(answered["structuredContent"]["size"], 15 * MIB);
+    assert!(
+        stalled_at.elapsed() >= Duration::from_secs(2),
+        "the hold went before the body timeout: {:?}",
+        stalled_at.elapsed()
+    );
+    // The stalled connection was closed: reading it ends (EOF or a reset) short of the
+    // whole answer.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let ended = loop {
+        match stalled.read(&mut chunk) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                break false;
+            }
+            Err(_) => break true,
+        }
+    };
+    assert!(ended, "the stalled connection is still open");
+    assert!(
+        got.len() < 15 * MIB as usize,
+        "{} bytes of the answer came",
+        got.len()
+    );
+    assert!(serve.stop().success());
+}
+
 /// A `list_dir` answer is held in the same budget: a directory of 60,000 files with
 /// names of 250 characters (an answer of about 80 MiB as made and sent) is more than
 /// the whole 64 MiB: refused with a tool error that names the flag and what to do

@@ -894,6 +894,104 @@ async fn session_file_reads_are_held_within_the_memory_budget() {
     served.shutdown.cancel();
 }
 
+/// A client that asks for a file and stops reading it holds the file's place in the
+/// budget of bytes in memory only until the body timeout: then its connection is
+/// closed and the place given back, so another tenant's request is served again (it was
+/// 429 while the place was held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_an_answer_holds_the_budget_only_until_the_body_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MIB: usize = 1024 * 1024;
+    let Some(served) = serve_with(ServerConfig {
+        max_body_bytes_in_flight: 64 * MIB,
+        body_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let id = served
+        .open_having_run("head -c 40M /dev/zero > big && echo made")
+        .await;
+    let (status, bobs) = served.create(BOB, json!({})).await;
+    assert_eq!(status, 201, "{bobs}");
+    let bobs = bobs["id"].as_str().unwrap().to_string();
+
+    // Ana asks for the file on a socket with a small receive buffer, reads the head,
+    // and stops.
+    let addr: std::net::SocketAddr = served.base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    let head = format!(
+        "GET /v1/sessions/{id}/files/big HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ANA}\r\n\r\n"
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    let mut start = [0u8; 300];
+    stalled.read_exact(&mut start).await.unwrap();
+    assert!(
+        start.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&start)
+    );
+    let stalled_at = Instant::now();
+
+    // Bob's 32 MiB write does not fit beside the held 40 MiB: 429 (announced, refused
+    // before its body is sent), until the stalled connection is closed at the body
+    // timeout.
+    let bobs_put = || async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "PUT /v1/sessions/{bobs}/files/x HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {BOB}\r\n\
+             Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+            32 * MIB
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        Stalled(stream).answer(Duration::from_secs(5)).await
+    };
+    let (status, refused) = bobs_put().await;
+    assert_eq!(status, 429, "the read was not held: {refused}");
+    while bobs_put().await.0 == 429 {
+        assert!(
+            stalled_at.elapsed() < Duration::from_secs(20),
+            "a stalled reader still holds the budget after {:?}",
+            stalled_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let written = served
+        .http
+        .put(format!("{}/v1/sessions/{bobs}/files/x", served.base))
+        .bearer_auth(BOB)
+        .body(vec![b'x'; 32 * MIB])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(written.status(), 200, "{}", written.text().await.unwrap());
+    assert!(
+        stalled_at.elapsed() >= Duration::from_millis(1500),
+        "the hold went before the body timeout: {:?}",
+        stalled_at.elapsed()
+    );
+    // Ana's connection was closed: what is left to read ends (EOF or a reset), well
+    // short of the 40 MiB.
+    let mut rest = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stalled.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => rest += n,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stalled connection is still open");
+    assert!(rest < 40 * MIB, "the whole file was sent after all");
+    served.shutdown.cancel();
+}
+
 /// A directory the session's code filled: its listing is held within the budget of
 /// bytes in memory, counted before its JSON is made (names of control bytes are six
 /// times as long in JSON); one larger than the whole budget, or of more entries than a
