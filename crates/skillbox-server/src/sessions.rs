@@ -828,15 +828,17 @@ pub(crate) async fn exec(
             exec_id: exec_id.clone(),
         }))
         .await;
+        let started = Instant::now();
         // A cancel ends the stream with exit, cancelled: whether it came while the
-        // command was being started or once it ran.
+        // command was being started or once it ran (its duration is until the cancel
+        // ended it).
         let cancelled = || {
             ndjson(&SessionExecEvent::Exit {
                 exit_code: None,
                 signal: Some(libc_sigkill()),
                 timed_out: false,
                 limit_hit: None,
-                duration_ms: 0,
+                duration_ms: started.elapsed().as_millis() as u64,
                 truncated: skillbox_protocol::Truncated::default(),
                 cancelled: true,
             })

@@ -365,6 +365,8 @@ async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ran_ms = began.elapsed().as_millis() as u64;
     let cancelled = served
         .http
         .post(format!(
@@ -380,6 +382,11 @@ async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
     let exit = rest.last().unwrap();
     assert_eq!(exit["type"], "exit", "{rest:?}");
     assert_eq!(exit["cancelled"], true, "{rest:?}");
+    // Its duration is how long it ran until the cancel, not zero.
+    assert!(
+        exit["durationMs"].as_u64().unwrap() >= ran_ms,
+        "ran {ran_ms} ms: {exit}"
+    );
     let began = Instant::now();
     while !gone(&marker) {
         assert!(
