@@ -928,8 +928,14 @@ impl ServiceTable {
             .await
             .map_err(|e| table_error(format!("stop {name}: {e}")))??;
         }
-        // Whoever held it is gone; what it left goes too.
-        let last = read_record(&record_path).map(|r| r.info).unwrap_or(seen);
+        // Whoever held it is gone; what it left goes too. A supervisor that stopped it
+        // wrote how it ended; one that was already gone left what `inspect` made of its
+        // record (failed, and why).
+        let last = if stopped_it {
+            read_record(&record_path).map(|r| r.info).unwrap_or(seen)
+        } else {
+            seen
+        };
         let _ = std::fs::remove_file(&record_path);
         if let Some(socket) = &record.socket {
             remove_socket(socket);

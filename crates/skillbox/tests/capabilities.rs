@@ -594,10 +594,13 @@ fn a_persistent_service_is_reached_through_its_forwarded_socket_and_stays_down_w
         left[0]["error"].as_str().unwrap().contains("supervisor"),
         "{left:?}"
     );
+    // Clearing it says why it failed, as status did.
+    let cleared = cap(data, project, &["stop", "http-notes"], &[]);
+    assert!(cleared.status.success(), "{}", text(&cleared.stderr));
     assert!(
-        cap(data, project, &["stop", "http-notes"], &[])
-            .status
-            .success()
+        text(&cleared.stderr).contains("which had failed: its supervisor"),
+        "{}",
+        text(&cleared.stderr)
     );
     assert!(service_status(data, project).is_empty());
 }
