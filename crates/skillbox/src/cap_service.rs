@@ -190,6 +190,8 @@ fn detach(project: &Path, roots: &[PathBuf], data_dir: &Path, start: &Start) -> 
         return failed(&format!("{}: {e}", dir.display()));
     }
     let log_path = dir.join(format!("{}.log", start.name));
+    // A start that is refused leaves no log it made (the refusal is printed).
+    let new_log = std::fs::symlink_metadata(&log_path).is_err();
     let log = match std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -244,6 +246,10 @@ fn detach(project: &Path, roots: &[PathBuf], data_dir: &Path, start: &Start) -> 
         Some(answer) => {
             if start.json {
                 println!("{}", serde_json::to_string(&answer).unwrap_or_default());
+            }
+            if new_log && answer.service.is_none() {
+                let _ = child.wait();
+                let _ = std::fs::remove_file(&log_path);
             }
             failed(&format!(
                 "{}: {}",

@@ -716,6 +716,17 @@ fn a_persistent_docker_capability_is_refused_not_moved() {
         "{stderr}"
     );
     assert!(service_status(data.path(), project.path()).is_empty());
+    // The refused start left no supervisor's log behind.
+    let logs: Vec<_> = std::fs::read_dir(data.path().join("services"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|key| std::fs::read_dir(key.path()).ok())
+        .flatten()
+        .flatten()
+        .filter(|f| f.file_name() == "web.log")
+        .collect();
+    assert!(logs.is_empty(), "{logs:?}");
 }
 
 /// A capability that cannot run as declared (a volume whose host directory is missing)
