@@ -63,7 +63,8 @@ pub enum StoreError {
     /// A file, or all files together, are larger than a limit allows.
     #[error(
         "collect {path}: {size} bytes is over the limit {limit} = {max}; \
-         raise the limit or have the code write less"
+         have the code write less, or ask only for the files you need \
+         (outputs: `--outputs GLOB`, or \"outputs\" in the request)"
     )]
     TooLarge {
         path: String,
@@ -75,7 +76,8 @@ pub enum StoreError {
     /// More files than `max_files`.
     #[error(
         "collect {path}: more than {max} files to collect (limit max_files); \
-         raise the limit or have the code write fewer files"
+         ask only for the files you need (outputs: `--outputs GLOB`, or \"outputs\" \
+         in the request) or have the code write fewer files"
     )]
     TooMany { path: String, max: usize },
 
