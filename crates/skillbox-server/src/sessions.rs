@@ -41,6 +41,9 @@ use crate::runs::{body_size, hold_body_bytes, json_body_size, read_body, read_js
 use crate::state::AppState;
 
 const WORKSPACE: &str = "/workspace";
+/// The longest file name, and path, the kernel takes (NAME_MAX, PATH_MAX less its NUL).
+const NAME_MAX: usize = 255;
+const PATH_MAX: usize = 4095;
 /// Execs running at once in one session.
 const MAX_EXECS: usize = 4;
 /// The largest file `GET …/files/{path}` hands out.
@@ -725,7 +728,19 @@ fn workspace_path(raw: &str, field: &str) -> Result<PathBuf, Failure> {
             format!("{field}: {raw:?}: give a path inside /workspace, without `..`"),
         ));
     }
-    Ok(Path::new(WORKSPACE).join(path))
+    let absolute = Path::new(WORKSPACE).join(path);
+    // Checked here, before anything is made: a path the kernel would refuse part-way
+    // (a write makes its directories first) would leave those directories behind.
+    let long_name = path.components().any(|c| c.as_os_str().len() > NAME_MAX);
+    if long_name || absolute.as_os_str().len() > PATH_MAX {
+        return Err(Failure::new(
+            ErrorCode::Invalid,
+            format!(
+                "{field}: too long: a name is at most {NAME_MAX} bytes and the whole path in /workspace at most {PATH_MAX}"
+            ),
+        ));
+    }
+    Ok(absolute)
 }
 
 /// Run a command in the session, streaming its output as NDJSON.

@@ -427,6 +427,20 @@ async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
         )
         .await;
     assert_eq!(escaped.status(), 400);
+    // A path the kernel would refuse part-way is refused whole: no directory of it is
+    // left behind.
+    let deep = vec!["b".repeat(200); 30].join("/");
+    let refused = served
+        .put(ANA, &format!("/v1/sessions/{id}/files/{deep}/f"), b"x")
+        .await;
+    assert_eq!(refused.status(), 400);
+    let listed: Value = served
+        .get(ANA, &format!("/v1/sessions/{id}/ls"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(!listed.to_string().contains("bbbb"), "{listed}");
     // An exec's timeout is bounded as a run's is.
     let long = served
         .http
