@@ -67,12 +67,13 @@ pub trait Door: Send + Sync + fmt::Debug + 'static {
         Ok(Box::new(()))
     }
 
-    /// Holds `bytes` of memory for an answer being made (`read_file`'s), from before
-    /// what it carries is read until it is sent, in the budget the HTTP API holds
-    /// request bodies and file reads in; refused with `overloaded` while the budget is
-    /// taken, `resource_exhausted` past all of it. The message says what to do.
-    fn hold_memory(&self, bytes: usize) -> Result<Held, ToolError> {
-        let _ = bytes;
+    /// Holds `bytes` of memory for an answer being made (`read_file`'s) of `tenant`,
+    /// from before what it carries is read until it is sent, in the budget the HTTP API
+    /// holds request bodies and file reads in (and the tenant's share of it); refused
+    /// with `overloaded` while that is taken, `resource_exhausted` past all of it. The
+    /// message says what to do.
+    fn hold_memory(&self, tenant: &str, bytes: usize) -> Result<Held, ToolError> {
+        let _ = (tenant, bytes);
         Ok(Box::new(()))
     }
 

@@ -539,7 +539,9 @@ impl SkillboxMcp {
         what: &str,
         instead: &str,
     ) -> Result<Option<Held>, ToolError> {
-        let held = self.shared.door.hold_memory(bytes).map_err(|e| {
+        // The session's tenant (its first call bound it): its share of the budget.
+        let tenant = self.tenant.get().cloned().unwrap_or_else(|| Arc::from(""));
+        let held = self.shared.door.hold_memory(&tenant, bytes).map_err(|e| {
             ToolError::new(e.code, format!("{what}: {e}, or {instead}", e = e.message))
         })?;
         let holds = context

@@ -46,22 +46,26 @@ impl Door for ServerDoor {
         ))
     }
 
-    fn hold_memory(&self, bytes: usize) -> Result<Held, ToolError> {
+    fn hold_memory(&self, tenant: &str, bytes: usize) -> Result<Held, ToolError> {
         let budget = self.state.config.max_body_bytes_in_flight;
-        if bytes > budget {
+        let (most, whose) = match &self.state.body_shares {
+            Some(shares) => (shares.limit, format!("one tenant's half of the {budget}")),
+            None => (budget, format!("the {budget}")),
+        };
+        if bytes > most {
             return Err(ToolError::new(
                 ErrorCode::ResourceExhausted,
                 format!(
-                    "its answer holds {bytes} bytes in memory, more than the {budget} this server holds at once (--max-body-bytes-in-flight); serve with a larger --max-body-bytes-in-flight"
+                    "its answer holds {bytes} bytes in memory, more than {whose} this server holds at once (--max-body-bytes-in-flight); serve with a larger --max-body-bytes-in-flight"
                 ),
             ));
         }
-        match crate::runs::hold_body_bytes(&self.state, bytes) {
+        match crate::runs::hold_body_bytes(&self.state, &Tenant(tenant.into()), bytes) {
             Ok(held) => Ok(Box::new(held)),
             Err(_) => Err(ToolError::new(
                 ErrorCode::Overloaded,
                 format!(
-                    "its answer holds {bytes} bytes in memory, and the server holds as many request bodies, file reads and answers as it may now (--max-body-bytes-in-flight, {budget} bytes); retry later"
+                    "its answer holds {bytes} bytes in memory, and the server (or this tenant's share of it) holds as many request bodies, file reads and answers as it may now (--max-body-bytes-in-flight, {budget} bytes); retry later"
                 ),
             )),
         }
@@ -197,19 +201,9 @@ pub(crate) async fn caller(
         None => None,
     };
     let _held = match budget {
-        Some(bytes) => match state
-            .body_bytes
-            .clone()
-            .try_acquire_many_owned(u32::try_from(bytes).unwrap_or(u32::MAX))
-        {
-            Ok(permit) => Some(permit),
-            Err(_) => {
-                return Failure::overloaded(
-                    "the server holds as many request bodies as it may; retry later",
-                    1,
-                )
-                .into_response();
-            }
+        Some(bytes) => match crate::runs::hold_body_bytes(&state, &tenant, bytes) {
+            Ok(held) => Some(held),
+            Err(refused) => return refused.into_response(),
         },
         None => None,
     };

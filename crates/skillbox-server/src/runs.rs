@@ -1,6 +1,8 @@
 //! `POST /v1/run` (and `GET /v1/runs`, the summaries it keeps), artifact downloads,
 //! health and metrics.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -217,7 +219,7 @@ pub(crate) async fn list(
 pub(crate) struct Admission {
     _tenant_run: TenantRun,
     _slot: OwnedSemaphorePermit,
-    _body_bytes: OwnedSemaphorePermit,
+    _body_bytes: BodyHold,
 }
 
 /// Admits a run of `tenant` (`POST /v1/run`, a capability's run) whose JSON body is
@@ -283,7 +285,7 @@ pub(crate) async fn admit_bytes(
     drop(queued);
     // The body is read only after this, within the bytes all bodies in memory may take
     // together, and held to that budget until the run ends.
-    let body_bytes = hold_body_bytes(state, announced)?;
+    let body_bytes = hold_body_bytes(state, tenant, announced)?;
     Ok(Admission {
         _tenant_run: tenant_run,
         _slot: permit,
@@ -305,27 +307,108 @@ pub(crate) fn grant(
     Ok(())
 }
 
-/// `bytes` of the budget of request bodies (and session file reads) in memory
-/// (`--max-body-bytes-in-flight`), held until the permit is dropped, or 429 when they
-/// are not free now.
+/// `bytes` of the budget of request bodies, file reads and answers in memory
+/// (`--max-body-bytes-in-flight`), and of `tenant`'s share of it on a server with API
+/// keys, held until the hold is dropped; 429 when they are not free now.
 pub(crate) fn hold_body_bytes(
     state: &AppState,
+    tenant: &Tenant,
     bytes: usize,
-) -> Result<OwnedSemaphorePermit, Failure> {
-    state
+) -> Result<BodyHold, Failure> {
+    let overloaded = |message: String| {
+        state
+            .metrics
+            .rejected_overloaded
+            .fetch_add(1, Ordering::Relaxed);
+        Failure::overloaded(message, 1)
+    };
+    // The tenant's share first: one tenant's holds never take the whole budget.
+    let share = match &state.body_shares {
+        Some(shares) => Some(shares.take(&tenant.0, bytes).ok_or_else(|| {
+            overloaded(format!(
+                "tenant {} holds its share of the server's request bodies, file reads and answers in memory ({} bytes, half of --max-body-bytes-in-flight); retry once its others are done",
+                tenant.as_str(),
+                shares.limit
+            ))
+        })?),
+        None => None,
+    };
+    let permit = state
         .body_bytes
         .clone()
         .try_acquire_many_owned(u32::try_from(bytes).unwrap_or(u32::MAX))
         .map_err(|_| {
-            state
-                .metrics
-                .rejected_overloaded
-                .fetch_add(1, Ordering::Relaxed);
-            Failure::overloaded(
-                "the server holds as many request bodies and file reads as it may; retry later",
-                1,
+            overloaded(
+                "the server holds as many request bodies and file reads as it may; retry later"
+                    .into(),
             )
+        })?;
+    Ok(BodyHold {
+        _permit: permit,
+        _share: share,
+    })
+}
+
+/// Bytes held in memory for a request body, a file read or an answer: their place in
+/// the server's budget and, with API keys, in their tenant's share of it; both given
+/// back when this drops.
+#[derive(Debug)]
+pub(crate) struct BodyHold {
+    _permit: OwnedSemaphorePermit,
+    _share: Option<ShareHold>,
+}
+
+/// Each tenant's share of the budget of bytes in memory, on a server with API keys:
+/// at most half of it (or one body, if that is more) at once, so that a tenant whose
+/// clients stall (reading answers slowly, or sending bodies slowly) holds others off
+/// half of it at most.
+#[derive(Debug)]
+pub(crate) struct BodyShares {
+    pub(crate) limit: usize,
+    held: std::sync::Mutex<HashMap<Arc<str>, usize>>,
+}
+
+impl BodyShares {
+    pub(crate) fn new(budget: usize, body_limit: usize) -> Arc<BodyShares> {
+        Arc::new(BodyShares {
+            limit: (budget / 2).max(body_limit).min(budget),
+            held: std::sync::Mutex::default(),
         })
+    }
+
+    fn take(self: &Arc<Self>, tenant: &Arc<str>, bytes: usize) -> Option<ShareHold> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let now = held.get(tenant).copied().unwrap_or(0);
+        if now.saturating_add(bytes) > self.limit {
+            return None;
+        }
+        held.insert(tenant.clone(), now + bytes);
+        Some(ShareHold {
+            shares: self.clone(),
+            tenant: tenant.clone(),
+            bytes,
+        })
+    }
+}
+
+/// A tenant's bytes in its share, given back on drop.
+#[derive(Debug)]
+struct ShareHold {
+    shares: Arc<BodyShares>,
+    tenant: Arc<str>,
+    bytes: usize,
+}
+
+impl Drop for ShareHold {
+    fn drop(&mut self) {
+        let mut held = self.shares.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(now) = held.get_mut(&self.tenant) {
+            *now = now.saturating_sub(self.bytes);
+            if *now == 0 {
+                held.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// The body size to budget for a JSON request, from its headers: 415 unless it says

@@ -37,7 +37,7 @@ use skillbox_run::{RunError, Scope};
 
 use crate::auth::Tenant;
 use crate::error::Failure;
-use crate::runs::{body_size, hold_body_bytes, json_body_size, read_body, read_json};
+use crate::runs::{BodyHold, body_size, hold_body_bytes, json_body_size, read_body, read_json};
 use crate::state::AppState;
 
 const WORKSPACE: &str = "/workspace";
@@ -416,7 +416,7 @@ pub(crate) async fn create(
     let (parts, body) = request.into_parts();
     // Refused by its headers before any of it is read; read within the body budget.
     let announced = json_body_size(&parts.headers, MAX_CREATE_BODY)?;
-    let held = hold_body_bytes(&state, announced)?;
+    let held = hold_body_bytes(&state, &tenant, announced)?;
     let request: SessionCreateRequest =
         read_json(body, MAX_CREATE_BODY, state.config.body_timeout).await?;
     drop(held);
@@ -780,7 +780,7 @@ pub(crate) async fn exec(
     let exec_id = format!("exe_{}", &new_id()[4..20]);
     // Counted from here: a body still arriving holds its place among the session's execs.
     let running = Running(session.clone(), exec_id.clone());
-    let held = hold_body_bytes(&state, announced)?;
+    let held = hold_body_bytes(&state, &tenant, announced)?;
     let request: SessionExecRequest =
         read_json(body, state.config.body_limit, state.config.body_timeout).await?;
     drop(held);
@@ -1051,7 +1051,7 @@ pub(crate) async fn read_file(
     // the last of them is sent; as many as the size above, which the read itself holds
     // against a file that grew or was swapped for a bigger one since.
     let size = usize::try_from(info.size).unwrap_or(usize::MAX);
-    let held = hold_answer(&state, size, |budget| {
+    let held = hold_answer(&state, &tenant, size, |budget| {
         format!(
             "{}: {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight)",
             path.display()
@@ -1071,22 +1071,30 @@ pub(crate) async fn read_file(
 }
 
 /// Holds `size` bytes of an answer in the budget of bytes in memory that request bodies
-/// count against, until the returned permit goes with the answer's last byte (429
-/// while the budget is taken). An answer larger than the whole budget could never be
-/// held: `resource_exhausted`, saying `too_large(budget)`.
+/// count against, until the returned hold goes with the answer's last byte (429 while
+/// the budget, or `tenant`'s share of it, is taken). An answer larger than all a tenant
+/// may hold could never be held: `resource_exhausted`, saying `too_large(most)`.
 fn hold_answer(
     state: &AppState,
+    tenant: &Tenant,
     size: usize,
-    too_large: impl FnOnce(usize) -> String,
-) -> Result<tokio::sync::OwnedSemaphorePermit, Failure> {
+    too_large: impl FnOnce(String) -> String,
+) -> Result<BodyHold, Failure> {
     let budget = state.config.max_body_bytes_in_flight;
-    if size > budget {
+    let most = match &state.body_shares {
+        Some(shares) => (
+            shares.limit,
+            format!("{} bytes, one tenant's half of the {budget}", shares.limit),
+        ),
+        None => (budget, format!("{budget}")),
+    };
+    if size > most.0 {
         return Err(Failure::new(
             ErrorCode::ResourceExhausted,
-            too_large(budget),
+            too_large(most.1),
         ));
     }
-    hold_body_bytes(state, size)
+    hold_body_bytes(state, tenant, size)
 }
 
 /// A 200 of `bytes` as `content_type`, which gives their place in the budget (`held`)
@@ -1096,7 +1104,7 @@ fn hold_answer(
 fn held_response(
     content_type: &'static str,
     bytes: Vec<u8>,
-    held: tokio::sync::OwnedSemaphorePermit,
+    held: BodyHold,
     deadline: Option<Extension<AnswerDeadline>>,
 ) -> Response {
     let armed = deadline.map(|Extension(deadline)| deadline.arm());
@@ -1115,7 +1123,7 @@ fn held_response(
 /// the response is done with them.
 struct HeldBytes {
     bytes: Vec<u8>,
-    _held: tokio::sync::OwnedSemaphorePermit,
+    _held: BodyHold,
     _armed: Option<ArmedDeadline>,
 }
 
@@ -1176,7 +1184,7 @@ pub(crate) async fn write_file(
     let (parts, body) = request.into_parts();
     let limit = state.config.body_limit;
     let announced = body_size(&parts.headers, limit)?;
-    let _held = hold_body_bytes(&state, announced)?;
+    let _held = hold_body_bytes(&state, &tenant, announced)?;
     let body = read_body(body, limit, state.config.body_timeout).await?;
     session.touch();
     let mut tree = skillbox_env::Tree::new();
@@ -1280,7 +1288,7 @@ pub(crate) async fn ls(
     // JSON): held within the budget of bytes in memory, as a file read is, from before
     // its JSON is made until it is sent; one larger than the whole budget is refused.
     let size = skillbox_env::listing_json_len(&listed).saturating_add(256);
-    let held = hold_answer(&state, size, |budget| {
+    let held = hold_answer(&state, &tenant, size, |budget| {
         format!(
             "list {}: its answer takes about {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight); list a directory beneath it",
             path.display()

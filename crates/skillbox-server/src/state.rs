@@ -112,6 +112,9 @@ pub struct AppState {
     pub(crate) owners: ObjectOwners,
     /// Bytes of request bodies being read or held, as permits.
     pub(crate) body_bytes: Arc<Semaphore>,
+    /// Each tenant's share of those bytes, on a server with API keys (`None`: one
+    /// tenant, or any caller is the same one).
+    pub(crate) body_shares: Option<Arc<crate::runs::BodyShares>>,
     /// Runs each tenant has running or waiting.
     pub(crate) tenant_runs: Arc<Mutex<HashMap<Arc<str>, usize>>>,
     /// The Host names answered; `None` answers any (see [`HostPolicy`]).
@@ -157,6 +160,9 @@ impl AppState {
                     .max_body_bytes_in_flight
                     .clamp(1, Semaphore::MAX_PERMITS),
             )),
+            body_shares: config.keys.as_ref().map(|_| {
+                crate::runs::BodyShares::new(config.max_body_bytes_in_flight, config.body_limit)
+            }),
             config,
             metrics: Arc::new(Metrics::default()),
             owners,

@@ -1032,10 +1032,11 @@ fn hand_out_in_turn(
 
 const MIB: u64 = 1024 * 1024;
 
-/// How much the server's peak memory may grow while one answer is held within a 64 MiB
-/// budget: the budget counts the bytes live at once, and the allocator keeps pages one
-/// copy of the answer freed while the next is made (in another thread's arena), so the
-/// peak passes the budget by a copy or two; six answers at once are hundreds of MiB.
+/// How much the server's peak memory may grow while one answer is held within a
+/// tenant's 64 MiB (half of a 128 MiB budget): the budget counts the bytes live at once,
+/// and the allocator keeps pages one copy of the answer freed while the next is made (in
+/// another thread's arena), so the peak passes the hold by a copy or two; six answers
+/// at once are hundreds of MiB.
 const HELD_AT_MOST: u64 = 160 * MIB;
 
 /// A `read_file` answer stays in the server's memory until it is sent, so it is held
@@ -1043,15 +1044,16 @@ const HELD_AT_MOST: u64 = 160 * MIB;
 /// (`--max-body-bytes-in-flight`): six calls, one after another, to read a 15 MiB
 /// file, whose clients read only the start of the answer, make the server hold one
 /// answer (as much as four copies of the file: the content twice in the result, then
-/// twice in the JSON sent) within its 64 MiB, the calls after it refused with a tool
-/// error that names the flag while that answer is unread; not six answers at once.
+/// twice in the JSON sent) within its tenant's 64 MiB (half of the 128 MiB), the calls
+/// after it refused with a tool error that names the flag while that answer is unread;
+/// not six answers at once.
 /// Once the held answer is read, the next call is answered.
 #[test]
 fn mcp_read_file_answers_are_held_within_the_memory_budget() {
     if !native_or_skip("mcp_read_file_answers_are_held_within_the_memory_budget") {
         return;
     }
-    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M"]);
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "128M"]);
     // Two sessions (a sandbox runs four calls at once), each with the file.
     let sessions = [open_session(&serve, ALICE), open_session(&serve, ALICE)];
     for session in &sessions {
@@ -1127,7 +1129,7 @@ fn mcp_a_client_that_stops_reading_holds_the_budget_only_until_the_body_timeout(
     if !native_or_skip("mcp_a_client_that_stops_reading_holds_the_budget") {
         return;
     }
-    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M", "--body-timeout", "3s"]);
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "128M", "--body-timeout", "3s"]);
     let session = open_session(&serve, ALICE);
     let made = call_tool(
         &serve,
@@ -1207,7 +1209,7 @@ fn mcp_a_client_that_stops_reading_holds_the_budget_only_until_the_body_timeout(
 
 /// A `list_dir` answer is held in the same budget: a directory of 60,000 files with
 /// names of 250 characters (an answer of about 80 MiB as made and sent) is more than
-/// the whole 64 MiB: refused with a tool error that names the flag and what to do
+/// all a tenant may hold (half of 128 MiB): refused with a tool error that names the flag and what to do
 /// instead, not made; a small one is listed.
 #[test]
 fn mcp_list_dir_answers_are_held_within_the_memory_budget() {
@@ -1215,7 +1217,7 @@ fn mcp_list_dir_answers_are_held_within_the_memory_budget() {
         return;
     }
     // Room for the files: 1 GiB of disk holds 65,536 inodes.
-    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M", "--disk", "4G"]);
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "128M", "--disk", "4G"]);
     let session = open_session(&serve, ALICE);
     let made = call_tool(
         &serve,
@@ -1238,7 +1240,7 @@ fn mcp_list_dir_answers_are_held_within_the_memory_budget() {
         message.starts_with(
             "list_dir failed (resource_exhausted): /workspace/many: its answer holds "
         ) && message.contains(
-            "more than the 67108864 this server holds at once (--max-body-bytes-in-flight)"
+            "more than one tenant's half of the 134217728 this server holds at once (--max-body-bytes-in-flight)"
         ) && message.ends_with("list a directory beneath it"),
         "{message}"
     );
@@ -1253,14 +1255,14 @@ fn mcp_list_dir_answers_are_held_within_the_memory_budget() {
 
 /// `resources/read` of a made file is held in the same budget until its answer is
 /// sent: of six reads of a 30 MiB text file in turn, whose clients read only the start
-/// of the answer, one is handed out within the 64 MiB budget, the others are refused
+/// of the answer, one is handed out within the tenant's 64 MiB (half of the budget), the others are refused
 /// (a JSON-RPC error naming the flag and the download link) while it is unread.
 #[test]
 fn mcp_resource_reads_are_held_within_the_memory_budget() {
     if !native_or_skip("mcp_resource_reads_are_held_within_the_memory_budget") {
         return;
     }
-    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "64M"]);
+    let serve = Serve::start_with(&["--max-body-bytes-in-flight", "128M"]);
     let session = open_session(&serve, ALICE);
     let ran = call_tool(
         &serve,

@@ -1013,6 +1013,90 @@ async fn a_client_that_stops_reading_an_answer_holds_the_budget_only_until_the_b
     served.shutdown.cancel();
 }
 
+/// On a server with API keys each tenant holds at most half of the budget of bytes in
+/// memory (or one body limit, if that is more): a tenant whose reads stall cannot hold
+/// another tenant's reads off. Ana's second 40 MiB read is 429 naming her share while
+/// her first is unread, and bob's is served from the other half; a read larger than a
+/// tenant's share could never be held: refused whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holds_at_most_its_share_of_the_memory_budget() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MIB: usize = 1024 * 1024;
+    let Some(served) = serve_with(ServerConfig {
+        max_body_bytes_in_flight: 128 * MIB,
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let anas = served
+        .open_having_run("head -c 40M /dev/zero > big && head -c 70M /dev/zero > huge && echo made")
+        .await;
+    let (status, bobs) = served.create(BOB, json!({})).await;
+    assert_eq!(status, 201, "{bobs}");
+    let bobs = bobs["id"].as_str().unwrap().to_string();
+    let made = served
+        .exec(
+            BOB,
+            &bobs,
+            json!({"shell": "head -c 40M /dev/zero > big && echo made"}),
+        )
+        .await
+        .rest()
+        .await;
+    assert!(made.iter().any(|e| e["data"] == "made\n"), "{made:?}");
+
+    // Ana's first read, unread.
+    let addr: std::net::SocketAddr = served.base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    let head = format!(
+        "GET /v1/sessions/{anas}/files/big HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ANA}\r\n\r\n"
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    let mut start = [0u8; 300];
+    stalled.read_exact(&mut start).await.unwrap();
+    assert!(start.starts_with(b"HTTP/1.1 200"));
+
+    let again = served
+        .get(ANA, &format!("/v1/sessions/{anas}/files/big"))
+        .await;
+    assert_eq!(again.status(), 429);
+    let error: Value = again.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant ana holds its share"),
+        "{error}"
+    );
+    let mut bobs_read = served
+        .get(BOB, &format!("/v1/sessions/{bobs}/files/big"))
+        .await;
+    assert_eq!(bobs_read.status(), 200, "another tenant was held off");
+    let mut got = 0;
+    while let Some(chunk) = bobs_read.chunk().await.unwrap() {
+        got += chunk.len();
+    }
+    assert_eq!(got, 40 * MIB);
+    let huge = served
+        .get(ANA, &format!("/v1/sessions/{anas}/files/huge"))
+        .await;
+    let error: Value = huge.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "resource_exhausted", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("one tenant's half"),
+        "{error}"
+    );
+    drop(stalled);
+    served.shutdown.cancel();
+}
+
 /// A directory the session's code filled: its listing is held within the budget of
 /// bytes in memory, counted before its JSON is made (names of control bytes are six
 /// times as long in JSON); one larger than the whole budget, or of more entries than a
