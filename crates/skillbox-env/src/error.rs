@@ -84,7 +84,7 @@ impl EnvError {
             ErrorCode::NotFound => "no such file or directory".to_string(),
             ErrorCode::AlreadyExists => "already exists (or is a non-empty directory)".to_string(),
             ErrorCode::PermissionDenied => {
-                "permission denied (outside what this env may touch, or read-only)".to_string()
+                "permission denied (outside what this env may touch, read-only, or reached through a symlink, which is not followed)".to_string()
             }
             ErrorCode::NotDirectory => {
                 "a path component is not a directory (or is a symlink, which is not followed)"
