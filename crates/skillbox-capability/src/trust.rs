@@ -202,6 +202,15 @@ impl TrustStore {
                         ),
                     });
                 }
+                Err(rustix::io::Errno::NOTSUP | rustix::io::Errno::NOLCK) => {
+                    return Err(TrustError {
+                        code: ErrorCode::Unavailable,
+                        message: format!(
+                            "{}: this file system takes no file locks (flock), which keep two processes from losing each other's grants; put the data dir (--data-dir) on a local file system",
+                            self.lock.display()
+                        ),
+                    });
+                }
                 Err(e) => return Err(failed(e.into())),
             }
         }
