@@ -125,6 +125,13 @@ pub(crate) fn sandbox_spec(
 ) -> Result<SandboxSpec, EnvError> {
     let manifest = &capability.manifest;
     let host = manifest.environment == Environment::Host;
+    if let Some(image) = &manifest.image {
+        // Never run it in another image than it declared.
+        return Err(EnvError::not_supported(format!(
+            "{}: image {image}: a capability's own image is not built yet (it would run in skillbox's runtime image instead); remove `image` to run it there",
+            capability.manifest_file().display()
+        )));
+    }
     let mut policy = SandboxPolicy::default();
     if !host {
         policy.read_only_mounts.push(Mount {
@@ -212,12 +219,22 @@ pub async fn run(
     // spend a `once` grant on the attempt.
     let spec = sandbox_spec(capability, project)?;
     let selection = outputs(capability)?;
-    let scope = trust
-        .authorize(capability, project)
+    let scope = off_the_runtime(|| trust.authorize(capability, project))
         .map_err(|e| EnvError::new(e.code, e.message))?;
     let kind = manifest.environment.kind();
     let host = manifest.environment == Environment::Host;
-    let env = backends.create_one_shot(kind, spec).await?;
+    let env = match backends.create_one_shot(kind, spec).await {
+        Ok(env) => env,
+        Err(e) => {
+            // Nothing ran: a `once` grant is given back for the next attempt.
+            if scope == Scope::Once
+                && let Err(back) = off_the_runtime(|| trust.grant(capability, Scope::Once, project))
+            {
+                tracing::warn!(error = %back, capability = capability.name(), "capability: cannot give a once grant back");
+            }
+            return Err(e);
+        }
+    };
     let result = call_in(env.as_ref(), capability, call, host, &selection, cancel).await;
     let egress = env.egress();
     if let Err(e) = env.cleanup().await {
@@ -279,4 +296,16 @@ async fn call_in(
     .await
     .map_err(|e| EnvError::new(e.code(), e.to_string()))?;
     Ok((output, files))
+}
+
+/// Runs `f`, which may wait on the grants file's lock (another process's change, up to
+/// a few seconds), without holding up a multi-threaded runtime's other tasks; on a
+/// current-thread runtime (the CLI) it just runs.
+pub(crate) fn off_the_runtime<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
 }

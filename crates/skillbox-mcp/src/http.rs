@@ -226,17 +226,21 @@ impl HttpService {
 
 type HttpResponse = Response<BoxBody<Bytes, Infallible>>;
 
-/// A connection's deadline for taking an answer that holds bytes in the server's budget
-/// of bytes in memory. The server makes one per connection, with its body timeout, and
-/// puts it in each request's extensions; an answer arms it while it holds bytes
-/// ([`AnswerDeadline::arm`]), and a connection whose client has not taken the answer
-/// by then is closed, which gives its holds back. So a client that stops reading holds
-/// its share of the budget for at most that long, as one that stops sending a body
-/// does.
+/// A connection's deadline for progress on an answer that holds bytes in the server's
+/// budget of bytes in memory. The server makes one per connection, with its body
+/// timeout, and puts it in each request's extensions. Such an answer arms it again as
+/// its frames are made (a session's file goes through a [`Paced`] body, in pieces), the
+/// server puts it off while the client acknowledges more bytes, and a connection whose
+/// client takes nothing for that long is closed, which gives the holds back. So a
+/// client that stops reading holds its share of the budget for at most that long, as
+/// one that stops sending a body does, while one that reads steadily, however slowly,
+/// is served.
 #[derive(Clone, Debug)]
 pub struct AnswerDeadline {
     within: std::time::Duration,
-    at: Arc<tokio::sync::watch::Sender<Option<tokio::time::Instant>>>,
+    /// The armed instant, with the arming it belongs to.
+    at: Arc<tokio::sync::watch::Sender<Option<(u64, tokio::time::Instant)>>>,
+    armings: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl AnswerDeadline {
@@ -245,35 +249,55 @@ impl AnswerDeadline {
         AnswerDeadline {
             within,
             at: Arc::new(tokio::sync::watch::Sender::new(None)),
+            armings: Arc::default(),
         }
+    }
+
+    /// How long after an arming (or an extension) it passes.
+    pub fn within(&self) -> std::time::Duration {
+        self.within
     }
 
     /// Armed from now until the guard drops (the answer's bytes are sent and dropped).
     pub fn arm(&self) -> ArmedDeadline {
-        let at = tokio::time::Instant::now() + self.within;
-        self.at.send_replace(Some(at));
+        let id = self
+            .armings
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.at
+            .send_replace(Some((id, tokio::time::Instant::now() + self.within)));
         ArmedDeadline {
             deadline: self.clone(),
-            at,
+            id,
         }
+    }
+
+    /// Moves the armed deadline to `within` from now (the connection made progress the
+    /// arming could not see: bytes the kernel had buffered were taken).
+    pub fn extend(&self) {
+        let at = tokio::time::Instant::now() + self.within;
+        self.at.send_modify(|armed| {
+            if let Some((_, when)) = armed {
+                *when = at;
+            }
+        });
     }
 
     /// Returns once an armed deadline passes (never while none is armed).
     pub async fn passed(&self) {
-        let mut at = self.at.subscribe();
+        let mut watched = self.at.subscribe();
         loop {
-            let armed = *at.borrow_and_update();
+            let armed = *watched.borrow_and_update();
             let changed = match armed {
-                Some(when) => tokio::select! {
+                Some((id, when)) => tokio::select! {
                     () = tokio::time::sleep_until(when) => {
-                        if *self.at.borrow() == Some(when) {
+                        if *self.at.borrow() == Some((id, when)) {
                             return;
                         }
                         continue;
                     }
-                    changed = at.changed() => changed,
+                    changed = watched.changed() => changed,
                 },
-                None => at.changed().await,
+                None => watched.changed().await,
             };
             if changed.is_err() {
                 return std::future::pending().await;
@@ -282,19 +306,115 @@ impl AnswerDeadline {
     }
 }
 
+/// The armed deadline of one answer, shared by its [`Paced`] body (which arms it again
+/// as pieces go) and its bytes' owner (which keeps it armed until the last bytes sent
+/// are dropped, after the body is done).
+pub type DeadlineSlot = Arc<Mutex<Option<ArmedDeadline>>>;
+
+/// How much of an answer goes at a time: the deadline is armed again for each piece.
+const PIECE: usize = 256 * 1024;
+
+/// A body whose data goes in pieces of at most [`PIECE`] bytes (slices of the same
+/// buffers, nothing copied), each taken re-arming `deadline` in `slot` while `arm`
+/// says the answer holds bytes. Dropping it leaves the slot as it is: whoever owns the
+/// bytes still being written keeps the last arming until they are dropped.
+pub struct Paced<B> {
+    inner: B,
+    pending: Bytes,
+    deadline: AnswerDeadline,
+    slot: DeadlineSlot,
+    arm: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl<B> std::fmt::Debug for Paced<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Paced")
+            .field("pending", &self.pending.len())
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> Paced<B> {
+    pub fn new(
+        inner: B,
+        deadline: AnswerDeadline,
+        slot: DeadlineSlot,
+        arm: Box<dyn Fn() -> bool + Send + Sync>,
+    ) -> Paced<B> {
+        Paced {
+            inner,
+            pending: Bytes::new(),
+            deadline,
+            slot,
+            arm,
+        }
+    }
+
+    fn rearm(&self) {
+        if (self.arm)() {
+            let armed = self.deadline.arm();
+            *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(armed);
+        }
+    }
+}
+
+impl<B> Body for Paced<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        loop {
+            if !self.pending.is_empty() {
+                let take = self.pending.len().min(PIECE);
+                let piece = self.pending.split_to(take);
+                self.rearm();
+                return Poll::Ready(Some(Ok(http_body::Frame::data(piece))));
+            }
+            match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => self.pending = data,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let mut hint = self.inner.size_hint();
+        let pending = self.pending.len() as u64;
+        hint.set_lower(hint.lower().saturating_add(pending));
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper.saturating_add(pending));
+        }
+        hint
+    }
+}
+
 /// An armed [`AnswerDeadline`]; dropped, it is disarmed (unless armed again since).
 #[derive(Debug)]
 pub struct ArmedDeadline {
     deadline: AnswerDeadline,
-    at: tokio::time::Instant,
+    id: u64,
 }
 
 impl Drop for ArmedDeadline {
     fn drop(&mut self) {
-        self.deadline.at.send_if_modified(|at| {
-            let ours = *at == Some(self.at);
+        self.deadline.at.send_if_modified(|armed| {
+            let ours = armed.is_some_and(|(id, _)| id == self.id);
             if ours {
-                *at = None;
+                *armed = None;
             }
             ours
         });
@@ -305,32 +425,30 @@ impl Drop for ArmedDeadline {
 /// the response has sent them: a tool puts its hold here (it reaches the handler in
 /// the request's parts), and each frame of the response body carries this along, so
 /// the last hold goes when the server drops the last bytes it sent, not when the tool
-/// returns (its answer is then still to be serialized and written). The first hold
-/// arms the connection's [`AnswerDeadline`], if it has one, until the last goes.
+/// returns (its answer is then still to be serialized and written). While it holds
+/// any, the response's pieces arm the connection's [`AnswerDeadline`] as they go (from
+/// the first one sent: the time the tool takes to read is not the client's).
 #[derive(Clone, Default)]
-pub(crate) struct AnswerHolds(Arc<Mutex<AnswerHeld>>);
-
-#[derive(Default)]
-struct AnswerHeld {
-    holds: Vec<Held>,
-    deadline: Option<AnswerDeadline>,
-    armed: Option<ArmedDeadline>,
+pub(crate) struct AnswerHolds {
+    holds: Arc<Mutex<Vec<Held>>>,
+    /// The last arming, kept until the last frame's bytes are dropped.
+    slot: DeadlineSlot,
 }
 
 impl AnswerHolds {
-    fn for_connection(deadline: Option<AnswerDeadline>) -> AnswerHolds {
-        AnswerHolds(Arc::new(Mutex::new(AnswerHeld {
-            deadline,
-            ..AnswerHeld::default()
-        })))
+    pub(crate) fn keep(&self, held: Held) {
+        self.holds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(held);
     }
 
-    pub(crate) fn keep(&self, held: Held) {
-        let mut answer = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if answer.armed.is_none() {
-            answer.armed = answer.deadline.as_ref().map(AnswerDeadline::arm);
-        }
-        answer.holds.push(held);
+    fn holding_any(&self) -> bool {
+        !self
+            .holds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
     }
 }
 
@@ -347,11 +465,25 @@ impl AsRef<[u8]> for HeldFrame {
 }
 
 /// `response` whose body keeps `holds` until it is done, and each of whose frames
-/// keeps them until its bytes are dropped.
-fn holding(response: HttpResponse, holds: AnswerHolds) -> HttpResponse {
+/// keeps them until its bytes are dropped. With a `deadline`, each data frame made
+/// while the answer holds bytes arms it again (the last arming is kept with the holds
+/// until the last bytes are dropped): the clock starts when the answer is ready to go,
+/// not while the tool reads, and the connection's own check extends it while the
+/// client takes what the kernel buffered.
+fn holding(
+    response: HttpResponse,
+    holds: AnswerHolds,
+    deadline: Option<AnswerDeadline>,
+) -> HttpResponse {
     response.map(|body| {
         body.map_frame(move |frame| {
             frame.map_data(|bytes| {
+                if let Some(deadline) = &deadline
+                    && holds.holding_any()
+                {
+                    let armed = deadline.arm();
+                    *holds.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(armed);
+                }
                 Bytes::from_owner(HeldFrame {
                     bytes,
                     _holds: holds.clone(),
@@ -554,7 +686,7 @@ where
         }
         let mut request = request;
         let deadline = request.extensions().get::<AnswerDeadline>().cloned();
-        let holds = (method == Method::POST).then(|| AnswerHolds::for_connection(deadline));
+        let holds = (method == Method::POST).then(AnswerHolds::default);
         if let Some(holds) = &holds {
             request.extensions_mut().insert(holds.clone());
         }
@@ -566,7 +698,7 @@ where
             }
             let response = inner.call(request).await?;
             let response = match holds {
-                Some(holds) => holding(response, holds),
+                Some(holds) => holding(response, holds, deadline),
                 None => response,
             };
             if let Some(id) = &session

@@ -17,7 +17,7 @@ mod tools;
 
 pub use door::{Admitted, Door, Held, LocalDoor, ToolError};
 pub use handler::{Caller, SkillboxMcp};
-pub use http::{AnswerDeadline, ArmedDeadline, HttpService, SessionBounds};
+pub use http::{AnswerDeadline, ArmedDeadline, DeadlineSlot, HttpService, Paced, SessionBounds};
 pub use sandboxes::{SandboxBounds, Sandboxes};
 
 use std::sync::Arc;

@@ -68,6 +68,7 @@ pub(crate) async fn accept_loop(
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
             .keep_alive(true);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let deadline = AnswerDeadline::new(answer_timeout);
         let service = {
             let deadline = deadline.clone();
@@ -83,18 +84,33 @@ pub(crate) async fn accept_loop(
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _open = Gauge::up(&metrics);
-            tokio::select! {
-                ended = connection => {
-                    if let Err(e) = ended {
-                        tracing::debug!(error = %e, "serve: connection ended with an error");
+            tokio::pin!(connection);
+            // What the client had acknowledged when the deadline was last looked at.
+            let mut acked = bytes_acked(fd);
+            loop {
+                tokio::select! {
+                    ended = &mut connection => {
+                        if let Err(e) = ended {
+                            tracing::debug!(error = %e, "serve: connection ended with an error");
+                        }
+                        break;
                     }
-                }
-                // Dropping the connection closes it, and drops the answer it was sending.
-                () = deadline.passed() => {
-                    metrics.answers_abandoned.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        "serve: a client did not take its answer within {answer_timeout:?}; its connection is closed"
-                    );
+                    () = deadline.passed() => {
+                        // Bytes the kernel had buffered were taken meanwhile: progress.
+                        let now = bytes_acked(fd);
+                        if now.is_some() && now > acked {
+                            acked = now;
+                            deadline.extend();
+                            continue;
+                        }
+                        // Dropping the connection closes it, and drops the answer it
+                        // was sending.
+                        metrics.answers_abandoned.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(
+                            "serve: a client took nothing of its answer for {answer_timeout:?}; its connection is closed"
+                        );
+                        break;
+                    }
                 }
             }
             drop(slot);
@@ -122,5 +138,25 @@ impl<'a> Gauge<'a> {
 impl Drop for Gauge<'_> {
     fn drop(&mut self) {
         self.0.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The bytes the peer of TCP socket `fd` has acknowledged (`TCP_INFO`); `None` if the
+/// kernel does not say.
+fn bytes_acked(fd: std::os::fd::RawFd) -> Option<u64> {
+    // SAFETY: a zeroed tcp_info is a valid value; getsockopt writes at most `len` bytes
+    // of it, and `fd` is the connection's socket, open while its connection future is.
+    unsafe {
+        let mut info: libc::tcp_info = std::mem::zeroed();
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let rc = libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            std::ptr::from_mut(&mut info).cast(),
+            &mut len,
+        );
+        let reaches = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_acked) + 8;
+        (rc == 0 && len as usize >= reaches).then_some(info.tcpi_bytes_acked)
     }
 }

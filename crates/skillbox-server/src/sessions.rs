@@ -27,7 +27,7 @@ use skillbox_env::{
     BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, FileKind,
     Limits, SandboxPolicy, SandboxSpec,
 };
-use skillbox_mcp::{AnswerDeadline, ArmedDeadline};
+use skillbox_mcp::{AnswerDeadline, DeadlineSlot, Paced};
 use skillbox_protocol::{
     ApiError, Encoding, ErrorCode, MAX_TIMEOUT_MS, SessionCreateRequest, SessionExecEvent,
     SessionExecRequest, SessionFileEntry, SessionInfo, SessionList, SessionListing, SkillsPlaced,
@@ -1098,33 +1098,41 @@ fn hold_answer(
 }
 
 /// A 200 of `bytes` as `content_type`, which gives their place in the budget (`held`)
-/// back when the response is done with them. Until then the connection's `deadline`
-/// is armed: a client that has not taken them within the body timeout has its
-/// connection closed, which gives them back.
+/// back when the response is done with them. With the connection's `deadline` the
+/// body goes in pieces, each arming it again: a client that takes nothing for the body
+/// timeout has its connection closed, which gives the bytes back; one that reads
+/// steadily is served however slowly.
 fn held_response(
     content_type: &'static str,
     bytes: Vec<u8>,
     held: BodyHold,
     deadline: Option<Extension<AnswerDeadline>>,
 ) -> Response {
-    let armed = deadline.map(|Extension(deadline)| deadline.arm());
+    let slot = DeadlineSlot::default();
+    let owned = Bytes::from_owner(HeldBytes {
+        bytes,
+        _held: held,
+        _slot: slot.clone(),
+    });
+    let body = http_body_util::Full::new(owned);
+    let body = match deadline {
+        Some(Extension(deadline)) => Body::new(Paced::new(body, deadline, slot, Box::new(|| true))),
+        None => Body::new(body),
+    };
     (
         [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
-        Bytes::from_owner(HeldBytes {
-            bytes,
-            _held: held,
-            _armed: armed,
-        }),
+        body,
     )
         .into_response()
 }
 
 /// An answer's bytes with their place in the budget of bytes in memory, given back when
-/// the response is done with them.
+/// the response is done with them, and the last arming of the connection's deadline,
+/// kept until then.
 struct HeldBytes {
     bytes: Vec<u8>,
     _held: BodyHold,
-    _armed: Option<ArmedDeadline>,
+    _slot: DeadlineSlot,
 }
 
 impl AsRef<[u8]> for HeldBytes {

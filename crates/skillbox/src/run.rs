@@ -294,13 +294,17 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
                     .unwrap_or_default()
             );
         }
+        let written: std::collections::HashSet<&std::path::Path> = report
+            .iter()
+            .flat_map(|r| r.written.iter().map(std::path::PathBuf::as_path))
+            .collect();
         for file in &result.files {
             let place = match (&out, &report) {
-                (Some(out), Some(report)) => {
+                (Some(out), Some(_)) => {
                     let target = out.path().join(&file.path);
                     // Only what is there now: a file not written (it exists, the disk
                     // filled) or not selected is named below, with why.
-                    if !report.written.contains(&target) {
+                    if !written.contains(target.as_path()) {
                         continue;
                     }
                     escaped_path(&target)

@@ -780,6 +780,52 @@ fn a_capability_that_cannot_run_does_not_spend_its_once_grant() {
     assert_eq!(peek["grant"], "once", "{json}");
 }
 
+/// A run whose sandbox cannot be made (no Docker daemon answers) gives its `once` grant
+/// back: nothing ran. One that declares its own image is refused before the grant is
+/// looked at, never run in skillbox's runtime image instead.
+#[test]
+fn a_run_whose_sandbox_cannot_be_made_gives_its_once_grant_back() {
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let root = project.path().join("capabilities/boxed");
+    std::fs::create_dir_all(&root).unwrap();
+    let manifest = root.join("manifest.yaml");
+    let declared = "name: boxed\ndescription: needs a daemon\nversion: 0.1.0\nenvironment: docker\nlifecycle: oneshot\nentry: run.sh\n";
+    std::fs::write(&manifest, declared).unwrap();
+    std::fs::write(root.join("run.sh"), "echo ran\n").unwrap();
+    let granted = cap(
+        data.path(),
+        project.path(),
+        &["grant", "boxed", "--scope", "once"],
+        &[],
+    );
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
+    let no_daemon = [("DOCKER_HOST", "unix:///nonexistent/docker.sock")];
+    let failed = cap(data.path(), project.path(), &["run", "boxed"], &no_daemon);
+    let stderr = text(&failed.stderr);
+    assert_eq!(failed.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("unavailable"), "{stderr}");
+    // Its own image: refused, naming the field.
+    std::fs::write(&manifest, format!("{declared}image: example/tools:1\n")).unwrap();
+    let refused = cap(data.path(), project.path(), &["run", "boxed"], &[]);
+    let stderr = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("not_supported") && stderr.contains("image example/tools:1"),
+        "{stderr}"
+    );
+    let listed = cap(data.path(), project.path(), &["list", "--json"], &[]);
+    let json: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let boxed = json["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "boxed")
+        .unwrap()
+        .clone();
+    assert_eq!(boxed["grant"], "once", "{json}");
+}
+
 /// A service that never accepts (its socket's queue filled by itself) cannot hold the
 /// start, stop or status: the start fails at its ready timeout, naming why.
 #[test]

@@ -1013,6 +1013,78 @@ async fn a_client_that_stops_reading_an_answer_holds_the_budget_only_until_the_b
     served.shutdown.cancel();
 }
 
+/// The body timeout cuts off a client that stops taking an answer, not one that takes it
+/// slowly: a 20 MiB file read at about 6 MB/s (64 KiB every 10 ms) for longer than the
+/// 2 s timeout arrives whole. And a long exec after a read, on the same keep-alive
+/// connection, is not cut by the read's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_slowly_but_steadily_is_served_whole() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MIB: usize = 1024 * 1024;
+    let Some(served) = serve_with(ServerConfig {
+        body_timeout: Duration::from_secs(2),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let id = served
+        .open_having_run("head -c 20M /dev/zero > big && echo made")
+        .await;
+    let addr: std::net::SocketAddr = served.base.trim_start_matches("http://").parse().unwrap();
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "GET /v1/sessions/{id}/files/big HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ANA}\r\nConnection: close\r\n\r\n"
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut piece = vec![0u8; 64 * 1024];
+    loop {
+        match slow.read(&mut piece).await {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&piece[..n]),
+            Err(e) => panic!(
+                "cut off after {} bytes in {:?}: {e}",
+                got.len(),
+                started.elapsed()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let body = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(0, |at| got.len() - at - 4);
+    assert_eq!(
+        body,
+        20 * MIB,
+        "cut off after {:?} ({} bytes in all)",
+        started.elapsed(),
+        got.len()
+    );
+    assert!(
+        started.elapsed() > Duration::from_secs(2),
+        "the read was not slower than the timeout: {:?}",
+        started.elapsed()
+    );
+
+    // A read, then a 3 s exec on the client's (pooled, kept-alive) connection.
+    let mut read = served
+        .get(ANA, &format!("/v1/sessions/{id}/files/big"))
+        .await;
+    while read.chunk().await.unwrap().is_some() {}
+    let events = served
+        .exec(ANA, &id, json!({"shell": "sleep 3; echo done"}))
+        .await
+        .rest()
+        .await;
+    assert!(events.iter().any(|e| e["data"] == "done\n"), "{events:?}");
+    assert_eq!(events.last().unwrap()["type"], "exit", "{events:?}");
+    served.shutdown.cancel();
+}
+
 /// On a server with API keys each tenant holds at most half of the budget of bytes in
 /// memory (or one body limit, if that is more): a tenant whose reads stall cannot hold
 /// another tenant's reads off. Ana's second 40 MiB read is 429 naming her share while
