@@ -199,23 +199,38 @@ async fn kill_from_inside(container: &Container) -> EnvResult<()> {
         NR_PRCTL.to_string(),
         container.bridge_pid.load(Ordering::SeqCst).to_string(),
     ];
-    let out = bounded(collect_exec(
-        &container.docker,
-        &container.id,
-        container.runtime.backend(),
-        "reset the sandbox",
-        argv,
-        None,
-        LINE_BYTES,
-    ))
-    .await?;
-    // The exit status is the authority: the sandbox's code cannot forge it (it could
-    // write into the killer's output pipe).
-    match (out.exit_code, String::from_utf8_lossy(&out.stdout).trim()) {
-        (Some(0), "left 0") => Ok(()),
-        (code, said) => Err(unavailable(format!(
-            "the sandbox's processes did not die (killer exit {code:?}, {said:?})"
-        ))),
+    // runsc now and then fails to start an exec at all (`OCI runtime exec failed`,
+    // status 126: the killer never ran): that is tried again, twice, before the sandbox
+    // is given up.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let out = bounded(collect_exec(
+            &container.docker,
+            &container.id,
+            container.runtime.backend(),
+            "reset the sandbox",
+            argv.clone(),
+            None,
+            LINE_BYTES,
+        ))
+        .await?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        let said = said.trim();
+        // The exit status is the authority: the sandbox's code cannot forge it (it
+        // could write into the killer's output pipe).
+        match (out.exit_code, said) {
+            (Some(0), "left 0") => return Ok(()),
+            (Some(126), said) if said.contains("OCI runtime exec failed") && tries < 3 => {
+                tracing::debug!(container = %container.id, said, "docker: the killer did not start; again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (code, said) => {
+                return Err(unavailable(format!(
+                    "the sandbox's processes did not die (killer exit {code:?}, {said:?})"
+                )));
+            }
+        }
     }
 }
 
