@@ -639,11 +639,14 @@ impl ServiceTable {
                 )));
             }
         };
-        if manifest.environment != Environment::Native {
+        if !matches!(
+            manifest.environment,
+            Environment::Native | Environment::Docker | Environment::Gvisor
+        ) {
             return Err(EnvError::new(
                 ErrorCode::NotSupported,
                 format!(
-                    "{name}: a persistent {} capability is not built yet (persistent capabilities run on native); it is not started anywhere else",
+                    "{name}: a persistent {} capability cannot be started (persistent capabilities run on native, docker or gvisor); it is not started anywhere else",
                     manifest.environment
                 ),
             ));

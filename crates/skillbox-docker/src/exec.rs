@@ -20,6 +20,7 @@ use skillbox_env::{
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
+use crate::connect::DockerConnector;
 use crate::container::Container;
 use crate::daemon::{Attach, Attached, op_error, start_attached};
 use crate::outcome::{
@@ -549,8 +550,12 @@ impl DockerSandbox {
         let (tx, stream) = ExecStream::channel();
         let cancel = cancel.clone();
         let cap = container.limits.output_bytes;
+        let ended = CancellationToken::new();
+        let stream =
+            stream.with_connector(Arc::new(DockerConnector::new(&container, ended.clone())));
         tokio::spawn(async move {
             let _turn = turn;
+            let _ended = ended.drop_guard();
             let mut reading = Reading {
                 container: container.clone(),
                 tx: tx.clone(),

@@ -26,13 +26,15 @@
 //! helpers run with), `daemon` (reaching it, its errors, running a helper command),
 //! `config` (the container a spec makes), `container` (one started container's state),
 //! `reset` (killing what runs in it), `sandbox` (the `DockerSandbox`), `pool` (starting
-//! containers, and the warm pool), `outcome` (how an exec ended, as data), `exec` and
+//! containers, and the warm pool), `outcome` (how an exec ended, as data), `connect`
+//! (reaching what an exec serves, through a relay in the container), `exec` and
 //! `files` (the `Shell` and `FileSystem` of a sandbox), `backend` (`DockerBackend`),
 //! `image` (`skillbox image build`).
 
 mod backend;
 mod bridge;
 mod config;
+mod connect;
 mod container;
 mod daemon;
 mod egress;

@@ -19,6 +19,8 @@ async fn make(runtime: Runtime, spec: SandboxSpec) -> Made {
     Ok(Box::new(sandbox))
 }
 
+mod connect;
+
 mod docker {
     use super::*;
 

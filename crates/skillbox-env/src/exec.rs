@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -166,6 +166,33 @@ pub enum Endpoint {
     Socket(PathBuf),
 }
 
+/// Where a sandbox shows its workspace, on every backend that has one.
+const WORKSPACE: &str = "/workspace";
+
+impl Endpoint {
+    /// A socket's `path` as a plain relative path below [`WORKSPACE`] (no `..`, no
+    /// `.`): the only sockets skillbox connects to (each exec's `/tmp` is its own).
+    pub fn socket_in_workspace(path: &Path) -> EnvResult<PathBuf> {
+        let relative = path.strip_prefix(WORKSPACE).map_err(|_| {
+            EnvError::invalid(format!(
+                "socket {}: must be under {WORKSPACE} (each exec's /tmp is its own; the host sees only the workspace)",
+                path.display()
+            ))
+        })?;
+        if relative.as_os_str().is_empty()
+            || relative
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(EnvError::invalid(format!(
+                "socket {}: give a plain path of a file under {WORKSPACE}",
+                path.display()
+            )));
+        }
+        Ok(relative.to_path_buf())
+    }
+}
+
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -296,4 +323,28 @@ pub async fn pump_output<R: AsyncRead + Unpin>(
         }
     }
     truncated
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorCode;
+
+    #[test]
+    fn sockets_must_be_plain_paths_under_the_workspace() {
+        assert!(Endpoint::socket_in_workspace(Path::new("/workspace/app.sock")).is_ok());
+        assert_eq!(
+            Endpoint::socket_in_workspace(Path::new("/workspace/run/app.sock")).ok(),
+            Some(PathBuf::from("run/app.sock"))
+        );
+        for bad in [
+            "/tmp/app.sock",
+            "/workspace",
+            "/workspace/../etc/x",
+            "relative.sock",
+        ] {
+            let e = Endpoint::socket_in_workspace(Path::new(bad)).err();
+            assert_eq!(e.map(|e| e.code), Some(ErrorCode::Invalid), "{bad}");
+        }
+    }
 }

@@ -16,7 +16,7 @@
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -24,8 +24,6 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 use skillbox_env::{
     CancellationToken, Duplex, Endpoint, EnvError, EnvResult, ErrorCode, ExecConnector, blocking,
 };
-
-use crate::layout::WORKSPACE;
 
 /// The longest a connect to a port waits for the sandbox's loopback to answer.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -141,7 +139,7 @@ impl ExecConnector for NativeConnector {
                     .map_err(|e| refused(endpoint, &e))?
             }
             Endpoint::Socket(path) => {
-                let relative = under_workspace(path)?;
+                let relative = Endpoint::socket_in_workspace(path)?;
                 let workspace = self.workspace.clone().ok_or_else(|| {
                     EnvError::new(
                         ErrorCode::NotSupported,
@@ -161,27 +159,6 @@ impl ExecConnector for NativeConnector {
         };
         Ok(stream)
     }
-}
-
-/// `path` below `/workspace`, as a relative path without `..`.
-fn under_workspace(path: &Path) -> EnvResult<PathBuf> {
-    let relative = path.strip_prefix(WORKSPACE).map_err(|_| {
-        EnvError::invalid(format!(
-            "socket {}: must be under {WORKSPACE} (each exec's /tmp is its own; the host sees only the workspace)",
-            path.display()
-        ))
-    })?;
-    if relative.as_os_str().is_empty()
-        || relative
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_)))
-    {
-        return Err(EnvError::invalid(format!(
-            "socket {}: give a plain path of a file under {WORKSPACE}",
-            path.display()
-        )));
-    }
-    Ok(relative.to_path_buf())
 }
 
 fn connect_socket(workspace: BorrowedFd<'_>, relative: &Path) -> io::Result<UnixStream> {
@@ -479,28 +456,5 @@ pub(crate) fn receive_fd(ours: &UnixStream) -> io::Result<OwnedFd> {
         _ => Err(io::Error::other(
             "the helper that joins the sandbox's network ended without an answer",
         )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sockets_must_be_plain_paths_under_the_workspace() {
-        assert!(under_workspace(Path::new("/workspace/app.sock")).is_ok());
-        assert_eq!(
-            under_workspace(Path::new("/workspace/run/app.sock")).ok(),
-            Some(PathBuf::from("run/app.sock"))
-        );
-        for bad in [
-            "/tmp/app.sock",
-            "/workspace",
-            "/workspace/../etc/x",
-            "relative.sock",
-        ] {
-            let e = under_workspace(Path::new(bad)).err();
-            assert_eq!(e.map(|e| e.code), Some(ErrorCode::Invalid), "{bad}");
-        }
     }
 }

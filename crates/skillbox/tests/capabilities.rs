@@ -689,30 +689,32 @@ fn a_persistent_service_works_for_an_unprivileged_user() {
     assert!(!socket.exists());
 }
 
-/// A persistent capability in an environment that cannot serve yet is refused, named,
-/// and started nowhere else.
+/// A persistent capability in an environment that cannot serve is refused, named, and
+/// started nowhere else.
 #[test]
-fn a_persistent_docker_capability_is_refused_not_moved() {
+fn a_persistent_host_capability_is_refused_not_moved() {
     let data = tempfile::tempdir().unwrap();
     let project = tempfile::tempdir().unwrap();
     let root = project.path().join("capabilities/web");
     std::fs::create_dir_all(&root).unwrap();
     std::fs::write(
         root.join("manifest.yaml"),
-        "name: web\ndescription: a web server in a container\nversion: 0.1.0\nenvironment: docker\nlifecycle: persistent\nentry: web.py\nport: 8080\n",
+        "name: web\ndescription: a web server on the host\nversion: 0.1.0\nenvironment: host\nlifecycle: persistent\nentry: web.py\nport: 8080\n",
     )
     .unwrap();
     std::fs::write(root.join("web.py"), "print('hi')\n").unwrap();
-    assert!(
-        cap(data.path(), project.path(), &["grant", "web"], &[])
-            .status
-            .success()
+    let granted = cap(
+        data.path(),
+        project.path(),
+        &["grant", "web", "--scope", "once"],
+        &[],
     );
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
     let refused = cap(data.path(), project.path(), &["start", "web"], &[]);
     assert_eq!(refused.status.code(), Some(125));
     let stderr = text(&refused.stderr);
     assert!(
-        stderr.contains("not_supported") && stderr.contains("docker"),
+        stderr.contains("not_supported") && stderr.contains("host"),
         "{stderr}"
     );
     assert!(service_status(data.path(), project.path()).is_empty());
@@ -727,6 +729,95 @@ fn a_persistent_docker_capability_is_refused_not_moved() {
         .filter(|f| f.file_name() == "web.log")
         .collect();
     assert!(logs.is_empty(), "{logs:?}");
+}
+
+/// The notes example declared for `backend`: started in a container with no network,
+/// reached through the socket skillbox forwards (a relay in the container, one per
+/// connection), with a note larger than one relay read going in and back out; stopped,
+/// its container is gone.
+fn a_persistent_service_serves_from(backend: &str) {
+    let test = format!("a_persistent_service_serves_from_{backend}");
+    if !common::backend_or_skip(backend, &test) {
+        return;
+    }
+    let data = data_dir();
+    std::fs::create_dir_all(&data).unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let project = project.path();
+    let name = format!("notes-{backend}");
+    let root = project.join("capabilities").join(&name);
+    std::fs::create_dir_all(&root).unwrap();
+    let manifest = std::fs::read_to_string(example("capabilities/http-notes/manifest.yaml"))
+        .unwrap()
+        .replace("name: http-notes", &format!("name: {name}"))
+        .replace("environment: native", &format!("environment: {backend}"));
+    assert!(manifest.contains(&format!("environment: {backend}")));
+    std::fs::write(root.join("manifest.yaml"), manifest).unwrap();
+    std::fs::copy(
+        example("capabilities/http-notes/server.py"),
+        root.join("server.py"),
+    )
+    .unwrap();
+    assert!(cap(&data, project, &["grant", &name], &[]).status.success());
+    let started = cap(&data, project, &["start", &name, "--json"], &[]);
+    assert!(started.status.success(), "{}", text(&started.stderr));
+    let info: Value = serde_json::from_slice(&started.stdout).unwrap();
+    assert_eq!(info["state"], "ready", "{info}");
+    assert_eq!(info["environment"], backend, "{info}");
+    let container = info["process"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("container ")
+        .unwrap_or_else(|| panic!("{info}"))
+        .to_string();
+    let socket = std::path::PathBuf::from(
+        info["endpoint"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("unix:")
+            .unwrap(),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "only its owner may connect");
+
+    let (status, body) = http(&socket, "POST", "/notes", "buy milk");
+    assert!(status.contains("201"), "{status} {body}");
+    // More than one 64 KiB read of the relay's, both ways.
+    let long: String = (0..6000).map(|i| format!("{i:>9},")).collect();
+    assert!(long.len() > 64 * 1024 - 10_000 && long.len() <= 64 * 1024);
+    let (status, body) = http(&socket, "POST", "/notes", &long);
+    assert!(status.contains("201"), "{status} {body}");
+    let (status, body) = http(&socket, "GET", "/notes", "");
+    assert!(status.contains("200"), "{status} {body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["notes"],
+        serde_json::json!(["buy milk", long])
+    );
+    let listed = service_status(&data, project);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "ready");
+
+    let stopped = cap(&data, project, &["stop", &name], &[]);
+    assert!(stopped.status.success(), "{}", text(&stopped.stderr));
+    assert!(!socket.exists());
+    assert!(service_status(&data, project).is_empty());
+    eventually("the service's container is removed", || {
+        Command::new("docker")
+            .args(["inspect", "--format", "{{.Id}}", &container])
+            .output()
+            .is_ok_and(|o| !o.status.success())
+    });
+}
+
+#[test]
+fn a_persistent_service_serves_from_docker() {
+    a_persistent_service_serves_from("docker");
+}
+
+#[test]
+fn a_persistent_service_serves_from_gvisor() {
+    a_persistent_service_serves_from("gvisor");
 }
 
 /// A capability that cannot run as declared (a volume whose host directory is missing)

@@ -1,0 +1,393 @@
+//! Reaching what a running exec serves, from the host side (DESIGN.md §2.3), without
+//! giving the container a network. Each connection is a relay ([`helpers/relay.pl`])
+//! started in the container as the sandbox's own user: it connects there, to
+//! `127.0.0.1:PORT` on the container's loopback (gVisor's own network stack under
+//! runsc) or to a unix socket under `/workspace`, says in one line whether that
+//! worked, and then carries the bytes over its attached stdin and stdout. The relay can
+//! do nothing the sandbox's code could not: it is that user, inside that container.
+//!
+//! What comes back over the relay's stdout is the sandbox's, read as untrusted bytes
+//! like any exec output; its stderr is dropped (the relay's own complaints).
+
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::container::LogOutput;
+use bytes::{Buf, Bytes};
+use futures_util::{Stream, StreamExt};
+use skillbox_env::{
+    CancellationToken, Duplex, Endpoint, EnvError, EnvResult, ErrorCode, ExecConnector,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use crate::container::Container;
+use crate::daemon::{Attach, Attached, ExecInput, ExecOutput, start_attached, unavailable};
+
+const RELAY_PL: &str = include_str!("helpers/relay.pl");
+
+/// The longest a connect may take: the relay's start (tens of milliseconds under runc,
+/// more under gVisor and load) and its connect on the container's loopback.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Relays being started at once, in this process (each is an exec the daemon makes).
+const CONCURRENT_CONNECTS: usize = 32;
+/// The relay's answer is one short line.
+const ANSWER_BYTES: usize = 4096;
+
+fn connects() -> &'static tokio::sync::Semaphore {
+    static PLACES: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    PLACES.get_or_init(|| tokio::sync::Semaphore::new(CONCURRENT_CONNECTS))
+}
+
+/// Connects into one exec of a container sandbox.
+#[derive(Debug)]
+pub(crate) struct DockerConnector {
+    container: Weak<Container>,
+    /// The container's id, for [`ExecConnector::process`].
+    id: String,
+    /// Fired once the exec has ended: nothing it served is there any more.
+    ended: CancellationToken,
+}
+
+impl DockerConnector {
+    pub(crate) fn new(container: &Arc<Container>, ended: CancellationToken) -> Self {
+        DockerConnector {
+            container: Arc::downgrade(container),
+            id: container.id.clone(),
+            ended,
+        }
+    }
+
+    /// The container while the exec runs in it.
+    fn running(&self, endpoint: &Endpoint) -> EnvResult<Arc<Container>> {
+        let gone = || unavailable(format!("connect to {endpoint}: the exec has ended"));
+        let container = self.container.upgrade().ok_or_else(gone)?;
+        if self.ended.is_cancelled() || container.is_removed() || container.died.is_cancelled() {
+            return Err(gone());
+        }
+        Ok(container)
+    }
+}
+
+/// The relay's command line for `endpoint`.
+fn relay_argv(container: &Container, endpoint: &Endpoint) -> EnvResult<Vec<String>> {
+    let (kind, whereto) = match endpoint {
+        Endpoint::Port(port) => ("port", port.to_string()),
+        Endpoint::Socket(path) => {
+            let relative = Endpoint::socket_in_workspace(path)?;
+            (
+                "socket",
+                format!("{}/{}", crate::config::WORKSPACE, relative.display()),
+            )
+        }
+    };
+    Ok(vec![
+        container.runtime.perl().to_string(),
+        "-e".into(),
+        RELAY_PL.into(),
+        kind.into(),
+        whereto,
+    ])
+}
+
+/// What the relay's first line says: connected, or the errno and text of why not.
+fn answer(endpoint: &Endpoint, line: &[u8]) -> EnvResult<()> {
+    let text = String::from_utf8_lossy(line);
+    let text = text.trim_end();
+    if text == "+" {
+        return Ok(());
+    }
+    let failure = text.strip_prefix("- ").and_then(|rest| {
+        let (errno, why) = rest.split_once(' ')?;
+        Some((errno.parse::<i32>().ok()?, why))
+    });
+    Err(match failure {
+        Some((errno, why)) => {
+            let code = match skillbox_env::errno_code(errno) {
+                ErrorCode::Unknown => ErrorCode::Unavailable,
+                code => code,
+            };
+            EnvError::new(code, format!("connect to {endpoint}: {why}"))
+        }
+        None => unavailable(format!(
+            "connect to {endpoint}: the relay in the container answered {:?}",
+            text.chars().take(200).collect::<String>()
+        )),
+    })
+}
+
+#[async_trait]
+impl ExecConnector for DockerConnector {
+    fn process(&self) -> String {
+        format!("container {}", &self.id[..self.id.len().min(12)])
+    }
+
+    async fn connect(
+        &self,
+        endpoint: &Endpoint,
+        cancel: &CancellationToken,
+    ) -> EnvResult<Box<dyn Duplex>> {
+        let argv = {
+            let container = self.running(endpoint)?;
+            relay_argv(&container, endpoint)?
+        };
+        let _place = tokio::select! {
+            place = connects().acquire() => place.map_err(|_| {
+                EnvError::new(ErrorCode::Unknown, "connect: the connect places are gone")
+            })?,
+            () = cancel.cancelled() => return Err(EnvError::aborted("connect")),
+        };
+        let container = self.running(endpoint)?;
+        let opened = async {
+            let attach = Attach {
+                argv,
+                stdin: true,
+                user: None,
+                output_capacity: Some(64 * 1024),
+            };
+            let Attached { output, input, .. } = start_attached(
+                &container.docker,
+                &container.id,
+                container.runtime.backend(),
+                "connect",
+                attach,
+            )
+            .await?;
+            let mut relayed = Relayed {
+                output,
+                input,
+                pending: Bytes::new(),
+            };
+            let line = relayed.first_line(endpoint).await?;
+            answer(endpoint, &line)?;
+            Ok::<_, EnvError>(relayed)
+        };
+        let relayed = tokio::select! {
+            opened = tokio::time::timeout(CONNECT_TIMEOUT, opened) => opened.map_err(|_| {
+                EnvError::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "connect to {endpoint}: no answer within {} s (it does not accept)",
+                        CONNECT_TIMEOUT.as_secs()
+                    ),
+                )
+            })??,
+            () = cancel.cancelled() => return Err(EnvError::aborted("connect")),
+            () = self.ended.cancelled() => {
+                return Err(unavailable(format!("connect to {endpoint}: the exec has ended")));
+            }
+        };
+        Ok(Box::new(relayed))
+    }
+}
+
+/// One connection through a relay: reads are the relay's stdout, writes its stdin,
+/// and a shutdown closes its stdin (which it passes on as a half close).
+struct Relayed {
+    output: ExecOutput,
+    input: ExecInput,
+    /// Read from the relay and not yet given out.
+    pending: Bytes,
+}
+
+impl Relayed {
+    /// The relay's first line (without the newline); what follows it stays pending.
+    async fn first_line(&mut self, endpoint: &Endpoint) -> EnvResult<Vec<u8>> {
+        let mut line = Vec::new();
+        loop {
+            match self.output.next().await {
+                Some(Ok(LogOutput::StdOut { message })) => {
+                    line.extend_from_slice(&message);
+                    if let Some(end) = line.iter().position(|&b| b == b'\n') {
+                        self.pending = Bytes::copy_from_slice(&line[end + 1..]);
+                        line.truncate(end);
+                        return Ok(line);
+                    }
+                    if line.len() > ANSWER_BYTES {
+                        return Err(unavailable(format!(
+                            "connect to {endpoint}: the relay's answer is not a line"
+                        )));
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    return Err(unavailable(format!("connect to {endpoint}: {e}")));
+                }
+                None => {
+                    return Err(unavailable(format!(
+                        "connect to {endpoint}: the relay ended without an answer (the container may be out of processes or memory)"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+impl AsyncRead for Relayed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if !this.pending.is_empty() {
+                let n = this.pending.len().min(buf.remaining());
+                buf.put_slice(&this.pending[..n]);
+                this.pending.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            match Pin::new(&mut this.output).poll_next(cx) {
+                Poll::Ready(Some(Ok(LogOutput::StdOut { message }))) => this.pending = message,
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(io::Error::other(e))),
+                // The relay ended: the service closed its side.
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Relayed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().input.as_mut().poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().input.as_mut().poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().input.as_mut().poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::{Child, Command, Stdio};
+
+    use super::*;
+
+    /// The relay, run here on the host by the system's perl, for `kind` and `whereto`.
+    fn relay(kind: &str, whereto: &str) -> (Child, BufReader<std::process::ChildStdout>) {
+        let mut child = Command::new("perl")
+            .args(["-e", RELAY_PL, kind, whereto])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("perl runs the relay");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        (child, out)
+    }
+
+    fn first_line(out: &mut BufReader<std::process::ChildStdout>) -> String {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        line
+    }
+
+    /// Connected, it carries more than its 64 KiB buffers both ways, passes the host's
+    /// end of file on as a half close, delivers everything the service sent after it,
+    /// and ends when the service closes.
+    #[test]
+    fn the_relay_carries_bytes_both_ways_and_passes_on_a_half_close() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (mut child, mut out) = relay("port", &port.to_string());
+        let (mut service, _) = listener.accept().unwrap();
+        assert_eq!(first_line(&mut out), "+\n");
+        let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let mut stdin = child.stdin.take().unwrap();
+        let upload = {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                stdin.write_all(&sent).unwrap();
+                // Dropped: end of file, which the service sees as a half close.
+            })
+        };
+        let mut received = Vec::new();
+        service.read_to_end(&mut received).unwrap();
+        upload.join().unwrap();
+        assert!(
+            received == sent,
+            "{} bytes of {}",
+            received.len(),
+            sent.len()
+        );
+        // The service answers after the client's half close, then closes.
+        let answer: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        service.write_all(&answer).unwrap();
+        drop(service);
+        let mut back = Vec::new();
+        out.read_to_end(&mut back).unwrap();
+        assert!(back == answer, "{} bytes of {}", back.len(), answer.len());
+        assert!(child.wait().unwrap().success());
+    }
+
+    #[test]
+    fn the_relay_says_why_it_could_not_connect() {
+        // A port nothing listens on: bound, then closed.
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let (mut child, mut out) = relay("port", &port.to_string());
+        let line = first_line(&mut out);
+        let refused = answer(&Endpoint::Port(port), line.as_bytes()).unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Unavailable, "{line}");
+        assert!(!child.wait().unwrap().success());
+
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.sock");
+        let (mut child, mut out) = relay("socket", missing.to_str().unwrap());
+        let line = first_line(&mut out);
+        let absent = answer(&Endpoint::Socket(missing), line.as_bytes()).unwrap_err();
+        assert_eq!(absent.code, ErrorCode::NotFound, "{line}");
+        assert!(!child.wait().unwrap().success());
+    }
+
+    #[test]
+    fn the_relay_reaches_a_unix_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("app.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let (mut child, mut out) = relay("socket", path.to_str().unwrap());
+        let (mut service, _) = listener.accept().unwrap();
+        assert_eq!(first_line(&mut out), "+\n");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"ping").unwrap();
+        drop(stdin);
+        let mut got = Vec::new();
+        service.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"ping");
+        service.write_all(b"pong").unwrap();
+        drop(service);
+        let mut back = Vec::new();
+        out.read_to_end(&mut back).unwrap();
+        assert_eq!(back, b"pong");
+        assert!(child.wait().unwrap().success());
+    }
+
+    #[test]
+    fn the_relays_answer_says_connected_or_why_not() {
+        let endpoint = Endpoint::Port(8080);
+        assert!(answer(&endpoint, b"+").is_ok());
+        let refused = answer(&endpoint, b"- 111 127.0.0.1:8080: Connection refused").unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Unavailable);
+        assert!(refused.message.contains("Connection refused"), "{refused}");
+        let missing = answer(&endpoint, b"- 2 /workspace/x.sock: No such file").unwrap_err();
+        assert_eq!(missing.code, ErrorCode::NotFound);
+        let odd = answer(&endpoint, b"hello").unwrap_err();
+        assert_eq!(odd.code, ErrorCode::Unavailable);
+        assert!(odd.message.contains("\"hello\""), "{odd}");
+    }
+}

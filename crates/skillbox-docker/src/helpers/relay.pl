@@ -1,0 +1,87 @@
+# skillbox's relay (DESIGN.md §2.3): one connection from the host to what an exec
+# serves in this container, which has no network for it. Run as the sandbox's own user,
+# with the rights the sandbox's code has and no more: it connects to 127.0.0.1:PORT on
+# the container's loopback (`port PORT`) or to a unix socket (`socket PATH`), says how
+# that went in one line on stdout (`+`, or `- ERRNO TEXT` and exit 1), then carries
+# bytes both ways between its stdin/stdout (the host's end) and the socket until the
+# service closes its side and everything it sent is delivered. The host's end of file
+# is passed on as a half close (`shutdown(SHUT_WR)`). At most 64 KiB wait each way.
+use strict;
+use Socket qw(PF_INET PF_UNIX SOCK_STREAM SHUT_WR inet_aton pack_sockaddr_in pack_sockaddr_un);
+use Fcntl qw(F_GETFL F_SETFL O_NONBLOCK);
+
+use constant { CHUNK => 65536, EINTR => 4, EAGAIN => 11 };
+
+my ($kind, $where) = @ARGV;
+my $sock;
+# A side that went away is seen as an error from the write, not as a signal.
+$SIG{PIPE} = 'IGNORE';
+
+sub fail {
+    syswrite(STDOUT, '- ' . ($! + 0) . " $_[0]: $!\n");
+    exit 1;
+}
+
+if ($kind eq 'port') {
+    socket($sock, PF_INET, SOCK_STREAM, 0) or fail('socket');
+    connect($sock, pack_sockaddr_in($where, inet_aton('127.0.0.1'))) or fail("127.0.0.1:$where");
+} elsif ($kind eq 'socket') {
+    socket($sock, PF_UNIX, SOCK_STREAM, 0) or fail('socket');
+    connect($sock, pack_sockaddr_un($where)) or fail($where);
+} else {
+    $! = 22;
+    fail("endpoint kind $kind");
+}
+
+for my $fh (\*STDIN, \*STDOUT, $sock) {
+    my $flags = fcntl($fh, F_GETFL, 0) or fail('fcntl');
+    fcntl($fh, F_SETFL, $flags | O_NONBLOCK) or fail('fcntl');
+}
+syswrite(STDOUT, "+\n") or exit 1;
+
+my ($in, $out, $s) = (fileno(STDIN), fileno(STDOUT), fileno($sock));
+# $up: from the host, for the service; $down: from the service, for the host.
+my ($up, $down) = ('', '');
+my ($in_done, $shut, $sock_done) = (0, 0, 0);
+while (!$sock_done || length $down) {
+    if ($in_done && !length $up && !$shut) {
+        shutdown($sock, SHUT_WR);
+        $shut = 1;
+    }
+    my ($r, $w) = ('', '');
+    vec($r, $in, 1) = 1 if !$in_done && length $up < CHUNK;
+    vec($r, $s, 1) = 1 if !$sock_done && length $down < CHUNK;
+    vec($w, $s, 1) = 1 if length $up;
+    vec($w, $out, 1) = 1 if length $down;
+    my ($rr, $ww) = ($r, $w);
+    if (select($rr, $ww, undef, undef) < 0) {
+        next if $! == EINTR;
+        exit 1;
+    }
+    if (vec($rr, $in, 1)) {
+        my $got = sysread(STDIN, $up, CHUNK, length $up);
+        $in_done = 1 if defined $got ? $got == 0 : $! != EAGAIN;
+    }
+    if (vec($rr, $s, 1)) {
+        my $got = sysread($sock, $down, CHUNK, length $down);
+        $sock_done = 1 if defined $got ? $got == 0 : $! != EAGAIN;
+    }
+    if (length $up && vec($ww, $s, 1)) {
+        my $put = syswrite($sock, $up);
+        if (defined $put) {
+            substr($up, 0, $put) = '';
+        } elsif ($! != EAGAIN) {
+            # The service no longer reads: what the host sends is dropped.
+            ($up, $in_done, $shut) = ('', 1, 1);
+        }
+    }
+    if (length $down && vec($ww, $out, 1)) {
+        my $put = syswrite(STDOUT, $down);
+        if (defined $put) {
+            substr($down, 0, $put) = '';
+        } elsif ($! != EAGAIN) {
+            exit 0;
+        }
+    }
+}
+exit 0;

@@ -1,0 +1,262 @@
+//! The exec connector of a container sandbox: what a process in the container serves is
+//! reached from the host through a relay in the container, on the container's own
+//! loopback (gVisor's under runsc) or a socket in its `/workspace`, and nowhere else.
+//! The container keeps no network.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use skillbox_docker::Runtime;
+use skillbox_env::{
+    CancellationToken, Endpoint, ErrorCode, ExecConnector, ExecEvent, ExecRequest, ExecStream,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A listener on the host that counts who reaches it (none should).
+fn host_listener_tcp() -> (u16, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut stream) = stream {
+                let _ = stream.write_all(b"host\n");
+            }
+        }
+    });
+    (port, hits)
+}
+
+fn host_listener_unix(path: &Path) -> Arc<AtomicUsize> {
+    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut stream) = stream {
+                let _ = stream.write_all(b"host\n");
+            }
+        }
+    });
+    hits
+}
+
+/// Connects until something answers (bounded), sends a line, reads the answer to its
+/// end.
+async fn answer(connector: &dyn ExecConnector, endpoint: &Endpoint, line: &[u8]) -> Vec<u8> {
+    let never = CancellationToken::new();
+    let started = Instant::now();
+    let mut stream = loop {
+        match connector.connect(endpoint, &never).await {
+            Ok(stream) => break stream,
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                assert!(
+                    matches!(e.code, ErrorCode::Unavailable | ErrorCode::NotFound),
+                    "{e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("nothing answered at {endpoint}: {e}"),
+        }
+    };
+    stream.write_all(line).await.unwrap();
+    stream.write_all(b"\n").await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    answer
+}
+
+/// Serves one line per connection: answers `sandbox got <line>` (and, for a line that
+/// is a number, that many bytes after it), then closes.
+const SERVER: &str = r#"
+import os, socket, sys
+where = sys.argv[1]
+if where.isdigit():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", int(where)))
+else:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(where)
+s.listen()
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    got = c.makefile("rb").readline().strip().decode()
+    c.sendall(f"sandbox got {got}\n".encode())
+    if got.isdigit():
+        c.sendall(b"z" * int(got))
+    c.close()
+"#;
+
+async fn ended(mut stream: ExecStream) {
+    while let Some(event) = stream.next().await {
+        if let Ok(ExecEvent::Exit(_)) = event {
+            break;
+        }
+    }
+}
+
+/// The host listens on the port the container's service uses: the connector reaches
+/// the service, never the host; before the service listens and after its exec ended it
+/// is refused.
+async fn a_port_is_reached_in_the_containers_own_network_only(runtime: Runtime) {
+    let (port, host_hits) = host_listener_tcp();
+    let mut spec = skillbox_env::testkit::spec();
+    spec.policy.listen_ports.push(port);
+    let made = super::make(runtime, spec).await;
+    let Some(env) = skillbox_env::testkit::require(made, "a_port_is_reached") else {
+        return;
+    };
+    let stop = CancellationToken::new();
+    // Nothing listens yet: the relay is refused, and the host is not asked instead.
+    let idle = env
+        .exec_stream(
+            ExecRequest::argv(["sleep", "60"]).timeout(Duration::from_secs(120)),
+            &stop,
+        )
+        .await
+        .unwrap();
+    let refused = idle
+        .connector()
+        .expect("container execs have a connector")
+        .connect(&Endpoint::Port(port), &CancellationToken::new())
+        .await
+        .err()
+        .expect("nothing listens in the container");
+    assert_eq!(refused.code, ErrorCode::Unavailable, "{refused}");
+    stop.cancel();
+    ended(idle).await;
+
+    let stop = CancellationToken::new();
+    let stream = env
+        .exec_stream(
+            ExecRequest::argv(["python3", "-c", SERVER, &port.to_string()])
+                .timeout(Duration::from_secs(120)),
+            &stop,
+        )
+        .await
+        .unwrap();
+    let connector = stream
+        .connector()
+        .expect("container execs have a connector");
+    assert!(connector.process().starts_with("container "));
+    let endpoint = Endpoint::Port(port);
+    assert_eq!(
+        answer(connector.as_ref(), &endpoint, b"ping").await,
+        b"sandbox got ping\n"
+    );
+    // More than the relay holds at once, back to the host.
+    let big = answer(connector.as_ref(), &endpoint, b"300000").await;
+    assert_eq!(big.len(), "sandbox got 300000\n".len() + 300_000);
+    assert_eq!(
+        host_hits.load(Ordering::SeqCst),
+        0,
+        "the host's listener was reached"
+    );
+
+    stop.cancel();
+    ended(stream).await;
+    let gone = connector
+        .connect(&endpoint, &CancellationToken::new())
+        .await
+        .err()
+        .expect("an ended exec serves nothing");
+    assert_eq!(gone.code, ErrorCode::Unavailable, "{gone}");
+    assert_eq!(host_hits.load(Ordering::SeqCst), 0);
+    env.cleanup().await.unwrap();
+}
+
+/// A socket the service made under `/workspace` is reached; a link the code made to
+/// the host's socket leads nowhere (the host's path is not in the container), and
+/// `..` or a path outside the workspace is refused before anything runs.
+async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(runtime: Runtime) {
+    let made = super::make(runtime, skillbox_env::testkit::spec()).await;
+    let Some(env) = skillbox_env::testkit::require(made, "a_socket_is_reached") else {
+        return;
+    };
+    let never = CancellationToken::new();
+    let host = tempfile::tempdir().unwrap();
+    let host_socket = host.path().join("host.sock");
+    let host_hits = host_listener_unix(&host_socket);
+
+    let stop = CancellationToken::new();
+    let script = format!(
+        "ln -s {} /workspace/out.sock && exec python3 -c \"$0\" /workspace/app.sock",
+        host_socket.display()
+    );
+    let stream = env
+        .exec_stream(
+            ExecRequest::argv(["sh", "-c", &script, SERVER]).timeout(Duration::from_secs(120)),
+            &stop,
+        )
+        .await
+        .unwrap();
+    let connector = stream.connector().unwrap();
+    let endpoint = Endpoint::Socket("/workspace/app.sock".into());
+    assert_eq!(
+        answer(connector.as_ref(), &endpoint, b"ping").await,
+        b"sandbox got ping\n"
+    );
+    for (path, code) in [
+        ("/workspace/out.sock", ErrorCode::NotFound),
+        ("/workspace/missing.sock", ErrorCode::NotFound),
+        ("/workspace/../tmp/x.sock", ErrorCode::Invalid),
+        ("/tmp/app.sock", ErrorCode::Invalid),
+    ] {
+        let e = connector
+            .connect(&Endpoint::Socket(path.into()), &never)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{path} was connected"));
+        assert_eq!(e.code, code, "{path}: {e}");
+    }
+    assert_eq!(
+        host_hits.load(Ordering::SeqCst),
+        0,
+        "the host's socket was reached"
+    );
+    // The host's socket still answers its own clients.
+    let mut direct = std::os::unix::net::UnixStream::connect(&host_socket).unwrap();
+    let mut text = String::new();
+    direct.read_to_string(&mut text).unwrap();
+    assert_eq!(text, "host\n");
+
+    stop.cancel();
+    ended(stream).await;
+    env.cleanup().await.unwrap();
+}
+
+mod docker {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_port_is_reached_in_the_containers_own_network_only() {
+        super::a_port_is_reached_in_the_containers_own_network_only(Runtime::Runc).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not() {
+        super::a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(Runtime::Runc).await;
+    }
+}
+
+mod gvisor {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_port_is_reached_in_the_containers_own_network_only() {
+        super::a_port_is_reached_in_the_containers_own_network_only(Runtime::Runsc).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not() {
+        super::a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(Runtime::Runsc).await;
+    }
+}
