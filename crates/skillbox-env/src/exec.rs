@@ -262,13 +262,27 @@ impl ExecStream {
     }
 
     /// Collects every chunk into one [`ExecOutput`].
-    pub async fn collect(mut self) -> EnvResult<ExecOutput> {
+    pub async fn collect(self) -> EnvResult<ExecOutput> {
+        self.collect_seeing(|_, _| {}).await
+    }
+
+    /// [`collect`](Self::collect), showing `seen` each chunk as it comes.
+    pub async fn collect_seeing(
+        mut self,
+        mut seen: impl FnMut(StreamKind, &Bytes),
+    ) -> EnvResult<ExecOutput> {
         let mut stdout = Vec::new();
         let mut stderr = Vec::new();
         while let Some(event) = self.next().await {
             match event? {
-                ExecEvent::Stdout(chunk) => stdout.extend_from_slice(&chunk),
-                ExecEvent::Stderr(chunk) => stderr.extend_from_slice(&chunk),
+                ExecEvent::Stdout(chunk) => {
+                    seen(StreamKind::Stdout, &chunk);
+                    stdout.extend_from_slice(&chunk);
+                }
+                ExecEvent::Stderr(chunk) => {
+                    seen(StreamKind::Stderr, &chunk);
+                    stderr.extend_from_slice(&chunk);
+                }
                 ExecEvent::Exit(mut output) => {
                     output.stdout = stdout;
                     output.stderr = stderr;

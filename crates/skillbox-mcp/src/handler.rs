@@ -33,6 +33,7 @@ use skillbox_store::is_sha256_hex;
 
 use crate::door::{Door, Held, ToolError};
 use crate::http::AnswerHolds;
+use crate::progress::Reporter;
 use crate::sandboxes::{Running, Sandbox, Sandboxes};
 use crate::tools::{self, parse};
 
@@ -439,7 +440,18 @@ impl SkillboxMcp {
         let _running = Running::start(&sandbox)?;
         let cancel = self.call_cancel(&context.ct, Some(&sandbox.ending));
         let _cancel_on_drop = cancel.clone().drop_guard();
-        let output: ExecOutput = sandbox.env.exec(exec, &cancel).await?;
+        let output: ExecOutput = match context.meta.get_progress_token() {
+            None => sandbox.env.exec(exec, &cancel).await?,
+            Some(token) => {
+                let reporter = Reporter::start(context.peer.clone(), token);
+                let collected = match sandbox.env.exec_stream(exec, &cancel).await {
+                    Ok(stream) => stream.collect_seeing(|_, chunk| reporter.saw(chunk)).await,
+                    Err(e) => Err(e),
+                };
+                reporter.finish().await;
+                collected?
+            }
+        };
         let failed = !output.success() || output.limit_hit.is_some();
         let value = serde_json::to_value(&output).unwrap_or_default();
         Ok(answer(value, Vec::new(), failed))

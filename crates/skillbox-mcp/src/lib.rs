@@ -12,6 +12,7 @@
 mod door;
 mod handler;
 mod http;
+mod progress;
 mod sandboxes;
 mod tools;
 

@@ -277,7 +277,8 @@ pub(crate) fn all(capabilities: Option<&[String]>) -> Vec<Tool> {
             EXEC,
             format!(
                 "Run a command (an argv, or a shell script) in /workspace and answer exitCode, \
-                 stdout and stderr. {session}"
+                 stdout and stderr; with a progressToken, progress is reported while it runs. \
+                 {session}"
             ),
             schema::<Exec>(),
         ),

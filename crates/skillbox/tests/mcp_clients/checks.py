@@ -100,6 +100,29 @@ async def check_session_files(client) -> None:
     assert failed.structured_content["stderr"] == "oops\n"
 
 
+async def check_exec_progress(client) -> None:
+    """An exec called with a progress token reports while it runs (how long, how much
+    output, its last line), each report later than the one before; the answer is the
+    same as without one."""
+    reports = []
+
+    async def on_progress(progress, total, message):
+        reports.append((progress, total, message))
+
+    ran = await client.call_tool(
+        "exec",
+        {"shell": "for i in 1 2 3 4; do echo step $i; sleep 0.4; done"},
+        progress_callback=on_progress,
+    )
+    assert not ran.is_error, text_of(ran)
+    assert ran.structured_content["stdout"] == "step 1\nstep 2\nstep 3\nstep 4\n", ran
+    assert len(reports) >= 2, reports
+    progress = [p for p, _, _ in reports]
+    assert all(a < b for a, b in zip(progress, progress[1:])), reports
+    assert all(total is None for _, total, _ in reports), reports
+    assert any(m and "bytes of output: step " in m for _, _, m in reports), reports
+
+
 async def check_bad_input(client) -> None:
     """Bad input is a tool error naming what is wrong, never a broken session."""
     expect_tool_error(

@@ -19,7 +19,15 @@ import httpx2
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
-from checks import TOOLS, check_bad_input, check_session_files, check_tools, expect_tool_error, make_deck
+from checks import (
+    TOOLS,
+    check_bad_input,
+    check_exec_progress,
+    check_session_files,
+    check_tools,
+    expect_tool_error,
+    make_deck,
+)
 
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -133,6 +141,7 @@ async def main(base: str, alice: str, bob: str, deck_script: str, out_pptx: str)
             downloaded = await http.get(f"{base}{deck['url']}")
             assert downloaded.status_code == 200 and downloaded.content == Path(out_pptx).read_bytes()
             await check_session_files(client)
+            await check_exec_progress(client)
             await check_bad_input(client)
             await check_capabilities(client)
             assert await open_sandboxes(base, alice) == 1

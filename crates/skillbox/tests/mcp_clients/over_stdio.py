@@ -14,7 +14,14 @@ import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from checks import check_bad_input, check_session_files, check_tools, make_deck, wait_until
+from checks import (
+    check_bad_input,
+    check_exec_progress,
+    check_session_files,
+    check_tools,
+    make_deck,
+    wait_until,
+)
 
 
 def count(log: Path, *needles: str) -> int:
@@ -38,6 +45,7 @@ async def main(skillbox: str, data_dir: str, deck_script: str, out_pptx: str) ->
             # first exec or file call.
             assert count(log, "mcp: sandbox opened") == 0, log.read_text()
             await check_session_files(client)
+            await check_exec_progress(client)
             await check_bad_input(client)
             # Every call of the session ran in its one sandbox.
             assert count(log, "mcp: sandbox opened") == 1, log.read_text()
