@@ -25,7 +25,11 @@ use skillbox_env::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::container::Container;
-use crate::daemon::{Attach, Attached, ExecInput, ExecOutput, start_attached, unavailable};
+use crate::daemon::{
+    Attach, Attached, ExecInput, ExecOutput, LINE_BYTES, collect_exec, start_attached, unavailable,
+};
+use crate::exec::filter_hex;
+use crate::runtime::{NR_PRCTL, NR_SECCOMP};
 
 const RELAY_PL: &str = include_str!("helpers/relay.pl");
 
@@ -34,6 +38,10 @@ const RELAY_PL: &str = include_str!("helpers/relay.pl");
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Relays being started at once, in this process (each is an exec the daemon makes).
 const CONCURRENT_CONNECTS: usize = 32;
+/// Of those, for one exec: a service that never answers holds at most these.
+const CONCURRENT_CONNECTS_PER_EXEC: usize = 4;
+/// The longest socket path a `sockaddr_un` holds (108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
 /// The relay's answer is one short line.
 const ANSWER_BYTES: usize = 4096;
 
@@ -50,6 +58,8 @@ pub(crate) struct DockerConnector {
     id: String,
     /// Fired once the exec has ended: nothing it served is there any more.
     ended: CancellationToken,
+    /// This exec's share of the connect places.
+    places: Arc<tokio::sync::Semaphore>,
 }
 
 impl DockerConnector {
@@ -58,6 +68,7 @@ impl DockerConnector {
             container: Arc::downgrade(container),
             id: container.id.clone(),
             ended,
+            places: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_CONNECTS_PER_EXEC)),
         }
     }
 
@@ -78,27 +89,35 @@ fn relay_argv(container: &Container, endpoint: &Endpoint) -> EnvResult<Vec<Strin
         Endpoint::Port(port) => ("port", port.to_string()),
         Endpoint::Socket(path) => {
             let relative = Endpoint::socket_in_workspace(path)?;
-            (
-                "socket",
-                format!("{}/{}", crate::config::WORKSPACE, relative.display()),
-            )
+            let whereto = format!("{}/{}", crate::config::WORKSPACE, relative.display());
+            if whereto.len() > MAX_SOCKET_PATH {
+                return Err(EnvError::invalid(format!(
+                    "socket {}: longer than a unix socket address holds ({MAX_SOCKET_PATH} bytes)",
+                    path.display()
+                )));
+            }
+            ("socket", whereto)
         }
     };
     Ok(vec![
         container.runtime.perl().to_string(),
         "-e".into(),
         RELAY_PL.into(),
+        NR_PRCTL.to_string(),
+        NR_SECCOMP.to_string(),
+        filter_hex().to_string(),
         kind.into(),
         whereto,
     ])
 }
 
-/// What the relay's first line says: connected, or the errno and text of why not.
-fn answer(endpoint: &Endpoint, line: &[u8]) -> EnvResult<()> {
+/// What the relay's first line says: connected (and the relay's pid in the
+/// container), or the errno and text of why not.
+fn answer(endpoint: &Endpoint, line: &[u8]) -> EnvResult<u32> {
     let text = String::from_utf8_lossy(line);
     let text = text.trim_end();
-    if text == "+" {
-        return Ok(());
+    if let Some(pid) = text.strip_prefix("+ ").and_then(|p| p.parse().ok()) {
+        return Ok(pid);
     }
     let failure = text.strip_prefix("- ").and_then(|rest| {
         let (errno, why) = rest.split_once(' ')?;
@@ -134,10 +153,13 @@ impl ExecConnector for DockerConnector {
             let container = self.running(endpoint)?;
             relay_argv(&container, endpoint)?
         };
+        let gone = || EnvError::new(ErrorCode::Unknown, "connect: the connect places are gone");
+        let _own = tokio::select! {
+            place = self.places.acquire() => place.map_err(|_| gone())?,
+            () = cancel.cancelled() => return Err(EnvError::aborted("connect")),
+        };
         let _place = tokio::select! {
-            place = connects().acquire() => place.map_err(|_| {
-                EnvError::new(ErrorCode::Unknown, "connect: the connect places are gone")
-            })?,
+            place = connects().acquire() => place.map_err(|_| gone())?,
             () = cancel.cancelled() => return Err(EnvError::aborted("connect")),
         };
         let container = self.running(endpoint)?;
@@ -160,9 +182,12 @@ impl ExecConnector for DockerConnector {
                 output,
                 input,
                 pending: Bytes::new(),
+                container: Arc::downgrade(&container),
+                pid: None,
+                ended: false,
             };
             let line = relayed.first_line(endpoint).await?;
-            answer(endpoint, &line)?;
+            relayed.pid = Some(answer(endpoint, &line)?);
             Ok::<_, EnvError>(relayed)
         };
         let relayed = tokio::select! {
@@ -185,12 +210,57 @@ impl ExecConnector for DockerConnector {
 }
 
 /// One connection through a relay: reads are the relay's stdout, writes its stdin,
-/// and a shutdown closes its stdin (which it passes on as a half close).
+/// and a shutdown closes its stdin (which it passes on as a half close). Dropped before
+/// the relay ended, it kills the relay, as closing a socket would end the connection.
 struct Relayed {
     output: ExecOutput,
     input: ExecInput,
     /// Read from the relay and not yet given out.
     pending: Bytes,
+    container: Weak<Container>,
+    /// The relay's pid in the container, once it answered.
+    pid: Option<u32>,
+    /// Its output ended: the relay is gone.
+    ended: bool,
+}
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        let (Some(pid), false) = (self.pid, self.ended) else {
+            return;
+        };
+        let Some(container) = self.container.upgrade() else {
+            return;
+        };
+        if container.is_removed() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Its own user may signal it: the relay is the sandbox's user's, like the code.
+        runtime.spawn(async move {
+            let argv = vec![
+                container.runtime.perl().to_string(),
+                "-e".into(),
+                "kill 'KILL', $ARGV[0]".into(),
+                pid.to_string(),
+            ];
+            let killed = collect_exec(
+                &container.docker,
+                &container.id,
+                container.runtime.backend(),
+                "kill a relay",
+                argv,
+                None,
+                LINE_BYTES,
+            )
+            .await;
+            if let Err(e) = killed {
+                tracing::debug!(error = %e, pid, "docker: a relay was not killed");
+            }
+        });
+    }
 }
 
 impl Relayed {
@@ -245,7 +315,10 @@ impl AsyncRead for Relayed {
                 Poll::Ready(Some(Ok(_))) => {}
                 Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(io::Error::other(e))),
                 // The relay ended: the service closed its side.
-                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    return Poll::Ready(Ok(()));
+                }
                 Poll::Pending => return Poll::Pending,
             }
         }
@@ -280,7 +353,9 @@ mod tests {
     /// The relay, run here on the host by the system's perl, for `kind` and `whereto`.
     fn relay(kind: &str, whereto: &str) -> (Child, BufReader<std::process::ChildStdout>) {
         let mut child = Command::new("perl")
-            .args(["-e", RELAY_PL, kind, whereto])
+            .args(["-e", RELAY_PL])
+            .args([&NR_PRCTL.to_string(), &NR_SECCOMP.to_string(), filter_hex()])
+            .args([kind, whereto])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -304,7 +379,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let (mut child, mut out) = relay("port", &port.to_string());
         let (mut service, _) = listener.accept().unwrap();
-        assert_eq!(first_line(&mut out), "+\n");
+        assert!(first_line(&mut out).starts_with("+ "));
         let sent: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let mut stdin = child.stdin.take().unwrap();
         let upload = {
@@ -362,7 +437,7 @@ mod tests {
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let (mut child, mut out) = relay("socket", path.to_str().unwrap());
         let (mut service, _) = listener.accept().unwrap();
-        assert_eq!(first_line(&mut out), "+\n");
+        assert!(first_line(&mut out).starts_with("+ "));
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(b"ping").unwrap();
         drop(stdin);
@@ -380,7 +455,8 @@ mod tests {
     #[test]
     fn the_relays_answer_says_connected_or_why_not() {
         let endpoint = Endpoint::Port(8080);
-        assert!(answer(&endpoint, b"+").is_ok());
+        assert_eq!(answer(&endpoint, b"+ 42").ok(), Some(42));
+        assert!(answer(&endpoint, b"+").is_err());
         let refused = answer(&endpoint, b"- 111 127.0.0.1:8080: Connection refused").unwrap_err();
         assert_eq!(refused.code, ErrorCode::Unavailable);
         assert!(refused.message.contains("Connection refused"), "{refused}");

@@ -48,7 +48,7 @@ const MAX_WALK_FRAME: usize = 16 * 1024 * 1024;
 const LAST_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// skillbox's seccomp filter as the wrapper takes it (hex), made once per process.
-fn filter_hex() -> &'static str {
+pub(crate) fn filter_hex() -> &'static str {
     static FILTER: OnceLock<String> = OnceLock::new();
     FILTER.get_or_init(|| hex(&skillbox_seccomp::filter_bytes()))
 }
@@ -555,7 +555,7 @@ impl DockerSandbox {
             stream.with_connector(Arc::new(DockerConnector::new(&container, ended.clone())));
         tokio::spawn(async move {
             let _turn = turn;
-            let _ended = ended.drop_guard();
+            let _ended = ended.clone().drop_guard();
             let mut reading = Reading {
                 container: container.clone(),
                 tx: tx.clone(),
@@ -613,6 +613,8 @@ impl DockerSandbox {
                 } => Err(Status::input_error(n, &input_paths)),
                 end => outcome(end, measured, &cwd, backend),
             };
+            // Nothing it served is reached once its end is told.
+            ended.cancel();
             let _ = tx.send(result.map(ExecEvent::Exit)).await;
         });
         Ok(stream)

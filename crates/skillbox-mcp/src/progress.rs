@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
+use skillbox_env::CancellationToken;
 use tokio::sync::watch;
 
 /// The longest a running exec goes without a report.
@@ -74,17 +75,27 @@ impl Seen {
     }
 }
 
-/// Reports one exec's progress until [`finish`](Self::finish).
+/// How long [`Reporter::finish`] lets a report being sent finish before it gives up
+/// on it (a client that stopped reading).
+const LAST_SEND_BOUND: Duration = Duration::from_secs(1);
+
+/// Reports one exec's progress until [`finish`](Self::finish) (or until dropped).
 pub(crate) struct Reporter {
     seen: watch::Sender<Seen>,
-    task: tokio::task::JoinHandle<()>,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Reporter {
     pub(crate) fn start(peer: Peer<RoleServer>, token: ProgressToken) -> Reporter {
         let (seen, watching) = watch::channel(Seen::default());
-        let task = tokio::spawn(report(peer, token, watching, Instant::now()));
-        Reporter { seen, task }
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(report(peer, token, watching, stop.clone(), Instant::now()));
+        Reporter {
+            seen,
+            stop,
+            task: Some(task),
+        }
     }
 
     /// A chunk of output arrived.
@@ -92,10 +103,26 @@ impl Reporter {
         self.seen.send_modify(|seen| seen.add(chunk));
     }
 
-    /// Stops reporting: nothing is sent after this returns (the answer comes next).
-    pub(crate) async fn finish(self) {
-        self.task.abort();
-        let _ = self.task.await;
+    /// Stops reporting. A report being sent is let finish (it was queued before the
+    /// answer, and a send returns once it is written), for [`LAST_SEND_BOUND`] at most;
+    /// none starts after.
+    pub(crate) async fn finish(mut self) {
+        self.stop.cancel();
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(LAST_SEND_BOUND, &mut task)
+                .await
+                .is_err()
+        {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Reporter {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
     }
 }
 
@@ -103,10 +130,13 @@ async fn report(
     peer: Peer<RoleServer>,
     token: ProgressToken,
     mut seen: watch::Receiver<Seen>,
+    stop: CancellationToken,
     started: Instant,
 ) {
     loop {
         tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
             changed = seen.changed() => {
                 if changed.is_err() {
                     return;
@@ -121,7 +151,10 @@ async fn report(
         if peer.notify_progress(report).await.is_err() {
             return;
         }
-        tokio::time::sleep(MIN_GAP).await;
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(MIN_GAP) => {}
+        }
     }
 }
 

@@ -1,18 +1,34 @@
 # skillbox's relay (DESIGN.md §2.3): one connection from the host to what an exec
 # serves in this container, which has no network for it. Run as the sandbox's own user,
-# with the rights the sandbox's code has and no more: it connects to 127.0.0.1:PORT on
-# the container's loopback (`port PORT`) or to a unix socket (`socket PATH`), says how
-# that went in one line on stdout (`+`, or `- ERRNO TEXT` and exit 1), then carries
-# bytes both ways between its stdin/stdout (the host's end) and the socket until the
-# service closes its side and everything it sent is delivered. The host's end of file
-# is passed on as a half close (`shutdown(SHUT_WR)`). At most 64 KiB wait each way.
+# with the rights the sandbox's code has and no more: it makes itself undumpable (the
+# sandbox's code, the same uid, can neither write its memory through /proc nor trace
+# it), sets no_new_privs and installs skillbox's seccomp filter, all before perl loads
+# anything; then it connects to 127.0.0.1:PORT on the container's loopback (`port
+# PORT`) or to a unix socket (`socket PATH`), says how that went in one line on stdout
+# (`+ PID`, or `- ERRNO TEXT` and exit 1), and carries bytes both ways between its
+# stdin/stdout (the host's end) and the socket until the service closes its side and
+# everything it sent is delivered. The host's end of file is passed on as a half close
+# (`shutdown(SHUT_WR)`). At most 64 KiB wait each way. The host kills it (by the PID it
+# answered) when it drops the connection before the relay ended.
+BEGIN {
+    my ($prctl, $seccomp, $filter_hex) = @ARGV;
+    my $filter = pack('H*', $filter_hex);
+    my $prog = pack('S x6 p', length($filter) / 8, $filter);
+    unless (syscall($prctl, 4, 0, 0, 0, 0) == 0
+        && syscall($prctl, 38, 1, 0, 0, 0) == 0
+        && syscall($seccomp, 1, 0, $prog) == 0)
+    {
+        syswrite(STDOUT, '- ' . ($! + 0) . " the relay's own confinement: $!\n");
+        exit 1;
+    }
+}
 use strict;
 use Socket qw(PF_INET PF_UNIX SOCK_STREAM SHUT_WR inet_aton pack_sockaddr_in pack_sockaddr_un);
 use Fcntl qw(F_GETFL F_SETFL O_NONBLOCK);
 
 use constant { CHUNK => 65536, EINTR => 4, EAGAIN => 11 };
 
-my ($kind, $where) = @ARGV;
+my (undef, undef, undef, $kind, $where) = @ARGV;
 my $sock;
 # A side that went away is seen as an error from the write, not as a signal.
 $SIG{PIPE} = 'IGNORE';
@@ -37,7 +53,7 @@ for my $fh (\*STDIN, \*STDOUT, $sock) {
     my $flags = fcntl($fh, F_GETFL, 0) or fail('fcntl');
     fcntl($fh, F_SETFL, $flags | O_NONBLOCK) or fail('fcntl');
 }
-syswrite(STDOUT, "+\n") or exit 1;
+syswrite(STDOUT, "+ $$\n") or exit 1;
 
 my ($in, $out, $s) = (fileno(STDIN), fileno(STDOUT), fileno($sock));
 # $up: from the host, for the service; $down: from the service, for the host.
@@ -59,11 +75,11 @@ while (!$sock_done || length $down) {
         exit 1;
     }
     if (vec($rr, $in, 1)) {
-        my $got = sysread(STDIN, $up, CHUNK, length $up);
+        my $got = sysread(STDIN, $up, CHUNK - length $up, length $up);
         $in_done = 1 if defined $got ? $got == 0 : $! != EAGAIN;
     }
     if (vec($rr, $s, 1)) {
-        my $got = sysread($sock, $down, CHUNK, length $down);
+        my $got = sysread($sock, $down, CHUNK - length $down, length $down);
         $sock_done = 1 if defined $got ? $got == 0 : $! != EAGAIN;
     }
     if (length $up && vec($ww, $s, 1)) {

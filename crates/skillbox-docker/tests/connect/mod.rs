@@ -95,6 +95,43 @@ while True:
     c.close()
 "#;
 
+/// A service that, for each connection, looks for its relays (the container's
+/// processes that are skillbox's relay) and tries to open their memory for writing, as
+/// code that wants to shed the relay's filter would.
+const ATTACKER: &str = r##"
+import os, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+while True:
+    c, _ = s.accept()
+    relays = []
+    for p in os.listdir("/proc"):
+        try:
+            args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0") if p.isdigit() else []
+            if args[1:2] == [b"-e"] and args[2].startswith(b"# skillbox's relay"):
+                relays.append(p)
+        except OSError:
+            pass
+    out = [f"relays {len(relays)}"]
+    def filters(p):
+        for line in open(f"/proc/{p}/status"):
+            if line.startswith("Seccomp_filters:"):
+                return line.split()[1]
+        return "?"
+    for p in relays:
+        # The relay's seccomp filters, beside the service's own (Docker's and skillbox's).
+        out.append(f"filters {filters(p)}/{filters('self')}")
+        try:
+            open(f"/proc/{p}/mem", "r+b")
+            out.append("mem WORKED")
+        except OSError:
+            out.append("mem refused")
+    c.sendall((" ".join(out) + "\n").encode())
+    c.close()
+"##;
+
 async fn ended(mut stream: ExecStream) {
     while let Some(event) = stream.next().await {
         if let Ok(ExecEvent::Exit(_)) = event {
@@ -104,8 +141,9 @@ async fn ended(mut stream: ExecStream) {
 }
 
 /// The host listens on the port the container's service uses: the connector reaches
-/// the service, never the host; before the service listens and after its exec ended it
-/// is refused.
+/// the service, never the host; before the service listens it is refused; the service
+/// cannot open its relay's memory; once the exec ended, a listener left behind on the
+/// port is not reached through its connector.
 async fn a_port_is_reached_in_the_containers_own_network_only(runtime: Runtime) {
     let (port, host_hits) = host_listener_tcp();
     let mut spec = skillbox_env::testkit::spec();
@@ -163,12 +201,61 @@ async fn a_port_is_reached_in_the_containers_own_network_only(runtime: Runtime) 
 
     stop.cancel();
     ended(stream).await;
+
+    // The service goes for its relay's memory: refused.
+    let stop = CancellationToken::new();
+    let stream = env
+        .exec_stream(
+            ExecRequest::argv(["python3", "-c", ATTACKER, &port.to_string()])
+                .timeout(Duration::from_secs(120)),
+            &stop,
+        )
+        .await
+        .unwrap();
+    let attacked = answer(stream.connector().unwrap().as_ref(), &endpoint, b"take it").await;
+    let attacked = String::from_utf8_lossy(&attacked).to_string();
+    let words: Vec<&str> = attacked.split_whitespace().collect();
+    assert_eq!(words.len(), 6, "{attacked}");
+    assert_eq!(&words[..3], ["relays", "1", "filters"], "{attacked}");
+    assert_eq!(
+        &words[4..],
+        ["mem", "refused"],
+        "the relay's memory was opened"
+    );
+    // Where the kernel counts filters (not gVisor's), the relay has the service's.
+    let (relay, own) = words[3].split_once('/').unwrap();
+    assert!(
+        relay == own || relay == "?",
+        "the relay's filters: {attacked}"
+    );
+    stop.cancel();
+    ended(stream).await;
+
+    // The last exec leaves a listener on the port behind: an ended exec's connector
+    // reaches nothing, though something listens there now.
+    let left = env
+        .exec(
+            ExecRequest::argv([
+                "sh",
+                "-c",
+                "python3 -c \"$0\" \"$1\" > /tmp/ready & \
+                 while [ ! -s /tmp/ready ]; do sleep 0.05; done",
+                SERVER,
+                &port.to_string(),
+            ])
+            .last(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(left.exit_code, Some(0), "{}", left.stderr_text());
     let gone = connector
         .connect(&endpoint, &CancellationToken::new())
         .await
         .err()
         .expect("an ended exec serves nothing");
     assert_eq!(gone.code, ErrorCode::Unavailable, "{gone}");
+    assert!(gone.message.contains("the exec has ended"), "{gone}");
     assert_eq!(host_hits.load(Ordering::SeqCst), 0);
     env.cleanup().await.unwrap();
 }
@@ -233,6 +320,87 @@ async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(runtime: 
     env.cleanup().await.unwrap();
 }
 
+/// A service that holds every connection open and never reads: on each it says how
+/// many relays the container has, counted as [`ATTACKER`] finds them.
+const HOLDER: &str = r##"
+import os, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+held = []
+while True:
+    c, _ = s.accept()
+    relays = 0
+    for p in os.listdir("/proc"):
+        try:
+            args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0") if p.isdigit() else []
+            relays += args[1:2] == [b"-e"] and args[2].startswith(b"# skillbox's relay")
+        except OSError:
+            pass
+    c.sendall(f"relays {relays}\n".encode())
+    held.append(c)
+"##;
+
+/// A connection the host drops ends its relay, though the service keeps its side open
+/// (as closing a socket would end the connection): a service cannot pile up relays
+/// (processes and memory of its container) by holding what its clients left.
+async fn a_dropped_connection_ends_its_relay(runtime: Runtime) {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let made = super::make(runtime, skillbox_env::testkit::spec()).await;
+    let Some(env) = skillbox_env::testkit::require(made, "a_dropped_connection_ends") else {
+        return;
+    };
+    let stop = CancellationToken::new();
+    let stream = env
+        .exec_stream(
+            ExecRequest::argv(["python3", "-c", HOLDER, &port.to_string()])
+                .timeout(Duration::from_secs(120)),
+            &stop,
+        )
+        .await
+        .unwrap();
+    let connector = stream.connector().unwrap();
+    let endpoint = Endpoint::Port(port);
+    let never = CancellationToken::new();
+    let started = Instant::now();
+    let mut counts = Vec::new();
+    loop {
+        let mut held = match connector.connect(&endpoint, &never).await {
+            Ok(held) => held,
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(e) => panic!("nothing answered: {e}"),
+        };
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while held.read(&mut byte).await.unwrap() == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        let line = String::from_utf8(line).unwrap();
+        counts.push(line.clone());
+        // Dropped with the service's side still open.
+        drop(held);
+        if counts.len() > 1 && line == "relays 1" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "dropped connections' relays stay: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    stop.cancel();
+    ended(stream).await;
+    env.cleanup().await.unwrap();
+}
+
 mod docker {
     use super::*;
 
@@ -244,6 +412,11 @@ mod docker {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not() {
         super::a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(Runtime::Runc).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_connection_ends_its_relay() {
+        super::a_dropped_connection_ends_its_relay(Runtime::Runc).await;
     }
 }
 
@@ -258,5 +431,10 @@ mod gvisor {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not() {
         super::a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(Runtime::Runsc).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_connection_ends_its_relay() {
+        super::a_dropped_connection_ends_its_relay(Runtime::Runsc).await;
     }
 }
