@@ -10,6 +10,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import anyio
+
 TOOLS = {"run_script", "exec", "read_file", "write_file", "list_dir", "list_skills"}
 
 
@@ -121,6 +123,15 @@ async def check_exec_progress(client) -> None:
     assert all(a < b for a, b in zip(progress, progress[1:])), reports
     assert all(total is None for _, total, _ in reports), reports
     assert any(m and "bytes of output: step " in m for _, _, m in reports), reports
+    # Nothing comes after the answer.
+    told = len(reports)
+    await anyio.sleep(0.5)
+    assert len(reports) == told, reports
+    # A quiet command is reported every 5 s.
+    reports.clear()
+    quiet = await client.call_tool("exec", {"shell": "sleep 6.5"}, progress_callback=on_progress)
+    assert not quiet.is_error, text_of(quiet)
+    assert reports and all(m and m.endswith(", 0 bytes of output") for _, _, m in reports), reports
 
 
 async def check_bad_input(client) -> None:
