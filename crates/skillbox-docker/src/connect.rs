@@ -126,6 +126,8 @@ fn answer(endpoint: &Endpoint, line: &[u8]) -> EnvResult<u32> {
     Err(match failure {
         Some((errno, why)) => {
             let code = match skillbox_env::errno_code(errno) {
+                // A full queue of connections: it does not accept (yet), as refused.
+                _ if errno == libc::EAGAIN => ErrorCode::Unavailable,
                 ErrorCode::Unknown => ErrorCode::Unavailable,
                 code => code,
             };
@@ -428,6 +430,55 @@ mod tests {
         let absent = answer(&Endpoint::Socket(missing), line.as_bytes()).unwrap_err();
         assert_eq!(absent.code, ErrorCode::NotFound, "{line}");
         assert!(!child.wait().unwrap().success());
+    }
+
+    /// A service that never accepts, its queue full: the relay says so at once and
+    /// ends, rather than waiting on it for good.
+    #[test]
+    fn a_relay_to_a_service_that_never_accepts_ends() {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("full.sock");
+        // SAFETY: a new socket, bound and listening with a queue of none; owned below.
+        let listener = unsafe {
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            let mut address: libc::sockaddr_un = std::mem::zeroed();
+            address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+            for (i, b) in path.as_os_str().as_bytes().iter().enumerate() {
+                address.sun_path[i] = *b as libc::c_char;
+            }
+            let size = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            assert_eq!(libc::bind(fd, (&raw const address).cast(), size), 0);
+            assert_eq!(libc::listen(fd, 0), 0);
+            std::os::fd::OwnedFd::from_raw_fd(fd)
+        };
+        let mut first = None;
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let (child, mut out) = relay("socket", path.to_str().unwrap());
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || tx.send(first_line(&mut out)));
+            let line = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("the relay answers");
+            answers.push(line.clone());
+            if first.is_none() {
+                first = Some(child);
+            } else {
+                let mut child = child;
+                assert!(!child.wait().unwrap().success(), "{answers:?}");
+            }
+        }
+        assert!(answers[0].starts_with("+ "), "{answers:?}");
+        let full = answer(&Endpoint::Socket(path), answers[2].as_bytes()).unwrap_err();
+        assert_eq!(full.code, ErrorCode::Unavailable, "{answers:?}");
+        if let Some(mut first) = first {
+            let _ = first.kill();
+            let _ = first.wait();
+        }
+        drop(listener);
     }
 
     #[test]

@@ -23,10 +23,13 @@ BEGIN {
     }
 }
 use strict;
-use Socket qw(PF_INET PF_UNIX SOCK_STREAM SHUT_WR inet_aton pack_sockaddr_in pack_sockaddr_un);
+use Socket qw(PF_INET PF_UNIX SOCK_STREAM SHUT_WR SOL_SOCKET SO_ERROR inet_aton pack_sockaddr_in
+    pack_sockaddr_un);
 use Fcntl qw(F_GETFL F_SETFL O_NONBLOCK);
 
-use constant { CHUNK => 65536, EINTR => 4, EAGAIN => 11 };
+use constant { CHUNK => 65536, EINTR => 4, EAGAIN => 11, ETIMEDOUT => 110, EINPROGRESS => 115 };
+# The longest a connect waits for the service (the host gives up after 10 s).
+use constant CONNECT_SECONDS => 9;
 
 my (undef, undef, undef, $kind, $where) = @ARGV;
 my $sock;
@@ -38,12 +41,33 @@ sub fail {
     exit 1;
 }
 
+# Connects without blocking past CONNECT_SECONDS: a service that never accepts (its
+# queue full) leaves no relay waiting on it. A unix socket's full queue is EAGAIN at once.
+sub connect_within {
+    my ($address, $what) = @_;
+    my $flags = fcntl($sock, F_GETFL, 0) or fail('fcntl');
+    fcntl($sock, F_SETFL, $flags | O_NONBLOCK) or fail('fcntl');
+    return if connect($sock, $address);
+    fail($what) unless $! == EINPROGRESS;
+    my $w = '';
+    vec($w, fileno($sock), 1) = 1;
+    if (select(undef, $w, undef, CONNECT_SECONDS) <= 0) {
+        $! = ETIMEDOUT;
+        fail($what);
+    }
+    my $error = unpack('i', getsockopt($sock, SOL_SOCKET, SO_ERROR) // pack('i', 0));
+    if ($error) {
+        $! = $error;
+        fail($what);
+    }
+}
+
 if ($kind eq 'port') {
     socket($sock, PF_INET, SOCK_STREAM, 0) or fail('socket');
-    connect($sock, pack_sockaddr_in($where, inet_aton('127.0.0.1'))) or fail("127.0.0.1:$where");
+    connect_within(pack_sockaddr_in($where, inet_aton('127.0.0.1')), "127.0.0.1:$where");
 } elsif ($kind eq 'socket') {
     socket($sock, PF_UNIX, SOCK_STREAM, 0) or fail('socket');
-    connect($sock, pack_sockaddr_un($where)) or fail($where);
+    connect_within(pack_sockaddr_un($where), $where);
 } else {
     $! = 22;
     fail("endpoint kind $kind");
