@@ -1153,6 +1153,9 @@ async fn supervise(supervised: Supervised) {
     let ready_by = tokio::time::Instant::now() + ready_within;
     let mut ready = false;
     let mut poll = tokio::time::interval(READY_POLL);
+    // A probe that took longer than the period (a relay started in a container) is
+    // followed by a pause, not by the ticks it missed at once.
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut accept_errors: u64 = 0;
     let ending = loop {
         tokio::select! {
