@@ -1153,9 +1153,6 @@ async fn supervise(supervised: Supervised) {
     let ready_by = tokio::time::Instant::now() + ready_within;
     let mut ready = false;
     let mut poll = tokio::time::interval(READY_POLL);
-    // A probe that took longer than the period (a relay started in a container) is
-    // followed by a pause, not by the ticks it missed at once.
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut accept_errors: u64 = 0;
     let ending = loop {
         tokio::select! {
@@ -1181,7 +1178,12 @@ async fn supervise(supervised: Supervised) {
                         tracing::info!(error = %e, "services: not ready in time");
                         break Ending::NotReady(ready_within);
                     }
-                    Err(e) => tracing::debug!(error = %e, "services: not ready yet"),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "services: not ready yet");
+                        // The next try a period after this one ended, however long it
+                        // took (a relay started in a container), not at once.
+                        poll.reset();
+                    }
                 }
             }
             accepted = listener.accept(), if ready => match accepted {

@@ -60,6 +60,8 @@ pub(crate) struct DockerConnector {
     ended: CancellationToken,
     /// This exec's share of the connect places.
     places: Arc<tokio::sync::Semaphore>,
+    /// Kills of relays whose connection was dropped, at once for this exec.
+    kills: Arc<tokio::sync::Semaphore>,
 }
 
 impl DockerConnector {
@@ -69,6 +71,7 @@ impl DockerConnector {
             id: container.id.clone(),
             ended,
             places: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_CONNECTS_PER_EXEC)),
+            kills: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_CONNECTS_PER_EXEC)),
         }
     }
 
@@ -111,13 +114,32 @@ fn relay_argv(container: &Container, endpoint: &Endpoint) -> EnvResult<Vec<Strin
     ])
 }
 
-/// What the relay's first line says: connected (and the relay's pid in the
-/// container), or the errno and text of why not.
-fn answer(endpoint: &Endpoint, line: &[u8]) -> EnvResult<u32> {
+/// A relay as the container's kernel names it: its pid and its start time (so a pid
+/// taken again by another process is not mistaken for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RelayId {
+    pid: u32,
+    start: u64,
+}
+
+/// The highest pid Linux gives (`PID_MAX_LIMIT`).
+const PID_MAX: u32 = 4 << 20;
+
+/// What the relay's first line says: connected (and who it is in the container), or
+/// the errno and text of why not.
+fn answer(endpoint: &Endpoint, line: &[u8]) -> EnvResult<RelayId> {
     let text = String::from_utf8_lossy(line);
     let text = text.trim_end();
-    if let Some(pid) = text.strip_prefix("+ ").and_then(|p| p.parse().ok()) {
-        return Ok(pid);
+    let connected = text.strip_prefix("+ ").and_then(|rest| {
+        let (pid, start) = rest.split_once(' ')?;
+        let pid: u32 = pid.parse().ok().filter(|p| (2..=PID_MAX).contains(p))?;
+        Some(RelayId {
+            pid,
+            start: start.parse().ok()?,
+        })
+    });
+    if let Some(id) = connected {
+        return Ok(id);
     }
     let failure = text.strip_prefix("- ").and_then(|rest| {
         let (errno, why) = rest.split_once(' ')?;
@@ -185,11 +207,13 @@ impl ExecConnector for DockerConnector {
                 input,
                 pending: Bytes::new(),
                 container: Arc::downgrade(&container),
-                pid: None,
+                relay: None,
                 ended: false,
+                kills: self.kills.clone(),
+                exec_ended: self.ended.clone(),
             };
             let line = relayed.first_line(endpoint).await?;
-            relayed.pid = Some(answer(endpoint, &line)?);
+            relayed.relay = Some(answer(endpoint, &line)?);
             Ok::<_, EnvError>(relayed)
         };
         let relayed = tokio::select! {
@@ -220,81 +244,126 @@ struct Relayed {
     /// Read from the relay and not yet given out.
     pending: Bytes,
     container: Weak<Container>,
-    /// The relay's pid in the container, once it answered.
-    pid: Option<u32>,
+    /// Who the relay is, once it answered.
+    relay: Option<RelayId>,
     /// Its output ended: the relay is gone.
     ended: bool,
+    /// The exec's places for kills, and its end (after which its reset kills them all).
+    kills: Arc<tokio::sync::Semaphore>,
+    exec_ended: CancellationToken,
 }
 
 impl Drop for Relayed {
     fn drop(&mut self) {
-        let (Some(pid), false) = (self.pid, self.ended) else {
+        if self.ended {
             return;
-        };
+        }
         let Some(container) = self.container.upgrade() else {
             return;
         };
-        if container.is_removed() {
+        if container.is_removed() || self.exec_ended.is_cancelled() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        // Its own user may signal it: the relay is the sandbox's user's, like the code.
+        let known = self.relay;
+        let mut output: ExecOutput = Box::pin(futures_util::stream::empty());
+        std::mem::swap(&mut output, &mut self.output);
+        let (kills, exec_ended) = (self.kills.clone(), self.exec_ended.clone());
         runtime.spawn(async move {
-            let argv = vec![
-                container.runtime.perl().to_string(),
-                "-e".into(),
-                "kill 'KILL', $ARGV[0]".into(),
-                pid.to_string(),
-            ];
-            let killed = collect_exec(
-                &container.docker,
-                &container.id,
-                container.runtime.backend(),
-                "kill a relay",
-                argv,
-                None,
-                LINE_BYTES,
-            )
-            .await;
-            if let Err(e) = killed {
-                tracing::debug!(error = %e, pid, "docker: a relay was not killed");
+            // Dropped before its answer: the answer (if it connects) says whom to kill.
+            let relay = match known {
+                Some(relay) => relay,
+                None => {
+                    let line = tokio::time::timeout(CONNECT_TIMEOUT, first_line(&mut output));
+                    match line.await {
+                        Ok(Ok((line, _))) => match answer(&Endpoint::Port(0), &line) {
+                            Ok(relay) => relay,
+                            Err(_) => return,
+                        },
+                        _ => return,
+                    }
+                }
+            };
+            drop(output);
+            let Ok(_place) = kills.acquire().await else {
+                return;
+            };
+            if container.is_removed() || exec_ended.is_cancelled() {
+                return;
             }
+            kill(&container, relay).await;
         });
+    }
+}
+
+/// Kills `relay` as the sandbox's user (its own user may signal it: the relay is the
+/// sandbox's user's, like the code), if its pid still has its start time.
+async fn kill(container: &Container, relay: RelayId) {
+    let argv = vec![
+        container.runtime.perl().to_string(),
+        "-e".into(),
+        KILL_PL.into(),
+        relay.pid.to_string(),
+        relay.start.to_string(),
+    ];
+    let killed = collect_exec(
+        &container.docker,
+        &container.id,
+        container.runtime.backend(),
+        "kill a relay",
+        argv,
+        None,
+        LINE_BYTES,
+    )
+    .await;
+    if let Err(e) = killed {
+        tracing::debug!(error = %e, pid = relay.pid, "docker: a relay was not killed");
+    }
+}
+
+/// Kills pid `$ARGV[0]` if its start time (field 22 of its stat) is `$ARGV[1]`.
+const KILL_PL: &str = r#"my ($pid, $start) = @ARGV;
+open(my $stat, '<', "/proc/$pid/stat") or exit 0;
+my $line = <$stat> // exit 0;
+$line =~ s/^.*\) // or exit 0;
+kill('KILL', $pid) if (split(' ', $line))[19] eq $start;
+"#;
+
+/// The relay's first line (without the newline) and what came after it.
+async fn first_line(output: &mut ExecOutput) -> Result<(Vec<u8>, Bytes), String> {
+    let mut line = Vec::new();
+    loop {
+        match output.next().await {
+            Some(Ok(LogOutput::StdOut { message })) => {
+                line.extend_from_slice(&message);
+                if let Some(end) = line.iter().position(|&b| b == b'\n') {
+                    let rest = Bytes::copy_from_slice(&line[end + 1..]);
+                    line.truncate(end);
+                    return Ok((line, rest));
+                }
+                if line.len() > ANSWER_BYTES {
+                    return Err("the relay's answer is not a line".into());
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e.to_string()),
+            None => {
+                return Err("the relay ended without an answer (the container may be out of processes or memory)".into());
+            }
+        }
     }
 }
 
 impl Relayed {
     /// The relay's first line (without the newline); what follows it stays pending.
     async fn first_line(&mut self, endpoint: &Endpoint) -> EnvResult<Vec<u8>> {
-        let mut line = Vec::new();
-        loop {
-            match self.output.next().await {
-                Some(Ok(LogOutput::StdOut { message })) => {
-                    line.extend_from_slice(&message);
-                    if let Some(end) = line.iter().position(|&b| b == b'\n') {
-                        self.pending = Bytes::copy_from_slice(&line[end + 1..]);
-                        line.truncate(end);
-                        return Ok(line);
-                    }
-                    if line.len() > ANSWER_BYTES {
-                        return Err(unavailable(format!(
-                            "connect to {endpoint}: the relay's answer is not a line"
-                        )));
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    return Err(unavailable(format!("connect to {endpoint}: {e}")));
-                }
-                None => {
-                    return Err(unavailable(format!(
-                        "connect to {endpoint}: the relay ended without an answer (the container may be out of processes or memory)"
-                    )));
-                }
-            }
-        }
+        let (line, rest) = first_line(&mut self.output)
+            .await
+            .map_err(|why| unavailable(format!("connect to {endpoint}: {why}")))?;
+        self.pending = rest;
+        Ok(line)
     }
 }
 
@@ -481,6 +550,40 @@ mod tests {
         drop(listener);
     }
 
+    /// The kill takes a pid only while it is the process that answered: another start
+    /// time (the pid taken again) is left alone.
+    #[test]
+    fn a_kill_spares_a_pid_taken_again() {
+        let mut target = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = target.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let start: u64 = stat
+            .rsplit_once(") ")
+            .unwrap()
+            .1
+            .split(' ')
+            .nth(19)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let kill = |start: u64| {
+            let ran = Command::new("perl")
+                .args(["-e", KILL_PL, &pid.to_string(), &start.to_string()])
+                .status()
+                .unwrap();
+            assert!(ran.success());
+        };
+        kill(start + 1);
+        assert!(
+            target.try_wait().unwrap().is_none(),
+            "another start time was killed"
+        );
+        kill(start);
+        let status = target.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+    }
+
     #[test]
     fn the_relay_reaches_a_unix_socket() {
         let dir = tempfile::tempdir().unwrap();
@@ -506,8 +609,24 @@ mod tests {
     #[test]
     fn the_relays_answer_says_connected_or_why_not() {
         let endpoint = Endpoint::Port(8080);
-        assert_eq!(answer(&endpoint, b"+ 42").ok(), Some(42));
-        assert!(answer(&endpoint, b"+").is_err());
+        assert_eq!(
+            answer(&endpoint, b"+ 42 1234").ok(),
+            Some(RelayId {
+                pid: 42,
+                start: 1234
+            })
+        );
+        // Not a pid a kill may be sent to: 0 is the killer's group, -1 everyone's.
+        for odd in [
+            &b"+"[..],
+            b"+ 42",
+            b"+ 0 1",
+            b"+ 1 1",
+            b"+ 4294967295 1",
+            b"+ 42 x",
+        ] {
+            assert!(answer(&endpoint, odd).is_err(), "{odd:?}");
+        }
         let refused = answer(&endpoint, b"- 111 127.0.0.1:8080: Connection refused").unwrap_err();
         assert_eq!(refused.code, ErrorCode::Unavailable);
         assert!(refused.message.contains("Connection refused"), "{refused}");

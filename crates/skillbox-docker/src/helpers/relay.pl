@@ -5,11 +5,11 @@
 # it), sets no_new_privs and installs skillbox's seccomp filter, all before perl loads
 # anything; then it connects to 127.0.0.1:PORT on the container's loopback (`port
 # PORT`) or to a unix socket (`socket PATH`), says how that went in one line on stdout
-# (`+ PID`, or `- ERRNO TEXT` and exit 1), and carries bytes both ways between its
+# (`+ PID START`, its start time, or `- ERRNO TEXT` and exit 1), and carries bytes both ways between its
 # stdin/stdout (the host's end) and the socket until the service closes its side and
 # everything it sent is delivered. The host's end of file is passed on as a half close
 # (`shutdown(SHUT_WR)`). At most 64 KiB wait each way. The host kills it (by the PID it
-# answered) when it drops the connection before the relay ended.
+# answered, while that pid has that start time) when it drops the connection first.
 BEGIN {
     my ($prctl, $seccomp, $filter_hex) = @ARGV;
     my $filter = pack('H*', $filter_hex);
@@ -36,6 +36,14 @@ my $sock;
 # A side that went away is seen as an error from the write, not as a signal.
 $SIG{PIPE} = 'IGNORE';
 
+# A process's start time, field 22 of its stat (after the name, which may hold anything).
+sub started {
+    open(my $stat, '<', "/proc/$_[0]/stat") or return undef;
+    my $line = <$stat> // return undef;
+    $line =~ s/^.*\) // or return undef;
+    return (split(' ', $line))[19];
+}
+
 sub fail {
     syswrite(STDOUT, '- ' . ($! + 0) . " $_[0]: $!\n");
     exit 1;
@@ -49,13 +57,19 @@ sub connect_within {
     fcntl($sock, F_SETFL, $flags | O_NONBLOCK) or fail('fcntl');
     return if connect($sock, $address);
     fail($what) unless $! == EINPROGRESS;
-    my $w = '';
-    vec($w, fileno($sock), 1) = 1;
-    if (select(undef, $w, undef, CONNECT_SECONDS) <= 0) {
-        $! = ETIMEDOUT;
+    my $until = time + CONNECT_SECONDS;
+    while (1) {
+        my $w = '';
+        vec($w, fileno($sock), 1) = 1;
+        my $left = $until - time;
+        my $ready = $left > 0 ? select(undef, $w, undef, $left) : 0;
+        last if $ready > 0;
+        next if $ready < 0 && $! == EINTR;
+        $! = ETIMEDOUT if $ready == 0;
         fail($what);
     }
-    my $error = unpack('i', getsockopt($sock, SOL_SOCKET, SO_ERROR) // pack('i', 0));
+    my $packed = getsockopt($sock, SOL_SOCKET, SO_ERROR) // fail($what);
+    my $error = unpack('i', $packed);
     if ($error) {
         $! = $error;
         fail($what);
@@ -77,7 +91,10 @@ for my $fh (\*STDIN, \*STDOUT, $sock) {
     my $flags = fcntl($fh, F_GETFL, 0) or fail('fcntl');
     fcntl($fh, F_SETFL, $flags | O_NONBLOCK) or fail('fcntl');
 }
-syswrite(STDOUT, "+ $$\n") or exit 1;
+# With its start time: the host kills it by pid only while that pid is still this
+# process.
+my $start = started($$) // fail('/proc/self/stat');
+syswrite(STDOUT, "+ $$ $start\n") or exit 1;
 
 my ($in, $out, $s) = (fileno(STDIN), fileno(STDOUT), fileno($sock));
 # $up: from the host, for the service; $down: from the service, for the host.

@@ -10,8 +10,6 @@ import time
 import zipfile
 from pathlib import Path
 
-import anyio
-
 TOOLS = {"run_script", "exec", "read_file", "write_file", "list_dir", "list_skills"}
 
 
@@ -105,7 +103,8 @@ async def check_session_files(client) -> None:
 async def check_exec_progress(client) -> None:
     """An exec called with a progress token reports while it runs (how long, how much
     output, its last line), each report later than the one before; the answer is the
-    same as without one."""
+    same as without one. (Whether one comes after the answer cannot be seen here: the
+    client drops a call's progress handler when its answer arrives.)"""
     reports = []
 
     async def on_progress(progress, total, message):
@@ -123,10 +122,6 @@ async def check_exec_progress(client) -> None:
     assert all(a < b for a, b in zip(progress, progress[1:])), reports
     assert all(total is None for _, total, _ in reports), reports
     assert any(m and "bytes of output: step " in m for _, _, m in reports), reports
-    # Nothing comes after the answer.
-    told = len(reports)
-    await anyio.sleep(0.5)
-    assert len(reports) == told, reports
     # A quiet command is reported every 5 s.
     reports.clear()
     quiet = await client.call_tool("exec", {"shell": "sleep 6.5"}, progress_callback=on_progress)
