@@ -3,49 +3,16 @@
 //! loopback (gVisor's under runsc) or a socket in its `/workspace`, and nowhere else.
 //! The container keeps no network.
 
-use std::io::{Read, Write};
-use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io::Read;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use skillbox_docker::Runtime;
+use skillbox_env::testkit::{host_listener_tcp, host_listener_unix};
 use skillbox_env::{
     CancellationToken, Endpoint, ErrorCode, ExecConnector, ExecEvent, ExecRequest, ExecStream,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A listener on the host that counts who reaches it (none should).
-fn host_listener_tcp() -> (u16, Arc<AtomicUsize>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counted = hits.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            counted.fetch_add(1, Ordering::SeqCst);
-            if let Ok(mut stream) = stream {
-                let _ = stream.write_all(b"host\n");
-            }
-        }
-    });
-    (port, hits)
-}
-
-fn host_listener_unix(path: &Path) -> Arc<AtomicUsize> {
-    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counted = hits.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            counted.fetch_add(1, Ordering::SeqCst);
-            if let Ok(mut stream) = stream {
-                let _ = stream.write_all(b"host\n");
-            }
-        }
-    });
-    hits
-}
 
 /// Connects until something answers (bounded), sends a line, reads the answer to its
 /// end.
@@ -95,32 +62,42 @@ while True:
     c.close()
 "#;
 
-/// A service that, for each connection, looks for its relays (the container's
-/// processes that are skillbox's relay) and tries to open their memory for writing, as
-/// code that wants to shed the relay's filter would.
-const ATTACKER: &str = r##"
+/// A service that, on each connection, finds its relays (the container's processes that
+/// are skillbox's relay). `attack` (argv[2]): it tries to open each one's memory for
+/// writing, as code that wants to shed the relay's filter would, reports that and its
+/// filters beside its own, and closes. `hold`: it says how many there are and keeps the
+/// connection open, never reading.
+const RELAY_WATCHER: &str = r##"
 import os, socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-while True:
-    c, _ = s.accept()
-    relays = []
+def relays():
+    found = []
     for p in os.listdir("/proc"):
         try:
             args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0") if p.isdigit() else []
             if args[1:2] == [b"-e"] and args[2].startswith(b"# skillbox's relay"):
-                relays.append(p)
+                found.append(p)
         except OSError:
             pass
-    out = [f"relays {len(relays)}"]
-    def filters(p):
-        for line in open(f"/proc/{p}/status"):
-            if line.startswith("Seccomp_filters:"):
-                return line.split()[1]
-        return "?"
-    for p in relays:
+    return found
+def filters(p):
+    for line in open(f"/proc/{p}/status"):
+        if line.startswith("Seccomp_filters:"):
+            return line.split()[1]
+    return "?"
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+held = []
+while True:
+    c, _ = s.accept()
+    found = relays()
+    out = [f"relays {len(found)}"]
+    if sys.argv[2] == "hold":
+        c.sendall((" ".join(out) + "\n").encode())
+        held.append(c)
+        continue
+    for p in found:
         # The relay's seccomp filters, beside the service's own (Docker's and skillbox's).
         out.append(f"filters {filters(p)}/{filters('self')}")
         try:
@@ -206,7 +183,7 @@ async fn a_port_is_reached_in_the_containers_own_network_only(runtime: Runtime) 
     let stop = CancellationToken::new();
     let stream = env
         .exec_stream(
-            ExecRequest::argv(["python3", "-c", ATTACKER, &port.to_string()])
+            ExecRequest::argv(["python3", "-c", RELAY_WATCHER, &port.to_string(), "attack"])
                 .timeout(Duration::from_secs(120)),
             &stop,
         )
@@ -320,28 +297,6 @@ async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(runtime: 
     env.cleanup().await.unwrap();
 }
 
-/// A service that holds every connection open and never reads: on each it says how
-/// many relays the container has, counted as [`ATTACKER`] finds them.
-const HOLDER: &str = r##"
-import os, socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(sys.argv[1])))
-s.listen()
-held = []
-while True:
-    c, _ = s.accept()
-    relays = 0
-    for p in os.listdir("/proc"):
-        try:
-            args = open(f"/proc/{p}/cmdline", "rb").read().split(b"\0") if p.isdigit() else []
-            relays += args[1:2] == [b"-e"] and args[2].startswith(b"# skillbox's relay")
-        except OSError:
-            pass
-    c.sendall(f"relays {relays}\n".encode())
-    held.append(c)
-"##;
-
 /// A connection the host drops ends its relay, though the service keeps its side open
 /// (as closing a socket would end the connection): a service cannot pile up relays
 /// (processes and memory of its container) by holding what its clients left.
@@ -357,7 +312,7 @@ async fn a_dropped_connection_ends_its_relay(runtime: Runtime) {
     let stop = CancellationToken::new();
     let stream = env
         .exec_stream(
-            ExecRequest::argv(["python3", "-c", HOLDER, &port.to_string()])
+            ExecRequest::argv(["python3", "-c", RELAY_WATCHER, &port.to_string(), "hold"])
                 .timeout(Duration::from_secs(120)),
             &stop,
         )
@@ -401,40 +356,31 @@ async fn a_dropped_connection_ends_its_relay(runtime: Runtime) {
     env.cleanup().await.unwrap();
 }
 
-mod docker {
-    use super::*;
+/// Each test above, once on runc (`docker`) and once on runsc (`gvisor`).
+macro_rules! on_each_runtime {
+    ($($test:ident),* $(,)?) => {
+        mod docker {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(skillbox_docker::Runtime::Runc).await;
+                }
+            )*
+        }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_port_is_reached_in_the_containers_own_network_only() {
-        super::a_port_is_reached_in_the_containers_own_network_only(Runtime::Runc).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not() {
-        super::a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(Runtime::Runc).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_dropped_connection_ends_its_relay() {
-        super::a_dropped_connection_ends_its_relay(Runtime::Runc).await;
-    }
+        mod gvisor {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(skillbox_docker::Runtime::Runsc).await;
+                }
+            )*
+        }
+    };
 }
 
-mod gvisor {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_port_is_reached_in_the_containers_own_network_only() {
-        super::a_port_is_reached_in_the_containers_own_network_only(Runtime::Runsc).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_socket_under_the_workspace_is_reached_and_a_link_out_is_not() {
-        super::a_socket_under_the_workspace_is_reached_and_a_link_out_is_not(Runtime::Runsc).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_dropped_connection_ends_its_relay() {
-        super::a_dropped_connection_ends_its_relay(Runtime::Runsc).await;
-    }
-}
+on_each_runtime!(
+    a_port_is_reached_in_the_containers_own_network_only,
+    a_socket_under_the_workspace_is_reached_and_a_link_out_is_not,
+    a_dropped_connection_ends_its_relay,
+);

@@ -14,10 +14,52 @@ pub mod conformance;
 
 pub use conformance::{assert_processes_gone, host_processes_with};
 
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::{ExecutionEnv, Limits, SandboxSpec};
 
 /// What a factory returns: an env, or why this host cannot make one.
 pub type Made = Result<Box<dyn ExecutionEnv>, String>;
+
+/// A TCP listener on the host's `127.0.0.1` that counts who reaches it (an attack on
+/// an exec's connector asserts none does), answering each `host`: its port and count.
+pub fn host_listener_tcp() -> (u16, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap_or_else(|e| panic!("bind 127.0.0.1:0: {e}"));
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    (
+        port,
+        count_clients(move || listener.accept().map(|(s, _)| s)),
+    )
+}
+
+/// A unix socket listener on the host at `path`, counting who reaches it as
+/// [`host_listener_tcp`] does.
+pub fn host_listener_unix(path: &std::path::Path) -> Arc<AtomicUsize> {
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .unwrap_or_else(|e| panic!("bind {}: {e}", path.display()));
+    count_clients(move || listener.accept().map(|(s, _)| s))
+}
+
+/// Accepts in a thread of its own, counting each client and answering it `host`.
+fn count_clients<S: Write>(
+    mut accept: impl FnMut() -> std::io::Result<S> + Send + 'static,
+) -> Arc<AtomicUsize> {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    std::thread::spawn(move || {
+        loop {
+            let accepted = accept();
+            counted.fetch_add(1, Ordering::SeqCst);
+            if let Ok(mut stream) = accepted {
+                let _ = stream.write_all(b"host\n");
+            }
+        }
+    });
+    hits
+}
 
 /// Limits the suites are written against (small, so the bombs end quickly).
 pub fn limits() -> Limits {

@@ -2,46 +2,14 @@
 //! in the exec's own network namespace (a port) or beneath the workspace's directory fd
 //! (a socket), and nowhere else.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use skillbox_env::testkit::{host_listener_tcp, host_listener_unix};
 use skillbox_env::{CancellationToken, Endpoint, ErrorCode, ExecConnector, ExecEvent, ExecRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A listener on the host that counts who reaches it (none should).
-fn host_listener_tcp() -> (u16, Arc<AtomicUsize>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counted = hits.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            counted.fetch_add(1, Ordering::SeqCst);
-            if let Ok(mut stream) = stream {
-                let _ = stream.write_all(b"host\n");
-            }
-        }
-    });
-    (port, hits)
-}
-
-fn host_listener_unix(path: &Path) -> Arc<AtomicUsize> {
-    let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let counted = hits.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            counted.fetch_add(1, Ordering::SeqCst);
-            if let Ok(mut stream) = stream {
-                let _ = stream.write_all(b"host\n");
-            }
-        }
-    });
-    hits
-}
 
 /// Connects until something answers (bounded), then reads one line.
 async fn first_line(connector: &dyn ExecConnector, endpoint: &Endpoint) -> String {
