@@ -215,16 +215,7 @@ struct NameLock {
 }
 
 fn open_lock(path: &Path) -> Result<std::fs::File, EnvError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| io_error(&e, "open", path))
+    crate::trust::open_lock_file(path).map_err(|e| io_error(&e, "open", path))
 }
 
 /// Takes `path`'s lock if nobody holds it.

@@ -162,7 +162,6 @@ impl TrustStore {
     /// [`LOCK_WAIT`] (stopped, say) makes this fail, naming the lock, rather than wait.
     fn hold(&self) -> Result<Held<'_>, TrustError> {
         use std::os::fd::AsFd;
-        use std::os::unix::fs::OpenOptionsExt;
         let turn = self
             .kept
             .lock()
@@ -171,15 +170,7 @@ impl TrustStore {
             code: ErrorCode::Unknown,
             message: format!("{}: {e}", self.lock.display()),
         };
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(&self.lock)
-            .map_err(failed)?;
+        let lock = open_lock_file(&self.lock).map_err(failed)?;
         let deadline = std::time::Instant::now() + LOCK_WAIT;
         loop {
             match rustix::fs::flock(
@@ -461,4 +452,18 @@ impl TrustStore {
             missing.join(", ")
         )))
     }
+}
+
+/// A lock file (made 0600 if missing, never through a symlink, left as it is) to
+/// `flock`: the grants' and each service name's.
+pub(crate) fn open_lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
 }
