@@ -824,6 +824,19 @@ fn a_persistent_service_serves_from_gvisor() {
     a_persistent_service_serves_from("gvisor");
 }
 
+/// The grant `cap list --json` shows for capability `name`.
+fn grant_of(data: &Path, project: &Path, name: &str) -> Value {
+    let listed = cap(data, project, &["list", "--json"], &[]);
+    let json: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    json["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is not listed: {json}"))["grant"]
+        .clone()
+}
+
 /// A capability that cannot run as declared (a volume whose host directory is missing)
 /// fails before the grant is checked: its `once` grant is still there for the run
 /// after the fix.
@@ -863,16 +876,7 @@ fn a_capability_that_cannot_run_does_not_spend_its_once_grant() {
         stderr.contains("volumes[0].host") && stderr.contains("not a directory"),
         "{stderr}"
     );
-    let listed = cap(data.path(), project.path(), &["list", "--json"], &[]);
-    let json: Value = serde_json::from_slice(&listed.stdout).unwrap();
-    let peek = json["capabilities"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "peek")
-        .unwrap()
-        .clone();
-    assert_eq!(peek["grant"], "once", "{json}");
+    assert_eq!(grant_of(data.path(), project.path(), "peek"), "once");
 }
 
 /// A run whose sandbox cannot be made (no Docker daemon answers) gives its `once` grant
@@ -909,16 +913,7 @@ fn a_run_whose_sandbox_cannot_be_made_gives_its_once_grant_back() {
         stderr.contains("not_supported") && stderr.contains("image example/tools:1"),
         "{stderr}"
     );
-    let listed = cap(data.path(), project.path(), &["list", "--json"], &[]);
-    let json: Value = serde_json::from_slice(&listed.stdout).unwrap();
-    let boxed = json["capabilities"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "boxed")
-        .unwrap()
-        .clone();
-    assert_eq!(boxed["grant"], "once", "{json}");
+    assert_eq!(grant_of(data.path(), project.path(), "boxed"), "once");
 }
 
 /// A service that never accepts (its socket's queue filled by itself) cannot hold the
