@@ -8,6 +8,7 @@
 #   CONCURRENCY="1 8" ROUNDS=6 bench/ab_api.sh A B
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
   exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" ROUNDS="${ROUNDS:-}" \
     SECONDS_EACH="${SECONDS_EACH:-}" CONCURRENCY="${CONCURRENCY:-}" "$0" "$@"
@@ -17,7 +18,6 @@ a=$1 b=$2
 data=${SKILLBOX_BENCH_DATA:-$PWD/target/bench-data}
 mkdir -p "$data"
 "$b" --data-dir "$data" setup --no-wasm >/dev/null 2>&1
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pa=$(free_port); pb=$(free_port)
 "$a" --data-dir "$data" serve --addr "127.0.0.1:$pa" 2>/dev/null & apid=$!
 "$b" --data-dir "$data" serve --addr "127.0.0.1:$pb" 2>/dev/null & bpid=$!

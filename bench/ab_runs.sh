@@ -8,6 +8,7 @@
 #   ROUNDS=60 BACKENDS="docker native" bench/ab_runs.sh A B
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
   exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" ROUNDS="${ROUNDS:-}" BACKENDS="${BACKENDS:-}" "$0" "$@"
 fi
@@ -18,7 +19,6 @@ backends=${BACKENDS:-docker gvisor}; backends=${backends:-docker gvisor}
 data=${SKILLBOX_BENCH_DATA:-$PWD/target/bench-data}
 mkdir -p "$data"
 "$b" --data-dir "$data" setup --no-wasm >/dev/null 2>&1
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pa=$(free_port); pb=$(free_port)
 "$a" --data-dir "$data" serve --addr "127.0.0.1:$pa" --warm-containers 2 2>/dev/null & apid=$!
 "$b" --data-dir "$data" serve --addr "127.0.0.1:$pb" --warm-containers 2 2>/dev/null & bpid=$!

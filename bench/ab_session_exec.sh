@@ -8,6 +8,7 @@
 #   PAIRS=100 PAUSE_MS=200 bench/ab_session_exec.sh A B
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
   exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" PAIRS="${PAIRS:-}" \
     PAUSE_MS="${PAUSE_MS:-}" "$0" "$@"
@@ -15,7 +16,6 @@ fi
 [ $# = 2 ] || { echo "usage: bench/ab_session_exec.sh BINARY_A BINARY_B" >&2; exit 2; }
 a=$1 b=$2
 da=$(mktemp -d) db=$(mktemp -d)
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 pa=$(free_port); pb=$(free_port)
 "$a" --data-dir "$da" serve --addr "127.0.0.1:$pa" 2>/dev/null & apid=$!
 "$b" --data-dir "$db" serve --addr "127.0.0.1:$pb" 2>/dev/null & bpid=$!

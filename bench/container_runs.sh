@@ -8,6 +8,7 @@
 #   RUNS=60 bench/container_runs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
   exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" "$0" "$@"
 fi
@@ -20,7 +21,6 @@ skillbox=$(scripts/dist.sh)
 data=${SKILLBOX_BENCH_DATA:-$PWD/target/bench-data}
 mkdir -p "$data"
 "$skillbox" --data-dir "$data" setup >/dev/null 2>&1
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cold=$(free_port)
 warm=$(free_port)
 "$skillbox" --data-dir "$data" serve --addr "127.0.0.1:$cold" --warm-containers 0 2>/dev/null &

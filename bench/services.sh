@@ -13,6 +13,7 @@
 #   SKILLBOX_BENCH_BIN=/path/skillbox bench/services.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
   exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" RUNS="${RUNS:-}" \
     SKILLBOX_BENCH_DATA="${SKILLBOX_BENCH_DATA:-}" SKILLBOX_BENCH_BIN="${SKILLBOX_BENCH_BIN:-}" "$0" "$@"
@@ -26,11 +27,7 @@ skillbox=${SKILLBOX_BENCH_BIN:-$(scripts/dist.sh)}
 data=${SKILLBOX_BENCH_DATA:-$PWD/target/bench-data}
 mkdir -p "$data"
 "$skillbox" --data-dir "$data" setup --no-wasm >/dev/null 2>&1
-image=$("$skillbox" --data-dir "$data" doctor --json | python3 -c '
-import json, sys
-for b in json.load(sys.stdin)["backends"]:
-    if b["name"] == "docker" and b["available"]:
-        print(b["layers"]["image"]["detail"].split()[0])')
+image=$(runtime_image "$skillbox" "$data")
 if [ -z "$image" ]; then
   echo "bench/services.sh: no Docker daemon or no runtime image (skillbox image build); see skillbox doctor" >&2
   exit 1
@@ -47,7 +44,7 @@ for backend in native docker gvisor; do
     examples/capabilities/http-notes/manifest.yaml > "$dir/manifest.yaml"
 done
 cap() { "$skillbox" --data-dir "$data" cap --project "$project" "$@"; }
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 sed "s/8080/$port/g" examples/capabilities/http-notes/server.py > "$work/server.py"
 python3 "$work/server.py" 2>/dev/null &
 bare_pid=$!

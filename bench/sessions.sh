@@ -17,6 +17,7 @@
 #                                         # built elsewhere (a clean checkout of a commit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
   exec env -i BENCH_CLEAN_ENV=1 PATH="$PATH" HOME="$HOME" ROUNDS="${ROUNDS:-}" SAMPLES="${SAMPLES:-}" \
     SKILLBOX_BENCH_DATA="${SKILLBOX_BENCH_DATA:-}" SKILLBOX_BENCH_BIN="${SKILLBOX_BENCH_BIN:-}" "$0" "$@"
@@ -33,17 +34,12 @@ skillbox=${SKILLBOX_BENCH_BIN:-$(scripts/dist.sh)}
 data=${SKILLBOX_BENCH_DATA:-$PWD/target/bench-data}
 mkdir -p "$data"
 "$skillbox" --data-dir "$data" setup --no-wasm >/dev/null 2>&1
-image=$("$skillbox" --data-dir "$data" doctor --json | python3 -c '
-import json, sys
-for b in json.load(sys.stdin)["backends"]:
-    if b["name"] == "docker" and b["available"]:
-        print(b["layers"]["image"]["detail"].split()[0])')
+image=$(runtime_image "$skillbox" "$data")
 if [ -z "$image" ]; then
   echo "bench/sessions.sh: no Docker daemon or no runtime image (skillbox image build); see skillbox doctor" >&2
   exit 1
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cold=$(free_port)
 warm=$(free_port)
 "$skillbox" --data-dir "$data" serve --addr "127.0.0.1:$cold" --warm-containers 0 2>/dev/null &

@@ -7,6 +7,7 @@
 #   RUNS=300 bench/startup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 # A clean environment for every contender: e.g. NODE_EXTRA_CA_CERTS alone makes a bare
 # `node -e 0` parse a CA bundle and look 70 ms slower than a sandboxed one.
 if [ -z "${BENCH_CLEAN_ENV:-}" ]; then
@@ -112,11 +113,7 @@ fi
 # `docker run --rm` (the usual Docker script) on the same image. Needs dockerd and the
 # image (`skillbox image build`); skipped with a note otherwise.
 container_runs=${CONTAINER_RUNS:-40}
-image=$("$skillbox" --data-dir "$data" doctor --json | python3 -c '
-import json, sys
-for b in json.load(sys.stdin)["backends"]:
-    if b["name"] == "docker" and b["available"]:
-        print(b["layers"]["image"]["detail"].split()[0])')
+image=$(runtime_image "$skillbox" "$data")
 if [ -n "$image" ]; then
   dr="docker run --rm --network none --read-only --cap-drop ALL --security-opt no-new-privileges --user 65532:65532"
   gvisor_rows=()
