@@ -207,12 +207,13 @@ impl ExecConnector for DockerConnector {
                 input,
                 pending: Bytes::new(),
                 container: Arc::downgrade(&container),
+                endpoint: endpoint.clone(),
                 relay: None,
                 ended: false,
                 kills: self.kills.clone(),
                 exec_ended: self.ended.clone(),
             };
-            let line = relayed.first_line(endpoint).await?;
+            let line = relayed.first_line().await?;
             relayed.relay = Some(answer(endpoint, &line)?);
             Ok::<_, EnvError>(relayed)
         };
@@ -244,6 +245,8 @@ struct Relayed {
     /// Read from the relay and not yet given out.
     pending: Bytes,
     container: Weak<Container>,
+    /// What it connects to.
+    endpoint: Endpoint,
     /// Who the relay is, once it answered.
     relay: Option<RelayId>,
     /// Its output ended: the relay is gone.
@@ -271,6 +274,7 @@ impl Drop for Relayed {
         let mut output: ExecOutput = Box::pin(futures_util::stream::empty());
         std::mem::swap(&mut output, &mut self.output);
         let (kills, exec_ended) = (self.kills.clone(), self.exec_ended.clone());
+        let endpoint = self.endpoint.clone();
         runtime.spawn(async move {
             // Dropped before its answer: the answer (if it connects) says whom to kill.
             let relay = match known {
@@ -278,7 +282,7 @@ impl Drop for Relayed {
                 None => {
                     let line = tokio::time::timeout(CONNECT_TIMEOUT, first_line(&mut output));
                     match line.await {
-                        Ok(Ok((line, _))) => match answer(&Endpoint::Port(0), &line) {
+                        Ok(Ok((line, _))) => match answer(&endpoint, &line) {
                             Ok(relay) => relay,
                             Err(_) => return,
                         },
@@ -358,10 +362,10 @@ async fn first_line(output: &mut ExecOutput) -> Result<(Vec<u8>, Bytes), String>
 
 impl Relayed {
     /// The relay's first line (without the newline); what follows it stays pending.
-    async fn first_line(&mut self, endpoint: &Endpoint) -> EnvResult<Vec<u8>> {
+    async fn first_line(&mut self) -> EnvResult<Vec<u8>> {
         let (line, rest) = first_line(&mut self.output)
             .await
-            .map_err(|why| unavailable(format!("connect to {endpoint}: {why}")))?;
+            .map_err(|why| unavailable(format!("connect to {}: {why}", self.endpoint)))?;
         self.pending = rest;
         Ok(line)
     }
