@@ -578,6 +578,8 @@ mod tests {
             assert!(ran.success());
         };
         kill(start + 1);
+        // A SIGKILL sent would have ended it by now.
+        std::thread::sleep(Duration::from_millis(200));
         assert!(
             target.try_wait().unwrap().is_none(),
             "another start time was killed"

@@ -420,6 +420,13 @@ fn gone(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
+/// The host socket a started service's `ServiceInfo` names.
+fn socket_of(info: &Value) -> std::path::PathBuf {
+    let endpoint = info["endpoint"].as_str().unwrap_or_default();
+    let path = endpoint.strip_prefix("unix:");
+    std::path::PathBuf::from(path.unwrap_or_else(|| panic!("not a unix endpoint: {info}")))
+}
+
 /// The pid of the supervisor `cap start` reported.
 fn supervisor_of(info: &Value) -> i32 {
     info["owner"]
@@ -494,13 +501,7 @@ fn a_persistent_service_is_reached_through_its_forwarded_socket_and_stays_down_w
         info["owner"].as_str().unwrap().split(" (").next(),
         Some("skillbox cap start")
     );
-    let socket = std::path::PathBuf::from(
-        info["endpoint"]
-            .as_str()
-            .unwrap()
-            .strip_prefix("unix:")
-            .unwrap(),
-    );
+    let socket = socket_of(&info);
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "only its owner may connect");
@@ -671,13 +672,7 @@ fn a_persistent_service_works_for_an_unprivileged_user() {
     let started = as_nobody(&["start", "http-notes", "--json"]);
     assert!(started.status.success(), "{}", text(&started.stderr));
     let info: Value = serde_json::from_slice(&started.stdout).unwrap();
-    let socket = std::path::PathBuf::from(
-        info["endpoint"]
-            .as_str()
-            .unwrap()
-            .strip_prefix("unix:")
-            .unwrap(),
-    );
+    let socket = socket_of(&info);
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(&socket).unwrap().uid(), 65534);
     let (status, body) = http(&socket, "POST", "/notes", "from nobody");
@@ -770,13 +765,7 @@ fn a_persistent_service_serves_from(backend: &str) {
         .strip_prefix("container ")
         .unwrap_or_else(|| panic!("{info}"))
         .to_string();
-    let socket = std::path::PathBuf::from(
-        info["endpoint"]
-            .as_str()
-            .unwrap()
-            .strip_prefix("unix:")
-            .unwrap(),
-    );
+    let socket = socket_of(&info);
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "only its owner may connect");
