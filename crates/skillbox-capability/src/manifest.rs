@@ -71,6 +71,25 @@ impl Lifecycle {
     }
 }
 
+/// Where a read-write volume may not go in any sandbox: the root, the places the
+/// sandbox owns or the kernel fills, and the system's own directories.
+const RW_RESERVED: &[&str] = &[
+    "/workspace",
+    "/tmp",
+    "/proc",
+    "/dev",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/sys",
+    "/run",
+];
+
 /// A host directory shown in the sandbox: read-only unless `rw`. Declared here only,
 /// never by the code.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -519,6 +538,51 @@ impl Manifest {
                     &format!("volumes[{i}]"),
                     "a host capability sees the host already; volumes are for sandboxes".into(),
                 ));
+            }
+            // A read-write volume shares its place with nothing: a mount point made
+            // inside it would be made in the host's directory, by paths the code
+            // controls, and one holding it would hide what the code writes.
+            let sandbox = skillbox_env::path::normalize(&volume.sandbox);
+            let capability = Path::new(crate::router::CAPABILITY_DIR);
+            let nested = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+            let reserved = if sandbox == Path::new("/") {
+                Some(&"/")
+            } else {
+                RW_RESERVED.iter().find(|r| sandbox.starts_with(r))
+            };
+            if volume.rw
+                && let Some(owned) = reserved
+            {
+                return Err(error(
+                    &format!("volumes[{i}].sandbox"),
+                    format!(
+                        "{}: a read-write volume may not be at or under {owned}, which the sandbox or its system holds; show it elsewhere (e.g. /data)",
+                        sandbox.display()
+                    ),
+                ));
+            }
+            if volume.rw && nested(&sandbox, capability) {
+                return Err(error(
+                    &format!("volumes[{i}].sandbox"),
+                    format!(
+                        "{}: a read-write volume may not be at, over or under {}, where the capability's own directory is shown",
+                        sandbox.display(),
+                        capability.display()
+                    ),
+                ));
+            }
+            for (j, other) in self.volumes.iter().enumerate().take(i) {
+                let other_sandbox = skillbox_env::path::normalize(&other.sandbox);
+                if (volume.rw || other.rw) && nested(&sandbox, &other_sandbox) {
+                    return Err(error(
+                        &format!("volumes[{i}].sandbox"),
+                        format!(
+                            "{} and volumes[{j}].sandbox {}: a read-write volume may not be at, over or under another volume",
+                            sandbox.display(),
+                            other_sandbox.display()
+                        ),
+                    ));
+                }
             }
         }
         // File globs are checked as a run's `outputs` are: relative to the workspace,

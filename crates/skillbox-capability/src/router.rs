@@ -54,8 +54,68 @@ pub struct CapabilityOutcome {
     pub egress: Vec<skillbox_egress::Connection>,
 }
 
-fn unavailable(message: String) -> EnvError {
-    EnvError::new(ErrorCode::Unavailable, message)
+/// A volume's host directory as it is shown: a directory reached without a symlink on
+/// the way. A link on the path could be changed after the grant (by a sandbox writing
+/// where it sits, even), and the grant names the path, not what it pointed at.
+fn volume_source(host: &Path, field: &str) -> Result<PathBuf, EnvError> {
+    let not_found = |e: std::io::Error| {
+        EnvError::invalid(format!(
+            "{field}: {}: not a directory here (or missing: {e}); a volume shows a host directory",
+            host.display()
+        ))
+        .with_path(host)
+    };
+    let real = std::fs::canonicalize(host).map_err(not_found)?;
+    if real != skillbox_env::path::normalize(host) {
+        return Err(EnvError::invalid(format!(
+            "{field}: {} goes through a symlink (it is {}); give the directory's own path",
+            host.display(),
+            real.display()
+        ))
+        .with_path(host));
+    }
+    if !real.is_dir() {
+        return Err(EnvError::invalid(format!(
+            "{field}: {}: not a directory here (or missing); a volume shows a host directory",
+            host.display()
+        ))
+        .with_path(host));
+    }
+    Ok(real)
+}
+
+/// Refuses a read-write volume that reaches what decides what runs: skillbox's data dir
+/// (the grants) and the directory the capabilities sit in (another capability's code,
+/// a `host` one's included, which runs with no boundary). Each at, under or over it.
+fn writable_volume(
+    shown: &Path,
+    capability: &Capability,
+    data_dir: &Path,
+    field: &str,
+) -> Result<(), EnvError> {
+    let capabilities = capability.dir.parent().unwrap_or(&capability.dir);
+    let guarded = [
+        (data_dir, "skillbox's data dir, where its grants are kept"),
+        (
+            capabilities,
+            "the directory the capabilities are in (their code and manifests)",
+        ),
+    ];
+    for (guarded, what) in guarded {
+        let guarded = std::fs::canonicalize(guarded).unwrap_or_else(|_| guarded.to_path_buf());
+        if shown.starts_with(&guarded) || guarded.starts_with(shown) {
+            return Err(EnvError::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "{field}: {} is read-write and reaches {} ({what}); a sandbox may never write there: show another directory, or this one without rw",
+                    shown.display(),
+                    guarded.display()
+                ),
+            )
+            .with_path(shown));
+        }
+    }
+    Ok(())
 }
 
 /// The command that runs `entry`: an executable as it is; a script by its extension.
@@ -117,11 +177,13 @@ fn outputs(capability: &Capability) -> Result<Option<OutputSelection>, EnvError>
 }
 
 /// The sandbox a capability runs in: the declared limits, its own directory read-only
-/// at [`CAPABILITY_DIR`], its volumes read-only, egress to what its `network` allows; a
-/// `host` capability runs in the project itself.
+/// at [`CAPABILITY_DIR`], its volumes (read-only unless `rw`), egress to what its
+/// `network` allows; a `host` capability runs in the project itself. `data_dir` holds
+/// the grants: no read-write volume may reach it.
 pub(crate) fn sandbox_spec(
     capability: &Capability,
     project: &Path,
+    data_dir: &Path,
 ) -> Result<SandboxSpec, EnvError> {
     let manifest = &capability.manifest;
     let host = manifest.environment == Environment::Host;
@@ -139,23 +201,23 @@ pub(crate) fn sandbox_spec(
             sandbox: CAPABILITY_DIR.into(),
         });
         for (i, volume) in manifest.volumes.iter().enumerate() {
+            let field = format!(
+                "{}: volumes[{i}].host",
+                capability.manifest_file().display()
+            );
+            let shown = volume_source(&volume.host, &field)?;
             if volume.rw {
-                return Err(unavailable(format!(
-                    "{}: volumes[{i}]: a read-write volume is not built yet; declare it without rw",
-                    capability.manifest_file().display()
-                )));
+                writable_volume(&shown, capability, data_dir, &field)?;
+                policy.read_write_mounts.push(Mount {
+                    host: shown,
+                    sandbox: volume.sandbox.clone(),
+                });
+            } else {
+                policy.read_only_mounts.push(Mount {
+                    host: shown,
+                    sandbox: volume.sandbox.clone(),
+                });
             }
-            if !volume.host.is_dir() {
-                return Err(EnvError::invalid(format!(
-                    "{}: volumes[{i}].host: {}: not a directory here (or missing); a volume shows a host directory",
-                    capability.manifest_file().display(),
-                    volume.host.display()
-                )));
-            }
-            policy.read_only_mounts.push(Mount {
-                host: volume.host.clone(),
-                sandbox: volume.sandbox.clone(),
-            });
         }
         policy.network = manifest.network_policy();
     }
@@ -217,7 +279,7 @@ pub async fn run(
     }
     // What the run would be is worked out first: a capability that cannot run does not
     // spend a `once` grant on the attempt.
-    let spec = sandbox_spec(capability, project)?;
+    let spec = sandbox_spec(capability, project, trust.data_dir())?;
     let selection = outputs(capability)?;
     let scope = off_the_runtime(|| trust.authorize(capability, project))
         .map_err(|e| EnvError::new(e.code, e.message))?;

@@ -668,7 +668,7 @@ impl ServiceTable {
         }
         // Worked out before the grant is checked: one that cannot start does not spend a
         // `once` grant.
-        let mut spec = crate::router::sandbox_spec(capability, project)?;
+        let mut spec = crate::router::sandbox_spec(capability, project, trust.data_dir())?;
         crate::router::off_the_runtime(|| trust.authorize(capability, project))
             .map_err(|e| EnvError::new(e.code, e.message))?;
 

@@ -264,6 +264,11 @@ impl TrustStore {
     }
 
     /// Grants `capability` in `project` for `scope`, covering what it needs now.
+    /// The data dir the grants are kept in: no sandbox may ever write there.
+    pub fn data_dir(&self) -> &Path {
+        self.file.parent().unwrap_or(Path::new("/"))
+    }
+
     pub fn grant(
         &self,
         capability: &Capability,

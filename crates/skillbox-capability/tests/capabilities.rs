@@ -190,6 +190,44 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             "only docker and gvisor",
         ),
         (
+            format!(
+                "{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /data\n    rw: true\n  - host: /srv/b\n    sandbox: /data/ref\n"
+            ),
+            22,
+            "volumes[1].sandbox",
+            "another volume",
+        ),
+        (
+            format!(
+                "{GOOD}volumes:\n  - host: /srv/b\n    sandbox: /data/ref\n  - host: /srv/a\n    sandbox: /data\n    rw: true\n"
+            ),
+            21,
+            "volumes[1].sandbox",
+            "another volume",
+        ),
+        (
+            format!(
+                "{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /usr/local/data\n    rw: true\n"
+            ),
+            19,
+            "volumes[0].sandbox",
+            "/usr",
+        ),
+        (
+            format!("{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /\n    rw: true\n"),
+            19,
+            "volumes[0].sandbox",
+            "at or under /",
+        ),
+        (
+            format!(
+                "{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /capability/out\n    rw: true\n"
+            ),
+            19,
+            "volumes[0].sandbox",
+            "/capability",
+        ),
+        (
             GOOD.replace("env: [LANG]", "env: [\"lang-x\"]"),
             17,
             "env[0]",

@@ -5,7 +5,7 @@
 //! started container fits a sandbox.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, ResourcesUlimits};
 use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
@@ -42,10 +42,14 @@ pub(crate) fn container_config(
              without --disk (the workdir is yours, /tmp keeps its own bound) or without --workdir",
         ));
     }
-    let user = match &spec.workspace {
-        None => format!("{SANDBOX_UID}:{SANDBOX_UID}"),
+    let ids = match &spec.workspace {
+        None => (SANDBOX_UID, SANDBOX_UID),
         Some(dir) => workspace_owner(runtime, dir)?,
     };
+    // A read-write volume is written as its owner: the container runs as that user
+    // (one owner for all of them and a workdir; never root).
+    let ids = volumes_owner(runtime, spec, ids)?;
+    let user = format!("{}:{}", ids.0, ids.1);
     // This runsc (20221219) keeps a tmpfs's size but drops nr_inodes (its mounts show
     // only size=): an inode bound asked for is refused, never run without; the one a
     // disk bound brings by default is left out there (gVisor's inodes live in its own
@@ -92,7 +96,9 @@ pub(crate) fn container_config(
             tmpfs.insert(
                 WORKSPACE.into(),
                 format!(
-                    "rw,exec,nosuid,nodev,size={workspace_bytes}{workspace_inodes},mode=0755,uid={SANDBOX_UID},gid={SANDBOX_UID}"
+                    "rw,exec,nosuid,nodev,size={workspace_bytes}{workspace_inodes},mode=0755,uid={},gid={}",
+                    ids.0,
+                    ids.1
                 ),
             );
         }
@@ -137,6 +143,16 @@ pub(crate) fn container_config(
             source: Some(mount.host.display().to_string()),
             typ: Some(MountType::BIND),
             read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    for mount in &spec.policy.read_write_mounts {
+        let target = read_write_target(mount, &mounts)?;
+        mounts.push(Mount {
+            target: Some(target.display().to_string()),
+            source: Some(mount.host.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(false),
             ..Default::default()
         });
     }
@@ -227,9 +243,98 @@ pub(crate) fn container_config(
     })
 }
 
+/// Where a read-write mount goes in the container: an absolute path that shares its
+/// place with no other mount, never a place the sandbox owns, and a source reached
+/// without a symlink on its path (the daemon follows one; the sandbox writes there).
+fn read_write_target(mount: &skillbox_env::Mount, mounts: &[Mount]) -> EnvResult<PathBuf> {
+    let invalid = |why: String| {
+        EnvError::invalid(format!(
+            "policy.readWriteMounts: {} -> {}: {why}",
+            mount.host.display(),
+            mount.sandbox.display()
+        ))
+        .with_path(&mount.host)
+    };
+    let target = skillbox_env::path::normalize(&mount.sandbox);
+    if !mount.host.is_absolute() || !target.is_absolute() {
+        return Err(invalid("both paths must be absolute".into()));
+    }
+    if target == Path::new("/")
+        || ["/workspace", "/tmp", "/proc", "/dev", "/etc", "/usr"]
+            .iter()
+            .any(|r| target.starts_with(r))
+    {
+        return Err(invalid(
+            "at or under a directory the sandbox owns or the image holds".into(),
+        ));
+    }
+    if let Some(other) = mounts
+        .iter()
+        .filter_map(|m| m.target.as_deref())
+        .find(|other| target.starts_with(other) || Path::new(other).starts_with(&target))
+    {
+        return Err(invalid(format!(
+            "it shares its place with the mount at {other}"
+        )));
+    }
+    match std::fs::canonicalize(&mount.host) {
+        Ok(real) if real.is_dir() && real == skillbox_env::path::normalize(&mount.host) => {
+            Ok(target)
+        }
+        Ok(real) if real.is_dir() => Err(invalid(format!(
+            "its path goes through a symlink (it is {}); give the directory's own path",
+            real.display()
+        ))),
+        Ok(_) => Err(invalid("not a directory".into())),
+        Err(e) => Err(invalid(e.to_string())),
+    }
+}
+
+/// The ids a container with read-write volumes runs as: their owner, so what the code
+/// writes there is the owner's, as in a workdir. One owner for them all and the
+/// workspace (`ids`, the workspace's owner or the sandbox user), and never root.
+fn volumes_owner(runtime: Runtime, spec: &SandboxSpec, ids: (u32, u32)) -> EnvResult<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut owner: Option<((u32, u32), &Path)> = spec.workspace.as_deref().map(|w| (ids, w));
+    for mount in &spec.policy.read_write_mounts {
+        let host = mount.host.as_path();
+        let meta = std::fs::metadata(host)
+            .map_err(|e| EnvError::io(&e, "read-write volume", host).with_path(host))?;
+        let this = (meta.uid(), meta.gid());
+        if this.0 == 0 {
+            return Err(EnvError::invalid(format!(
+                "backend {}: read-write volume {} is owned by root, and a container never runs as root; \
+                 chown it to an unprivileged user, or use the native backend (which maps its owner)",
+                runtime.backend(),
+                host.display()
+            ))
+            .with_path(host));
+        }
+        match owner {
+            Some((theirs, other)) if theirs != this => {
+                return Err(EnvError::invalid(format!(
+                    "backend {}: read-write volume {} belongs to {}:{}, and {} to {}:{}; a container runs as one user, \
+                     so every directory it writes must have one owner (or use the native backend, which maps each)",
+                    runtime.backend(),
+                    host.display(),
+                    this.0,
+                    this.1,
+                    other.display(),
+                    theirs.0,
+                    theirs.1
+                ))
+                .with_path(host));
+            }
+            Some(_) => {}
+            None => owner = Some((this, host)),
+        }
+    }
+    Ok(owner.map_or(ids, |(ids, _)| ids))
+}
+
 /// The user a container with a host workspace runs as: the directory's owner, so what
 /// the code writes there is the owner's. Never root.
-fn workspace_owner(runtime: Runtime, dir: &Path) -> EnvResult<String> {
+fn workspace_owner(runtime: Runtime, dir: &Path) -> EnvResult<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     let meta =
         std::fs::metadata(dir).map_err(|e| EnvError::io(&e, "workdir", dir).with_path(dir))?;
@@ -248,7 +353,7 @@ fn workspace_owner(runtime: Runtime, dir: &Path) -> EnvResult<String> {
         ))
         .with_path(dir));
     }
-    Ok(format!("{}:{}", meta.uid(), meta.gid()))
+    Ok((meta.uid(), meta.gid()))
 }
 
 #[cfg(test)]
@@ -295,5 +400,74 @@ mod tests {
             panic!("a workdir took a disk bound");
         };
         assert!(e.message.contains("disk limit"), "{e}");
+    }
+
+    /// A read-write volume is a writable bind, and the container runs as its owner
+    /// (the tmpfs workspace too); volumes of two owners, a root-owned one, one through a
+    /// symlink and one over another mount are refused, never run as someone else.
+    #[test]
+    fn a_read_write_volume_runs_the_container_as_its_owner() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root {
+            std::os::unix::fs::chown(&a, Some(4242), Some(4343)).unwrap();
+        }
+        let meta = std::fs::metadata(&a).unwrap();
+        let rw = |host: &Path, sandbox: &str| skillbox_env::Mount {
+            host: host.to_path_buf(),
+            sandbox: sandbox.into(),
+        };
+        let mut spec = SandboxSpec::default();
+        spec.policy.read_write_mounts.push(rw(&a, "/data"));
+        let config = container_config(Runtime::Runc, "img", "me", &spec).unwrap();
+        assert_eq!(config.user, Some(format!("{}:{}", meta.uid(), meta.gid())));
+        let host = config.host_config.unwrap();
+        let tmpfs = host.tmpfs.unwrap();
+        assert!(
+            tmpfs["/workspace"].contains(&format!("uid={},gid={}", meta.uid(), meta.gid())),
+            "{tmpfs:?}"
+        );
+        let mount = host
+            .mounts
+            .unwrap()
+            .into_iter()
+            .find(|m| m.target.as_deref() == Some("/data"))
+            .unwrap();
+        assert_eq!(mount.read_only, Some(false));
+        assert_eq!(mount.source, Some(a.display().to_string()));
+
+        let refused = |spec: &SandboxSpec, words: &str| {
+            let Err(e) = container_config(Runtime::Runc, "img", "me", spec) else {
+                panic!("taken: {:?}", spec.policy.read_write_mounts);
+            };
+            assert!(e.message.contains(words), "{words}: {e}");
+        };
+        if root {
+            let mut rooted = SandboxSpec::default();
+            rooted.policy.read_write_mounts.push(rw(&b, "/data"));
+            refused(&rooted, "owned by root");
+            std::os::unix::fs::chown(&b, Some(4444), Some(4444)).unwrap();
+            let mut two = spec.clone();
+            two.policy.read_write_mounts.push(rw(&b, "/other"));
+            refused(&two, "one owner");
+        }
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        let mut linked = SandboxSpec::default();
+        linked.policy.read_write_mounts.push(rw(&link, "/data"));
+        refused(&linked, "symlink");
+        let mut over = spec.clone();
+        over.policy.read_only_mounts.push(rw(&b, "/data/ref"));
+        refused(&over, "shares its place");
+        for place in ["/workspace/x", "/tmp", "/", "/usr/local"] {
+            let mut owned = SandboxSpec::default();
+            owned.policy.read_write_mounts.push(rw(&a, place));
+            refused(&owned, "readWriteMounts");
+        }
     }
 }

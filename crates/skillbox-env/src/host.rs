@@ -640,9 +640,9 @@ impl Backend for HostBackend {
     }
 
     async fn create(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
-        if !spec.policy.read_only_mounts.is_empty() {
+        if !spec.policy.read_only_mounts.is_empty() || !spec.policy.read_write_mounts.is_empty() {
             return Err(EnvError::unavailable(
-                "backend host: read-only mounts need a sandbox; use another backend",
+                "backend host: mounts (volumes) need a sandbox; use another backend",
             ));
         }
         spec.policy.refuse_egress("host")?;

@@ -158,7 +158,8 @@ impl Limits {
     }
 }
 
-/// A host path shown read-only inside the sandbox.
+/// A host directory shown inside the sandbox (read-only, or read-write in
+/// [`SandboxPolicy::read_write_mounts`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Mount {
@@ -175,6 +176,12 @@ pub struct Mount {
 pub struct SandboxPolicy {
     /// Extra read-only mounts (e.g. a runtime's packages).
     pub read_only_mounts: Vec<Mount>,
+    /// Host directories the sandbox may write (a capability's `rw` volumes): never
+    /// bounded by `diskBytes` (they are the host's filesystem), never a setuid file
+    /// (seccomp), and written as the directory's owner (an idmapped mount as root). A
+    /// backend that cannot show one refuses it (`unavailable`); none drops it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub read_write_mounts: Vec<Mount>,
     /// TCP ports the code may listen on, on the sandbox's own loopback (a persistent
     /// service's port). The sandbox still has no network: only skillbox's connector
     /// reaches them. Nothing else may be bound.

@@ -32,6 +32,8 @@ struct Located {
     sandbox_root: PathBuf,
     relative: PathBuf,
     writable: bool,
+    /// In a read-write volume: the sandbox writes there, the file view does not.
+    volume: bool,
     chown_to: Option<HostIds>,
     /// The path as the caller gave it (for messages).
     shown: PathBuf,
@@ -115,7 +117,17 @@ impl Located {
     }
 
     fn require_writable(&self, op: &str) -> EnvResult<()> {
-        if self.writable {
+        if self.volume {
+            Err(EnvError::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "{op} {}: a read-write volume is written by the sandbox's own code only; \
+                     skillbox's file operations write under {WORKSPACE}",
+                    self.shown.display()
+                ),
+            )
+            .with_path(&self.shown))
+        } else if self.writable {
             Ok(())
         } else {
             Err(EnvError::new(
@@ -209,6 +221,7 @@ impl NativeSandbox {
                     sandbox_root: mount.sandbox.clone(),
                     relative: rest.to_path_buf(),
                     writable: mount.writable,
+                    volume: mount.volume,
                     chown_to: self.chown_to,
                     shown: abs.clone(),
                 });

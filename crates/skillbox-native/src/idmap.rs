@@ -1,8 +1,9 @@
-//! An idmapped workspace, for root with a root-owned workspace: the sandbox (host uid
-//! 65534) sees the directory's root-owned files as its own, and what it writes lands
-//! on disk owned by root. The user's directory stays theirs, and sandboxed code still
-//! never runs as host root. (Seccomp refuses setuid/setgid modes, so nothing it writes
-//! there can become a setuid-root file.)
+//! Idmapped mounts, as root: a root-owned workspace, and a read-write volume owned by
+//! another user than the sandbox's host ids. The sandbox (host uid 65534 for a
+//! root-owned workspace) sees the directory's owner's files as its own, and what it
+//! writes lands on disk owned by that owner. The directory stays its owner's, and
+//! sandboxed code still never runs as host root. (Seccomp refuses setuid/setgid modes,
+//! so nothing it writes there can become a setuid file.)
 
 use std::ffi::CString;
 use std::fs;
@@ -22,21 +23,48 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// A user namespace mapping on-disk uid/gid 0 to host 65534, made once per process.
-fn userns() -> Result<&'static OwnedFd, String> {
-    static USERNS: OnceLock<Result<OwnedFd, String>> = OnceLock::new();
-    USERNS
-        .get_or_init(make_userns)
-        .as_ref()
-        .map_err(Clone::clone)
+/// On-disk owner → the sandbox's host ids, for one idmapped mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    /// The owner on disk (uid, gid), seen by the sandbox as its own.
+    pub disk: (u32, u32),
+    /// The sandbox's ids on the host (uid, gid).
+    pub sandbox: (u32, u32),
 }
 
-fn make_userns() -> Result<OwnedFd, String> {
-    make_userns_with(|_| {})
+impl Mapping {
+    /// A root-owned workspace, for the sandbox as host uid 65534.
+    pub const ROOT_WORKSPACE: Mapping = Mapping {
+        disk: (0, 0),
+        sandbox: (65534, 65534),
+    };
 }
 
-/// [`make_userns`], calling `cloned` with the helper's pid right after it is made.
-fn make_userns_with(cloned: impl FnOnce(i32)) -> Result<OwnedFd, String> {
+/// The most mappings kept: one per distinct owner of an idmapped mount; past it a
+/// mapping's namespace is made for the one mount and dropped with it.
+const KEPT: usize = 64;
+
+/// A user namespace mapping `mapping.disk` to `mapping.sandbox`, kept per process.
+fn userns(mapping: Mapping) -> Result<std::sync::Arc<OwnedFd>, String> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    static KEPT_NS: OnceLock<Mutex<HashMap<Mapping, Arc<OwnedFd>>>> = OnceLock::new();
+    let kept = KEPT_NS.get_or_init(Default::default);
+    if let Some(ns) = kept.lock().ok().and_then(|k| k.get(&mapping).cloned()) {
+        return Ok(ns);
+    }
+    let ns = Arc::new(make_userns_with(mapping, |_| {})?);
+    if let Ok(mut kept) = kept.lock()
+        && kept.len() < KEPT
+    {
+        return Ok(kept.entry(mapping).or_insert(ns).clone());
+    }
+    Ok(ns)
+}
+
+/// A user namespace mapping `mapping`, calling `cloned` with the helper's pid right
+/// after it is made.
+fn make_userns_with(mapping: Mapping, cloned: impl FnOnce(i32)) -> Result<OwnedFd, String> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills the array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
@@ -76,9 +104,16 @@ fn make_userns_with(cloned: impl FnOnce(i32)) -> Result<OwnedFd, String> {
     }
     cloned(pid as i32);
     let result = (|| -> std::io::Result<OwnedFd> {
-        fs::write(format!("/proc/{pid}/uid_map"), "0 65534 1\n")?;
+        let ((uid, gid), (to_uid, to_gid)) = (mapping.disk, mapping.sandbox);
+        fs::write(
+            format!("/proc/{pid}/uid_map"),
+            format!("{uid} {to_uid} 1\n"),
+        )?;
         fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
-        fs::write(format!("/proc/{pid}/gid_map"), "0 65534 1\n")?;
+        fs::write(
+            format!("/proc/{pid}/gid_map"),
+            format!("{gid} {to_gid} 1\n"),
+        )?;
         Ok(OwnedFd::from(fs::File::open(format!(
             "/proc/{pid}/ns/user"
         ))?))
@@ -98,34 +133,41 @@ pub fn check(workspace: &Path) -> Result<(), String> {
     idmapped_tree(workspace).map(drop)
 }
 
-/// A detached, recursive, idmapped clone of `workspace`, ready for `move_mount`.
+/// A detached, recursive, idmapped clone of the root-owned `workspace`, ready for
+/// `move_mount`.
 pub fn idmapped_tree(workspace: &Path) -> Result<OwnedFd, String> {
     let path = CString::new(workspace.as_os_str().as_bytes())
         .map_err(|_| "the workspace path has a NUL byte".to_string())?;
+    let tree = clone_tree(libc::AT_FDCWD, &path, 0)
+        .map_err(|e| format!("open_tree {}: {e}", workspace.display()))?;
+    idmapped(tree, workspace, Mapping::ROOT_WORKSPACE)
+}
+
+/// A detached, recursive clone of the directory `dir` is open at (`O_PATH`).
+pub fn clone_dir(dir: &OwnedFd) -> std::io::Result<OwnedFd> {
+    clone_tree(dir.as_raw_fd(), c"", libc::AT_EMPTY_PATH as u32)
+}
+
+fn clone_tree(dirfd: i32, path: &std::ffi::CStr, flags: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: open_tree on a NUL-terminated path; returns a new fd or -1.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_open_tree,
-            libc::AT_FDCWD,
+            dirfd,
             path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_RECURSIVE as u32,
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_RECURSIVE as u32 | flags,
         )
     };
     if fd < 0 {
-        return Err(format!(
-            "open_tree {}: {}",
-            workspace.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: the fd open_tree returned.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    idmapped(tree, workspace)
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Makes the detached `tree` (a clone of `workspace`) idmapped.
-pub fn idmapped(tree: OwnedFd, workspace: &Path) -> Result<OwnedFd, String> {
-    let userns = userns()?;
+/// Makes the detached `tree` (a clone of `shown`) idmapped by `mapping`.
+pub fn idmapped(tree: OwnedFd, shown: &Path, mapping: Mapping) -> Result<OwnedFd, String> {
+    let userns = userns(mapping)?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_IDMAP,
         attr_clr: 0,
@@ -146,7 +188,7 @@ pub fn idmapped(tree: OwnedFd, workspace: &Path) -> Result<OwnedFd, String> {
     if rc < 0 {
         return Err(format!(
             "idmapping {} (needs Linux 5.12+ and a filesystem that allows idmapped mounts): {}",
-            workspace.display(),
+            shown.display(),
             std::io::Error::last_os_error()
         ));
     }
@@ -216,7 +258,7 @@ mod tests {
         if std::env::var_os(BODY_VAR).is_none() {
             return;
         }
-        let _ = make_userns_with(|pid| {
+        let _ = make_userns_with(Mapping::ROOT_WORKSPACE, |pid| {
             use std::io::Write as _;
             let mut out = std::io::stdout();
             writeln!(out, "helper {pid}").unwrap();

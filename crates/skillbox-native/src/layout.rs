@@ -50,7 +50,11 @@ pub struct MountEntry {
     pub sandbox: PathBuf,
     pub host: PathBuf,
     pub fd: Arc<OwnedFd>,
+    /// The sandbox may write here (the workspace, a read-write volume).
     pub writable: bool,
+    /// A read-write volume: written by the sandbox's code, never by the host-side file
+    /// view (whose writes go to `/workspace`).
+    pub volume: bool,
 }
 
 /// A sandbox's root, prepared once and reused by every exec.
@@ -61,6 +65,18 @@ pub struct Root {
     pub mounts: Vec<MountEntry>,
     /// `/bin` → `/usr/bin` style top-level symlinks.
     pub aliases: Vec<(PathBuf, PathBuf)>,
+    /// The read-write mounts' binds, in order.
+    pub volumes: Vec<VolumeBind>,
+}
+
+/// A read-write mount's bind: where it is in the mount plan and its source, opened
+/// without following a symlink.
+#[derive(Debug)]
+pub struct VolumeBind {
+    /// Its index in [`Layout::mounts`].
+    pub op: usize,
+    pub host: PathBuf,
+    pub dir: Arc<OwnedFd>,
 }
 
 fn open_path(path: &Path) -> Result<OwnedFd, EnvError> {
@@ -217,6 +233,7 @@ pub fn plan(
             host: host.to_path_buf(),
             fd,
             writable,
+            volume: false,
         });
         Ok(())
     };
@@ -342,6 +359,7 @@ pub fn plan(
                 host: PathBuf::from("/"),
                 fd: Arc::new(fd),
                 writable: true,
+                volume: false,
             });
         }
     }
@@ -375,13 +393,43 @@ pub fn plan(
         bind_dir(&mut ops, &mount.host, &sandbox, ro, false)?;
     }
 
+    let mut writable: Vec<String> = WRITABLE.iter().map(|w| w.to_string()).collect();
+    let mut volumes = Vec::new();
+    for mount in &policy.read_write_mounts {
+        let sandbox = read_write_target(mount, &mounts, &aliases)?;
+        let fd = Arc::new(open_volume(&mount.host)?);
+        ancestors(&mut ops, &sandbox);
+        ops.push(MountOp::Dir {
+            path: staged(&sandbox),
+        });
+        volumes.push(VolumeBind {
+            op: ops.len(),
+            host: mount.host.clone(),
+            dir: fd.clone(),
+        });
+        ops.push(MountOp::Bind {
+            source: cstring(&mount.host),
+            target: staged(&sandbox),
+            attrs: workspace_attrs,
+        });
+        writable.push(sandbox.display().to_string());
+        mounts.push(MountEntry {
+            sandbox,
+            host: mount.host.clone(),
+            fd,
+            writable: true,
+            volume: true,
+        });
+    }
+    let writable: Vec<&str> = writable.iter().map(String::as_str).collect();
+
     let binds = ops
         .iter()
         .filter(|op| matches!(op, MountOp::Bind { .. }))
         .count();
     if binds > crate::child::MAX_BINDS {
         return Err(EnvError::invalid(format!(
-            "policy.readOnlyMounts: too many mounts ({binds} binds, at most {})",
+            "policy mounts: too many mounts ({binds} binds, at most {})",
             crate::child::MAX_BINDS
         )));
     }
@@ -393,7 +441,7 @@ pub fn plan(
         rlimits,
         landlock: landlock::Plan::sandbox(
             landlock_abi,
-            WRITABLE,
+            &writable,
             DEVICES,
             TTYS,
             &policy.listen_ports,
@@ -412,6 +460,75 @@ pub fn plan(
         layout: Arc::new(layout),
         mounts,
         aliases,
+        volumes,
+    })
+}
+
+/// Where a read-write mount goes in the sandbox: an absolute path that shares its place
+/// with no other mount (one inside it would be made in the host's directory, by paths
+/// the code controls; one over it would hide it), never a place the sandbox owns or the
+/// kernel fills, and never through one of the root's symlinks.
+fn read_write_target(
+    mount: &skillbox_env::Mount,
+    mounts: &[MountEntry],
+    aliases: &[(PathBuf, PathBuf)],
+) -> Result<PathBuf, EnvError> {
+    let invalid = |why: String| {
+        EnvError::invalid(format!(
+            "policy.readWriteMounts: {} -> {}: {why}",
+            mount.host.display(),
+            mount.sandbox.display()
+        ))
+    };
+    if !mount.sandbox.is_absolute() || !mount.host.is_absolute() {
+        return Err(invalid("both paths must be absolute".into()));
+    }
+    let sandbox = skillbox_env::path::normalize(&mount.sandbox);
+    let reserved = ["/proc", "/dev", "/tmp", WORKSPACE, "/etc"];
+    if sandbox == Path::new("/") || reserved.iter().any(|r| sandbox.starts_with(r)) {
+        return Err(invalid(
+            "at or under a directory the sandbox owns (/, /proc, /dev, /tmp, /workspace, /etc)"
+                .into(),
+        ));
+    }
+    let nested = |other: &Path| sandbox.starts_with(other) || other.starts_with(&sandbox);
+    if let Some(other) = mounts.iter().find(|m| nested(&m.sandbox)) {
+        return Err(invalid(format!(
+            "it shares its place with the mount at {}",
+            other.sandbox.display()
+        )));
+    }
+    if let Some((alias, _)) = aliases.iter().find(|(alias, _)| sandbox.starts_with(alias)) {
+        return Err(invalid(format!(
+            "{} is a symlink in the sandbox",
+            alias.display()
+        )));
+    }
+    Ok(sandbox)
+}
+
+/// A read-write mount's source, opened without following a symlink anywhere on its path
+/// (the sandbox writes there: a link it could have planted on the way is never taken).
+fn open_volume(host: &Path) -> Result<OwnedFd, EnvError> {
+    use rustix::fs::ResolveFlags;
+    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    rustix::fs::openat2(
+        rustix::fs::CWD,
+        host,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        resolve,
+    )
+    .map_err(|e| {
+        let why = match e {
+            rustix::io::Errno::LOOP => {
+                "a symlink on its path (give the directory's own path)".to_string()
+            }
+            rustix::io::Errno::NOTDIR => "not a directory".to_string(),
+            e => std::io::Error::from(e).to_string(),
+        };
+        EnvError::invalid(format!("policy.readWriteMounts: {}: {why}", host.display()))
+            .with_path(host)
     })
 }
 
@@ -612,6 +729,91 @@ mod tests {
         let tmp = tmpfs(&root.unwrap());
         let options = &tmp.iter().find(|(t, _)| t == "/tmp").unwrap().1;
         assert_eq!(options, &format!("mode=1777,size={}", unbounded.tmp_bytes));
+    }
+
+    /// A read-write mount is a writable bind (never setuid, never a device), Landlock
+    /// lets the sandbox write beneath it and nowhere new besides, the file view does not
+    /// write there, and it shares its place with no other mount.
+    #[test]
+    fn a_read_write_mount_is_writable_only_where_it_is_and_alone_there() {
+        let volume = tempfile::tempdir().unwrap();
+        let extra = tempfile::tempdir().unwrap();
+        let policy = |sandbox: &str| SandboxPolicy {
+            read_only_mounts: vec![Mount {
+                host: extra.path().to_path_buf(),
+                sandbox: "/ref".into(),
+            }],
+            read_write_mounts: vec![Mount {
+                host: volume.path().to_path_buf(),
+                sandbox: sandbox.into(),
+            }],
+            ..SandboxPolicy::default()
+        };
+        let (_dir, root) = planned(&Limits::default(), &policy("/data"));
+        let root = root.unwrap();
+        let binds = binds(&root);
+        let (source, _, attrs) = binds.iter().find(|(_, t, _)| t == "/data").unwrap();
+        assert_eq!(source, &volume.path().display().to_string());
+        assert_eq!(*attrs, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+        let writable: Vec<String> = root
+            .layout
+            .landlock
+            .rules
+            .iter()
+            .filter(|r| r.access & landlock::ACCESS_FS_WRITE_FILE != 0)
+            .map(|r| r.path.to_string_lossy().into_owned())
+            .filter(|p| !DEVICES.contains(&p.as_str()) && !TTYS.contains(&p.as_str()))
+            .collect();
+        let mut expected: Vec<String> = WRITABLE.iter().map(|w| w.to_string()).collect();
+        expected.push("/data".into());
+        assert_eq!(writable, expected);
+        let entry = root
+            .mounts
+            .iter()
+            .find(|m| m.sandbox == Path::new("/data"))
+            .unwrap();
+        assert!(entry.writable && entry.volume);
+        assert_eq!(root.volumes.len(), 1);
+        assert!(matches!(
+            &root.layout.mounts[root.volumes[0].op],
+            MountOp::Bind { target, .. } if shown(target) == "/data"
+        ));
+
+        for bad in [
+            "/",
+            "/tmp/x",
+            "/workspace/a",
+            "/proc/x",
+            "/dev/x",
+            "/etc/x",
+            "/usr/local/x",
+            "/usr",
+            "/ref",
+            "/ref/inner",
+            "/bin/x",
+            "relative",
+        ] {
+            let (_dir, root) = planned(&Limits::default(), &policy(bad));
+            let err = root.unwrap_err();
+            assert!(err.message.contains("readWriteMounts"), "{bad}: {err}");
+        }
+        // Over another mount: the read-only one would sit inside it.
+        let (_dir, root) = planned(&Limits::default(), &policy("/"));
+        assert!(root.is_err());
+
+        // A source reached through a symlink is refused, never followed.
+        let link = extra.path().join("link");
+        std::os::unix::fs::symlink(volume.path(), &link).unwrap();
+        let linked = SandboxPolicy {
+            read_write_mounts: vec![Mount {
+                host: link.join("."),
+                sandbox: "/data".into(),
+            }],
+            ..SandboxPolicy::default()
+        };
+        let (_dir, root) = planned(&Limits::default(), &linked);
+        let err = root.unwrap_err();
+        assert!(err.message.contains("symlink"), "{err}");
     }
 
     #[test]

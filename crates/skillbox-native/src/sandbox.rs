@@ -205,6 +205,10 @@ pub struct NativeSandbox {
     pub(crate) cleaned: std::sync::atomic::AtomicBool,
     /// The workspace is mounted idmapped (root with a root-owned workspace).
     pub(crate) idmapped: bool,
+    /// As root: the read-write volumes, each cloned from its source's fd for every
+    /// exec (idmapped to the sandbox when another user owns it). Empty unprivileged,
+    /// where the child looks their paths up.
+    pub(crate) volumes: Vec<ClonedVolume>,
     /// Made by [`NativeBackend::create_blocking`]: clones and housekeeping block the
     /// calling thread instead of handing them to other threads.
     pub(crate) one_shot: bool,
@@ -218,6 +222,67 @@ pub struct NativeSandbox {
     /// The next exec's init, started ahead of its command with every layer in place
     /// ([`NativeSandbox::prepare_exec`]): that exec pays only for its command.
     pub(crate) prepared: Mutex<Option<PreparedExec>>,
+}
+
+/// A read-write volume the parent clones for each exec (as root).
+#[derive(Debug)]
+pub(crate) struct ClonedVolume {
+    /// Its place among the binds.
+    slot: usize,
+    host: PathBuf,
+    dir: Arc<std::os::fd::OwnedFd>,
+    /// Set when its owner is not the sandbox's host ids: the sandbox sees the owner's
+    /// files as its own, and what it writes is the owner's on disk.
+    mapping: Option<crate::idmap::Mapping>,
+}
+
+impl ClonedVolume {
+    /// A detached clone for one exec to attach.
+    fn clone_for_exec(&self) -> EnvResult<std::os::fd::OwnedFd> {
+        let clone = crate::idmap::clone_dir(&self.dir).map_err(|e| {
+            unavailable(
+                "mount_ns",
+                format!("open_tree of the volume {}: {e}", self.host.display()),
+            )
+        })?;
+        match self.mapping {
+            Some(mapping) => crate::idmap::idmapped(clone, &self.host, mapping)
+                .map_err(|e| unavailable("idmapped volume", e)),
+            None => Ok(clone),
+        }
+    }
+}
+
+/// The read-write volumes of `root` that the parent clones per exec: all of them as
+/// root (`ids` the sandbox's host ids), none unprivileged.
+fn cloned_volumes(root: &layout::Root, ids: HostIds) -> EnvResult<Vec<ClonedVolume>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(Vec::new());
+    }
+    let mut volumes = Vec::new();
+    for volume in &root.volumes {
+        let slot = root.layout.mounts[..volume.op]
+            .iter()
+            .filter(|op| matches!(op, crate::child::MountOp::Bind { .. }))
+            .count();
+        let stat = rustix::fs::fstat(&*volume.dir)
+            .map_err(|e| EnvError::io(&e.into(), "stat", &volume.host))?;
+        let mapping = crate::idmap::Mapping {
+            disk: (stat.st_uid, stat.st_gid),
+            sandbox: (ids.uid, ids.gid),
+        };
+        let volume = ClonedVolume {
+            slot,
+            host: volume.host.clone(),
+            dir: volume.dir.clone(),
+            mapping: (mapping.disk != mapping.sandbox).then_some(mapping),
+        };
+        // Learnt now, not at the first exec: this host and filesystem allow it.
+        drop(volume.clone_for_exec()?);
+        volumes.push(volume);
+    }
+    Ok(volumes)
 }
 
 /// An exec's init, cloned into its namespaces and cgroup and locked down, waiting for
@@ -544,15 +609,19 @@ impl NativeSandbox {
         // this user, in its own data dir) can change, and stay looked up by path.
         // With none of those (a temp workspace on the sandbox's tmpfs) nothing is
         // captured, and nothing is probed.
+        // The read-write volumes are cloned from their fds instead, as root.
+        let volumes = cloned_volumes(&root, ids)?;
+        let cloned = |i: usize| !volumes.is_empty() && root.volumes.iter().any(|v| v.op == i);
         let binds = root
             .layout
             .mounts
             .iter()
             .enumerate()
             .filter_map(|(i, op)| match op {
-                crate::child::MountOp::Bind { source, .. } => {
-                    Some((!source.is_empty() && i >= root.layout.workspace_op).then_some(source))
-                }
+                crate::child::MountOp::Bind { source, .. } => Some(
+                    (!source.is_empty() && i >= root.layout.workspace_op && !cloned(i))
+                        .then_some(source),
+                ),
                 _ => None,
             })
             .collect::<Vec<_>>();
@@ -589,6 +658,7 @@ impl NativeSandbox {
             running: TaskTracker::new(),
             cleaned: std::sync::atomic::AtomicBool::new(false),
             idmapped: false,
+            volumes,
             one_shot: false,
             cgroup_host,
             egress: None,
@@ -762,7 +832,13 @@ impl NativeSandbox {
                 Some(tree) => tree
                     .clone_for_exec()
                     .map_err(|e| format!("open_tree of the captured workspace: {e}"))
-                    .and_then(|clone| crate::idmap::idmapped(clone, &self.workspace)),
+                    .and_then(|clone| {
+                        crate::idmap::idmapped(
+                            clone,
+                            &self.workspace,
+                            crate::idmap::Mapping::ROOT_WORKSPACE,
+                        )
+                    }),
                 None => crate::idmap::idmapped_tree(&self.workspace),
             }
             .map_err(|e| unavailable("idmapped workspace", e))?;
@@ -789,18 +865,27 @@ impl NativeSandbox {
         }
         // The binds captured at create, cloned for this exec (a detached mount attaches
         // once); the idmapped workspace has its own clone above.
-        let bind_clones = self
-            .bind_trees
+        // The read-write volumes: cloned from their fds (as root).
+        let slots = self
+            .volumes
             .iter()
-            .enumerate()
-            .map(|(slot, tree)| match tree {
-                Some(tree) if !(self.idmapped && slot == self.workspace_bind_slot()) => {
-                    tree.clone_for_exec().map(Some)
+            .map(|v| v.slot + 1)
+            .fold(self.bind_trees.len(), usize::max);
+        let bind_clones = (0..slots)
+            .map(|slot| {
+                if let Some(volume) = self.volumes.iter().find(|v| v.slot == slot) {
+                    return volume.clone_for_exec().map(Some);
                 }
-                _ => Ok(None),
+                match self.bind_trees.get(slot) {
+                    Some(Some(tree)) if !(self.idmapped && slot == self.workspace_bind_slot()) => {
+                        tree.clone_for_exec().map(Some).map_err(|e| {
+                            unavailable("mount_ns", format!("cloning a captured bind: {e}"))
+                        })
+                    }
+                    _ => Ok(None),
+                }
             })
-            .collect::<std::io::Result<Vec<_>>>()
-            .map_err(|e| unavailable("mount_ns", format!("cloning a captured bind: {e}")))?;
+            .collect::<EnvResult<Vec<_>>>()?;
         plan.bind_trees = bind_clones
             .iter()
             .map(|t| t.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd))

@@ -181,6 +181,73 @@ async fn a_workdir_swapped_after_create_is_not_what_the_exec_sees() {
     skillbox_env::FileSystem::cleanup(&sandbox).await.unwrap();
 }
 
+/// A read-write volume swapped on the host between create and exec (its name now a
+/// symlink to another directory, the real one moved away): as root the exec writes in
+/// the directory the sandbox was made with, never where the path points now. The
+/// host-side file view reads the volume and never writes it.
+#[tokio::test]
+async fn a_read_write_volume_swapped_after_create_is_not_what_the_exec_writes() {
+    use skillbox_env::{CancellationToken, ExecRequest, Mount, Shell};
+    let report = skillbox_native::probe();
+    if !report.available {
+        return skillbox_env::testkit::skip("a_read_write_volume_swapped", "no native sandbox");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Unprivileged, the child looks the path up at each exec (a known limit).
+        return skillbox_env::testkit::skip(
+            "a_read_write_volume_swapped",
+            "volumes are held by fd as root only",
+        );
+    }
+    let data = tempfile::tempdir().unwrap();
+    let parent = tempfile::tempdir().unwrap();
+    let volume = parent.path().join("volume");
+    let decoy = parent.path().join("decoy");
+    std::fs::create_dir(&volume).unwrap();
+    std::fs::create_dir(&decoy).unwrap();
+    let mut spec = skillbox_env::testkit::spec();
+    spec.policy.read_write_mounts.push(Mount {
+        host: volume.clone(),
+        sandbox: "/data".into(),
+    });
+    let sandbox = NativeBackend::new(data.path())
+        .create_blocking(spec)
+        .unwrap();
+    std::fs::rename(&volume, parent.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(&decoy, &volume).unwrap();
+    let never = CancellationToken::new();
+    let out = sandbox
+        .exec(
+            ExecRequest::shell("echo mine > /data/x && ls /data"),
+            &never,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_text(), "x\n", "{}", out.stderr_text());
+    assert_eq!(
+        std::fs::read_to_string(parent.path().join("moved/x")).unwrap(),
+        "mine\n"
+    );
+    assert_eq!(std::fs::read_dir(&decoy).unwrap().count(), 0);
+    // The host-side file view reads the volume, and leaves writing it to the code.
+    let fs: &dyn skillbox_env::FileSystem = &sandbox;
+    assert_eq!(
+        fs.read_bytes(std::path::Path::new("/data/x"), &never)
+            .await
+            .unwrap(),
+        b"mine\n".to_vec()
+    );
+    let refused = fs
+        .write(std::path::Path::new("/data/y"), b"host", &never)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code, skillbox_env::ErrorCode::PermissionDenied);
+    assert!(refused.message.contains("read-write volume"), "{refused}");
+    assert!(!parent.path().join("moved/y").exists());
+    skillbox_env::FileSystem::cleanup(&sandbox).await.unwrap();
+}
+
 /// A one-shot exec's init joins its cgroup itself (on v1, through the `tasks` files
 /// the parent opened) before it makes anything: its command runs in the exec's leaves.
 #[tokio::test]

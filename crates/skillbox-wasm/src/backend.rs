@@ -377,6 +377,23 @@ impl Backend for WasmBackend {
                 taken.display()
             )));
         }
+        // The read-write ones (a capability's `rw` volumes): the native sandbox the
+        // runner runs in mounts them, and the guest gets them preopened writable.
+        let read_write: Vec<PathBuf> = spec
+            .policy
+            .read_write_mounts
+            .iter()
+            .map(|m| skillbox_env::path::normalize(&m.sandbox))
+            .collect();
+        if let Some(taken) = read_write
+            .iter()
+            .find(|p| p.starts_with(ROOT) || Path::new(ROOT).starts_with(p))
+        {
+            return Err(EnvError::invalid(format!(
+                "policy.readWriteMounts: {} shares its place with {ROOT}, where the wasm backend shows its runner and guests",
+                taken.display()
+            )));
+        }
         if !spec.policy.listen_ports.is_empty() {
             return Err(EnvError::invalid(
                 "policy.listenPorts: a WASI guest has no sockets to listen on",
@@ -398,6 +415,7 @@ impl Backend for WasmBackend {
             guests: Arc::new(guests),
             limits,
             read_only,
+            read_write,
         }))
     }
 }
@@ -410,6 +428,8 @@ pub struct WasmSandbox {
     limits: skillbox_env::Limits,
     /// Preopened read-only at their own paths.
     read_only: Vec<PathBuf>,
+    /// Read-write volumes, preopened writable at their paths.
+    read_write: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for WasmSandbox {
@@ -447,11 +467,16 @@ impl WasmSandbox {
                 writable: true,
             });
         }
-        for dir in &self.read_only {
+        for (dir, writable) in self
+            .read_only
+            .iter()
+            .map(|d| (d, false))
+            .chain(self.read_write.iter().map(|d| (d, true)))
+        {
             dirs.push(Preopen {
                 dir: dir.clone(),
                 guest: dir.display().to_string(),
-                writable: false,
+                writable,
             });
         }
         // The guest's environment: a home and a temp dir it can reach (the workspace's

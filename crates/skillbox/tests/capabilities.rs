@@ -972,3 +972,318 @@ fn a_service_name_that_is_a_path_is_refused() {
     }
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
 }
+
+/// What a scribe capability's script does in its read-write volume at `/data`: writes
+/// a file and a directory, tries to make the file setuid and to write beside the volume,
+/// and says who owns what it wrote (by perl's stat: coreutils' statx is EINVAL under
+/// this runsc).
+const SCRIBE_SH: &str = r#"echo written > /data/out.txt
+mkdir -p /data/sub && echo deep > /data/sub/deep.txt
+if chmod 4755 /data/out.txt 2>/dev/null; then echo setuid-kept; else echo setuid-refused; fi
+if echo x > /data/../escape.txt 2>/dev/null; then echo escaped; else echo parent-refused; fi
+echo "owner $(perl -e 'print((stat shift)[4])' /data/out.txt) me $(id -u)"
+"#;
+
+/// A capability `name` in `project`'s own capabilities dir, on `environment`, with
+/// `volume` shown read-write (or read-only) at `/data`; its entry is `entry` (file name
+/// and text).
+fn scribe(
+    project: &Path,
+    name: &str,
+    environment: &str,
+    volume: &Path,
+    rw: bool,
+    entry: (&str, &str),
+) {
+    let root = project.join("capabilities").join(name);
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(
+        root.join("manifest.yaml"),
+        format!(
+            "name: {name}\ndescription: writes a shared dir\nversion: 0.1.0\nenvironment: {environment}\nlifecycle: oneshot\nentry: {}\nvolumes:\n  - host: {}\n    sandbox: /data\n    rw: {rw}\n",
+            entry.0,
+            volume.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(root.join(entry.0), entry.1).unwrap();
+}
+
+/// Grants `name` for the session's project, and checks the grant names the volume as
+/// read-write.
+fn grant_rw(data: &Path, project: &Path, name: &str, volume: &Path) {
+    let granted = cap(data, project, &["grant", name], &[]);
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
+    assert!(
+        text(&granted.stderr).contains(&format!("volume:rw:{}", volume.display())),
+        "{}",
+        text(&granted.stderr)
+    );
+}
+
+/// `project/volume`, owned by `owner` (uid and gid) when this is root.
+fn volume_owned_by(project: &Path, owner: u32) -> (std::path::PathBuf, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let volume = project.join("volume");
+    std::fs::create_dir(&volume).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&volume, Some(owner), Some(owner)).unwrap();
+    }
+    let uid = std::fs::metadata(&volume).unwrap().uid();
+    (volume, uid)
+}
+
+/// What a scribe run left on the host: its two files, owned by the volume's owner, no
+/// setuid bit, and nothing beside the volume.
+fn assert_scribed(volume: &Path, owner: u32, stdout: &str) {
+    use std::os::unix::fs::MetadataExt;
+    assert!(stdout.contains("parent-refused"), "{stdout}");
+    let out = volume.join("out.txt");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "written\n");
+    let deep = volume.join("sub/deep.txt");
+    assert_eq!(std::fs::read_to_string(&deep).unwrap(), "deep\n");
+    for path in [&out, &deep, &volume.join("sub")] {
+        let meta = std::fs::metadata(path).unwrap();
+        assert_eq!(
+            meta.uid(),
+            owner,
+            "{} is not the volume owner's",
+            path.display()
+        );
+        assert_eq!(
+            meta.gid(),
+            owner,
+            "{} is not the volume group's",
+            path.display()
+        );
+        assert_eq!(
+            meta.mode() & 0o6000,
+            0,
+            "{} is setuid or setgid",
+            path.display()
+        );
+    }
+    assert!(!volume.parent().unwrap().join("escape.txt").exists());
+    assert!(!Path::new("/escape.txt").exists());
+}
+
+/// A read-write volume on native: what the code writes lands in the host directory,
+/// owned by the directory's owner whoever that is (root, or another user: an idmapped
+/// mount as root), never setuid, and nothing lands beside it. A grant for the volume
+/// read-only does not cover it read-write.
+#[test]
+fn a_read_write_volume_on_native_is_written_as_its_owner_and_nothing_beside_it() {
+    if !native_or_skip("a_read_write_volume_on_native") {
+        return;
+    }
+    for owner in [0, 4242] {
+        let data = tempfile::tempdir().unwrap();
+        let project = tempfile::tempdir().unwrap();
+        let (volume, owner) = volume_owned_by(project.path(), owner);
+        scribe(
+            project.path(),
+            "scribe",
+            "native",
+            &volume,
+            false,
+            ("scribe.sh", SCRIBE_SH),
+        );
+        let granted = cap(data.path(), project.path(), &["grant", "scribe"], &[]);
+        assert!(granted.status.success(), "{}", text(&granted.stderr));
+        // Now read-write: the read-only grant does not cover it.
+        scribe(
+            project.path(),
+            "scribe",
+            "native",
+            &volume,
+            true,
+            ("scribe.sh", SCRIBE_SH),
+        );
+        let refused = cap(data.path(), project.path(), &["run", "scribe"], &[]);
+        assert_eq!(
+            refused.status.code(),
+            Some(125),
+            "{}",
+            text(&refused.stderr)
+        );
+        assert!(
+            text(&refused.stderr).contains(&format!("volume:rw:{}", volume.display())),
+            "{}",
+            text(&refused.stderr)
+        );
+        assert_eq!(
+            std::fs::read_dir(&volume).unwrap().count(),
+            0,
+            "it ran ungranted"
+        );
+
+        grant_rw(data.path(), project.path(), "scribe", &volume);
+        let ran = cap(data.path(), project.path(), &["run", "scribe"], &[]);
+        assert!(ran.status.success(), "{}", text(&ran.stderr));
+        let stdout = text(&ran.stdout);
+        // Inside, the sandbox's user owns what it wrote.
+        assert!(stdout.contains("owner 1000 me 1000"), "{stdout}");
+        assert!(stdout.contains("setuid-refused"), "{stdout}");
+        assert_scribed(&volume, owner, &stdout);
+    }
+}
+
+/// A read-write volume on docker and gVisor: the container runs as the volume's owner,
+/// so what it writes is theirs; a root-owned volume is refused (a container never runs
+/// as root), before its grant is spent.
+fn a_read_write_volume_in_a_container(backend: &str) {
+    if !common::backend_or_skip(backend, &format!("a_read_write_volume_on_{backend}")) {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let (volume, owner) = volume_owned_by(project.path(), 0);
+    scribe(
+        project.path(),
+        "scribe",
+        backend,
+        &volume,
+        true,
+        ("scribe.sh", SCRIBE_SH),
+    );
+    if root {
+        let granted = cap(
+            data.path(),
+            project.path(),
+            &["grant", "scribe", "--scope", "once"],
+            &[],
+        );
+        assert!(granted.status.success(), "{}", text(&granted.stderr));
+        let refused = cap(data.path(), project.path(), &["run", "scribe"], &[]);
+        assert!(!refused.status.success());
+        assert!(
+            text(&refused.stderr).contains("owned by root"),
+            "{}",
+            text(&refused.stderr)
+        );
+        assert_eq!(grant_of(data.path(), project.path(), "scribe"), "once");
+        std::os::unix::fs::chown(&volume, Some(4242), Some(4242)).unwrap();
+    }
+    let owner = if root { 4242 } else { owner };
+    grant_rw(data.path(), project.path(), "scribe", &volume);
+    let ran = cap(data.path(), project.path(), &["run", "scribe"], &[]);
+    assert!(ran.status.success(), "{}", text(&ran.stderr));
+    let stdout = text(&ran.stdout);
+    assert!(
+        stdout.contains(&format!("owner {owner} me {owner}")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("setuid-refused"), "{stdout}");
+    assert_scribed(&volume, owner, &stdout);
+}
+
+#[test]
+fn a_read_write_volume_on_docker_is_written_as_its_owner() {
+    a_read_write_volume_in_a_container("docker");
+}
+
+#[test]
+fn a_read_write_volume_on_gvisor_is_written_as_its_owner() {
+    a_read_write_volume_in_a_container("gvisor");
+}
+
+/// A wasm guest gets a read-write volume preopened writable: CPython for WASI writes
+/// there, and cannot leave it.
+#[test]
+fn a_read_write_volume_on_wasm_is_preopened_writable() {
+    if !common::wasm_guests_or_skip("a_read_write_volume_on_wasm") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let (volume, owner) = volume_owned_by(project.path(), 4242);
+    let script = "import os\nopen('/data/out.txt', 'w').write('written\\n')\nos.mkdir('/data/sub')\nopen('/data/sub/deep.txt', 'w').write('deep\\n')\ntry:\n    open('/data/../escape.txt', 'w').write('x')\n    print('escaped')\nexcept OSError:\n    print('parent-refused')\n";
+    scribe(
+        project.path(),
+        "scribe",
+        "wasm",
+        &volume,
+        true,
+        ("scribe.py", script),
+    );
+    grant_rw(data.path(), project.path(), "scribe", &volume);
+    let ran = cap(data.path(), project.path(), &["run", "scribe"], &[]);
+    assert!(ran.status.success(), "{}", text(&ran.stderr));
+    assert_scribed(&volume, owner, &text(&ran.stdout));
+}
+
+/// A read-write volume that could reach what decides what runs is refused before
+/// anything runs or a grant is spent: one over the capabilities' own directory (another
+/// capability's code, a host one's included), one over skillbox's data dir (the
+/// grants), one whose path goes through a symlink (which could be changed after the
+/// grant), and one at a place the sandbox's system holds.
+#[test]
+fn a_read_write_volume_that_reaches_what_decides_what_runs_is_refused() {
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let real = project.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    let link = project.path().join("link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let cases: [(&Path, &str, &str); 3] = [
+        (
+            project.path(),
+            "permission_denied",
+            "the capabilities are in",
+        ),
+        (data.path(), "permission_denied", "data dir"),
+        (&link, "invalid", "symlink"),
+    ];
+    for (volume, code, why) in cases {
+        scribe(
+            project.path(),
+            "scribe",
+            "native",
+            volume,
+            true,
+            ("scribe.sh", SCRIBE_SH),
+        );
+        let granted = cap(
+            data.path(),
+            project.path(),
+            &["grant", "scribe", "--scope", "once"],
+            &[],
+        );
+        assert!(granted.status.success(), "{}", text(&granted.stderr));
+        let refused = cap(data.path(), project.path(), &["run", "scribe"], &[]);
+        assert_eq!(
+            refused.status.code(),
+            Some(125),
+            "{}",
+            text(&refused.stderr)
+        );
+        let stderr = text(&refused.stderr);
+        assert!(
+            stderr.contains(code) && stderr.contains(why) && stderr.contains("volumes[0].host"),
+            "{}: {stderr}",
+            volume.display()
+        );
+        assert_eq!(grant_of(data.path(), project.path(), "scribe"), "once");
+        assert!(!real.join("out.txt").exists());
+        assert!(!project.path().join("out.txt").exists());
+        cap(data.path(), project.path(), &["revoke", "scribe"], &[]);
+    }
+    // At /usr/local/data: the manifest itself is refused, naming the field.
+    let root = project.path().join("capabilities/scribe/manifest.yaml");
+    let manifest = std::fs::read_to_string(&root).unwrap();
+    std::fs::write(
+        &root,
+        manifest.replace("sandbox: /data", "sandbox: /usr/local/data"),
+    )
+    .unwrap();
+    let shown = cap(data.path(), project.path(), &["show", "scribe"], &[]);
+    assert!(!shown.status.success());
+    assert!(
+        text(&shown.stderr).contains("volumes[0].sandbox") && text(&shown.stderr).contains("/usr"),
+        "{}",
+        text(&shown.stderr)
+    );
+}
