@@ -533,6 +533,18 @@ impl Manifest {
                     "may not contain `..`".into(),
                 ));
             }
+            // The grant names the path as written: it is the directory's own, plain.
+            let plain = skillbox_env::path::normalize(&volume.host);
+            if volume.host.as_os_str() != plain.as_os_str() {
+                return Err(error(
+                    &format!("volumes[{i}].host"),
+                    format!(
+                        "{}: give the path plainly (no `.`, `..`, `//` or trailing `/`): {}",
+                        volume.host.display(),
+                        plain.display()
+                    ),
+                ));
+            }
             if self.environment == Environment::Host {
                 return Err(error(
                     &format!("volumes[{i}]"),

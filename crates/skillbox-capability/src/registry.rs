@@ -19,6 +19,9 @@ pub struct Capability {
     pub manifest: Manifest,
     /// Its directory (canonical).
     pub dir: PathBuf,
+    /// Every root of the registry it was loaded from (canonical where they resolve):
+    /// a read-write volume may reach none of them (another capability's code).
+    pub(crate) roots: Vec<PathBuf>,
 }
 
 impl Capability {
@@ -107,7 +110,11 @@ fn load_one(dir: &Path) -> Result<Capability, ManifestError> {
             )));
         }
     }
-    Ok(Capability { manifest, dir })
+    Ok(Capability {
+        manifest,
+        dir,
+        roots: Vec::new(),
+    })
 }
 
 impl CapabilityRegistry {
@@ -116,6 +123,10 @@ impl CapabilityRegistry {
     /// later one.
     pub fn load(roots: &[PathBuf]) -> CapabilityRegistry {
         let mut registry = CapabilityRegistry::default();
+        let guarded: Vec<PathBuf> = roots
+            .iter()
+            .map(|r| r.canonicalize().unwrap_or_else(|_| r.clone()))
+            .collect();
         for root in roots {
             let Ok(entries) = std::fs::read_dir(root) else {
                 continue;
@@ -128,7 +139,8 @@ impl CapabilityRegistry {
             dirs.sort();
             for dir in dirs {
                 match load_one(&dir) {
-                    Ok(capability) => {
+                    Ok(mut capability) => {
+                        capability.roots = guarded.clone();
                         if let Some(first) = registry.capabilities.get(capability.name()) {
                             registry.errors.push(ManifestError {
                                 field: Some("name".into()),

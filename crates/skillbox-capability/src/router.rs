@@ -10,6 +10,7 @@
 //! user, and writes where it writes; nothing is collected from it.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -94,13 +95,19 @@ fn writable_volume(
     field: &str,
 ) -> Result<(), EnvError> {
     let capabilities = capability.dir.parent().unwrap_or(&capability.dir);
-    let guarded = [
+    let mut guarded = vec![
         (data_dir, "skillbox's data dir, where its grants are kept"),
         (
             capabilities,
             "the directory the capabilities are in (their code and manifests)",
         ),
     ];
+    for root in &capability.roots {
+        guarded.push((
+            root.as_path(),
+            "a directory capabilities are loaded from (their code and manifests)",
+        ));
+    }
     for (guarded, what) in guarded {
         let guarded = std::fs::canonicalize(guarded).unwrap_or_else(|_| guarded.to_path_buf());
         if shown.starts_with(&guarded) || guarded.starts_with(shown) {
@@ -114,6 +121,18 @@ fn writable_volume(
             )
             .with_path(shown));
         }
+    }
+    // Never one root owns, nor its group: the sandbox would be root in it (a setuid-root
+    // file or a root-only socket already there would be its to change or reach).
+    let meta = std::fs::metadata(shown).map_err(|e| EnvError::io(&e, "stat", shown))?;
+    if meta.uid() == 0 || meta.gid() == 0 {
+        return Err(EnvError::invalid(format!(
+            "{field}: {} belongs to {}:{}, and a read-write volume is written as its owner, never as root or root's group; chown it to an unprivileged user and group",
+            shown.display(),
+            meta.uid(),
+            meta.gid()
+        ))
+        .with_path(shown));
     }
     Ok(())
 }
@@ -200,24 +219,35 @@ pub(crate) fn sandbox_spec(
             host: capability.dir.clone(),
             sandbox: CAPABILITY_DIR.into(),
         });
+        let mut sources: Vec<(PathBuf, bool)> = Vec::new();
         for (i, volume) in manifest.volumes.iter().enumerate() {
             let field = format!(
                 "{}: volumes[{i}].host",
                 capability.manifest_file().display()
             );
             let shown = volume_source(&volume.host, &field)?;
+            // A read-write volume shares its host directory with no other volume: the
+            // code could swap the other's directory for a link between the check and
+            // the mount.
+            if let Some((other, _)) = sources.iter().find(|(other, other_rw)| {
+                (volume.rw || *other_rw) && (shown.starts_with(other) || other.starts_with(&shown))
+            }) {
+                return Err(EnvError::invalid(format!(
+                    "{field}: {} and {}: a read-write volume may not be at, over or under another volume's host directory",
+                    shown.display(),
+                    other.display()
+                ))
+                .with_path(&shown));
+            }
+            sources.push((shown.clone(), volume.rw));
             if volume.rw {
                 writable_volume(&shown, capability, data_dir, &field)?;
-                policy.read_write_mounts.push(Mount {
-                    host: shown,
-                    sandbox: volume.sandbox.clone(),
-                });
-            } else {
-                policy.read_only_mounts.push(Mount {
-                    host: shown,
-                    sandbox: volume.sandbox.clone(),
-                });
             }
+            policy.volumes.push(skillbox_env::Volume {
+                host: shown,
+                sandbox: volume.sandbox.clone(),
+                rw: volume.rw,
+            });
         }
         policy.network = manifest.network_policy();
     }

@@ -206,6 +206,18 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             "another volume",
         ),
         (
+            format!("{GOOD}volumes:\n  - host: /srv/x/../a\n    sandbox: /data\n"),
+            19,
+            "volumes[0].host",
+            "plainly",
+        ),
+        (
+            format!("{GOOD}volumes:\n  - host: /srv/a/\n    sandbox: /data\n"),
+            19,
+            "volumes[0].host",
+            "plainly",
+        ),
+        (
             format!(
                 "{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /usr/local/data\n    rw: true\n"
             ),

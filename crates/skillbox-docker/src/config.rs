@@ -146,13 +146,13 @@ pub(crate) fn container_config(
             ..Default::default()
         });
     }
-    for mount in &spec.policy.read_write_mounts {
-        let target = read_write_target(mount, &mounts)?;
+    for volume in &spec.policy.volumes {
+        let target = volume_target(volume, &mounts)?;
         mounts.push(Mount {
             target: Some(target.display().to_string()),
-            source: Some(mount.host.display().to_string()),
+            source: Some(volume.host.display().to_string()),
             typ: Some(MountType::BIND),
-            read_only: Some(false),
+            read_only: Some(!volume.rw),
             ..Default::default()
         });
     }
@@ -243,13 +243,13 @@ pub(crate) fn container_config(
     })
 }
 
-/// Where a read-write mount goes in the container: an absolute path that shares its
-/// place with no other mount, never a place the sandbox owns, and a source reached
-/// without a symlink on its path (the daemon follows one; the sandbox writes there).
-fn read_write_target(mount: &skillbox_env::Mount, mounts: &[Mount]) -> EnvResult<PathBuf> {
+/// Where a volume goes in the container: an absolute path that shares its place with no
+/// other mount, never a place the sandbox owns, and a source reached without a symlink
+/// on its path (the daemon follows one, after this check: a known limit).
+fn volume_target(mount: &skillbox_env::Volume, mounts: &[Mount]) -> EnvResult<PathBuf> {
     let invalid = |why: String| {
         EnvError::invalid(format!(
-            "policy.readWriteMounts: {} -> {}: {why}",
+            "policy.volumes: {} -> {}: {why}",
             mount.host.display(),
             mount.sandbox.display()
         ))
@@ -296,17 +296,19 @@ fn read_write_target(mount: &skillbox_env::Mount, mounts: &[Mount]) -> EnvResult
 fn volumes_owner(runtime: Runtime, spec: &SandboxSpec, ids: (u32, u32)) -> EnvResult<(u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     let mut owner: Option<((u32, u32), &Path)> = spec.workspace.as_deref().map(|w| (ids, w));
-    for mount in &spec.policy.read_write_mounts {
+    for mount in spec.policy.volumes.iter().filter(|v| v.rw) {
         let host = mount.host.as_path();
         let meta = std::fs::metadata(host)
             .map_err(|e| EnvError::io(&e, "read-write volume", host).with_path(host))?;
         let this = (meta.uid(), meta.gid());
-        if this.0 == 0 {
+        if this.0 == 0 || this.1 == 0 {
             return Err(EnvError::invalid(format!(
-                "backend {}: read-write volume {} is owned by root, and a container never runs as root; \
-                 chown it to an unprivileged user, or use the native backend (which maps its owner)",
+                "backend {}: read-write volume {} is owned by {}:{} (root or root's group), and a container never runs as either; \
+                 chown it to an unprivileged user and group",
                 runtime.backend(),
-                host.display()
+                host.display(),
+                this.0,
+                this.1
             ))
             .with_path(host));
         }
@@ -418,12 +420,13 @@ mod tests {
             std::os::unix::fs::chown(&a, Some(4242), Some(4343)).unwrap();
         }
         let meta = std::fs::metadata(&a).unwrap();
-        let rw = |host: &Path, sandbox: &str| skillbox_env::Mount {
+        let rw = |host: &Path, sandbox: &str| skillbox_env::Volume {
             host: host.to_path_buf(),
             sandbox: sandbox.into(),
+            rw: true,
         };
         let mut spec = SandboxSpec::default();
-        spec.policy.read_write_mounts.push(rw(&a, "/data"));
+        spec.policy.volumes.push(rw(&a, "/data"));
         let config = container_config(Runtime::Runc, "img", "me", &spec).unwrap();
         assert_eq!(config.user, Some(format!("{}:{}", meta.uid(), meta.gid())));
         let host = config.host_config.unwrap();
@@ -443,31 +446,34 @@ mod tests {
 
         let refused = |spec: &SandboxSpec, words: &str| {
             let Err(e) = container_config(Runtime::Runc, "img", "me", spec) else {
-                panic!("taken: {:?}", spec.policy.read_write_mounts);
+                panic!("taken: {:?}", spec.policy.volumes);
             };
             assert!(e.message.contains(words), "{words}: {e}");
         };
         if root {
             let mut rooted = SandboxSpec::default();
-            rooted.policy.read_write_mounts.push(rw(&b, "/data"));
-            refused(&rooted, "owned by root");
+            rooted.policy.volumes.push(rw(&b, "/data"));
+            refused(&rooted, "owned by 0:0");
             std::os::unix::fs::chown(&b, Some(4444), Some(4444)).unwrap();
             let mut two = spec.clone();
-            two.policy.read_write_mounts.push(rw(&b, "/other"));
+            two.policy.volumes.push(rw(&b, "/other"));
             refused(&two, "one owner");
         }
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&a, &link).unwrap();
         let mut linked = SandboxSpec::default();
-        linked.policy.read_write_mounts.push(rw(&link, "/data"));
+        linked.policy.volumes.push(rw(&link, "/data"));
         refused(&linked, "symlink");
         let mut over = spec.clone();
-        over.policy.read_only_mounts.push(rw(&b, "/data/ref"));
+        over.policy.read_only_mounts.push(skillbox_env::Mount {
+            host: b.clone(),
+            sandbox: "/data/ref".into(),
+        });
         refused(&over, "shares its place");
         for place in ["/workspace/x", "/tmp", "/", "/usr/local"] {
             let mut owned = SandboxSpec::default();
-            owned.policy.read_write_mounts.push(rw(&a, place));
-            refused(&owned, "readWriteMounts");
+            owned.policy.volumes.push(rw(&a, place));
+            refused(&owned, "policy.volumes");
         }
     }
 }

@@ -640,7 +640,7 @@ impl Backend for HostBackend {
     }
 
     async fn create(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
-        if !spec.policy.read_only_mounts.is_empty() || !spec.policy.read_write_mounts.is_empty() {
+        if !spec.policy.read_only_mounts.is_empty() || !spec.policy.volumes.is_empty() {
             return Err(EnvError::unavailable(
                 "backend host: mounts (volumes) need a sandbox; use another backend",
             ));

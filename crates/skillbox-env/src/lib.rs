@@ -36,7 +36,7 @@ pub use fs::{
 pub use host::{HostBackend, HostEnv};
 pub use limits::{
     BYTES_PER_INODE, DiskSplit, Limits, MAX_TIMEOUT, MIN_DISK_BYTES, MIN_DISK_INODES, Mount,
-    SandboxPolicy, SandboxSpec,
+    SandboxPolicy, SandboxSpec, Volume,
 };
 pub use skillbox_protocol::{
     BackendKind, BackendReport, Boundary, ExecOutput, Layer, LimitKind, Truncated,

@@ -158,8 +158,7 @@ impl Limits {
     }
 }
 
-/// A host directory shown inside the sandbox (read-only, or read-write in
-/// [`SandboxPolicy::read_write_mounts`]).
+/// A host path shown read-only inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Mount {
@@ -169,6 +168,19 @@ pub struct Mount {
     pub sandbox: PathBuf,
 }
 
+/// A host directory a capability declared (DESIGN.md §2.1: `policy.volumes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Volume {
+    /// Absolute path on the host, without a symlink on the way.
+    pub host: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub sandbox: PathBuf,
+    /// The sandbox may write there.
+    #[serde(default)]
+    pub rw: bool,
+}
+
 /// What the sandbox may see beyond its defaults. Deny by default: no network, no host
 /// paths other than the system directories and the workspace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,12 +188,14 @@ pub struct Mount {
 pub struct SandboxPolicy {
     /// Extra read-only mounts (e.g. a runtime's packages).
     pub read_only_mounts: Vec<Mount>,
-    /// Host directories the sandbox may write (a capability's `rw` volumes): never
-    /// bounded by `diskBytes` (they are the host's filesystem), never a setuid file
-    /// (seccomp), and written as the directory's owner (an idmapped mount as root). A
-    /// backend that cannot show one refuses it (`unavailable`); none drops it.
+    /// A capability's volumes: host directories shown exactly, each reached without a
+    /// symlink on its path and held from then on (native, as root: by fd), alone at its
+    /// place in the sandbox. A read-write one is never bounded by `diskBytes` (it is the
+    /// host's filesystem), never gets a setuid file (seccomp), and is written as the
+    /// directory's owner, never root. A backend that cannot show one refuses the spec;
+    /// none drops it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub read_write_mounts: Vec<Mount>,
+    pub volumes: Vec<Volume>,
     /// TCP ports the code may listen on, on the sandbox's own loopback (a persistent
     /// service's port). The sandbox still has no network: only skillbox's connector
     /// reaches them. Nothing else may be bound.

@@ -1,5 +1,5 @@
 //! Idmapped mounts, as root: a root-owned workspace, and a read-write volume owned by
-//! another user than the sandbox's host ids. The sandbox (host uid 65534 for a
+//! another (never root) user than the sandbox's host ids. The sandbox (host uid 65534 for a
 //! root-owned workspace) sees the directory's owner's files as its own, and what it
 //! writes lands on disk owned by that owner. The directory stays its owner's, and
 //! sandboxed code still never runs as host root. (Seccomp refuses setuid/setgid modes,

@@ -65,18 +65,19 @@ pub struct Root {
     pub mounts: Vec<MountEntry>,
     /// `/bin` → `/usr/bin` style top-level symlinks.
     pub aliases: Vec<(PathBuf, PathBuf)>,
-    /// The read-write mounts' binds, in order.
+    /// The volumes' binds, in order.
     pub volumes: Vec<VolumeBind>,
 }
 
-/// A read-write mount's bind: where it is in the mount plan and its source, opened
-/// without following a symlink.
+/// A volume's bind: where it is in the mount plan and its source, opened without
+/// following a symlink.
 #[derive(Debug)]
 pub struct VolumeBind {
     /// Its index in [`Layout::mounts`].
     pub op: usize,
     pub host: PathBuf,
     pub dir: Arc<OwnedFd>,
+    pub rw: bool,
 }
 
 fn open_path(path: &Path) -> Result<OwnedFd, EnvError> {
@@ -395,30 +396,33 @@ pub fn plan(
 
     let mut writable: Vec<String> = WRITABLE.iter().map(|w| w.to_string()).collect();
     let mut volumes = Vec::new();
-    for mount in &policy.read_write_mounts {
-        let sandbox = read_write_target(mount, &mounts, &aliases)?;
-        let fd = Arc::new(open_volume(&mount.host)?);
+    for volume in &policy.volumes {
+        let sandbox = volume_target(volume, &mounts, &aliases)?;
+        let fd = Arc::new(open_volume(volume)?);
         ancestors(&mut ops, &sandbox);
         ops.push(MountOp::Dir {
             path: staged(&sandbox),
         });
         volumes.push(VolumeBind {
             op: ops.len(),
-            host: mount.host.clone(),
+            host: volume.host.clone(),
             dir: fd.clone(),
+            rw: volume.rw,
         });
         ops.push(MountOp::Bind {
-            source: cstring(&mount.host),
+            source: cstring(&volume.host),
             target: staged(&sandbox),
-            attrs: workspace_attrs,
+            attrs: if volume.rw { workspace_attrs } else { ro },
         });
-        writable.push(sandbox.display().to_string());
+        if volume.rw {
+            writable.push(sandbox.display().to_string());
+        }
         mounts.push(MountEntry {
             sandbox,
-            host: mount.host.clone(),
+            host: volume.host.clone(),
             fd,
-            writable: true,
-            volume: true,
+            writable: volume.rw,
+            volume: volume.rw,
         });
     }
     let writable: Vec<&str> = writable.iter().map(String::as_str).collect();
@@ -464,18 +468,18 @@ pub fn plan(
     })
 }
 
-/// Where a read-write mount goes in the sandbox: an absolute path that shares its place
-/// with no other mount (one inside it would be made in the host's directory, by paths
-/// the code controls; one over it would hide it), never a place the sandbox owns or the
-/// kernel fills, and never through one of the root's symlinks.
-fn read_write_target(
-    mount: &skillbox_env::Mount,
+/// Where a volume goes in the sandbox: an absolute path that shares its place with no
+/// other mount (one inside it would be made in the host's directory, by paths the code
+/// controls; one over it would hide it), never a place the sandbox owns or the kernel
+/// fills, and never through one of the root's symlinks.
+fn volume_target(
+    mount: &skillbox_env::Volume,
     mounts: &[MountEntry],
     aliases: &[(PathBuf, PathBuf)],
 ) -> Result<PathBuf, EnvError> {
     let invalid = |why: String| {
         EnvError::invalid(format!(
-            "policy.readWriteMounts: {} -> {}: {why}",
+            "policy.volumes: {} -> {}: {why}",
             mount.host.display(),
             mount.sandbox.display()
         ))
@@ -507,12 +511,14 @@ fn read_write_target(
     Ok(sandbox)
 }
 
-/// A read-write mount's source, opened without following a symlink anywhere on its path
-/// (the sandbox writes there: a link it could have planted on the way is never taken).
-fn open_volume(host: &Path) -> Result<OwnedFd, EnvError> {
+/// A volume's source, opened without following a symlink anywhere on its path (a
+/// sandbox that writes where one sits could have planted it), and never a read-write
+/// one root or root's group owns (the sandbox would be root in it).
+fn open_volume(volume: &skillbox_env::Volume) -> Result<OwnedFd, EnvError> {
     use rustix::fs::ResolveFlags;
+    let host = &volume.host;
     let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-    rustix::fs::openat2(
+    let dir = rustix::fs::openat2(
         rustix::fs::CWD,
         host,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -527,9 +533,21 @@ fn open_volume(host: &Path) -> Result<OwnedFd, EnvError> {
             rustix::io::Errno::NOTDIR => "not a directory".to_string(),
             e => std::io::Error::from(e).to_string(),
         };
-        EnvError::invalid(format!("policy.readWriteMounts: {}: {why}", host.display()))
-            .with_path(host)
-    })
+        EnvError::invalid(format!("policy.volumes: {}: {why}", host.display())).with_path(host)
+    })?;
+    if volume.rw {
+        let stat = rustix::fs::fstat(&dir).map_err(|e| EnvError::io(&e.into(), "stat", host))?;
+        if stat.st_uid == 0 || stat.st_gid == 0 {
+            return Err(EnvError::invalid(format!(
+                "policy.volumes: {}: owned by {}:{}; a read-write volume is never written as root or root's group",
+                host.display(),
+                stat.st_uid,
+                stat.st_gid
+            ))
+            .with_path(host));
+        }
+    }
+    Ok(dir)
 }
 
 /// The options of the per-exec `/tmp`: its share of the disk bound, in bytes and inodes.
@@ -607,7 +625,7 @@ mod tests {
     //! root and without making anything.
 
     use super::*;
-    use skillbox_env::Mount;
+    use skillbox_env::{Mount, Volume};
 
     fn shown(c: &CString) -> String {
         let text = c.to_string_lossy();
@@ -731,31 +749,51 @@ mod tests {
         assert_eq!(options, &format!("mode=1777,size={}", unbounded.tmp_bytes));
     }
 
-    /// A read-write mount is a writable bind (never setuid, never a device), Landlock
-    /// lets the sandbox write beneath it and nowhere new besides, the file view does not
-    /// write there, and it shares its place with no other mount.
+    /// A volume is a bind alone at its place; a read-write one is writable (never
+    /// setuid, never a device), Landlock lets the sandbox write beneath it and nowhere
+    /// new besides, and the file view does not write there; a read-only one stays
+    /// read-only. Neither is reached through a symlink, and a read-write one root owns
+    /// is refused.
     #[test]
-    fn a_read_write_mount_is_writable_only_where_it_is_and_alone_there() {
+    fn a_volume_is_alone_at_its_place_and_writable_only_when_read_write() {
         let volume = tempfile::tempdir().unwrap();
         let extra = tempfile::tempdir().unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root {
+            std::os::unix::fs::chown(volume.path(), Some(4242), Some(4242)).unwrap();
+        }
         let policy = |sandbox: &str| SandboxPolicy {
             read_only_mounts: vec![Mount {
                 host: extra.path().to_path_buf(),
                 sandbox: "/ref".into(),
             }],
-            read_write_mounts: vec![Mount {
-                host: volume.path().to_path_buf(),
-                sandbox: sandbox.into(),
-            }],
+            volumes: vec![
+                Volume {
+                    host: volume.path().to_path_buf(),
+                    sandbox: sandbox.into(),
+                    rw: true,
+                },
+                Volume {
+                    host: extra.path().to_path_buf(),
+                    sandbox: "/seen".into(),
+                    rw: false,
+                },
+            ],
             ..SandboxPolicy::default()
         };
-        let (_dir, root) = planned(&Limits::default(), &policy("/data"));
-        let root = root.unwrap();
-        let binds = binds(&root);
+        let (_dir, root_plan) = planned(&Limits::default(), &policy("/data"));
+        let plan = root_plan.unwrap();
+        let binds = binds(&plan);
         let (source, _, attrs) = binds.iter().find(|(_, t, _)| t == "/data").unwrap();
         assert_eq!(source, &volume.path().display().to_string());
         assert_eq!(*attrs, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-        let writable: Vec<String> = root
+        let (_, _, attrs) = binds.iter().find(|(_, t, _)| t == "/seen").unwrap();
+        assert_eq!(
+            *attrs,
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+        );
+        let writable: Vec<String> = plan
             .layout
             .landlock
             .rules
@@ -767,15 +805,21 @@ mod tests {
         let mut expected: Vec<String> = WRITABLE.iter().map(|w| w.to_string()).collect();
         expected.push("/data".into());
         assert_eq!(writable, expected);
-        let entry = root
+        let entry = plan
             .mounts
             .iter()
             .find(|m| m.sandbox == Path::new("/data"))
             .unwrap();
         assert!(entry.writable && entry.volume);
-        assert_eq!(root.volumes.len(), 1);
+        let seen = plan
+            .mounts
+            .iter()
+            .find(|m| m.sandbox == Path::new("/seen"))
+            .unwrap();
+        assert!(!seen.writable && !seen.volume);
+        assert_eq!(plan.volumes.len(), 2);
         assert!(matches!(
-            &root.layout.mounts[root.volumes[0].op],
+            &plan.layout.mounts[plan.volumes[0].op],
             MountOp::Bind { target, .. } if shown(target) == "/data"
         ));
 
@@ -790,30 +834,45 @@ mod tests {
             "/usr",
             "/ref",
             "/ref/inner",
+            "/seen/x",
             "/bin/x",
             "relative",
         ] {
-            let (_dir, root) = planned(&Limits::default(), &policy(bad));
-            let err = root.unwrap_err();
-            assert!(err.message.contains("readWriteMounts"), "{bad}: {err}");
+            let (_dir, plan) = planned(&Limits::default(), &policy(bad));
+            let err = plan.unwrap_err();
+            assert!(err.message.contains("policy.volumes"), "{bad}: {err}");
         }
-        // Over another mount: the read-only one would sit inside it.
-        let (_dir, root) = planned(&Limits::default(), &policy("/"));
-        assert!(root.is_err());
 
         // A source reached through a symlink is refused, never followed.
         let link = extra.path().join("link");
         std::os::unix::fs::symlink(volume.path(), &link).unwrap();
-        let linked = SandboxPolicy {
-            read_write_mounts: vec![Mount {
-                host: link.join("."),
-                sandbox: "/data".into(),
-            }],
-            ..SandboxPolicy::default()
-        };
-        let (_dir, root) = planned(&Limits::default(), &linked);
-        let err = root.unwrap_err();
-        assert!(err.message.contains("symlink"), "{err}");
+        for rw in [true, false] {
+            let linked = SandboxPolicy {
+                volumes: vec![Volume {
+                    host: link.clone(),
+                    sandbox: "/data".into(),
+                    rw,
+                }],
+                ..SandboxPolicy::default()
+            };
+            let (_dir, plan) = planned(&Limits::default(), &linked);
+            let err = plan.unwrap_err();
+            assert!(err.message.contains("symlink"), "{err}");
+        }
+        // Root's, read-write: refused (the sandbox would be root in it).
+        if root {
+            let rooted = SandboxPolicy {
+                volumes: vec![Volume {
+                    host: extra.path().to_path_buf(),
+                    sandbox: "/data".into(),
+                    rw: true,
+                }],
+                ..SandboxPolicy::default()
+            };
+            let (_dir, plan) = planned(&Limits::default(), &rooted);
+            let err = plan.unwrap_err();
+            assert!(err.message.contains("owned by 0:0"), "{err}");
+        }
     }
 
     #[test]

@@ -205,9 +205,9 @@ pub struct NativeSandbox {
     pub(crate) cleaned: std::sync::atomic::AtomicBool,
     /// The workspace is mounted idmapped (root with a root-owned workspace).
     pub(crate) idmapped: bool,
-    /// As root: the read-write volumes, each cloned from its source's fd for every
-    /// exec (idmapped to the sandbox when another user owns it). Empty unprivileged,
-    /// where the child looks their paths up.
+    /// As root: the volumes, each cloned from its source's fd for every exec (a
+    /// read-write one idmapped to the sandbox when another user owns it). Empty
+    /// unprivileged, where the child looks their paths up.
     pub(crate) volumes: Vec<ClonedVolume>,
     /// Made by [`NativeBackend::create_blocking`]: clones and housekeeping block the
     /// calling thread instead of handing them to other threads.
@@ -224,7 +224,7 @@ pub struct NativeSandbox {
     pub(crate) prepared: Mutex<Option<PreparedExec>>,
 }
 
-/// A read-write volume the parent clones for each exec (as root).
+/// A volume the parent clones for each exec (as root).
 #[derive(Debug)]
 pub(crate) struct ClonedVolume {
     /// Its place among the binds.
@@ -234,11 +234,21 @@ pub(crate) struct ClonedVolume {
     /// Set when its owner is not the sandbox's host ids: the sandbox sees the owner's
     /// files as its own, and what it writes is the owner's on disk.
     mapping: Option<crate::idmap::Mapping>,
+    /// The clone made at create to learn that this host allows it, kept for the first
+    /// exec: closing it unused would cost a grace period.
+    spare: Mutex<Option<std::os::fd::OwnedFd>>,
 }
 
 impl ClonedVolume {
     /// A detached clone for one exec to attach.
     fn clone_for_exec(&self) -> EnvResult<std::os::fd::OwnedFd> {
+        if let Some(spare) = self.spare.lock().ok().and_then(|mut spare| spare.take()) {
+            return Ok(spare);
+        }
+        self.make_clone()
+    }
+
+    fn make_clone(&self) -> EnvResult<std::os::fd::OwnedFd> {
         let clone = crate::idmap::clone_dir(&self.dir).map_err(|e| {
             unavailable(
                 "mount_ns",
@@ -253,8 +263,9 @@ impl ClonedVolume {
     }
 }
 
-/// The read-write volumes of `root` that the parent clones per exec: all of them as
-/// root (`ids` the sandbox's host ids), none unprivileged.
+/// The volumes of `root` that the parent clones per exec: all of them as root (`ids`
+/// the sandbox's host ids; a read-write one owned by another is idmapped to them), none
+/// unprivileged.
 fn cloned_volumes(root: &layout::Root, ids: HostIds) -> EnvResult<Vec<ClonedVolume>> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -272,14 +283,16 @@ fn cloned_volumes(root: &layout::Root, ids: HostIds) -> EnvResult<Vec<ClonedVolu
             disk: (stat.st_uid, stat.st_gid),
             sandbox: (ids.uid, ids.gid),
         };
-        let volume = ClonedVolume {
+        let mut volume = ClonedVolume {
             slot,
             host: volume.host.clone(),
             dir: volume.dir.clone(),
-            mapping: (mapping.disk != mapping.sandbox).then_some(mapping),
+            mapping: (volume.rw && mapping.disk != mapping.sandbox).then_some(mapping),
+            spare: Mutex::new(None),
         };
         // Learnt now, not at the first exec: this host and filesystem allow it.
-        drop(volume.clone_for_exec()?);
+        let spare = volume.make_clone()?;
+        volume.spare = Mutex::new(Some(spare));
         volumes.push(volume);
     }
     Ok(volumes)
@@ -609,7 +622,7 @@ impl NativeSandbox {
         // this user, in its own data dir) can change, and stay looked up by path.
         // With none of those (a temp workspace on the sandbox's tmpfs) nothing is
         // captured, and nothing is probed.
-        // The read-write volumes are cloned from their fds instead, as root.
+        // The volumes are cloned from their fds instead, as root.
         let volumes = cloned_volumes(&root, ids)?;
         let cloned = |i: usize| !volumes.is_empty() && root.volumes.iter().any(|v| v.op == i);
         let binds = root
@@ -865,7 +878,7 @@ impl NativeSandbox {
         }
         // The binds captured at create, cloned for this exec (a detached mount attaches
         // once); the idmapped workspace has its own clone above.
-        // The read-write volumes: cloned from their fds (as root).
+        // The volumes: cloned from their fds (as root).
         let slots = self
             .volumes
             .iter()

@@ -181,22 +181,22 @@ async fn a_workdir_swapped_after_create_is_not_what_the_exec_sees() {
     skillbox_env::FileSystem::cleanup(&sandbox).await.unwrap();
 }
 
-/// A read-write volume swapped on the host between create and exec (its name now a
-/// symlink to another directory, the real one moved away): as root the exec writes in
-/// the directory the sandbox was made with, never where the path points now. The
+/// Volumes swapped on the host between create and exec (each name now a symlink to
+/// another directory, the real one moved away): as root the exec writes in, and reads,
+/// the directories the sandbox was made with, never where the paths point now. The
 /// host-side file view reads the volume and never writes it.
 #[tokio::test]
-async fn a_read_write_volume_swapped_after_create_is_not_what_the_exec_writes() {
-    use skillbox_env::{CancellationToken, ExecRequest, Mount, Shell};
+async fn volumes_swapped_after_create_are_not_what_the_exec_sees() {
+    use skillbox_env::{CancellationToken, ExecRequest, Shell, Volume};
     let report = skillbox_native::probe();
     if !report.available {
-        return skillbox_env::testkit::skip("a_read_write_volume_swapped", "no native sandbox");
+        return skillbox_env::testkit::skip("volumes_swapped_after_create", "no native sandbox");
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         // Unprivileged, the child looks the path up at each exec (a known limit).
         return skillbox_env::testkit::skip(
-            "a_read_write_volume_swapped",
+            "volumes_swapped_after_create",
             "volumes are held by fd as root only",
         );
     }
@@ -207,29 +207,52 @@ async fn a_read_write_volume_swapped_after_create_is_not_what_the_exec_writes() 
     std::fs::create_dir(&volume).unwrap();
     std::fs::create_dir(&decoy).unwrap();
     let mut spec = skillbox_env::testkit::spec();
-    spec.policy.read_write_mounts.push(Mount {
+    std::os::unix::fs::chown(&volume, Some(4242), Some(4242)).unwrap();
+    spec.policy.volumes.push(Volume {
         host: volume.clone(),
         sandbox: "/data".into(),
+        rw: true,
+    });
+    // And a read-only one, swapped the same way: held by fd too.
+    let shown = parent.path().join("shown");
+    std::fs::create_dir(&shown).unwrap();
+    std::fs::write(shown.join("mine.txt"), "the real one\n").unwrap();
+    std::fs::write(decoy.join("mine.txt"), "the decoy\n").unwrap();
+    spec.policy.volumes.push(Volume {
+        host: shown.clone(),
+        sandbox: "/ref".into(),
+        rw: false,
     });
     let sandbox = NativeBackend::new(data.path())
         .create_blocking(spec)
         .unwrap();
     std::fs::rename(&volume, parent.path().join("moved")).unwrap();
     std::os::unix::fs::symlink(&decoy, &volume).unwrap();
+    std::fs::rename(&shown, parent.path().join("shown-moved")).unwrap();
+    std::os::unix::fs::symlink(&decoy, &shown).unwrap();
     let never = CancellationToken::new();
     let out = sandbox
         .exec(
-            ExecRequest::shell("echo mine > /data/x && ls /data"),
+            ExecRequest::shell("echo mine > /data/x && ls /data && cat /ref/mine.txt"),
             &never,
         )
         .await
         .unwrap();
-    assert_eq!(out.stdout_text(), "x\n", "{}", out.stderr_text());
+    assert_eq!(
+        out.stdout_text(),
+        "x\nthe real one\n",
+        "{}",
+        out.stderr_text()
+    );
     assert_eq!(
         std::fs::read_to_string(parent.path().join("moved/x")).unwrap(),
         "mine\n"
     );
-    assert_eq!(std::fs::read_dir(&decoy).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(&decoy).unwrap().count(),
+        1,
+        "only its own file"
+    );
     // The host-side file view reads the volume, and leaves writing it to the code.
     let fs: &dyn skillbox_env::FileSystem = &sandbox;
     assert_eq!(

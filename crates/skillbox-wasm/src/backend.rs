@@ -363,34 +363,36 @@ impl Backend for WasmBackend {
             .map_err(|e| EnvError::io(&e, "create", &guests_dir))?;
 
         let limits = spec.limits.clone();
-        // The caller's read-only mounts (a capability's dir, its volumes) are preopened
-        // read-only for the guest at the same paths.
+        // The caller's read-only mounts (a capability's dir) and volumes are preopened
+        // for the guest at the same paths, writable only for a read-write volume (the
+        // native sandbox the runner runs in shows them as it shows any).
         let read_only: Vec<PathBuf> = spec
             .policy
             .read_only_mounts
             .iter()
             .map(|m| skillbox_env::path::normalize(&m.sandbox))
+            .chain(
+                spec.policy
+                    .volumes
+                    .iter()
+                    .filter(|v| !v.rw)
+                    .map(|v| skillbox_env::path::normalize(&v.sandbox)),
+            )
             .collect();
-        if let Some(taken) = read_only.iter().find(|p| p.starts_with(ROOT)) {
-            return Err(EnvError::invalid(format!(
-                "policy.readOnlyMounts: {} is under {ROOT}, where the wasm backend shows its runner and guests",
-                taken.display()
-            )));
-        }
-        // The read-write ones (a capability's `rw` volumes): the native sandbox the
-        // runner runs in mounts them, and the guest gets them preopened writable.
         let read_write: Vec<PathBuf> = spec
             .policy
-            .read_write_mounts
+            .volumes
             .iter()
-            .map(|m| skillbox_env::path::normalize(&m.sandbox))
+            .filter(|v| v.rw)
+            .map(|v| skillbox_env::path::normalize(&v.sandbox))
             .collect();
-        if let Some(taken) = read_write
+        if let Some(taken) = read_only
             .iter()
+            .chain(&read_write)
             .find(|p| p.starts_with(ROOT) || Path::new(ROOT).starts_with(p))
         {
             return Err(EnvError::invalid(format!(
-                "policy.readWriteMounts: {} shares its place with {ROOT}, where the wasm backend shows its runner and guests",
+                "policy: {} shares its place with {ROOT}, where the wasm backend shows its runner and guests",
                 taken.display()
             )));
         }

@@ -1069,15 +1069,15 @@ fn assert_scribed(volume: &Path, owner: u32, stdout: &str) {
 }
 
 /// A read-write volume on native: what the code writes lands in the host directory,
-/// owned by the directory's owner whoever that is (root, or another user: an idmapped
-/// mount as root), never setuid, and nothing lands beside it. A grant for the volume
-/// read-only does not cover it read-write.
+/// owned by the directory's owner (another user than the sandbox's: an idmapped mount as
+/// root; the sandbox's host user: a plain bind), never setuid, and nothing lands beside
+/// it. A grant for the volume read-only does not cover it read-write.
 #[test]
 fn a_read_write_volume_on_native_is_written_as_its_owner_and_nothing_beside_it() {
     if !native_or_skip("a_read_write_volume_on_native") {
         return;
     }
-    for owner in [0, 4242] {
+    for owner in [4242, 65534] {
         let data = tempfile::tempdir().unwrap();
         let project = tempfile::tempdir().unwrap();
         let (volume, owner) = volume_owned_by(project.path(), owner);
@@ -1130,8 +1130,8 @@ fn a_read_write_volume_on_native_is_written_as_its_owner_and_nothing_beside_it()
 }
 
 /// A read-write volume on docker and gVisor: the container runs as the volume's owner,
-/// so what it writes is theirs; a root-owned volume is refused (a container never runs
-/// as root), before its grant is spent.
+/// so what it writes is theirs; a root-owned volume is refused (never written as root),
+/// before its grant is spent.
 fn a_read_write_volume_in_a_container(backend: &str) {
     if !common::backend_or_skip(backend, &format!("a_read_write_volume_on_{backend}")) {
         return;
@@ -1160,7 +1160,7 @@ fn a_read_write_volume_in_a_container(backend: &str) {
         let refused = cap(data.path(), project.path(), &["run", "scribe"], &[]);
         assert!(!refused.status.success());
         assert!(
-            text(&refused.stderr).contains("owned by root"),
+            text(&refused.stderr).contains("never as root"),
             "{}",
             text(&refused.stderr)
         );
@@ -1216,10 +1216,12 @@ fn a_read_write_volume_on_wasm_is_preopened_writable() {
 }
 
 /// A read-write volume that could reach what decides what runs is refused before
-/// anything runs or a grant is spent: one over the capabilities' own directory (another
-/// capability's code, a host one's included), one over skillbox's data dir (the
-/// grants), one whose path goes through a symlink (which could be changed after the
-/// grant), and one at a place the sandbox's system holds.
+/// anything runs or a grant is spent: one over the capabilities' own directory or any
+/// other directory capabilities are loaded from (another capability's code, a host
+/// one's included), one over skillbox's data dir (the grants), one whose path goes
+/// through a symlink (which could be changed after the grant), one root owns, one
+/// that holds another volume's directory, and one at a place the sandbox's system
+/// holds.
 #[test]
 fn a_read_write_volume_that_reaches_what_decides_what_runs_is_refused() {
     let data = tempfile::tempdir().unwrap();
@@ -1228,15 +1230,26 @@ fn a_read_write_volume_that_reaches_what_decides_what_runs_is_refused() {
     std::fs::create_dir(&real).unwrap();
     let link = project.path().join("link");
     std::os::unix::fs::symlink(&real, &link).unwrap();
-    let cases: [(&Path, &str, &str); 3] = [
+    let examples = example("capabilities").canonicalize().unwrap();
+    let mut cases: Vec<(&Path, &str, &str)> = vec![
         (
             project.path(),
             "permission_denied",
             "the capabilities are in",
         ),
         (data.path(), "permission_denied", "data dir"),
+        (
+            &examples,
+            "permission_denied",
+            "capabilities are loaded from",
+        ),
         (&link, "invalid", "symlink"),
     ];
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // Root's: the sandbox would be root in it (a setuid-root file there its to change).
+        cases.push((&real, "invalid", "never as root"));
+    }
     for (volume, code, why) in cases {
         scribe(
             project.path(),
@@ -1271,6 +1284,47 @@ fn a_read_write_volume_that_reaches_what_decides_what_runs_is_refused() {
         assert!(!project.path().join("out.txt").exists());
         cap(data.path(), project.path(), &["revoke", "scribe"], &[]);
     }
+    // Over another volume's host directory: the code could swap that one for a link.
+    let inner = real.join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&real, Some(4242), Some(4242)).unwrap();
+    }
+    let manifest = project.path().join("capabilities/scribe/manifest.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "name: scribe\ndescription: w\nversion: 0.1.0\nenvironment: native\nlifecycle: oneshot\nentry: scribe.sh\nvolumes:\n  - host: {}\n    sandbox: /data\n    rw: true\n  - host: {}\n    sandbox: /ref\n",
+            real.display(),
+            inner.display()
+        ),
+    )
+    .unwrap();
+    assert!(
+        cap(
+            data.path(),
+            project.path(),
+            &["grant", "scribe", "--scope", "once"],
+            &[]
+        )
+        .status
+        .success()
+    );
+    let refused = cap(data.path(), project.path(), &["run", "scribe"], &[]);
+    assert_eq!(
+        refused.status.code(),
+        Some(125),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(
+        text(&refused.stderr).contains("another volume's host directory"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert_eq!(grant_of(data.path(), project.path(), "scribe"), "once");
+    assert!(!real.join("out.txt").exists());
     // At /usr/local/data: the manifest itself is refused, naming the field.
     let root = project.path().join("capabilities/scribe/manifest.yaml");
     let manifest = std::fs::read_to_string(&root).unwrap();
