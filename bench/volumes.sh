@@ -2,7 +2,7 @@
 # What a capability's volumes cost a run, side by side in one run: `skillbox cap run`
 # of a native oneshot capability whose entry does nothing (`:` in sh), with no volume,
 # a read-only volume, a read-write volume its sandbox's host user owns (a plain bind),
-# and a read-write volume root owns (idmapped to the sandbox for every exec); beside
+# and a read-write volume another user owns (idmapped to the sandbox for every exec); beside
 # the same entry run bare (`sh t.sh`). Two passes with hyperfine, the second reversed;
 # a clean environment, the release binary (scripts/dist.sh), medians. Run as root (the
 # idmapped row needs it).
@@ -27,15 +27,16 @@ mkdir -p "$data"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 project=$work/project
-mkdir -p "$work/shared" "$work/nobodys" "$work/roots"
+mkdir -p "$work/shared" "$work/nobodys" "$work/users"
 chown 65534:65534 "$work/nobodys"
+chown 4242:4242 "$work/users"
 echo ':' > "$work/t.sh"
 names=(none ro rw-plain rw-idmapped)
 volumes=(
   ""
   "volumes:\n  - host: $work/shared\n    sandbox: /data\n"
   "volumes:\n  - host: $work/nobodys\n    sandbox: /data\n    rw: true\n"
-  "volumes:\n  - host: $work/roots\n    sandbox: /data\n    rw: true\n"
+  "volumes:\n  - host: $work/users\n    sandbox: /data\n    rw: true\n"
 )
 cap() { "$skillbox" --data-dir "$data" cap --project "$project" "$@"; }
 for i in "${!names[@]}"; do
@@ -84,7 +85,7 @@ labels = {
     "none": "no volume",
     "ro": "a read-only volume",
     "rw-plain": "a read-write volume the sandbox's host user owns (a plain bind)",
-    "rw-idmapped": "a read-write volume root owns (idmapped for every exec)",
+    "rw-idmapped": "a read-write volume another user owns (idmapped for every exec)",
 }
 for name, label in labels.items():
     ms = med[name]

@@ -71,9 +71,9 @@ impl Lifecycle {
     }
 }
 
-/// Where a read-write volume may not go in any sandbox: the root, the places the
+/// Where a volume may not go in any sandbox (besides `/` itself): the places the
 /// sandbox owns or the kernel fills, and the system's own directories.
-const RW_RESERVED: &[&str] = &[
+const VOLUME_RESERVED: &[&str] = &[
     "/workspace",
     "/tmp",
     "/proc",
@@ -551,33 +551,31 @@ impl Manifest {
                     "a host capability sees the host already; volumes are for sandboxes".into(),
                 ));
             }
-            // A read-write volume shares its place with nothing: a mount point made
-            // inside it would be made in the host's directory, by paths the code
-            // controls, and one holding it would hide what the code writes.
+            // A volume shares its place with nothing: a mount point made inside it would
+            // be made in the host's directory (by paths the code controls, when it is
+            // read-write), and one holding it would hide it. Every backend holds to this.
             let sandbox = skillbox_env::path::normalize(&volume.sandbox);
             let capability = Path::new(crate::router::CAPABILITY_DIR);
             let nested = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
             let reserved = if sandbox == Path::new("/") {
                 Some(&"/")
             } else {
-                RW_RESERVED.iter().find(|r| sandbox.starts_with(r))
+                VOLUME_RESERVED.iter().find(|r| sandbox.starts_with(r))
             };
-            if volume.rw
-                && let Some(owned) = reserved
-            {
+            if let Some(owned) = reserved {
                 return Err(error(
                     &format!("volumes[{i}].sandbox"),
                     format!(
-                        "{}: a read-write volume may not be at or under {owned}, which the sandbox or its system holds; show it elsewhere (e.g. /data)",
+                        "{}: a volume may not be at or under {owned}, which the sandbox or its system holds; show it elsewhere (e.g. /data)",
                         sandbox.display()
                     ),
                 ));
             }
-            if volume.rw && nested(&sandbox, capability) {
+            if nested(&sandbox, capability) {
                 return Err(error(
                     &format!("volumes[{i}].sandbox"),
                     format!(
-                        "{}: a read-write volume may not be at, over or under {}, where the capability's own directory is shown",
+                        "{}: a volume may not be at, over or under {}, where the capability's own directory is shown",
                         sandbox.display(),
                         capability.display()
                     ),
@@ -585,11 +583,11 @@ impl Manifest {
             }
             for (j, other) in self.volumes.iter().enumerate().take(i) {
                 let other_sandbox = skillbox_env::path::normalize(&other.sandbox);
-                if (volume.rw || other.rw) && nested(&sandbox, &other_sandbox) {
+                if nested(&sandbox, &other_sandbox) {
                     return Err(error(
                         &format!("volumes[{i}].sandbox"),
                         format!(
-                            "{} and volumes[{j}].sandbox {}: a read-write volume may not be at, over or under another volume",
+                            "{} and volumes[{j}].sandbox {}: a volume may not be at, over or under another volume",
                             sandbox.display(),
                             other_sandbox.display()
                         ),

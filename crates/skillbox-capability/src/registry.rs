@@ -19,9 +19,11 @@ pub struct Capability {
     pub manifest: Manifest,
     /// Its directory (canonical).
     pub dir: PathBuf,
-    /// Every root of the registry it was loaded from (canonical where they resolve):
-    /// a read-write volume may reach none of them (another capability's code).
-    pub(crate) roots: Vec<PathBuf>,
+    /// What a read-write volume may reach none of (another capability's code): every
+    /// root of the registry it was loaded from and every capability directory found in
+    /// them (loaded or not), each as [`guarded_path`] gives it, and the real directory
+    /// of one that is a symlink.
+    pub(crate) guarded: std::sync::Arc<[PathBuf]>,
 }
 
 impl Capability {
@@ -113,8 +115,28 @@ fn load_one(dir: &Path) -> Result<Capability, ManifestError> {
     Ok(Capability {
         manifest,
         dir,
-        roots: Vec::new(),
+        guarded: std::sync::Arc::from(Vec::new()),
     })
+}
+
+/// `path` made absolute, with its deepest existing ancestor resolved (symlinks and all)
+/// and the rest as given: where it is or would be made, as the kernel would find it.
+pub(crate) fn guarded_path(path: &Path) -> PathBuf {
+    let absolute = std::env::current_dir()
+        .map(|cwd| cwd.join(path))
+        .unwrap_or_else(|_| path.to_path_buf());
+    let absolute = skillbox_env::path::normalize(&absolute);
+    for ancestor in absolute.ancestors() {
+        if let Ok(real) = ancestor.canonicalize() {
+            let rest = absolute.strip_prefix(ancestor).unwrap_or(Path::new(""));
+            return if rest.as_os_str().is_empty() {
+                real
+            } else {
+                real.join(rest)
+            };
+        }
+    }
+    absolute
 }
 
 impl CapabilityRegistry {
@@ -123,24 +145,31 @@ impl CapabilityRegistry {
     /// later one.
     pub fn load(roots: &[PathBuf]) -> CapabilityRegistry {
         let mut registry = CapabilityRegistry::default();
-        let guarded: Vec<PathBuf> = roots
+        let found: Vec<Vec<PathBuf>> = roots
             .iter()
-            .map(|r| r.canonicalize().unwrap_or_else(|_| r.clone()))
+            .map(|root| {
+                let Ok(entries) = std::fs::read_dir(root) else {
+                    return Vec::new();
+                };
+                let mut dirs: Vec<PathBuf> = entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.join(MANIFEST).exists() || p.join(MANIFEST).is_symlink())
+                    .collect();
+                dirs.sort();
+                dirs
+            })
             .collect();
-        for root in roots {
-            let Ok(entries) = std::fs::read_dir(root) else {
-                continue;
-            };
-            let mut dirs: Vec<PathBuf> = entries
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.join(MANIFEST).exists() || p.join(MANIFEST).is_symlink())
-                .collect();
-            dirs.sort();
+        let guarded: std::sync::Arc<[PathBuf]> = roots
+            .iter()
+            .chain(found.iter().flatten())
+            .map(|p| guarded_path(p))
+            .collect();
+        for dirs in found {
             for dir in dirs {
                 match load_one(&dir) {
                     Ok(mut capability) => {
-                        capability.roots = guarded.clone();
+                        capability.guarded = guarded.clone();
                         if let Some(first) = registry.capabilities.get(capability.name()) {
                             registry.errors.push(ManifestError {
                                 field: Some("name".into()),

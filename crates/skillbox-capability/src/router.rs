@@ -85,6 +85,15 @@ fn volume_source(host: &Path, field: &str) -> Result<PathBuf, EnvError> {
     Ok(real)
 }
 
+/// (device, inode) of `path` and of each directory above it, nearest first: those of
+/// them that exist.
+fn identities(path: &Path) -> Vec<(u64, u64)> {
+    path.ancestors()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect()
+}
+
 /// Refuses a read-write volume that reaches what decides what runs: skillbox's data dir
 /// (the grants) and the directory the capabilities sit in (another capability's code,
 /// a `host` one's included, which runs with no boundary). Each at, under or over it.
@@ -96,21 +105,43 @@ fn writable_volume(
 ) -> Result<(), EnvError> {
     let capabilities = capability.dir.parent().unwrap_or(&capability.dir);
     let mut guarded = vec![
-        (data_dir, "skillbox's data dir, where its grants are kept"),
         (
-            capabilities,
+            crate::registry::guarded_path(data_dir),
+            "skillbox's data dir, where its grants are kept",
+        ),
+        (
+            crate::registry::guarded_path(capabilities),
             "the directory the capabilities are in (their code and manifests)",
         ),
     ];
-    for root in &capability.roots {
+    for path in capability.guarded.iter() {
         guarded.push((
-            root.as_path(),
-            "a directory capabilities are loaded from (their code and manifests)",
+            path.clone(),
+            "where capabilities are loaded from (their code and manifests)",
         ));
     }
+    // The volume and each directory above it, by what they are (device and inode), not
+    // by name: a bind mount of a guarded directory elsewhere is still that directory.
+    let above_shown = identities(shown);
+    let Some(&itself) = above_shown.first() else {
+        return Err(EnvError::io(
+            &std::io::Error::from(std::io::ErrorKind::NotFound),
+            "stat",
+            shown,
+        ));
+    };
     for (guarded, what) in guarded {
-        let guarded = std::fs::canonicalize(guarded).unwrap_or_else(|_| guarded.to_path_buf());
-        if shown.starts_with(&guarded) || guarded.starts_with(shown) {
+        // The guarded directory, or the deepest one above it that exists.
+        let above_guarded = identities(&guarded);
+        let guarded_itself = guarded
+            .exists()
+            .then(|| above_guarded.first().copied())
+            .flatten();
+        let reaches = shown.starts_with(&guarded)
+            || guarded.starts_with(shown)
+            || above_guarded.contains(&itself)
+            || guarded_itself.is_some_and(|g| above_shown.contains(&g));
+        if reaches {
             return Err(EnvError::new(
                 ErrorCode::PermissionDenied,
                 format!(

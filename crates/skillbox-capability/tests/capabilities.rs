@@ -206,6 +206,20 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             "another volume",
         ),
         (
+            format!("{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /etc/app\n"),
+            19,
+            "volumes[0].sandbox",
+            "/etc",
+        ),
+        (
+            format!(
+                "{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /ref\n  - host: /srv/b\n    sandbox: /ref/b\n"
+            ),
+            21,
+            "volumes[1].sandbox",
+            "another volume",
+        ),
+        (
             format!("{GOOD}volumes:\n  - host: /srv/x/../a\n    sandbox: /data\n"),
             19,
             "volumes[0].host",

@@ -355,7 +355,9 @@ fn workspace_owner(runtime: Runtime, dir: &Path) -> EnvResult<(u32, u32)> {
         ))
         .with_path(dir));
     }
-    Ok((meta.uid(), meta.gid()))
+    // Never root's group either: a directory of it runs as nogroup.
+    let gid = if meta.gid() == 0 { 65534 } else { meta.gid() };
+    Ok((meta.uid(), gid))
 }
 
 #[cfg(test)]

@@ -473,7 +473,9 @@ impl NativeSandbox {
                     } else {
                         HostIds {
                             uid: meta.uid(),
-                            gid: meta.gid(),
+                            // Never root's group either: a directory of it runs as
+                            // nogroup (its group's rights are not the sandbox's).
+                            gid: if meta.gid() == 0 { 65534 } else { meta.gid() },
                         }
                     }
                 }

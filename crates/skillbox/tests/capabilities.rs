@@ -1341,3 +1341,139 @@ fn a_read_write_volume_that_reaches_what_decides_what_runs_is_refused() {
         text(&shown.stderr)
     );
 }
+
+/// A read-write volume may reach no capability's code however it is named: not the real
+/// directory of a capability that is a symlink in its root, not where a root that does
+/// not exist yet would be made (named through a symlink, or relative), and not a
+/// guarded directory under another name (a bind mount of it).
+#[test]
+fn a_read_write_volume_over_any_capability_s_code_is_refused() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let data = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let mine = |dir: &Path| {
+        std::fs::create_dir_all(dir).unwrap();
+        if root {
+            std::os::unix::fs::chown(dir, Some(4242), Some(4242)).unwrap();
+        }
+    };
+    // A host capability whose directory is a symlink in its root.
+    let ext = base.path().join("ext");
+    mine(&ext);
+    let real = ext.join("lc");
+    std::fs::create_dir_all(&real).unwrap();
+    std::fs::write(
+        real.join("manifest.yaml"),
+        "name: lc\ndescription: h\nversion: 0.1.0\nenvironment: host\nlifecycle: oneshot\nentry: run.sh\n",
+    )
+    .unwrap();
+    std::fs::write(real.join("run.sh"), "echo original\n").unwrap();
+    let other = base.path().join("roots/other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::os::unix::fs::symlink(&real, other.join("lc")).unwrap();
+    // A root that does not exist yet, named through a symlink.
+    let real2 = base.path().join("real2");
+    mine(&real2);
+    let link = base.path().join("lnk");
+    std::os::unix::fs::symlink(&real2, &link).unwrap();
+    // A relative root, under the project's sub directory (cap runs in the project).
+    let sub = project.path().join("sub");
+    mine(&sub);
+
+    let refused = |volume: &Path, roots: &[&str], how: &str| {
+        scribe(
+            project.path(),
+            "scribe",
+            "native",
+            volume,
+            true,
+            ("scribe.sh", SCRIBE_SH),
+        );
+        let mut args: Vec<&str> = Vec::new();
+        for r in roots {
+            args.extend(["--root", r]);
+        }
+        let mut grant = args.clone();
+        grant.extend(["grant", "scribe", "--scope", "once"]);
+        let granted = cap(data.path(), project.path(), &grant, &[]);
+        assert!(granted.status.success(), "{how}: {}", text(&granted.stderr));
+        args.extend(["run", "scribe"]);
+        let ran = cap(data.path(), project.path(), &args, &[]);
+        assert_eq!(ran.status.code(), Some(125), "{how}: {}", text(&ran.stderr));
+        assert!(
+            text(&ran.stderr).contains("permission_denied")
+                && text(&ran.stderr).contains("reaches"),
+            "{how}: {}",
+            text(&ran.stderr)
+        );
+        cap(data.path(), project.path(), &["revoke", "scribe"], &[]);
+    };
+    let other_root = other.to_str().unwrap().to_string();
+    refused(
+        &ext,
+        &[&other_root],
+        "a symlinked capability's real directory",
+    );
+    let missing = link.join("newroot");
+    refused(
+        &real2,
+        &[missing.to_str().unwrap()],
+        "a missing root through a symlink",
+    );
+    refused(&sub, &["sub/newcaps"], "a missing relative root");
+    assert_eq!(
+        std::fs::read_to_string(real.join("run.sh")).unwrap(),
+        "echo original\n"
+    );
+    assert!(!real2.join("newroot").exists() && !sub.join("newcaps").exists());
+
+    // A bind mount of a root under another name, in a mount namespace of this run's own.
+    if root && native_or_skip("a_read_write_volume_over_a_bind_mount_of_a_root") {
+        let alias = base.path().join("alias");
+        mine(&alias);
+        scribe(
+            project.path(),
+            "scribe",
+            "native",
+            &alias,
+            true,
+            ("scribe.sh", SCRIBE_SH),
+        );
+        assert!(
+            cap(
+                data.path(),
+                project.path(),
+                &["--root", &other_root, "grant", "scribe", "--scope", "once"],
+                &[]
+            )
+            .status
+            .success()
+        );
+        let ran = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount --bind {} {} && exec \"$0\" --data-dir {} cap --project {} --root {} run scribe",
+                other.display(),
+                alias.display(),
+                data.path().display(),
+                project.path().display(),
+                other.display()
+            ))
+            .arg(BIN)
+            .current_dir(project.path())
+            .output()
+            .unwrap();
+        assert_eq!(ran.status.code(), Some(125), "{}", text(&ran.stderr));
+        assert!(
+            text(&ran.stderr).contains("reaches"),
+            "{}",
+            text(&ran.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(real.join("run.sh")).unwrap(),
+            "echo original\n"
+        );
+    }
+}

@@ -293,7 +293,8 @@ fn bad_usage_is_one_line_and_exit_2() {
 
 /// As root, a root-owned `--workdir` is shown to the sandbox through an idmapped mount:
 /// the sandbox is never root, yet reads and writes the directory as its owner; what it
-/// makes is root-owned on the host, and it cannot make a setuid file there.
+/// makes is root-owned on the host, and it cannot make a setuid file there. A user's
+/// directory of root's group runs as that user and nogroup, never root's group.
 #[test]
 fn a_root_owned_workdir_is_idmapped_never_root() {
     if !is_root() {
@@ -343,6 +344,32 @@ fn a_root_owned_workdir_is_idmapped_never_root() {
         !mounts.contains(work.path().to_str().unwrap()),
         "no mount left on the host"
     );
+
+    // A user's directory of root's group: the sandbox is that user, never of root's
+    // group (it runs as nogroup, so a root-group file there stays closed to it).
+    std::os::unix::fs::chown(work.path(), Some(4242), Some(0)).unwrap();
+    std::fs::write(work.path().join("roots-group.txt"), "root's group\n").unwrap();
+    std::fs::set_permissions(
+        work.path().join("roots-group.txt"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    let out = skillbox(
+        data.path(),
+        &[
+            "exec",
+            "--workdir",
+            work.path().to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "cat roots-group.txt || echo closed; echo made > grouped.txt",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "closed\n", "{}", text(&out.stderr));
+    let made = std::fs::metadata(work.path().join("grouped.txt")).unwrap();
+    assert_eq!((made.uid(), made.gid()), (4242, 65534));
 }
 
 /// The sandbox as an ordinary user: no root, no cgroup delegation.

@@ -273,7 +273,8 @@ fn docker_projects_again_over_a_marker_it_cannot_read() {
     assert_ne!(mode & 0o444, 0, "the marker is whole again: {mode:o}");
 }
 
-/// A docker workdir runs as its owner, never root: a root-owned one is refused.
+/// A docker workdir runs as its owner, never root: a root-owned one is refused, and one
+/// of root's group runs as nogroup.
 #[test]
 fn docker_workdir_runs_as_its_owner_never_root() {
     if !available("docker", "docker_workdir_runs_as_its_owner") {
@@ -324,6 +325,24 @@ fn docker_workdir_runs_as_its_owner_never_root() {
     use std::os::unix::fs::MetadataExt;
     let made = std::fs::metadata(work.path().join("made")).unwrap();
     assert_eq!((made.uid(), made.gid()), (65534, 65534));
+    // Of root's group: the container runs as nogroup, never gid 0.
+    std::os::unix::fs::chown(work.path(), Some(4242), Some(0)).unwrap();
+    let out = skillbox(
+        &data_dir(),
+        &[
+            "exec",
+            "--backend",
+            "docker",
+            "--workdir",
+            dir,
+            "--",
+            "sh",
+            "-c",
+            "id -u; id -g; id -G",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "4242\n65534\n65534\n");
 }
 
 /// skillbox killed with SIGKILL cannot remove its container; the next skillbox that
