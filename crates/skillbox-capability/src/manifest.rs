@@ -91,14 +91,19 @@ const VOLUME_RESERVED: &[&str] = &[
 ];
 
 /// A host directory shown in the sandbox: read-only unless `rw`. Declared here only,
-/// never by the code.
+/// never by the code, and granted by its path (`volume:ro:PATH`, `volume:rw:PATH`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Volume {
-    /// Absolute path on the host.
+    /// Absolute path on the host, written plainly (no `.`, `..`, `//` or trailing `/`)
+    /// and reached without a symlink.
     pub host: PathBuf,
-    /// Absolute path inside the sandbox.
+    /// Absolute path inside the sandbox, alone there: not at or under `/`, `/workspace`,
+    /// `/tmp`, `/proc`, `/dev`, `/etc`, `/usr`, `/bin`, `/sbin`, `/lib*`, `/sys`, `/run`,
+    /// nor at, over or under `/capability` or another volume.
     pub sandbox: PathBuf,
+    /// The code may write there, as the directory's owner (never root or root's
+    /// group); not bounded by `limits.disk`.
     #[serde(default)]
     pub rw: bool,
 }
