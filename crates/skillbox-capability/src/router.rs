@@ -94,9 +94,11 @@ fn identities(path: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Refuses a read-write volume that reaches what decides what runs: skillbox's data dir
-/// (the grants) and the directory the capabilities sit in (another capability's code,
-/// a `host` one's included, which runs with no boundary). Each at, under or over it.
+/// Refuses a read-write volume that reaches what decides what runs, at, under or over
+/// it, by name or by device and inode: skillbox's data dir (the grants), the directory
+/// the capability sits in, and every root and capability directory its registry found
+/// (another capability's code, a `host` one's included, which runs with no boundary).
+/// Then one root or root's group owns (the sandbox would be root in it).
 fn writable_volume(
     shown: &Path,
     capability: &Capability,
