@@ -1021,6 +1021,28 @@ fn grant_rw(data: &Path, project: &Path, name: &str, volume: &Path) {
     );
 }
 
+/// Grants `scribe` once and runs it, with `roots` as further `--root`s for both, and
+/// returns its stderr once it is seen refused (exit 125: nothing ran).
+fn scribe_refused(data: &Path, project: &Path, roots: &[&str]) -> String {
+    let mut args: Vec<&str> = Vec::new();
+    for root in roots {
+        args.extend(["--root", root]);
+    }
+    let mut grant = args.clone();
+    grant.extend(["grant", "scribe", "--scope", "once"]);
+    let granted = cap(data, project, &grant, &[]);
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
+    args.extend(["run", "scribe"]);
+    let refused = cap(data, project, &args, &[]);
+    assert_eq!(
+        refused.status.code(),
+        Some(125),
+        "{}",
+        text(&refused.stderr)
+    );
+    text(&refused.stderr)
+}
+
 /// `project/volume`, owned by `owner` (uid and gid) when this is root.
 fn volume_owned_by(project: &Path, owner: u32) -> (std::path::PathBuf, u32) {
     use std::os::unix::fs::MetadataExt;
@@ -1259,21 +1281,7 @@ fn a_read_write_volume_that_reaches_what_decides_what_runs_is_refused() {
             true,
             ("scribe.sh", SCRIBE_SH),
         );
-        let granted = cap(
-            data.path(),
-            project.path(),
-            &["grant", "scribe", "--scope", "once"],
-            &[],
-        );
-        assert!(granted.status.success(), "{}", text(&granted.stderr));
-        let refused = cap(data.path(), project.path(), &["run", "scribe"], &[]);
-        assert_eq!(
-            refused.status.code(),
-            Some(125),
-            "{}",
-            text(&refused.stderr)
-        );
-        let stderr = text(&refused.stderr);
+        let stderr = scribe_refused(data.path(), project.path(), &[]);
         assert!(
             stderr.contains(code) && stderr.contains(why) && stderr.contains("volumes[0].host"),
             "{}: {stderr}",
@@ -1301,27 +1309,10 @@ fn a_read_write_volume_that_reaches_what_decides_what_runs_is_refused() {
         ),
     )
     .unwrap();
+    let stderr = scribe_refused(data.path(), project.path(), &[]);
     assert!(
-        cap(
-            data.path(),
-            project.path(),
-            &["grant", "scribe", "--scope", "once"],
-            &[]
-        )
-        .status
-        .success()
-    );
-    let refused = cap(data.path(), project.path(), &["run", "scribe"], &[]);
-    assert_eq!(
-        refused.status.code(),
-        Some(125),
-        "{}",
-        text(&refused.stderr)
-    );
-    assert!(
-        text(&refused.stderr).contains("another volume's host directory"),
-        "{}",
-        text(&refused.stderr)
+        stderr.contains("another volume's host directory"),
+        "{stderr}"
     );
     assert_eq!(grant_of(data.path(), project.path(), "scribe"), "once");
     assert!(!real.join("out.txt").exists());
@@ -1391,22 +1382,10 @@ fn a_read_write_volume_over_any_capability_s_code_is_refused() {
             true,
             ("scribe.sh", SCRIBE_SH),
         );
-        let mut args: Vec<&str> = Vec::new();
-        for r in roots {
-            args.extend(["--root", r]);
-        }
-        let mut grant = args.clone();
-        grant.extend(["grant", "scribe", "--scope", "once"]);
-        let granted = cap(data.path(), project.path(), &grant, &[]);
-        assert!(granted.status.success(), "{how}: {}", text(&granted.stderr));
-        args.extend(["run", "scribe"]);
-        let ran = cap(data.path(), project.path(), &args, &[]);
-        assert_eq!(ran.status.code(), Some(125), "{how}: {}", text(&ran.stderr));
+        let stderr = scribe_refused(data.path(), project.path(), roots);
         assert!(
-            text(&ran.stderr).contains("permission_denied")
-                && text(&ran.stderr).contains("reaches"),
-            "{how}: {}",
-            text(&ran.stderr)
+            stderr.contains("permission_denied") && stderr.contains("reaches"),
+            "{how}: {stderr}"
         );
         cap(data.path(), project.path(), &["revoke", "scribe"], &[]);
     };
