@@ -24,11 +24,22 @@ use crate::spawn::SANDBOX_ID;
 const SYSTEM_DIRS: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32",
 ];
+/// Whether every native sandbox shows this host path read-only where it is: inside
+/// one of the system directories (through the symlink a merged `/usr` makes of `/bin`
+/// and the like). `path` should be canonical: a symlink elsewhere is not followed here.
+pub fn shown_read_only(path: &Path) -> bool {
+    SYSTEM_DIRS
+        .iter()
+        .any(|dir| path.starts_with(dir) && path != Path::new(dir))
+}
+
 /// Host files and directories shown read-only inside the synthesized `/etc`.
 const ETC_PASSTHROUGH: &[&str] = &[
     "/etc/ssl/certs",
     "/etc/alternatives",
     "/etc/ca-certificates",
+    "/etc/fonts",
+    "/etc/libreoffice",
 ];
 /// Device nodes bound from the host.
 pub const DEVICES: &[&str] = &[
@@ -143,7 +154,13 @@ fn etc_files() -> Vec<(&'static str, String)> {
 pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
     let files = etc_files();
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for (name, content) in &files {
+    // The mount points are made in it too: a new one is a new `/etc`.
+    let mount_points = ETC_FILES.iter().chain(ETC_PASSTHROUGH).map(|p| (*p, ""));
+    for (name, content) in files
+        .iter()
+        .map(|(n, c)| (*n, c.as_str()))
+        .chain(mount_points)
+    {
         for byte in name.bytes().chain(content.bytes()) {
             hash = (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3);
         }

@@ -22,6 +22,7 @@ mod spawner;
 mod trees;
 mod warm;
 
+pub use layout::shown_read_only;
 pub use probe::probe;
 pub use sandbox::{NativeBackend, NativeSandbox};
 #[doc(hidden)]

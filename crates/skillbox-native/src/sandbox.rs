@@ -153,6 +153,13 @@ impl NativeBackend {
         Ok(sandbox)
     }
 
+    /// As [`NativeBackend::create`], but never taken from the pool of sandboxes made
+    /// ahead, nor made its shape: for a sandbox of a shape no run has (a slide
+    /// preview's render), which would otherwise make the pool start over for it.
+    pub async fn create_apart(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
+        self.maker()(spec).await
+    }
+
     /// How a sandbox is made, off the async threads.
     fn maker(&self) -> crate::warm::Make {
         let data_dir = self.data_dir.clone();

@@ -3,15 +3,16 @@
 //! slide as the verifier reads it.
 //!
 //! The deck came from code skillbox ran for someone, so rendering it is a door: the
-//! deck must verify first (bounded unzip, [`skillbox_pptx::verify`]), LibreOffice runs
-//! with a wall-clock bound in its own process group (killed whole when it is done or
-//! late), with a fresh HOME and profile in a temp dir that is removed afterwards, an
-//! empty environment but PATH, no core files and a bound on the size of any file it
-//! writes; one render runs at a time. Results are cached under `<data>/previews/<sha256>/`
-//! by the deck's SHA-256 and removed when retention removes the deck.
+//! deck must verify first (bounded unzip, [`skillbox_pptx::verify`]), and LibreOffice
+//! and pdftoppm then run in a native sandbox of their own, with every layer a run has
+//! (no network, the host's files not there but the system directories, Landlock,
+//! seccomp, memory, pids, disk and time bounds). A deck's links to the server's files
+//! (`file:///…` images) find nothing, and an exploit of LibreOffice is in that sandbox.
+//! The PNGs come out through the sandbox's file view, bounded; one render runs at a
+//! time. Results are cached under `<data>/previews/<sha256>/` by the deck's SHA-256 and
+//! removed when retention removes the deck.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -19,8 +20,10 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::header;
 use axum::response::Response;
 use axum::{Extension, Json};
+use skillbox_env::{ExecRequest, ExecutionEnv, FileKind, FileRead, Limits, SandboxSpec};
 use skillbox_protocol::{ErrorCode, PreviewFormat, SlidePreview, SlidePreviews};
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 use crate::auth::Tenant;
 use crate::error::Failure;
@@ -38,9 +41,27 @@ const MAX_SLIDES: usize = 100;
 const RENDER_TIMEOUT: Duration = Duration::from_secs(60);
 /// A render's work dir this old was left by a render that never cleaned up.
 const STALE_RENDER: Duration = Duration::from_secs(10 * 60);
-/// The largest file either tool may write (RLIMIT_FSIZE), and all the PNGs together.
-const MAX_OUTPUT_BYTES: u64 = 256 << 20;
+/// All the PNGs of a deck together.
 const MAX_PNG_BYTES: u64 = 64 << 20;
+
+/// Where the deck, its PDF and its pages are in the render's sandbox.
+const DECK: &str = "/workspace/deck.pptx";
+const PDF: &str = "/workspace/deck.pdf";
+const PAGES: &str = "/workspace/pages";
+
+/// What the render's sandbox may use: a run's layers, with room for LibreOffice.
+fn render_limits() -> Limits {
+    Limits {
+        memory_bytes: Some(2 << 30),
+        pids: Some(256),
+        cpu_seconds: Some(2 * RENDER_TIMEOUT.as_secs()),
+        file_size_bytes: Some(256 << 20),
+        timeout_ms: u64::try_from(RENDER_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+        output_bytes: 64 << 10,
+        disk_bytes: Some(1 << 30),
+        ..Limits::default()
+    }
+}
 
 /// The two programs a PNG preview needs.
 #[derive(Debug, Clone)]
@@ -50,7 +71,9 @@ pub struct Renderer {
 }
 
 impl Renderer {
-    /// Finds `soffice` and `pdftoppm` on PATH, or says which is missing and how to get it.
+    /// Finds `soffice` and `pdftoppm` on PATH, or says which is missing and how to get
+    /// it. Each must be where a native sandbox shows it (in the system directories,
+    /// as a distribution's package puts it): that is where it runs.
     pub fn find() -> Result<Renderer, String> {
         let soffice = on_path("soffice").ok_or(
             "no soffice (LibreOffice) on PATH: slide previews are text outlines; \
@@ -60,6 +83,19 @@ impl Renderer {
             "no pdftoppm on PATH: slide previews are text outlines; \
              apt-get install poppler-utils for PNG previews",
         )?;
+        for program in [&soffice, &pdftoppm] {
+            let real = std::fs::canonicalize(program).unwrap_or_else(|_| program.clone());
+            if !skillbox_native::shown_read_only(&real) {
+                return Err(format!(
+                    "{} is {}, outside the system directories a native sandbox shows \
+                     (/usr, /bin, /lib…), where previews render: slide previews are text \
+                     outlines; install LibreOffice and poppler-utils from the distribution's \
+                     packages for PNG previews",
+                    program.display(),
+                    real.display()
+                ));
+            }
+        }
         Ok(Renderer { soffice, pdftoppm })
     }
 }
@@ -270,9 +306,49 @@ pub(crate) async fn slides(
         return Ok(Json(preview));
     }
     let bytes = state.runner.store().get(&sha256).await?;
-    let preview = match render(&renderer, &previews.dir, &bytes, outline.len()).await {
-        Ok(rendered) => {
-            let preview = SlidePreviews {
+    let rendered = match state
+        .runner
+        .backends()
+        .create_native_apart(SandboxSpec {
+            workspace: None,
+            limits: render_limits(),
+            ..SandboxSpec::default()
+        })
+        .await
+    {
+        Ok(env) => {
+            let deadline = tokio::time::Instant::now() + RENDER_TIMEOUT;
+            let rendered = render(
+                env.as_ref(),
+                &renderer,
+                bytes.into(),
+                outline.len(),
+                deadline,
+            )
+            .await;
+            if let Err(e) = env.cleanup().await {
+                tracing::warn!(%sha256, error = %e.message, "previews: cannot remove the render's sandbox");
+            }
+            rendered
+        }
+        Err(e) => Err(format!("no native sandbox to render in: {}", e.message)),
+    };
+    let staged = tempfile::Builder::new()
+        .prefix(".render-")
+        .tempdir_in(&previews.dir)
+        .map_err(|e| Failure::new(ErrorCode::Unknown, format!("previews: {e}")))?;
+    let preview = match rendered {
+        Ok(pages) => {
+            for (number, png) in &pages {
+                let path = staged.path().join(format!("slide-{number}.png"));
+                std::fs::write(&path, png).map_err(|e| {
+                    Failure::new(
+                        ErrorCode::Unknown,
+                        format!("previews: cannot write {}: {e}", path.display()),
+                    )
+                })?;
+            }
+            SlidePreviews {
                 sha256: sha256.clone(),
                 format: PreviewFormat::Png,
                 slides: outline
@@ -283,22 +359,15 @@ pub(crate) async fn slides(
                     })
                     .collect(),
                 note: None,
-            };
-            publish(&rendered.out, &previews.dir.join(&sha256), &preview)?;
-            preview
+            }
         }
         Err(why) => {
             tracing::warn!(%sha256, error = %why, "previews: render failed; answering the outline");
             // Cached too: a deck that cannot render is not rendered again at every look.
-            let preview = outline_with(format!("the render failed: {why}"));
-            let staged = tempfile::Builder::new()
-                .prefix(".render-")
-                .tempdir_in(&previews.dir)
-                .map_err(|e| Failure::new(ErrorCode::Unknown, format!("previews: {e}")))?;
-            publish(staged.path(), &previews.dir.join(&sha256), &preview)?;
-            preview
+            outline_with(format!("the render failed: {why}"))
         }
     };
+    publish(staged.path(), &previews.dir.join(&sha256), &preview)?;
     Ok(Json(preview))
 }
 
@@ -320,89 +389,75 @@ fn publish(staged: &Path, dest: &Path, preview: &SlidePreviews) -> Result<(), Fa
     }
 }
 
-/// Renders `deck` to `slide-N.png` files, `slides` of them, in a work dir under `dir`
-/// whose `out` the caller publishes.
+/// Renders `deck` in `env` (a native sandbox of its own) to one PNG a slide, `slides`
+/// of them, numbered from 1, before `deadline`.
 async fn render(
+    env: &dyn ExecutionEnv,
     renderer: &Renderer,
-    dir: &Path,
-    deck: &[u8],
+    deck: Vec<u8>,
     slides: usize,
-) -> Result<Rendered, String> {
-    let work = tempfile::Builder::new()
-        .prefix(".render-")
-        .tempdir_in(dir)
-        .map_err(|e| format!("a temp dir in {}: {e}", dir.display()))?;
-    let (home, tmp, out) = (
-        work.path().join("home"),
-        work.path().join("tmp"),
-        work.path().join("out"),
-    );
-    for d in [&home, &tmp, &out] {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(d)
-            .map_err(|e| format!("{}: {e}", d.display()))?;
-    }
-    let input = work.path().join("deck.pptx");
-    std::fs::write(&input, deck).map_err(|e| format!("{}: {e}", input.display()))?;
-    let deadline = tokio::time::Instant::now() + RENDER_TIMEOUT;
-    let profile = format!(
-        "-env:UserInstallation=file://{}",
-        url_path(&home.join("profile"))
-    );
-    bounded(
-        tokio::process::Command::new(&renderer.soffice)
-            .args([
-                profile.as_str(),
-                "--headless",
-                "--invisible",
-                "--nodefault",
-                "--nolockcheck",
-                "--nologo",
-                "--norestore",
-                "--convert-to",
-                "pdf",
-                "--outdir",
-            ])
-            .arg(work.path())
-            .arg(&input),
-        &home,
-        &tmp,
+    deadline: tokio::time::Instant,
+) -> Result<Vec<(usize, Vec<u8>)>, String> {
+    let cancel = CancellationToken::new();
+    let soffice = tool(
+        &renderer.soffice,
+        &[
+            "-env:UserInstallation=file:///tmp/profile",
+            "--headless",
+            "--invisible",
+            "--nodefault",
+            "--nolockcheck",
+            "--nologo",
+            "--norestore",
+            "--convert-to",
+            "pdf",
+            "--outdir",
+            "/workspace",
+            DECK,
+        ],
         deadline,
-        "soffice",
-    )
-    .await?;
-    let pdf = work.path().join("deck.pdf");
-    if !pdf.is_file() {
+    )?;
+    let ran = env
+        .write_and_exec(vec![(PathBuf::from(DECK), deck)], soffice, &cancel)
+        .await
+        .map_err(|e| format!("soffice: {}", e.message))?;
+    ended("soffice", &ran)?;
+    let made = env.file_info(Path::new(PDF), &cancel).await;
+    if !made.is_ok_and(|info| info.kind == FileKind::File) {
         return Err("soffice made no PDF".into());
     }
-    bounded(
-        tokio::process::Command::new(&renderer.pdftoppm)
-            .args(["-png", "-r", "50", "-l", &MAX_SLIDES.to_string()])
-            .arg(&pdf)
-            .arg(out.join("page")),
-        &home,
-        &tmp,
+    env.create_dir(Path::new(PAGES), false, &cancel)
+        .await
+        .map_err(|e| format!("{PAGES}: {}", e.message))?;
+    let last = MAX_SLIDES.to_string();
+    let page = format!("{PAGES}/page");
+    let pdftoppm = tool(
+        &renderer.pdftoppm,
+        &["-png", "-r", "50", "-l", &last, PDF, &page],
         deadline,
-        "pdftoppm",
-    )
-    .await?;
-    // pdftoppm pads page numbers to the width of the last one (page-01.png): name
-    // each slide-N.png.
+    )?;
+    let ran = env
+        .exec(pdftoppm, &cancel)
+        .await
+        .map_err(|e| format!("pdftoppm: {}", e.message))?;
+    ended("pdftoppm", &ran)?;
+    // pdftoppm pads page numbers to the width of the last one (page-01.png).
     let mut pages = Vec::new();
     let mut total = 0u64;
-    for entry in std::fs::read_dir(&out).map_err(|e| format!("{}: {e}", out.display()))? {
-        let entry = entry.map_err(|e| e.to_string())?;
-        let name = entry.file_name();
-        let number = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("page-"))
+    let listed = env
+        .list_dir(Path::new(PAGES), &cancel)
+        .await
+        .map_err(|e| format!("{PAGES}: {}", e.message))?;
+    for entry in listed {
+        let number = entry
+            .name
+            .strip_prefix("page-")
             .and_then(|n| n.strip_suffix(".png"))
             .and_then(|n| n.parse::<usize>().ok())
-            .ok_or_else(|| format!("pdftoppm made an unexpected file {name:?}"))?;
-        total += entry.metadata().map_err(|e| e.to_string())?.len();
-        pages.push((number, entry.path()));
+            .filter(|_| entry.kind == FileKind::File)
+            .ok_or_else(|| format!("pdftoppm made an unexpected entry {:?}", entry.name))?;
+        total = total.saturating_add(entry.size.unwrap_or(0));
+        pages.push((number, PathBuf::from(PAGES).join(&entry.name)));
     }
     if total > MAX_PNG_BYTES {
         return Err(format!(
@@ -415,128 +470,83 @@ async fn render(
             pages.len()
         ));
     }
-    for (number, path) in pages {
-        std::fs::rename(&path, out.join(format!("slide-{number}.png")))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    Ok(Rendered { _work: work, out })
-}
-
-/// The PNGs in `out`, inside a work dir that goes (profile, PDF, deck and all, and
-/// `out` unless it was published) when this drops.
-struct Rendered {
-    _work: tempfile::TempDir,
-    out: PathBuf,
-}
-
-/// A path as the path part of a `file://` URL.
-fn url_path(path: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let mut out = String::new();
-    for &b in path.as_os_str().as_bytes() {
-        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
+    let paths: Vec<PathBuf> = pages.iter().map(|(_, path)| path.clone()).collect();
+    let read = env
+        .read_files(&paths, MAX_PNG_BYTES, &cancel)
+        .await
+        .map_err(|e| format!("{PAGES}: {}", e.message))?;
+    let mut total = 0u64;
+    let mut pngs = Vec::with_capacity(pages.len());
+    for ((number, path), read) in pages.into_iter().zip(read) {
+        let FileRead::Content(bytes) = read else {
+            return Err(format!("{} changed while it was read", path.display()));
+        };
+        total = total.saturating_add(bytes.len() as u64);
+        if total > MAX_PNG_BYTES {
+            return Err(format!("the PNGs came to over {MAX_PNG_BYTES} bytes"));
         }
+        pngs.push((number, bytes));
     }
-    out
+    Ok(pngs)
 }
 
-/// Kills a process group when dropped: whatever the tool left running goes with it.
-struct GroupKill(Option<u32>);
-
-impl Drop for GroupKill {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.and_then(|p| i32::try_from(p).ok())
-            && let Some(pid) = rustix::process::Pid::from_raw(pid)
-        {
-            // ESRCH (all gone already) is the usual answer.
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        }
-    }
-}
-
-/// Runs `command` in its own process group and network namespace (no interfaces up),
-/// with a private HOME and TMPDIR, PATH its only other variable, no core files and no
-/// file over [`MAX_OUTPUT_BYTES`], until `deadline`; then the whole group is killed,
-/// whatever happened.
-async fn bounded(
-    command: &mut tokio::process::Command,
-    home: &Path,
-    tmp: &Path,
+/// One of the render's programs, run in `/workspace` with a HOME of its own on the
+/// sandbox's `/tmp`, until `deadline`.
+fn tool(
+    program: &Path,
+    args: &[&str],
     deadline: tokio::time::Instant,
-    what: &str,
-) -> Result<(), String> {
-    command
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", home)
-        .env("TMPDIR", tmp)
-        .env("LANG", "C.UTF-8")
-        .env("SAL_USE_VCLPLUGIN", "svp")
-        .current_dir(tmp)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    // A network namespace of its own with nothing in it: a deck can link to remote
-    // content, and the render must not fetch it. Root can make one directly; another
-    // user makes a user namespace first (its uid is then unmapped, which is enough to
-    // read and write the temp dir, owned by the same user outside).
-    let net_flags = if rustix::process::geteuid().is_root() {
-        libc::CLONE_NEWNET
-    } else {
-        libc::CLONE_NEWUSER | libc::CLONE_NEWNET
-    };
-    // SAFETY: the closure runs in the child between fork and exec, where the child is
-    // single-threaded (so unshare(CLONE_NEWUSER) is allowed), and only calls unshare(2)
-    // and setrlimit(2), which are async-signal-safe and allocate nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::unshare(net_flags) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            use rustix::process::{Resource, Rlimit, setrlimit};
-            setrlimit(
-                Resource::Fsize,
-                Rlimit {
-                    current: Some(MAX_OUTPUT_BYTES),
-                    maximum: Some(MAX_OUTPUT_BYTES),
-                },
-            )?;
-            setrlimit(
-                Resource::Core,
-                Rlimit {
-                    current: Some(0),
-                    maximum: Some(0),
-                },
-            )?;
-            Ok(())
-        });
-    }
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {what}: {e}"))?;
-    let _group = GroupKill(child.id());
-    match tokio::time::timeout_at(deadline, child.wait_with_output()).await {
-        Err(_) => Err(format!(
-            "{what} did not finish within {} s (killed)",
+) -> Result<ExecRequest, String> {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if left.is_zero() {
+        return Err(format!(
+            "the render did not finish within {} s",
             RENDER_TIMEOUT.as_secs()
-        )),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Ok(Ok(output)) if output.status.success() => Ok(()),
-        Ok(Ok(output)) => {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let tail: String = stderr.chars().take(500).collect();
-            Err(format!(
-                "{what} failed ({}): {}",
-                output.status,
-                tail.trim()
-            ))
-        }
+        ));
     }
+    let mut argv = vec![program.display().to_string()];
+    argv.extend(args.iter().map(|a| (*a).to_string()));
+    let mut request = ExecRequest::argv(argv);
+    request.cwd = Some(PathBuf::from("/workspace"));
+    request.timeout = Some(left);
+    request.env = [
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("SAL_USE_VCLPLUGIN", "svp"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Ok(request)
+}
+
+/// Whether a tool ended well; if not, how it ended, with the tail of what it said.
+fn ended(what: &str, output: &skillbox_protocol::ExecOutput) -> Result<(), String> {
+    if output.success() {
+        return Ok(());
+    }
+    let how = if output.timed_out {
+        format!(
+            "did not finish within {} s (killed)",
+            RENDER_TIMEOUT.as_secs()
+        )
+    } else if let Some(limit) = output
+        .limit_hit
+        .filter(|limit| *limit != skillbox_protocol::LimitKind::Output)
+    {
+        format!("hit its {} limit", limit.as_str())
+    } else if let Some(signal) = output.signal {
+        format!("was killed by signal {signal}")
+    } else {
+        format!("failed (exit {})", output.exit_code.unwrap_or(-1))
+    };
+    let stderr = output.stderr_text();
+    let tail: String = stderr.trim().chars().take(500).collect();
+    Err(if tail.is_empty() {
+        format!("{what} {how}")
+    } else {
+        format!("{what} {how}: {tail}")
+    })
 }
 
 /// One rendered slide of a stored deck, as `image/png`.
@@ -604,109 +614,70 @@ pub fn preview_report() -> (bool, String) {
 
 #[cfg(test)]
 mod tests {
+    use skillbox_env::FileSystem;
+
     use super::*;
 
-    /// Runs `script` under [`bounded`] in a fresh work dir; its stdout is `out`.
-    async fn run_bounded(script: &str, limit: Duration) -> (Result<(), String>, String) {
-        let work = tempfile::tempdir().expect("tempdir");
-        let (home, tmp) = (work.path().join("home"), work.path().join("tmp"));
-        std::fs::create_dir(&home).expect("home");
-        std::fs::create_dir(&tmp).expect("tmp");
-        let result = bounded(
-            tokio::process::Command::new("/bin/sh").args(["-c", script]),
-            &home,
-            &tmp,
-            tokio::time::Instant::now() + limit,
-            "sh",
-        )
-        .await;
-        let out = std::fs::read_to_string(tmp.join("out")).unwrap_or_default();
-        (result, out)
-    }
-
-    #[tokio::test]
-    async fn a_render_has_no_network_no_inherited_env_and_bounded_files() {
-        let (result, out) = run_bounded(
-            "{ cat /proc/net/dev; env; echo \"fsize $(ulimit -f) core $(ulimit -c)\"; } > out",
-            Duration::from_secs(30),
-        )
-        .await;
-        result.expect("sh ran");
-        // Only `lo` in /proc/net/dev (two header lines, then one per interface).
-        let interfaces: Vec<&str> = out
-            .lines()
-            .skip(2)
-            .take_while(|line| line.contains(':') && !line.contains('='))
-            .map(|line| line.split(':').next().unwrap_or("").trim())
-            .collect();
-        assert_eq!(interfaces, ["lo"], "{out}");
-        let vars: Vec<&str> = out
-            .lines()
-            .filter_map(|line| line.split_once('=').map(|(name, _)| name))
-            .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
-            .collect();
-        for var in &vars {
-            assert!(
-                [
-                    "PATH",
-                    "HOME",
-                    "TMPDIR",
-                    "LANG",
-                    "SAL_USE_VCLPLUGIN",
-                    "PWD",
-                    "SHLVL",
-                    "_"
-                ]
-                .contains(var),
-                "{var} leaked into the render: {out}"
-            );
-        }
-        // ulimit -f counts 512-byte blocks.
+    /// A render with `soffice` standing in for LibreOffice, in a native sandbox of its
+    /// own, until `limit`; `None` where the native sandbox does not run.
+    async fn render_with(soffice: &str, limit: Duration) -> Option<Result<(), String>> {
+        let available = skillbox_native::probe().available;
         assert!(
-            out.contains(&format!("fsize {} core 0", MAX_OUTPUT_BYTES / 512)),
-            "{out}"
+            available || !skillbox_env::testkit::require_all(),
+            "native sandbox unavailable"
         );
-    }
-
-    #[tokio::test]
-    async fn a_render_past_its_deadline_is_killed_with_all_it_started() {
-        let marker = 930_000_000 + std::process::id();
-        let script = format!("sleep {marker} & sleep {marker}; echo never > out");
-        let started = std::time::Instant::now();
-        let (result, out) = run_bounded(&script, Duration::from_millis(500)).await;
-        let error = result.expect_err("past its deadline");
-        assert!(error.contains("did not finish"), "{error}");
-        assert!(started.elapsed() < Duration::from_secs(20));
-        assert!(out.is_empty());
-        // The background sleep was in the group too: nothing of it is left.
-        let needle = format!("sleep {marker}");
-        for _ in 0..100 {
-            let left = std::fs::read_dir("/proc")
-                .expect("/proc")
-                .flatten()
-                .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-                .any(|cmdline| {
-                    String::from_utf8_lossy(&cmdline)
-                        .replace('\0', " ")
-                        .contains(&needle)
-                });
-            if !left {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if !available {
+            return None;
         }
-        panic!("a process of the killed render is still running");
+        let data = tempfile::tempdir().expect("tempdir");
+        let env = skillbox_native::NativeBackend::new(data.path())
+            .create_apart(SandboxSpec {
+                workspace: None,
+                limits: render_limits(),
+                ..SandboxSpec::default()
+            })
+            .await
+            .expect("a render's sandbox");
+        let renderer = Renderer {
+            soffice: PathBuf::from(soffice),
+            pdftoppm: PathBuf::from("/bin/true"),
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        let rendered = render(&env, &renderer, b"deck".to_vec(), 1, deadline).await;
+        env.cleanup().await.expect("cleanup");
+        Some(rendered.map(drop))
     }
 
     #[tokio::test]
     async fn a_failed_tool_says_how_it_ended() {
-        let (result, _) =
-            run_bounded("echo broken deck >&2; exit 3", Duration::from_secs(30)).await;
-        let error = result.expect_err("exit 3");
-        assert!(
-            error.contains("sh failed") && error.contains("broken deck"),
-            "{error}"
-        );
+        let Some(rendered) = render_with("/bin/false", Duration::from_secs(30)).await else {
+            return;
+        };
+        let error = rendered.expect_err("exit 1");
+        assert_eq!(error, "soffice failed (exit 1)");
+        // A tool that says nothing of a PDF made none.
+        let Some(rendered) = render_with("/bin/true", Duration::from_secs(30)).await else {
+            return;
+        };
+        assert_eq!(rendered.expect_err("no PDF"), "soffice made no PDF");
+    }
+
+    #[tokio::test]
+    async fn a_render_past_its_deadline_is_killed() {
+        let soffice = match Renderer::find() {
+            Ok(renderer) => renderer.soffice,
+            Err(why) => return skillbox_env::testkit::skip("a render past its deadline", &why),
+        };
+        let started = std::time::Instant::now();
+        // LibreOffice takes longer than that to start.
+        let Some(rendered) =
+            render_with(&soffice.display().to_string(), Duration::from_millis(200)).await
+        else {
+            return;
+        };
+        let error = rendered.expect_err("past its deadline");
+        assert!(error.starts_with("soffice did not finish"), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(20));
     }
 
     #[test]
@@ -734,8 +705,16 @@ mod tests {
     }
 
     #[test]
-    fn profile_paths_are_escaped_for_a_file_url() {
-        assert_eq!(url_path(Path::new("/data/a b/p%")), "/data/a%20b/p%25");
-        assert_eq!(url_path(Path::new("/x/.render-AbC_1")), "/x/.render-AbC_1");
+    fn a_renderer_outside_what_a_sandbox_shows_is_refused() {
+        assert!(skillbox_native::shown_read_only(Path::new(
+            "/usr/bin/soffice"
+        )));
+        assert!(!skillbox_native::shown_read_only(Path::new(
+            "/opt/libreoffice/program/soffice"
+        )));
+        assert!(!skillbox_native::shown_read_only(Path::new("/usr")));
+        assert!(!skillbox_native::shown_read_only(Path::new(
+            "/usrx/bin/soffice"
+        )));
     }
 }

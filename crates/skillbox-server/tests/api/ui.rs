@@ -363,6 +363,92 @@ async fn slide_previews_render_a_tenants_deck_and_no_one_elses() {
     );
 }
 
+/// A 64×64 red PNG.
+const RED_PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAIAAAAlC+aJAAAAb0lEQVR4nO3PAQkAAAyEwO9feoshgnABdLep8QUNyPEFDcjxBQ3I8QUNyPEFDcjxBQ3I8QUNyPEFDcjxBQ3I8QUNyPEFDcjxBQ3I8QUNyPEFDcjxBQ3I8QUNyPEFDcjxBQ3I8QUNyPEFDcjxBQ3IPanc8OLDQitxAAAAAElFTkSuQmCC";
+
+/// A deck is code's output, and LibreOffice follows the links in it: a picture linked
+/// to `file:///…` is read from wherever the render runs. Rendered on the server's
+/// side, a tenant's deck would show that tenant any picture the server can read. The
+/// render's sandbox shows none of the host's files: the linked picture is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deck_linking_the_server_s_files_renders_without_them() {
+    use base64::Engine as _;
+    let data = tempfile::tempdir().unwrap();
+    let Some(server) = keyed_agent_server(data.path(), true).await else {
+        return;
+    };
+    let (png, why) = skillbox_server::preview_report();
+    if !png {
+        skillbox_env::testkit::skip("a deck linking the server's files", &why);
+        return;
+    }
+    // A picture only the server's host has: red.
+    let secret = data.path().join("server-only-red.png");
+    let red = base64::engine::general_purpose::STANDARD
+        .decode(RED_PNG)
+        .unwrap();
+    std::fs::write(&secret, &red).unwrap();
+    // Slide 1 links it, slide 2 holds the same picture, slide 3 is blank.
+    let script = format!(
+        r#"const pptxgen = require("pptxgenjs");
+const JSZip = require("jszip");
+const fs = require("fs");
+(async () => {{
+  const p = new pptxgen();
+  const picture = {{ data: "image/png;base64,{RED_PNG}", x: 0, y: 0, w: 10, h: 5.625 }};
+  p.addSlide().addImage(picture);
+  p.addSlide().addImage(picture);
+  p.addSlide().addText("", {{ x: 1, y: 1, w: 1, h: 1 }});
+  const zip = await JSZip.loadAsync(await p.write({{ outputType: "nodebuffer" }}));
+  const rels = "ppt/slides/_rels/slide1.xml.rels";
+  const linked = (await zip.file(rels).async("string")).replace(
+    /Target="[^"]*media[^"]*"/,
+    'Target="file://{}" TargetMode="External"');
+  if (!linked.includes("External")) throw new Error("no picture to link");
+  zip.file(rels, linked);
+  const slide = (await zip.file("ppt/slides/slide1.xml").async("string")).replace("r:embed=", "r:link=");
+  zip.file("ppt/slides/slide1.xml", slide);
+  fs.writeFileSync("linked.pptx", await zip.generateAsync({{ type: "nodebuffer" }}));
+}})();
+"#,
+        secret.display()
+    );
+    let ran = server
+        .http
+        .post(format!("{}/v1/run", server.base))
+        .bearer_auth(KEY_A)
+        .json(&json!({"script": script, "language": "node"}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(ran["exitCode"], 0, "{ran}");
+    let sha = ran["files"][0]["sha256"].as_str().unwrap().to_string();
+    let slides = format!("/v1/objects/{sha}/slides");
+    let (status, preview) = server.json_as(&slides, KEY_A).await;
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["format"], "png", "{preview}");
+    let mut pngs = Vec::new();
+    for number in 1..=3 {
+        let response = server
+            .get_as(&format!("{slides}/{number}"), Some(KEY_A))
+            .await;
+        assert_eq!(response.status(), 200);
+        pngs.push(response.bytes().await.unwrap());
+    }
+    // Rendered where the host's file is, slide 1 is slide 2 (checked by hand with the
+    // unsandboxed render this replaced); here it is the blank slide 3.
+    assert_ne!(pngs[1], pngs[2], "the red picture renders");
+    assert_eq!(
+        pngs[0], pngs[2],
+        "the linked picture of the server's was rendered"
+    );
+    assert_eq!(std::fs::read(&secret).unwrap(), red);
+    assert_nothing_left();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_png_previews_a_deck_has_text_outlines() {
     let data = tempfile::tempdir().unwrap();
