@@ -95,8 +95,10 @@ const VOLUME_RESERVED: &[&str] = &[
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Volume {
-    /// Absolute path on the host, written plainly (no `.`, `..`, `//` or trailing `/`)
-    /// and reached without a symlink.
+    /// Path on the host, written plainly (no `.`, `..`, `//` or trailing `/`) and
+    /// reached without a symlink: absolute, or relative to the project the capability
+    /// runs for (`notes`, `data/cache`: the project's own directories, whichever
+    /// project that is; grants are per project).
     pub host: PathBuf,
     /// Absolute path inside the sandbox, alone there: not at or under `/`, `/workspace`,
     /// `/tmp`, `/proc`, `/dev`, `/etc`, `/usr`, `/bin`, `/sbin`, `/lib*`, `/sys`, `/run`,
@@ -518,13 +520,19 @@ impl Manifest {
             _ => {}
         }
         for (i, volume) in self.volumes.iter().enumerate() {
-            if !volume.host.is_absolute() || !volume.sandbox.is_absolute() {
+            if !volume.sandbox.is_absolute() {
                 return Err(error(
-                    &format!("volumes[{i}]"),
+                    &format!("volumes[{i}].sandbox"),
+                    format!("{}: must be absolute", volume.sandbox.display()),
+                ));
+            }
+            if !volume.host.is_absolute() && !plain_relative(&volume.host) {
+                return Err(error(
+                    &format!("volumes[{i}].host"),
                     format!(
-                        "{} -> {}: both paths must be absolute",
-                        volume.host.display(),
-                        volume.sandbox.display()
+                        "{}: give an absolute path, or one in the project written plainly \
+                         (`notes`, `data/cache`: no `.`, `..` or leading `./`)",
+                        volume.host.display()
                     ),
                 ));
             }
@@ -705,7 +713,8 @@ impl Manifest {
     /// `network` entry (`network:allow:HOST`, `network:deny:HOST`: a grant covers the
     /// allow entries it was given for, and holds only while the deny entries it was given
     /// with are still there, since dropping one reaches more), each host directory it
-    /// sees (`volume:ro:PATH`, `volume:rw:PATH`), each environment variable passed in
+    /// sees (`volume:ro:PATH`, `volume:rw:PATH`, the path as written: a relative one is
+    /// the project's, and a grant holds for one project), each environment variable passed in
     /// from the caller (`env:NAME`: its value may be a secret), and serving
     /// (`lifecycle:persistent`: it runs until stopped and answers whoever reaches it).
     pub fn needs(&self) -> Vec<String> {

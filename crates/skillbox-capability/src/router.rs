@@ -253,12 +253,30 @@ pub(crate) fn sandbox_spec(
             sandbox: CAPABILITY_DIR.into(),
         });
         let mut sources: Vec<(PathBuf, bool)> = Vec::new();
+        // A relative volume is the project's: found from the project's real path, so
+        // that only the volume's own part must be free of symlinks.
+        let mut project_dir = None;
         for (i, volume) in manifest.volumes.iter().enumerate() {
             let field = format!(
                 "{}: volumes[{i}].host",
                 capability.manifest_file().display()
             );
-            let shown = volume_source(&volume.host, &field)?;
+            let host = if volume.host.is_absolute() {
+                volume.host.clone()
+            } else {
+                if project_dir.is_none() {
+                    project_dir = Some(std::fs::canonicalize(project).map_err(|e| {
+                        EnvError::invalid(format!(
+                            "{field}: {} is the project's, and the project {} is not here: {e}",
+                            volume.host.display(),
+                            project.display()
+                        ))
+                        .with_path(project)
+                    })?);
+                }
+                project_dir.as_deref().unwrap_or(project).join(&volume.host)
+            };
+            let shown = volume_source(&host, &field)?;
             // A read-write volume shares its host directory with no other volume: the
             // code could swap the other's directory for a link between the check and
             // the mount.

@@ -232,6 +232,30 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             "plainly",
         ),
         (
+            format!("{GOOD}volumes:\n  - host: ../notes\n    sandbox: /data\n"),
+            19,
+            "volumes[0].host",
+            "in the project written plainly",
+        ),
+        (
+            format!("{GOOD}volumes:\n  - host: ./notes\n    sandbox: /data\n"),
+            19,
+            "volumes[0].host",
+            "in the project written plainly",
+        ),
+        (
+            format!("{GOOD}volumes:\n  - host: .\n    sandbox: /data\n"),
+            19,
+            "volumes[0].host",
+            "in the project written plainly",
+        ),
+        (
+            format!("{GOOD}volumes:\n  - host: notes\n    sandbox: data\n"),
+            19,
+            "volumes[0].sandbox",
+            "must be absolute",
+        ),
+        (
             format!(
                 "{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /usr/local/data\n    rw: true\n"
             ),

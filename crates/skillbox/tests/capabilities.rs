@@ -18,6 +18,17 @@ fn data_dir() -> std::path::PathBuf {
 
 /// `skillbox cap …` on the examples, in `project`, with `env` set.
 fn cap(data: &Path, project: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    cap_from(project, data, project, args, env)
+}
+
+/// [`cap`], run from `cwd`.
+fn cap_from(
+    cwd: &Path,
+    data: &Path,
+    project: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
     let mut command = Command::new(BIN);
     command
         .arg("--data-dir")
@@ -28,7 +39,7 @@ fn cap(data: &Path, project: &Path, args: &[&str], env: &[(&str, &str)]) -> Outp
         .arg(example("capabilities"))
         .args(args)
         .env("SKILLBOX_WASM_HOME", common::wasm_home())
-        .current_dir(project);
+        .current_dir(cwd);
     for (key, value) in env {
         command.env(key, value);
     }
@@ -1149,6 +1160,105 @@ fn a_read_write_volume_on_native_is_written_as_its_owner_and_nothing_beside_it()
         assert!(stdout.contains("setuid-refused"), "{stdout}");
         assert_scribed(&volume, owner, &stdout);
     }
+}
+
+/// A volume written relative (`host: volume`) is the project's own: one capability in a
+/// root every project uses writes into the `volume` of the project it runs for, under
+/// that project's grant; a `volume` that is a symlink (here to another project's) is
+/// refused.
+#[test]
+fn a_relative_volume_is_each_project_s_own() {
+    if !native_or_skip("a_relative_volume_is_each_project_s_own") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    scribe(
+        shared.path(),
+        "scribe",
+        "native",
+        Path::new("volume"),
+        true,
+        ("scribe.sh", SCRIBE_SH),
+    );
+    let root = shared.path().join("capabilities");
+    let root = root.to_str().unwrap();
+    let projects = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    for project in &projects {
+        let (volume, owner) = volume_owned_by(project.path(), 4242);
+        // Another project's grant does not cover this one.
+        let refused = cap(
+            data.path(),
+            project.path(),
+            &["--root", root, "run", "scribe"],
+            &[],
+        );
+        assert_eq!(
+            refused.status.code(),
+            Some(125),
+            "{}",
+            text(&refused.stderr)
+        );
+        let granted = cap(
+            data.path(),
+            project.path(),
+            &["--root", root, "grant", "scribe"],
+            &[],
+        );
+        assert!(granted.status.success(), "{}", text(&granted.stderr));
+        assert!(
+            text(&granted.stderr).contains("volume:rw:volume"),
+            "{}",
+            text(&granted.stderr)
+        );
+        // Run from elsewhere: the project is what counts, not the working directory.
+        let ran = cap_from(
+            shared.path(),
+            data.path(),
+            project.path(),
+            &["--root", root, "run", "scribe"],
+            &[],
+        );
+        assert!(ran.status.success(), "{}", text(&ran.stderr));
+        assert_scribed(&volume, owner, &text(&ran.stdout));
+    }
+    // The first project's volume has its own run's files and no more.
+    let first = projects[0].path().join("volume");
+    let mut names: Vec<String> = std::fs::read_dir(&first)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["out.txt", "sub"]);
+    std::fs::remove_file(first.join("out.txt")).unwrap();
+    // A project whose `volume` is a link to the first project's reaches nothing.
+    let linked = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&first, linked.path().join("volume")).unwrap();
+    let granted = cap(
+        data.path(),
+        linked.path(),
+        &["--root", root, "grant", "scribe"],
+        &[],
+    );
+    assert!(granted.status.success(), "{}", text(&granted.stderr));
+    let refused = cap(
+        data.path(),
+        linked.path(),
+        &["--root", root, "run", "scribe"],
+        &[],
+    );
+    assert_eq!(
+        refused.status.code(),
+        Some(125),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(
+        text(&refused.stderr).contains("goes through a symlink"),
+        "{}",
+        text(&refused.stderr)
+    );
+    assert!(!first.join("out.txt").exists(), "it wrote through the link");
 }
 
 /// A read-write volume on docker and gVisor: the container runs as the volume's owner,
