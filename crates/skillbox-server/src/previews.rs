@@ -306,7 +306,7 @@ pub(crate) async fn slides(
         return Ok(Json(preview));
     }
     let bytes = state.runner.store().get(&sha256).await?;
-    let rendered = match state
+    let env = match state
         .runner
         .backends()
         .create_native_apart(SandboxSpec {
@@ -316,23 +316,28 @@ pub(crate) async fn slides(
         })
         .await
     {
-        Ok(env) => {
-            let deadline = tokio::time::Instant::now() + RENDER_TIMEOUT;
-            let rendered = render(
-                env.as_ref(),
-                &renderer,
-                bytes.into(),
-                outline.len(),
-                deadline,
-            )
-            .await;
-            if let Err(e) = env.cleanup().await {
-                tracing::warn!(%sha256, error = %e.message, "previews: cannot remove the render's sandbox");
-            }
-            rendered
+        Ok(env) => env,
+        // This host's doing, not the deck's: not cached, so the next look tries again.
+        Err(e) => {
+            tracing::warn!(%sha256, error = %e.message, "previews: no native sandbox to render in");
+            return Ok(Json(outline_with(format!(
+                "no native sandbox to render in here: {}",
+                e.message
+            ))));
         }
-        Err(e) => Err(format!("no native sandbox to render in: {}", e.message)),
     };
+    let deadline = tokio::time::Instant::now() + RENDER_TIMEOUT;
+    let rendered = render(
+        env.as_ref(),
+        &renderer,
+        bytes.into(),
+        outline.len(),
+        deadline,
+    )
+    .await;
+    if let Err(e) = env.cleanup().await {
+        tracing::warn!(%sha256, error = %e.message, "previews: cannot remove the render's sandbox");
+    }
     let staged = tempfile::Builder::new()
         .prefix(".render-")
         .tempdir_in(&previews.dir)
