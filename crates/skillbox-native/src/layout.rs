@@ -38,8 +38,6 @@ const ETC_PASSTHROUGH: &[&str] = &[
     "/etc/ssl/certs",
     "/etc/alternatives",
     "/etc/ca-certificates",
-    "/etc/fonts",
-    "/etc/libreoffice",
 ];
 /// Device nodes bound from the host.
 pub const DEVICES: &[&str] = &[
@@ -149,13 +147,27 @@ fn etc_files() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The synthesized `/etc`, shared read-only by every sandbox: built once under
-/// `native_dir`, named by a hash of its content so a new version never reuses an old one.
-pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
+/// The synthesized `/etc` a sandbox is shown: its directory, and the host's `/etc`
+/// directories shown in it beyond [`ETC_PASSTHROUGH`] (a backend's own, e.g. LibreOffice's
+/// configuration for the slide previews' renders; never every sandbox's).
+#[derive(Debug, Clone)]
+pub struct Etc {
+    pub dir: PathBuf,
+    pub extra: &'static [&'static str],
+}
+
+/// The synthesized `/etc`, shared read-only by every sandbox with the same `extra`
+/// host directories: built once under `native_dir`, named by a hash of its content so
+/// a new version never reuses an old one.
+pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io::Result<Etc> {
     let files = etc_files();
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     // The mount points are made in it too: a new one is a new `/etc`.
-    let mount_points = ETC_FILES.iter().chain(ETC_PASSTHROUGH).map(|p| (*p, ""));
+    let mount_points = ETC_FILES
+        .iter()
+        .chain(ETC_PASSTHROUGH)
+        .chain(extra)
+        .map(|p| (*p, ""));
     for (name, content) in files
         .iter()
         .map(|(n, c)| (*n, c.as_str()))
@@ -167,7 +179,7 @@ pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
     }
     let dir = native_dir.join(format!("etc-{hash:016x}"));
     if dir.is_dir() {
-        return Ok(dir);
+        return Ok(Etc { dir, extra });
     }
     skillbox_env::owner::claim(native_dir)?;
     let staging = native_dir.join(skillbox_env::path::temp_name(&format!(
@@ -186,7 +198,7 @@ pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
             }
             fs::write(target, "")?;
         }
-        for host in ETC_PASSTHROUGH {
+        for host in ETC_PASSTHROUGH.iter().chain(extra) {
             fs::create_dir_all(staging.join(host.trim_start_matches("/etc/")))?;
         }
         if let Ok(target) = fs::read_link("/etc/localtime") {
@@ -200,10 +212,10 @@ pub fn ensure_etc(native_dir: &Path) -> std::io::Result<PathBuf> {
         let _ = fs::remove_dir_all(&staging);
         // Another process may have built it first.
         if dir.is_dir() {
-            return Ok(dir);
+            return Ok(Etc { dir, extra });
         }
     }
-    built.map(|()| dir)
+    built.map(|()| Etc { dir, extra })
 }
 
 /// What is shown as `/workspace`.
@@ -215,10 +227,10 @@ pub enum WorkspaceSource<'a> {
     Scratch(&'a Scratch),
 }
 
-/// Plans the root: system dirs, `etc_dir` as `/etc`, `/proc`, `/dev`, `/tmp`,
+/// Plans the root: system dirs, `etc` as `/etc`, `/proc`, `/dev`, `/tmp`,
 /// `workspace` as `/workspace`, and the policy's read-only mounts.
 pub fn plan(
-    etc_dir: &Path,
+    etc: &Etc,
     workspace: WorkspaceSource<'_>,
     limits: &Limits,
     policy: &SandboxPolicy,
@@ -273,8 +285,18 @@ pub fn plan(
         }
     }
 
-    bind_dir(&mut ops, etc_dir, Path::new("/etc"), ro, false)?;
-    for host in ETC_PASSTHROUGH {
+    bind_dir(&mut ops, &etc.dir, Path::new("/etc"), ro, false)?;
+    if let Some(odd) = etc.extra.iter().find(|dir| {
+        !Path::new(dir).strip_prefix("/etc").is_ok_and(|name| {
+            name.components().count() == 1
+                && name.to_str() == name.file_name().and_then(|n| n.to_str())
+        })
+    }) {
+        return Err(EnvError::invalid(format!(
+            "native: {odd}: only a directory right under /etc is shown from the host's /etc"
+        )));
+    }
+    for host in ETC_PASSTHROUGH.iter().chain(etc.extra) {
         let host = Path::new(host);
         if host.is_dir() {
             bind_dir(&mut ops, host, host, ro, false)?;
@@ -682,11 +704,20 @@ mod tests {
         limits: &Limits,
         policy: &SandboxPolicy,
     ) -> (tempfile::TempDir, Result<Root, EnvError>) {
+        planned_with_etc(limits, policy, &[])
+    }
+
+    fn planned_with_etc(
+        limits: &Limits,
+        policy: &SandboxPolicy,
+        extra: &'static [&'static str],
+    ) -> (tempfile::TempDir, Result<Root, EnvError>) {
         let dir = tempfile::tempdir().unwrap();
         let etc = dir.path().join("etc");
         let workspace = dir.path().join("ws");
         fs::create_dir(&etc).unwrap();
         fs::create_dir(&workspace).unwrap();
+        let etc = Etc { dir: etc, extra };
         let root = plan(
             &etc,
             WorkspaceSource::Host(&workspace),
@@ -697,6 +728,38 @@ mod tests {
             Vec::new(),
         );
         (dir, root)
+    }
+
+    /// A backend's own `/etc` directories are shown in its sandboxes, read-only, and in
+    /// no other's; only a directory right under `/etc` is taken.
+    #[test]
+    fn a_backend_s_own_etc_dirs_are_shown_only_in_its_sandboxes() {
+        let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        let (_dir, root) = planned(&Limits::default(), &SandboxPolicy::default());
+        let shown = binds(&root.unwrap());
+        assert!(
+            !shown.iter().any(|(s, _, _)| s == "/etc/fonts"),
+            "{shown:?}"
+        );
+        // /etc/ssl is on every host this runs on; /etc/fonts may not be.
+        let (_dir, root) =
+            planned_with_etc(&Limits::default(), &SandboxPolicy::default(), &["/etc/ssl"]);
+        let shown = binds(&root.unwrap());
+        assert!(
+            shown
+                .iter()
+                .any(|(s, t, a)| s == "/etc/ssl" && t == "/etc/ssl" && *a == ro),
+            "{shown:?}"
+        );
+        for odd in [
+            &["/etc/../root"][..],
+            &["/etc"],
+            &["/etc/ssl/certs"],
+            &["/home/x"],
+        ] {
+            let (_dir, root) = planned_with_etc(&Limits::default(), &SandboxPolicy::default(), odd);
+            assert!(root.is_err(), "{odd:?} was taken");
+        }
     }
 
     #[test]

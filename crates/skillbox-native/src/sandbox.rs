@@ -40,6 +40,8 @@ pub struct NativeBackend {
     upstream_roots: Arc<Vec<rustls_pki_types::CertificateDer<'static>>>,
     /// Sandboxes made ahead, with their first exec prepared (`with_warm`).
     warm: Option<Arc<crate::warm::Warm>>,
+    /// Host `/etc` directories shown beyond the usual ones (`with_etc`).
+    etc: &'static [&'static str],
 }
 
 impl NativeBackend {
@@ -53,7 +55,17 @@ impl NativeBackend {
             resolver: Arc::new(skillbox_egress::SystemResolver),
             upstream_roots: Arc::default(),
             warm: None,
+            etc: &[],
         }
+    }
+
+    /// Also shows these host directories of `/etc` (each `/etc/NAME`), read-only where
+    /// they are, in every sandbox this backend makes: configuration a program of the
+    /// caller's needs (LibreOffice's, for the slide previews' renders), never in a run's
+    /// sandbox. Missing ones are left out.
+    pub fn with_etc(mut self, dirs: &'static [&'static str]) -> Self {
+        self.etc = dirs;
+        self
     }
 
     /// Keeps up to `size` sandboxes made ahead for the shape of the last `create`
@@ -128,6 +140,7 @@ impl NativeBackend {
         NativeSandbox::prepare(
             &self.data_dir,
             spec,
+            self.etc,
             true,
             &self.resolver,
             &self.upstream_roots,
@@ -153,24 +166,18 @@ impl NativeBackend {
         Ok(sandbox)
     }
 
-    /// As [`NativeBackend::create`], but never taken from the pool of sandboxes made
-    /// ahead, nor made its shape: for a sandbox of a shape no run has (a slide
-    /// preview's render), which would otherwise make the pool start over for it.
-    pub async fn create_apart(&self, spec: SandboxSpec) -> EnvResult<NativeSandbox> {
-        self.maker()(spec).await
-    }
-
     /// How a sandbox is made, off the async threads.
     fn maker(&self) -> crate::warm::Make {
         let data_dir = self.data_dir.clone();
         let resolver = self.resolver.clone();
         let roots = self.upstream_roots.clone();
+        let etc = self.etc;
         Arc::new(move |spec| {
             let (data_dir, resolver, roots) = (data_dir.clone(), resolver.clone(), roots.clone());
             Box::pin(async move {
                 crate::spawn::warm_up();
                 tokio::task::spawn_blocking(move || {
-                    NativeSandbox::prepare(&data_dir, spec, false, &resolver, &roots)
+                    NativeSandbox::prepare(&data_dir, spec, etc, false, &resolver, &roots)
                 })
                 .await
                 .map_err(|e| {
@@ -429,6 +436,7 @@ impl NativeSandbox {
     fn prepare(
         data_dir: &Path,
         spec: SandboxSpec,
+        etc_extra: &'static [&'static str],
         one_shot: bool,
         resolver: &Arc<dyn skillbox_egress::Resolve>,
         upstream_roots: &[rustls_pki_types::CertificateDer<'static>],
@@ -536,14 +544,15 @@ impl NativeSandbox {
             });
             egress_dir = Some(ca_dir);
         }
-        let result =
-            Self::prepare_in(&dir, spec, abi, ids, chown_to, cgroup_host).map(|mut sandbox| {
+        let result = Self::prepare_in(&dir, spec, etc_extra, abi, ids, chown_to, cgroup_host).map(
+            |mut sandbox| {
                 sandbox.idmapped = idmapped;
                 sandbox.one_shot = one_shot;
                 sandbox.egress = egress;
                 sandbox.egress_dir = egress_dir.clone();
                 sandbox
-            });
+            },
+        );
         if result.is_err()
             && let Some(ca_dir) = &egress_dir
         {
@@ -558,6 +567,7 @@ impl NativeSandbox {
     fn prepare_in(
         dir: &Path,
         spec: SandboxSpec,
+        etc_extra: &'static [&'static str],
         abi: u32,
         ids: HostIds,
         chown_to: Option<HostIds>,
@@ -609,7 +619,7 @@ impl NativeSandbox {
             }
         };
         let native_dir = dir.parent().unwrap_or(dir);
-        let etc = layout::ensure_etc(native_dir)
+        let etc = layout::ensure_etc(native_dir, etc_extra)
             .map_err(|e| EnvError::io(&e, "write the sandbox /etc", native_dir))?;
         let rlimits = rlimits(&spec.limits, cgroup_host);
         let source = match &scratch {

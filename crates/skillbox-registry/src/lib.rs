@@ -137,12 +137,6 @@ impl BackendRegistry {
         self.backend(kind).await?.create(spec).await
     }
 
-    /// A native sandbox for `spec` made apart from the pool of sandboxes made ahead for
-    /// runs (see [`NativeBackend::create_apart`]): the server's own work, not a run's.
-    pub async fn create_native_apart(&self, spec: SandboxSpec) -> EnvResult<Box<dyn ExecutionEnv>> {
-        Ok(Box::new(self.native.create_apart(spec).await?))
-    }
-
     /// A sandbox for one exec in a short-lived process (see [`Backend::create_one_shot`]).
     pub async fn create_one_shot(
         &self,

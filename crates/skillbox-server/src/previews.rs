@@ -20,7 +20,9 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::header;
 use axum::response::Response;
 use axum::{Extension, Json};
-use skillbox_env::{ExecRequest, ExecutionEnv, FileKind, FileRead, Limits, SandboxSpec};
+use skillbox_env::{
+    ExecRequest, ExecutionEnv, FileKind, FileRead, FileSystem, Limits, SandboxSpec,
+};
 use skillbox_protocol::{ErrorCode, PreviewFormat, SlidePreview, SlidePreviews};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -43,13 +45,31 @@ const RENDER_TIMEOUT: Duration = Duration::from_secs(60);
 const STALE_RENDER: Duration = Duration::from_secs(10 * 60);
 /// All the PNGs of a deck together.
 const MAX_PNG_BYTES: u64 = 64 << 20;
+/// How every PNG file starts.
+const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 
 /// Where the deck, its PDF and its pages are in the render's sandbox.
 const DECK: &str = "/workspace/deck.pptx";
 const PDF: &str = "/workspace/deck.pdf";
 const PAGES: &str = "/workspace/pages";
 
-/// What the render's sandbox may use: a run's layers, with room for LibreOffice.
+/// The render's sandbox: a run's layers, with room for LibreOffice, and the host's font
+/// cache read-only.
+fn render_spec() -> SandboxSpec {
+    let mut spec = SandboxSpec {
+        workspace: None,
+        limits: render_limits(),
+        ..SandboxSpec::default()
+    };
+    if Path::new(FONT_CACHE).is_dir() {
+        spec.policy.read_only_mounts.push(skillbox_env::Mount {
+            host: FONT_CACHE.into(),
+            sandbox: FONT_CACHE.into(),
+        });
+    }
+    spec
+}
+
 fn render_limits() -> Limits {
     Limits {
         memory_bytes: Some(2 << 30),
@@ -112,17 +132,30 @@ fn on_path(name: &str) -> Option<PathBuf> {
         })
 }
 
-/// The preview cache and the one render slot.
+/// The preview cache, the one render slot, and the native backend the renders' sandboxes
+/// come from.
 #[derive(Debug)]
 pub(crate) struct Previews {
     dir: PathBuf,
     renderer: Result<Renderer, String>,
     renders: Semaphore,
+    native: skillbox_native::NativeBackend,
 }
+
+/// What LibreOffice and fontconfig read from `/etc`: shown in the renders' sandboxes
+/// only, never in a run's (an admin may keep credentials in LibreOffice's registry).
+const RENDER_ETC: &[&str] = &["/etc/fonts", "/etc/libreoffice"];
+/// fontconfig's cache of the host's fonts, shown read-only so a render does not build
+/// its own (where it is).
+const FONT_CACHE: &str = "/var/cache/fontconfig";
 
 impl Previews {
     pub(crate) fn new(data_dir: &Path, png: bool) -> Previews {
         let previews = Previews {
+            // Its own backend, not the runs' registry's: no pool of sandboxes made ahead
+            // for runs is taken from or reshaped by a render, and only its sandboxes show
+            // LibreOffice's configuration.
+            native: skillbox_native::NativeBackend::new(data_dir).with_etc(RENDER_ETC),
             dir: data_dir.join("previews"),
             renderer: if png {
                 Renderer::find()
@@ -306,16 +339,7 @@ pub(crate) async fn slides(
         return Ok(Json(preview));
     }
     let bytes = state.runner.store().get(&sha256).await?;
-    let env = match state
-        .runner
-        .backends()
-        .create_native_apart(SandboxSpec {
-            workspace: None,
-            limits: render_limits(),
-            ..SandboxSpec::default()
-        })
-        .await
-    {
+    let env = match previews.native.create(render_spec()).await {
         Ok(env) => env,
         // This host's doing, not the deck's: not cached, so the next look tries again.
         Err(e) => {
@@ -327,12 +351,15 @@ pub(crate) async fn slides(
         }
     };
     let deadline = tokio::time::Instant::now() + RENDER_TIMEOUT;
+    // A server shutting down ends the render with the runs.
+    let cancel = state.runs_cancel().child_token();
     let rendered = render(
-        env.as_ref(),
+        &env,
         &renderer,
         bytes.into(),
         outline.len(),
         deadline,
+        &cancel,
     )
     .await;
     if let Err(e) = env.cleanup().await {
@@ -402,8 +429,8 @@ async fn render(
     deck: Vec<u8>,
     slides: usize,
     deadline: tokio::time::Instant,
+    cancel: &CancellationToken,
 ) -> Result<Vec<(usize, Vec<u8>)>, String> {
-    let cancel = CancellationToken::new();
     let soffice = tool(
         &renderer.soffice,
         &[
@@ -415,7 +442,8 @@ async fn render(
             "--nologo",
             "--norestore",
             "--convert-to",
-            "pdf",
+            // Hidden slides too: one page a slide.
+            r#"pdf:impress_pdf_Export:{"ExportHiddenSlides":{"type":"boolean","value":"true"}}"#,
             "--outdir",
             "/workspace",
             DECK,
@@ -423,15 +451,15 @@ async fn render(
         deadline,
     )?;
     let ran = env
-        .write_and_exec(vec![(PathBuf::from(DECK), deck)], soffice, &cancel)
+        .write_and_exec(vec![(PathBuf::from(DECK), deck)], soffice, cancel)
         .await
         .map_err(|e| format!("soffice: {}", e.message))?;
     ended("soffice", &ran)?;
-    let made = env.file_info(Path::new(PDF), &cancel).await;
+    let made = env.file_info(Path::new(PDF), cancel).await;
     if !made.is_ok_and(|info| info.kind == FileKind::File) {
         return Err("soffice made no PDF".into());
     }
-    env.create_dir(Path::new(PAGES), false, &cancel)
+    env.create_dir(Path::new(PAGES), false, cancel)
         .await
         .map_err(|e| format!("{PAGES}: {}", e.message))?;
     let last = MAX_SLIDES.to_string();
@@ -442,42 +470,18 @@ async fn render(
         deadline,
     )?;
     let ran = env
-        .exec(pdftoppm, &cancel)
+        .exec(pdftoppm, cancel)
         .await
         .map_err(|e| format!("pdftoppm: {}", e.message))?;
     ended("pdftoppm", &ran)?;
-    // pdftoppm pads page numbers to the width of the last one (page-01.png).
-    let mut pages = Vec::new();
-    let mut total = 0u64;
     let listed = env
-        .list_dir(Path::new(PAGES), &cancel)
+        .list_dir(Path::new(PAGES), cancel)
         .await
         .map_err(|e| format!("{PAGES}: {}", e.message))?;
-    for entry in listed {
-        let number = entry
-            .name
-            .strip_prefix("page-")
-            .and_then(|n| n.strip_suffix(".png"))
-            .and_then(|n| n.parse::<usize>().ok())
-            .filter(|_| entry.kind == FileKind::File)
-            .ok_or_else(|| format!("pdftoppm made an unexpected entry {:?}", entry.name))?;
-        total = total.saturating_add(entry.size.unwrap_or(0));
-        pages.push((number, PathBuf::from(PAGES).join(&entry.name)));
-    }
-    if total > MAX_PNG_BYTES {
-        return Err(format!(
-            "the PNGs came to {total} bytes, over {MAX_PNG_BYTES}"
-        ));
-    }
-    if pages.len() != slides {
-        return Err(format!(
-            "LibreOffice made {} pages of a deck of {slides} slides",
-            pages.len()
-        ));
-    }
+    let pages = listed_pages(&listed, slides)?;
     let paths: Vec<PathBuf> = pages.iter().map(|(_, path)| path.clone()).collect();
     let read = env
-        .read_files(&paths, MAX_PNG_BYTES, &cancel)
+        .read_files(&paths, MAX_PNG_BYTES, cancel)
         .await
         .map_err(|e| format!("{PAGES}: {}", e.message))?;
     let mut total = 0u64;
@@ -486,6 +490,9 @@ async fn render(
         let FileRead::Content(bytes) = read else {
             return Err(format!("{} changed while it was read", path.display()));
         };
+        if !bytes.starts_with(PNG_SIGNATURE) {
+            return Err(format!("{} is not a PNG", path.display()));
+        }
         total = total.saturating_add(bytes.len() as u64);
         if total > MAX_PNG_BYTES {
             return Err(format!("the PNGs came to over {MAX_PNG_BYTES} bytes"));
@@ -493,6 +500,46 @@ async fn render(
         pngs.push((number, bytes));
     }
     Ok(pngs)
+}
+
+/// The pages in `listed` (pdftoppm's output directory), one a slide, as (slide number,
+/// path in the sandbox): pdftoppm names them page-N.png, N padded to the width of the
+/// last one (page-01.png), and there must be exactly those, regular files, and nothing
+/// else, of at most [`MAX_PNG_BYTES`] together.
+fn listed_pages(
+    listed: &[skillbox_env::DirEntry],
+    slides: usize,
+) -> Result<Vec<(usize, PathBuf)>, String> {
+    let width = slides.to_string().len();
+    let expected: Vec<String> = (1..=slides)
+        .map(|n| format!("page-{n:0width$}.png"))
+        .collect();
+    let mut total = 0u64;
+    for entry in listed {
+        if entry.kind != FileKind::File || !expected.contains(&entry.name) {
+            return Err(format!(
+                "pdftoppm made an unexpected entry {:?}",
+                entry.name
+            ));
+        }
+        total = total.saturating_add(entry.size.unwrap_or(0));
+    }
+    if total > MAX_PNG_BYTES {
+        return Err(format!(
+            "the PNGs came to {total} bytes, over {MAX_PNG_BYTES}"
+        ));
+    }
+    if listed.len() != slides {
+        return Err(format!(
+            "LibreOffice made {} pages of a deck of {slides} slides",
+            listed.len()
+        ));
+    }
+    Ok(expected
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (i + 1, PathBuf::from(PAGES).join(name)))
+        .collect())
 }
 
 /// One of the render's programs, run in `/workspace` with a HOME of its own on the
@@ -608,19 +655,32 @@ pub(crate) async fn slide(
 
 /// Whether this host renders previews as PNG, in words (for `skillbox doctor`).
 pub fn preview_report() -> (bool, String) {
-    match Renderer::find() {
-        Ok(r) => (
-            true,
-            format!("PNG ({} and {})", r.soffice.display(), r.pdftoppm.display()),
-        ),
-        Err(why) => (false, why),
+    let renderer = match Renderer::find() {
+        Ok(renderer) => renderer,
+        Err(why) => return (false, why),
+    };
+    let native = skillbox_native::probe();
+    if !native.available {
+        return (
+            false,
+            format!(
+                "slide previews render in a native sandbox, unavailable here ({}): they are text outlines",
+                native.reason.unwrap_or_default()
+            ),
+        );
     }
+    (
+        true,
+        format!(
+            "PNG ({} and {}, in a native sandbox)",
+            renderer.soffice.display(),
+            renderer.pdftoppm.display()
+        ),
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use skillbox_env::FileSystem;
-
     use super::*;
 
     /// A render with `soffice` standing in for LibreOffice, in a native sandbox of its
@@ -636,11 +696,8 @@ mod tests {
         }
         let data = tempfile::tempdir().expect("tempdir");
         let env = skillbox_native::NativeBackend::new(data.path())
-            .create_apart(SandboxSpec {
-                workspace: None,
-                limits: render_limits(),
-                ..SandboxSpec::default()
-            })
+            .with_etc(RENDER_ETC)
+            .create(render_spec())
             .await
             .expect("a render's sandbox");
         let renderer = Renderer {
@@ -648,7 +705,8 @@ mod tests {
             pdftoppm: PathBuf::from("/bin/true"),
         };
         let deadline = tokio::time::Instant::now() + limit;
-        let rendered = render(&env, &renderer, b"deck".to_vec(), 1, deadline).await;
+        let cancel = CancellationToken::new();
+        let rendered = render(&env, &renderer, b"deck".to_vec(), 1, deadline, &cancel).await;
         env.cleanup().await.expect("cleanup");
         Some(rendered.map(drop))
     }
@@ -707,6 +765,59 @@ mod tests {
         left.sort();
         // The cached previews stay; so does a render that may still be going.
         assert_eq!(left, [".render-now", "kept"]);
+    }
+
+    #[test]
+    fn the_pages_are_one_a_slide_named_as_pdftoppm_names_them_and_nothing_else() {
+        let file = |name: &str, size: u64| skillbox_env::DirEntry {
+            name: name.into(),
+            kind: FileKind::File,
+            size: Some(size),
+        };
+        let three = [
+            file("page-2.png", 9),
+            file("page-1.png", 9),
+            file("page-3.png", 9),
+        ];
+        let pages = listed_pages(&three, 3).expect("three pages");
+        assert_eq!(pages[0], (1, PathBuf::from("/workspace/pages/page-1.png")));
+        assert_eq!(pages[2], (3, PathBuf::from("/workspace/pages/page-3.png")));
+        // Padded to the width of the last: page-01.png of twelve.
+        let twelve: Vec<_> = (1..=12)
+            .map(|n| file(&format!("page-{n:02}.png"), 9))
+            .collect();
+        assert_eq!(listed_pages(&twelve, 12).expect("twelve").len(), 12);
+        for (listed, slides, why) in [
+            (
+                vec![file("page-1.png", 9), file("page-01.png", 9)],
+                2,
+                "unexpected",
+            ),
+            (vec![file("page-+1.png", 9)], 1, "unexpected"),
+            (
+                vec![file("page-1.png", 9), file("page-3.png", 9)],
+                2,
+                "unexpected",
+            ),
+            (
+                vec![file("page-1.png", 9)],
+                2,
+                "made 1 pages of a deck of 2",
+            ),
+            (vec![file("page-1.png", MAX_PNG_BYTES + 1)], 1, "over"),
+            (
+                vec![skillbox_env::DirEntry {
+                    name: "page-1.png".into(),
+                    kind: FileKind::Symlink,
+                    size: None,
+                }],
+                1,
+                "unexpected",
+            ),
+        ] {
+            let error = listed_pages(&listed, slides).expect_err(why);
+            assert!(error.contains(why), "{error}");
+        }
     }
 
     #[test]

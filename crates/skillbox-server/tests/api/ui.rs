@@ -388,7 +388,8 @@ async fn a_deck_linking_the_server_s_files_renders_without_them() {
         .decode(RED_PNG)
         .unwrap();
     std::fs::write(&secret, &red).unwrap();
-    // Slide 1 links it, slide 2 holds the same picture, slide 3 is blank.
+    // Slide 1 links it, slide 2 holds the same picture, slide 3 is blank (and hidden:
+    // rendered all the same, one page a slide).
     let script = format!(
         r#"const pptxgen = require("pptxgenjs");
 const JSZip = require("jszip");
@@ -398,7 +399,9 @@ const fs = require("fs");
   const picture = {{ data: "image/png;base64,{RED_PNG}", x: 0, y: 0, w: 10, h: 5.625 }};
   p.addSlide().addImage(picture);
   p.addSlide().addImage(picture);
-  p.addSlide().addText("", {{ x: 1, y: 1, w: 1, h: 1 }});
+  const blank = p.addSlide();
+  blank.hidden = true;
+  blank.addText("", {{ x: 1, y: 1, w: 1, h: 1 }});
   const zip = await JSZip.loadAsync(await p.write({{ outputType: "nodebuffer" }}));
   const rels = "ppt/slides/_rels/slide1.xml.rels";
   const linked = (await zip.file(rels).async("string")).replace(
@@ -447,6 +450,27 @@ const fs = require("fs");
     );
     assert_eq!(std::fs::read(&secret).unwrap(), red);
     assert_nothing_left();
+
+    // LibreOffice's configuration (where an admin may keep an LDAP password) is the
+    // renders' alone: a run does not see it.
+    assert!(std::path::Path::new("/etc/libreoffice").is_dir());
+    let ran = server
+        .http
+        .post(format!("{}/v1/run", server.base))
+        .bearer_auth(KEY_A)
+        .json(&json!({
+            "script": "ls /etc/libreoffice /etc/fonts 2>&1; echo status $?",
+            "language": "sh"
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let stdout = ran["stdout"].as_str().unwrap();
+    assert!(stdout.contains("No such file"), "{ran}");
+    assert!(stdout.contains("status 2"), "{ran}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
