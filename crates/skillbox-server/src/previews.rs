@@ -12,7 +12,9 @@
 //! time. Results are cached under `<data>/previews/<sha256>/` by the deck's SHA-256 and
 //! removed when retention removes the deck.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -139,7 +141,23 @@ pub(crate) struct Previews {
     dir: PathBuf,
     renderer: Result<Renderer, String>,
     renders: Semaphore,
+    /// The tenants with a render waiting for the slot or running: one each.
+    rendering: Arc<Mutex<HashSet<Arc<str>>>>,
     native: skillbox_native::NativeBackend,
+}
+
+/// A tenant's one render, waiting or running, until dropped.
+struct TenantRender {
+    rendering: Arc<Mutex<HashSet<Arc<str>>>>,
+    tenant: Arc<str>,
+}
+
+impl Drop for TenantRender {
+    fn drop(&mut self) {
+        if let Ok(mut rendering) = self.rendering.lock() {
+            rendering.remove(&self.tenant);
+        }
+    }
 }
 
 /// What LibreOffice and fontconfig read from `/etc`: shown in the renders' sandboxes
@@ -163,6 +181,7 @@ impl Previews {
                 Err("PNG previews are off on this server".into())
             },
             renders: Semaphore::new(1),
+            rendering: Arc::default(),
         };
         previews.sweep(STALE_RENDER);
         previews
@@ -201,6 +220,15 @@ impl Previews {
                 tracing::warn!(dir = %dir.display(), error = %e, "previews: cannot remove");
             }
         }
+    }
+
+    /// `tenant`'s one render, if it has none waiting or running.
+    fn hold_render(&self, tenant: &Tenant) -> Option<TenantRender> {
+        let mut rendering = self.rendering.lock().ok()?;
+        rendering.insert(tenant.0.clone()).then(|| TenantRender {
+            rendering: self.rendering.clone(),
+            tenant: tenant.0.clone(),
+        })
     }
 
     fn ensure_dir(&self) -> Result<(), Failure> {
@@ -327,6 +355,14 @@ pub(crate) async fn slides(
         ))));
     }
     previews.ensure_dir()?;
+    // One render a tenant at once: a tenant's decks wait behind no one else's queue of
+    // them, only behind the render going.
+    let _mine = previews.hold_render(&tenant).ok_or_else(|| {
+        Failure::overloaded(
+            "a slide render of yours is already waiting or running; ask again once it has answered",
+            5,
+        )
+    })?;
     let _slot = previews
         .renders
         .acquire()
@@ -818,6 +854,22 @@ mod tests {
             let error = listed_pages(&listed, slides).expect_err(why);
             assert!(error.contains(why), "{error}");
         }
+    }
+
+    #[test]
+    fn a_tenant_has_one_render_at_once() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let previews = Previews::new(data.path(), false);
+        let (a, b) = (Tenant("a".into()), Tenant("b".into()));
+        let held = previews.hold_render(&a).expect("a's first");
+        assert!(previews.hold_render(&a).is_none(), "a's second");
+        let other = previews.hold_render(&b).expect("b is not a");
+        drop(held);
+        assert!(
+            previews.hold_render(&a).is_some(),
+            "a's, once the first is done"
+        );
+        drop(other);
     }
 
     #[test]

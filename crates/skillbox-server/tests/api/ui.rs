@@ -244,23 +244,32 @@ async fn agent_runs_are_listed_newest_first_a_page_at_a_time_per_tenant() {
 
 /// Nothing a render made is left: no work dir, no LibreOffice process. (The runner's
 /// data dir, where previews live, is the one the tests share.)
-fn assert_nothing_left() {
+async fn assert_nothing_left() {
+    // Other tests render on the same data dir at the same time: what is theirs goes
+    // within a render's 60 s; what a render left stays.
     let previews = shared_data_dir().join("previews");
-    let leftovers: Vec<_> = std::fs::read_dir(&previews)
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|name| name.starts_with('.'))
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(leftovers.is_empty(), "{leftovers:?}");
-    let needle = previews.join(".render-").display().to_string();
-    assert!(
-        skillbox_env::testkit::host_processes_with(&needle).is_empty(),
-        "a render's process is still running"
-    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(75);
+    loop {
+        let leftovers: Vec<_> = std::fs::read_dir(&previews)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default();
+        // A render's programs run in its sandbox on its deck there.
+        let rendering = skillbox_env::testkit::host_processes_with("/workspace/deck.pptx");
+        if leftovers.is_empty() && rendering.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left: {leftovers:?}, still rendering: {rendering:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,7 +335,7 @@ async fn slide_previews_render_a_tenants_deck_and_no_one_elses() {
     );
     let (_, again) = server.json_as(&slides, KEY_A).await;
     assert_eq!(again, preview);
-    assert_nothing_left();
+    assert_nothing_left().await;
 
     // Bad input names the field.
     let (status, json) = server.json_as("/v1/objects/XYZ/slides", KEY_A).await;
@@ -361,6 +370,71 @@ async fn slide_previews_render_a_tenants_deck_and_no_one_elses() {
             .contains("not a .pptx"),
         "{json}"
     );
+}
+
+/// A deck of `slides` slides saying `text`, made by a run of `key`'s tenant: its sha256.
+async fn deck_of(server: &Server, key: &str, text: &str, slides: usize) -> String {
+    let script = format!(
+        r#"const pptxgen = require("pptxgenjs");
+const p = new pptxgen();
+for (let i = 0; i < {slides}; i++) p.addSlide().addText("{text} " + i, {{ x: 1, y: 1, w: 8, h: 1 }});
+p.writeFile({{ fileName: "deck.pptx" }});
+"#
+    );
+    let ran = server
+        .http
+        .post(format!("{}/v1/run", server.base))
+        .bearer_auth(key)
+        .json(&json!({"script": script, "language": "node"}))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(ran["exitCode"], 0, "{ran}");
+    ran["files"][0]["sha256"].as_str().unwrap().to_string()
+}
+
+/// One render a tenant at once: a tenant's second deck asked for while its first
+/// renders is 429 with a `Retry-After`, and another tenant's waits its turn instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_renders_one_deck_at_once() {
+    let data = tempfile::tempdir().unwrap();
+    let Some(server) = keyed_agent_server(data.path(), true).await else {
+        return;
+    };
+    let (png, why) = skillbox_server::preview_report();
+    if !png {
+        skillbox_env::testkit::skip("a tenant renders one deck at once", &why);
+        return;
+    }
+    let stamp = std::process::id();
+    let first = deck_of(&server, KEY_A, &format!("first {stamp}"), 12).await;
+    let second = deck_of(&server, KEY_A, &format!("second {stamp}"), 2).await;
+    let others = deck_of(&server, KEY_B, &format!("others {stamp}"), 2).await;
+    let ask = |sha: String, key: &'static str| {
+        let http = server.http.clone();
+        let url = format!("{}/v1/objects/{sha}/slides", server.base);
+        tokio::spawn(async move { http.get(url).bearer_auth(key).send().await.unwrap() })
+    };
+    // LibreOffice takes over a second to start: the three overlap.
+    let a1 = ask(first, KEY_A);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let a2 = ask(second, KEY_A);
+    let b = ask(others, KEY_B);
+    let (a1, a2, b) = (a1.await.unwrap(), a2.await.unwrap(), b.await.unwrap());
+    let mut statuses = [a1.status().as_u16(), a2.status().as_u16()];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 429]);
+    let refused = if a1.status() == 429 { a1 } else { a2 };
+    assert_eq!(refused.headers()["retry-after"], "5");
+    let json = refused.json::<Value>().await.unwrap();
+    assert_eq!(json["error"]["code"], "overloaded", "{json}");
+    assert_eq!(b.status(), 200);
+    let json = b.json::<Value>().await.unwrap();
+    assert_eq!(json["format"], "png", "{json}");
+    assert_nothing_left().await;
 }
 
 /// A 64×64 red PNG.
@@ -449,7 +523,7 @@ const fs = require("fs");
         "the linked picture of the server's was rendered"
     );
     assert_eq!(std::fs::read(&secret).unwrap(), red);
-    assert_nothing_left();
+    assert_nothing_left().await;
 
     // LibreOffice's configuration (where an admin may keep an LDAP password) is the
     // renders' alone: a run does not see it.
