@@ -526,12 +526,38 @@ impl Manifest {
                     format!("{}: must be absolute", volume.sandbox.display()),
                 ));
             }
+            for (name, path) in [("host", &volume.host), ("sandbox", &volume.sandbox)] {
+                if path.to_string_lossy().chars().any(char::is_control) {
+                    return Err(error(
+                        &format!("volumes[{i}].{name}"),
+                        format!("{:?}: a path with control characters", path.display()),
+                    ));
+                }
+            }
             if !volume.host.is_absolute() && !plain_relative(&volume.host) {
                 return Err(error(
                     &format!("volumes[{i}].host"),
                     format!(
                         "{}: give an absolute path, or one in the project written plainly \
                          (`notes`, `data/cache`: no `.`, `..` or leading `./`)",
+                        volume.host.display()
+                    ),
+                ));
+            }
+            // A capability in a root every project uses names the same relative path in
+            // each: never a project's hidden ones (`.git`, whose hooks and config run
+            // on the host; `.env`; `.skillbox`).
+            if !volume.host.is_absolute()
+                && volume
+                    .host
+                    .components()
+                    .any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
+            {
+                return Err(error(
+                    &format!("volumes[{i}].host"),
+                    format!(
+                        "{}: a project's hidden directories (`.git`, `.env`…) are never a \
+                         volume; name a directory of the capability's own (`notes`)",
                         volume.host.display()
                     ),
                 ));

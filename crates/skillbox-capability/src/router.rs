@@ -69,7 +69,7 @@ fn volume_source(host: &Path, field: &str) -> Result<PathBuf, EnvError> {
     let real = std::fs::canonicalize(host).map_err(not_found)?;
     if real != skillbox_env::path::normalize(host) {
         return Err(EnvError::invalid(format!(
-            "{field}: {} goes through a symlink (it is {}); give the directory's own path",
+            "{field}: {} goes through a symlink (it is {}); a volume is reached without one, the project's path included: give the directory's own path, or make it a real directory",
             host.display(),
             real.display()
         ))
@@ -102,6 +102,7 @@ fn identities(path: &Path) -> Vec<(u64, u64)> {
 fn writable_volume(
     shown: &Path,
     capability: &Capability,
+    project: &Path,
     data_dir: &Path,
     field: &str,
 ) -> Result<(), EnvError> {
@@ -114,6 +115,13 @@ fn writable_volume(
         (
             crate::registry::guarded_path(capabilities),
             "the directory the capabilities are in (their code and manifests)",
+        ),
+        // What `skillbox cap` loads for this project whatever roots this capability
+        // came with (a server's `--capabilities` may not name them): a `host`
+        // capability's code planted there would run unsandboxed at its next `cap run`.
+        (
+            crate::registry::guarded_path(&project.join("capabilities")),
+            "the project's capabilities, which `skillbox cap` loads (their code and manifests)",
         ),
     ];
     for path in capability.guarded.iter() {
@@ -253,28 +261,19 @@ pub(crate) fn sandbox_spec(
             sandbox: CAPABILITY_DIR.into(),
         });
         let mut sources: Vec<(PathBuf, bool)> = Vec::new();
-        // A relative volume is the project's: found from the project's real path, so
-        // that only the volume's own part must be free of symlinks.
-        let mut project_dir = None;
         for (i, volume) in manifest.volumes.iter().enumerate() {
             let field = format!(
                 "{}: volumes[{i}].host",
                 capability.manifest_file().display()
             );
+            // A relative volume is the project's, found from the project as the grants
+            // name it (the real path its caller resolved once): a project that is a link
+            // now (swapped since) is refused below as any link on the way is, never
+            // followed to another directory under this project's grant.
             let host = if volume.host.is_absolute() {
                 volume.host.clone()
             } else {
-                if project_dir.is_none() {
-                    project_dir = Some(std::fs::canonicalize(project).map_err(|e| {
-                        EnvError::invalid(format!(
-                            "{field}: {} is the project's, and the project {} is not here: {e}",
-                            volume.host.display(),
-                            project.display()
-                        ))
-                        .with_path(project)
-                    })?);
-                }
-                project_dir.as_deref().unwrap_or(project).join(&volume.host)
+                project.join(&volume.host)
             };
             let shown = volume_source(&host, &field)?;
             // A read-write volume shares its host directory with no other volume: the
@@ -292,7 +291,7 @@ pub(crate) fn sandbox_spec(
             }
             sources.push((shown.clone(), volume.rw));
             if volume.rw {
-                writable_volume(&shown, capability, data_dir, &field)?;
+                writable_volume(&shown, capability, project, data_dir, &field)?;
             }
             policy.volumes.push(skillbox_env::Volume {
                 host: shown,

@@ -256,6 +256,24 @@ fn a_bad_manifest_is_named_by_file_line_and_field() {
             "must be absolute",
         ),
         (
+            format!("{GOOD}volumes:\n  - host: .git/hooks\n    sandbox: /data\n    rw: true\n"),
+            19,
+            "volumes[0].host",
+            "hidden directories",
+        ),
+        (
+            format!("{GOOD}volumes:\n  - host: data/.cache\n    sandbox: /data\n"),
+            19,
+            "volumes[0].host",
+            "hidden directories",
+        ),
+        (
+            format!("{GOOD}volumes:\n  - host: \"notes\\nvolume:rw:/etc\"\n    sandbox: /data\n"),
+            19,
+            "volumes[0].host",
+            "control characters",
+        ),
+        (
             format!(
                 "{GOOD}volumes:\n  - host: /srv/a\n    sandbox: /usr/local/data\n    rw: true\n"
             ),

@@ -276,6 +276,84 @@ async fn a_capability_runs_over_http_only_once_granted() {
     assert_eq!(status, 200, "{again}");
 }
 
+/// A server's `--capabilities` need not name the project's own `capabilities/`, which
+/// `skillbox cap` loads for that project (a `host` capability there runs unsandboxed):
+/// a read-write volume over it (written relative, as a capability in a root every
+/// project uses would) is refused before anything runs, and a plain one of the
+/// project's is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_write_volume_over_the_project_s_capabilities_is_refused_over_http() {
+    use std::os::unix::fs::MetadataExt;
+    if !native_or_skip("a_read_write_volume_over_the_project_s_capabilities") {
+        return;
+    }
+    let shared = tempfile::tempdir().unwrap();
+    for (name, volume) in [("planter", "capabilities"), ("scribe", "notes")] {
+        let dir = shared.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("manifest.yaml"),
+            format!(
+                "name: {name}\ndescription: writes a project dir\nversion: 0.1.0\nenvironment: native\nlifecycle: oneshot\nentry: t.sh\nvolumes:\n  - host: {volume}\n    sandbox: /data\n    rw: true\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("t.sh"), "echo planted > /data/planted.sh\n").unwrap();
+    }
+    let served = serve(vec![shared.path().canonicalize().unwrap()], None).await;
+    // The project's own capabilities, and a directory of its own, the user's (not root's).
+    let root = rustix::process::geteuid().is_root();
+    let owned = |dir: &Path| {
+        std::fs::create_dir_all(dir).unwrap();
+        if root {
+            std::os::unix::fs::chown(dir, Some(4242), Some(4242)).unwrap();
+        }
+    };
+    let capabilities = served.project.join("capabilities");
+    owned(&capabilities.join("deploy"));
+    owned(&capabilities);
+    owned(&served.project.join("notes"));
+    for name in ["planter", "scribe"] {
+        served.grant(name, Scope::Project);
+    }
+    let (status, refused) = served.call("planter", &json!({})).await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(is_error(&refused, "permission_denied"), "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the project's capabilities"), "{message}");
+    assert!(!capabilities.join("planted.sh").exists());
+    assert_eq!(std::fs::read_dir(&capabilities).unwrap().count(), 1);
+
+    let (status, ran) = served.call("scribe", &json!({})).await;
+    assert_eq!(status, 200, "{ran}");
+    assert_eq!(ran["output"]["exitCode"], 0, "{ran}");
+    let planted = served.project.join("notes/planted.sh");
+    assert_eq!(std::fs::read_to_string(&planted).unwrap(), "planted\n");
+    if root {
+        assert_eq!(std::fs::metadata(&planted).unwrap().uid(), 4242);
+    }
+
+    // The project swapped for a link to another directory since the server resolved it:
+    // the grant is the project's, and the volume is not followed elsewhere under it.
+    let elsewhere = tempfile::tempdir().unwrap();
+    owned(&elsewhere.path().join("notes"));
+    let moved = served.project.with_extension("moved");
+    std::fs::rename(&served.project, &moved).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), &served.project).unwrap();
+    let (status, refused) = served.call("scribe", &json!({})).await;
+    std::fs::remove_file(&served.project).unwrap();
+    std::fs::rename(&moved, &served.project).unwrap();
+    assert_eq!(status, 400, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("goes through a symlink"), "{message}");
+    assert_eq!(
+        std::fs::read_dir(elsewhere.path().join("notes"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_once_grant_runs_one_capability_call_with_its_stdin() {
     if !native_or_skip("a_once_grant_runs_one_capability_call") {
