@@ -401,6 +401,13 @@ pub(crate) async fn slides(
     if let Err(e) = env.cleanup().await {
         tracing::warn!(%sha256, error = %e.message, "previews: cannot remove the render's sandbox");
     }
+    if cancel.is_cancelled() {
+        // Ended by the shutdown, not by the deck: nothing cached.
+        return Err(Failure::new(
+            ErrorCode::Unavailable,
+            "the server is shutting down; ask for the slides again once it is back",
+        ));
+    }
     let staged = tempfile::Builder::new()
         .prefix(".render-")
         .tempdir_in(&previews.dir)
