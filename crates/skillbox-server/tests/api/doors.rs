@@ -52,13 +52,14 @@ impl Server {
     }
 
     async fn run_as(&self, key: &str, script: &str) -> Value {
+        self.run_body_as(key, json!({"script": script, "language": "sh"}))
+            .await
+    }
+
+    /// `POST /v1/run` of `body` as `key`'s tenant: its answer, a 200.
+    pub(crate) async fn run_body_as(&self, key: &str, body: Value) -> Value {
         let response = self
-            .send(
-                reqwest::Method::POST,
-                "/v1/run",
-                Some(key),
-                Some(&json!({"script": script, "language": "sh"})),
-            )
+            .send(reqwest::Method::POST, "/v1/run", Some(key), Some(&body))
             .await;
         assert_eq!(response.status(), 200);
         response.json().await.unwrap()

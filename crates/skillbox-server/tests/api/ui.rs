@@ -348,16 +348,11 @@ async fn slide_previews_render_a_tenants_deck_and_no_one_elses() {
     assert_eq!(status, 404, "{json}");
     // A file that is not a deck has no slides.
     let ran = server
-        .http
-        .post(format!("{}/v1/run", server.base))
-        .bearer_auth(KEY_A)
-        .json(&json!({"script": "echo notes > notes.txt", "language": "sh"}))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+        .run_body_as(
+            KEY_A,
+            json!({"script": "echo notes > notes.txt", "language": "sh"}),
+        )
+        .await;
     let text_sha = ran["files"][0]["sha256"].as_str().unwrap();
     let (status, json) = server
         .json_as(&format!("/v1/objects/{text_sha}/slides"), KEY_A)
@@ -382,16 +377,8 @@ p.writeFile({{ fileName: "deck.pptx" }});
 "#
     );
     let ran = server
-        .http
-        .post(format!("{}/v1/run", server.base))
-        .bearer_auth(key)
-        .json(&json!({"script": script, "language": "node"}))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+        .run_body_as(key, json!({"script": script, "language": "node"}))
+        .await;
     assert_eq!(ran["exitCode"], 0, "{ran}");
     ran["files"][0]["sha256"].as_str().unwrap().to_string()
 }
@@ -491,16 +478,8 @@ const fs = require("fs");
         secret.display()
     );
     let ran = server
-        .http
-        .post(format!("{}/v1/run", server.base))
-        .bearer_auth(KEY_A)
-        .json(&json!({"script": script, "language": "node"}))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+        .run_body_as(KEY_A, json!({"script": script, "language": "node"}))
+        .await;
     assert_eq!(ran["exitCode"], 0, "{ran}");
     let sha = ran["files"][0]["sha256"].as_str().unwrap().to_string();
     let slides = format!("/v1/objects/{sha}/slides");
@@ -529,19 +508,14 @@ const fs = require("fs");
     // renders' alone: a run does not see it.
     assert!(std::path::Path::new("/etc/libreoffice").is_dir());
     let ran = server
-        .http
-        .post(format!("{}/v1/run", server.base))
-        .bearer_auth(KEY_A)
-        .json(&json!({
-            "script": "ls /etc/libreoffice /etc/fonts 2>&1; echo status $?",
-            "language": "sh"
-        }))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+        .run_body_as(
+            KEY_A,
+            json!({
+                "script": "ls /etc/libreoffice /etc/fonts 2>&1; echo status $?",
+                "language": "sh"
+            }),
+        )
+        .await;
     let stdout = ran["stdout"].as_str().unwrap();
     assert!(stdout.contains("No such file"), "{ran}");
     assert!(stdout.contains("status 2"), "{ran}");
