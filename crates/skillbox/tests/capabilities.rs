@@ -1183,28 +1183,28 @@ fn a_relative_volume_is_each_project_s_own() {
     );
     let root = shared.path().join("capabilities");
     let root = root.to_str().unwrap();
+    // `cap COMMAND scribe` for `project`, with the shared root, run from `cwd`.
+    let scribe_in = |cwd: &Path, project: &Path, command: &str| {
+        cap_from(
+            cwd,
+            data.path(),
+            project,
+            &["--root", root, command, "scribe"],
+            &[],
+        )
+    };
     let projects = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     for project in &projects {
         let (volume, owner) = volume_owned_by(project.path(), 4242);
         // Another project's grant does not cover this one.
-        let refused = cap(
-            data.path(),
-            project.path(),
-            &["--root", root, "run", "scribe"],
-            &[],
-        );
+        let refused = scribe_in(project.path(), project.path(), "run");
         assert_eq!(
             refused.status.code(),
             Some(125),
             "{}",
             text(&refused.stderr)
         );
-        let granted = cap(
-            data.path(),
-            project.path(),
-            &["--root", root, "grant", "scribe"],
-            &[],
-        );
+        let granted = scribe_in(project.path(), project.path(), "grant");
         assert!(granted.status.success(), "{}", text(&granted.stderr));
         assert!(
             text(&granted.stderr).contains("volume:rw:volume"),
@@ -1212,13 +1212,7 @@ fn a_relative_volume_is_each_project_s_own() {
             text(&granted.stderr)
         );
         // Run from elsewhere: the project is what counts, not the working directory.
-        let ran = cap_from(
-            shared.path(),
-            data.path(),
-            project.path(),
-            &["--root", root, "run", "scribe"],
-            &[],
-        );
+        let ran = scribe_in(shared.path(), project.path(), "run");
         assert!(ran.status.success(), "{}", text(&ran.stderr));
         assert_scribed(&volume, owner, &text(&ran.stdout));
     }
@@ -1234,19 +1228,9 @@ fn a_relative_volume_is_each_project_s_own() {
     // A project whose `volume` is a link to the first project's reaches nothing.
     let linked = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(&first, linked.path().join("volume")).unwrap();
-    let granted = cap(
-        data.path(),
-        linked.path(),
-        &["--root", root, "grant", "scribe"],
-        &[],
-    );
+    let granted = scribe_in(linked.path(), linked.path(), "grant");
     assert!(granted.status.success(), "{}", text(&granted.stderr));
-    let refused = cap(
-        data.path(),
-        linked.path(),
-        &["--root", root, "run", "scribe"],
-        &[],
-    );
+    let refused = scribe_in(linked.path(), linked.path(), "run");
     assert_eq!(
         refused.status.code(),
         Some(125),

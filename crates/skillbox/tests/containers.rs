@@ -287,18 +287,13 @@ fn docker_workdir_runs_as_its_owner_never_root() {
     }
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().to_str().unwrap();
-    let out = skillbox(
-        &data_dir(),
-        &[
-            "exec",
-            "--backend",
-            "docker",
-            "--workdir",
-            dir,
-            "--",
-            "true",
-        ],
-    );
+    // `exec --backend docker --workdir DIR -- COMMAND…`.
+    let exec_in = |command: &[&str]| {
+        let mut args = vec!["exec", "--backend", "docker", "--workdir", dir, "--"];
+        args.extend(command);
+        skillbox(&data_dir(), &args)
+    };
+    let out = exec_in(&["true"]);
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("owned by root"),
@@ -306,20 +301,7 @@ fn docker_workdir_runs_as_its_owner_never_root() {
         text(&out.stderr)
     );
     std::os::unix::fs::chown(work.path(), Some(65534), Some(65534)).unwrap();
-    let out = skillbox(
-        &data_dir(),
-        &[
-            "exec",
-            "--backend",
-            "docker",
-            "--workdir",
-            dir,
-            "--",
-            "sh",
-            "-c",
-            "id -u; echo hi > /workspace/made",
-        ],
-    );
+    let out = exec_in(&["sh", "-c", "id -u; echo hi > /workspace/made"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "65534");
     use std::os::unix::fs::MetadataExt;
@@ -327,20 +309,7 @@ fn docker_workdir_runs_as_its_owner_never_root() {
     assert_eq!((made.uid(), made.gid()), (65534, 65534));
     // Of root's group: the container runs as nogroup, never gid 0.
     std::os::unix::fs::chown(work.path(), Some(4242), Some(0)).unwrap();
-    let out = skillbox(
-        &data_dir(),
-        &[
-            "exec",
-            "--backend",
-            "docker",
-            "--workdir",
-            dir,
-            "--",
-            "sh",
-            "-c",
-            "id -u; id -g; id -G",
-        ],
-    );
+    let out = exec_in(&["sh", "-c", "id -u; id -g; id -G"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "4242\n65534\n65534\n");
 }
