@@ -91,25 +91,9 @@ pass "$work/b.json" "${reversed[@]}"
 
 mkdir -p bench/results
 out=bench/results/previews.md
-python3 - "$work/a.json" "$work/b.json" "$runs" "$(nproc)" > "$out" <<'PY'
-import json, statistics, sys, time
-a, b, runs, cores = sys.argv[1:]
-med = {}
-for path in (a, b):
-    for r in json.load(open(path))["results"]:
-        med.setdefault(r["command"], []).append(statistics.median(r["times"]) * 1000)
-print(f"# Slide previews ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cores} cores)\n")
-print(f"A cold render of a 3-slide deck, hyperfine, {runs} runs a pass, two passes (the second reversed), medians.\n")
-print("| what | pass 1 | pass 2 |")
-print("|---|---:|---:|")
-labels = {
-    "bare": "`soffice` then `pdftoppm`, bare on the host",
-    "new": "`GET …/slides`, the render in a native sandbox (A)",
-    "old": "`GET …/slides`, SKILLBOX_BENCH_OLD's render (B)",
-}
-for name, label in labels.items():
-    if name in med:
-        ms = med[name]
-        print(f"| {label} | {ms[0]:.0f} ms | {ms[1]:.0f} ms |")
-PY
+python3 bench/two_passes.py "$work/a.json" "$work/b.json" "Slide previews" \
+  "A cold render of a 3-slide deck, hyperfine, $runs runs a pass, two passes (the second reversed), medians." 0 \
+  "bare=\`soffice\` then \`pdftoppm\`, bare on the host" \
+  "new=\`GET …/slides\`, the render in a native sandbox (A)" \
+  "old=\`GET …/slides\`, SKILLBOX_BENCH_OLD's render (B)" > "$out"
 cat "$out"

@@ -86,27 +86,12 @@ pass "$work/b.json" 5 4 3 2 1 0
 
 mkdir -p bench/results
 out=bench/results/services.md
-python3 - "$work/a.json" "$work/b.json" "$runs" "$(nproc)" > "$out" <<'PY'
-import json, statistics, sys, time
-a, b, runs, cores = sys.argv[1:]
-med = {}
-for path in (a, b):
-    for r in json.load(open(path))["results"]:
-        med.setdefault(r["command"], []).append(statistics.median(r["times"]) * 1000)
-print(f"# Persistent capability connections ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cores} cores)\n")
-print(f"One HTTP request on a new connection (`curl … /healthz`), hyperfine, {runs} runs a pass, two passes (the second reversed), medians.\n")
-print("| what | pass 1 | pass 2 |")
-print("|---|---:|---:|")
-labels = {
-    "bare": "the server bare on the host (TCP)",
-    "native": "native, through its forwarded socket",
-    "docker": "docker, through its forwarded socket (a relay per connection)",
-    "gvisor": "gvisor, through its forwarded socket (a relay per connection)",
-    "exec-runc": "`docker exec C true` (runc): a relay's floor",
-    "exec-runsc": "`docker exec C true` (runsc): a relay's floor",
-}
-for name, label in labels.items():
-    ms = med[name]
-    print(f"| {label} | {ms[0]:.1f} ms | {ms[1]:.1f} ms |")
-PY
+python3 bench/two_passes.py "$work/a.json" "$work/b.json" "Persistent capability connections" \
+  "One HTTP request on a new connection (\`curl … /healthz\`), hyperfine, $runs runs a pass, two passes (the second reversed), medians." 1 \
+  "bare=the server bare on the host (TCP)" \
+  "native=native, through its forwarded socket" \
+  "docker=docker, through its forwarded socket (a relay per connection)" \
+  "gvisor=gvisor, through its forwarded socket (a relay per connection)" \
+  "exec-runc=\`docker exec C true\` (runc): a relay's floor" \
+  "exec-runsc=\`docker exec C true\` (runsc): a relay's floor" > "$out"
 cat "$out"

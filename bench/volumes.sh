@@ -69,26 +69,11 @@ pass "$work/b.json" "${reversed[@]}"
 
 mkdir -p bench/results
 out=bench/results/volumes.md
-python3 - "$work/a.json" "$work/b.json" "$runs" "$(nproc)" > "$out" <<'PY'
-import json, statistics, sys, time
-a, b, runs, cores = sys.argv[1:]
-med = {}
-for path in (a, b):
-    for r in json.load(open(path))["results"]:
-        med.setdefault(r["command"], []).append(statistics.median(r["times"]) * 1000)
-print(f"# Capability volumes ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cores} cores)\n")
-print(f"`skillbox cap run` of a native oneshot capability whose entry does nothing, hyperfine, {runs} runs a pass, two passes (the second reversed), medians.\n")
-print("| what | pass 1 | pass 2 |")
-print("|---|---:|---:|")
-labels = {
-    "bare": "the entry bare (`sh t.sh`)",
-    "none": "no volume",
-    "ro": "a read-only volume",
-    "rw-plain": "a read-write volume the sandbox's host user owns (a plain bind)",
-    "rw-idmapped": "a read-write volume another user owns (idmapped for every exec)",
-}
-for name, label in labels.items():
-    ms = med[name]
-    print(f"| {label} | {ms[0]:.2f} ms | {ms[1]:.2f} ms |")
-PY
+python3 bench/two_passes.py "$work/a.json" "$work/b.json" "Capability volumes" \
+  "\`skillbox cap run\` of a native oneshot capability whose entry does nothing, hyperfine, $runs runs a pass, two passes (the second reversed), medians." 2 \
+  "bare=the entry bare (\`sh t.sh\`)" \
+  "none=no volume" \
+  "ro=a read-only volume" \
+  "rw-plain=a read-write volume the sandbox's host user owns (a plain bind)" \
+  "rw-idmapped=a read-write volume another user owns (idmapped for every exec)" > "$out"
 cat "$out"
