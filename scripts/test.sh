@@ -20,6 +20,8 @@ install_missing() {
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v runsc >/dev/null || missing+=(runsc)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
+  # The release binary's checks read its machine code (scripts/check_entry.py).
+  command -v objdump >/dev/null || missing+=(binutils)
   # The egress tests make network namespaces and put an address on their lo.
   command -v ip >/dev/null || missing+=(iproute2)
   # pip and npm install through the egress proxy, from the sandbox's /usr/bin/python3.
@@ -254,3 +256,8 @@ if [ "$wasm_out" != "$(printf '2\nrefused FileNotFoundError')" ]; then
   exit 1
 fi
 echo "release binary: a wasm CPython guest ran, /etc/passwd refused"
+# Its entry point sends a plain exec to `skillbox warm` before glibc has relocated the
+# binary: its machine code must need nothing glibc sets up, and every path of it must
+# answer as exec does (a slip there shows only in this binary).
+python3 scripts/check_entry.py "$binary" | tail -1
+python3 scripts/check_warm_client.py "$binary"

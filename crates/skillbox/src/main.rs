@@ -144,11 +144,6 @@ fn main() -> ExitCode {
         let code = skillbox_native::spawner_process::main(&args);
         return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
     }
-    // A plain `exec` with a `skillbox warm` to take it: sent there straight away.
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    if let Some(code) = warm::plain_exec(&args) {
-        return code;
-    }
     skillbox_wasm::runner::this_program_runs_guests();
     // Without SKILLBOX_LOG, a plain level filter: parsing filter directives costs
     // more than a one-shot exec wants to spend on logging it will not do.

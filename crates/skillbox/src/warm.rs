@@ -8,13 +8,17 @@
 //! the command's stdout and stderr, then skillbox's own closing lines and the exit
 //! status, exactly what it would have printed itself. Without a server (or one of
 //! another version) `exec` makes its sandbox itself, as before.
+//!
+//! A plain `exec -- CMD` (default limits) is sent by the binary's entry point before
+//! glibc starts (`skillbox_entry`, same wire format); this client serves the rest
+//! (`exec` with limits of its own) and binaries without that entry point.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -33,24 +37,13 @@ pub struct WarmArgs {
     sandboxes: u16,
 }
 
-/// The socket's name in the data dir.
-pub const SOCKET: &str = "warm.sock";
-/// A request is at most this large (the command and the limits).
-const MAX_REQUEST: usize = 1 << 20;
-
-// Frames from the server: a kind byte, a little-endian u32 length, the bytes.
-/// The command's stdout (or `--json`'s line).
-const OUT: u8 = b'o';
-/// The command's stderr, and skillbox's own messages.
-const ERR: u8 = b'e';
-/// The end: one byte, the exit status.
-const END: u8 = b'x';
-/// The server is another version of skillbox: the client runs the command itself.
-const OTHER_VERSION: u8 = b'v';
+use skillbox_entry::{END, ERR, MAX_REQUEST, OTHER_VERSION, OUT, SOCKET};
 
 /// What `exec` asks for: the sandbox's limits and the command.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Exec {
+    /// `exec`'s defaults when not given (a plain exec sent by `skillbox_entry`).
+    #[serde(default = "crate::exec::default_limits")]
     pub limits: Limits,
     pub command: Vec<String>,
     pub json: bool,
@@ -75,6 +68,11 @@ fn socket_path(data_dir: &Path) -> PathBuf {
 /// do, and an async runtime would cost it more to start than the relay costs.
 pub fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
     let mut stream = std::os::unix::net::UnixStream::connect(socket_path(data_dir)).ok()?;
+    // A server of another user is none of this client's business (as the entry point's).
+    // SAFETY: geteuid has no preconditions.
+    if peer_uid(&stream)? != unsafe { libc::geteuid() } {
+        return None;
+    }
     let request = serde_json::to_vec(&Request {
         version: env!("CARGO_PKG_VERSION").into(),
         exec: Exec {
@@ -108,15 +106,35 @@ pub fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
             }
             Some((END, bytes)) if bytes.len() == 1 => return Some(ExitCode::from(bytes[0])),
             _ => {
-                eprintln!(
-                    "skillbox exec: skillbox warm (at {}) went away before the command ended",
-                    socket_path(data_dir).display()
+                eprint!(
+                    "{}{}{}",
+                    skillbox_entry::WENT_AWAY_BEFORE,
+                    socket_path(data_dir).display(),
+                    skillbox_entry::WENT_AWAY_AFTER
                 );
-                return Some(ExitCode::from(crate::EXIT_SETUP_FAILED));
+                return Some(ExitCode::from(skillbox_entry::INTERRUPTED_STATUS));
             }
         }
         first = false;
     }
+}
+
+/// The uid of the process at the other end of `stream`, from the kernel.
+fn peer_uid(stream: &impl AsRawFd) -> Option<u32> {
+    // SAFETY: an all-zero ucred is a valid value to overwrite.
+    let mut credentials: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `credentials`.
+    let done = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut credentials).cast(),
+            &mut len,
+        )
+    };
+    (done == 0).then_some(credentials.uid)
 }
 
 fn read_frame(stream: &mut impl Read) -> Option<(u8, Vec<u8>)> {
@@ -128,9 +146,6 @@ fn read_frame(stream: &mut impl Read) -> Option<(u8, Vec<u8>)> {
     Some((head[0], bytes))
 }
 
-/// What an interrupted client says on its way out (as `exec` says for a cancel).
-static INTERRUPTED: OnceLock<String> = OnceLock::new();
-
 /// While it lives, SIGINT ends this process with the abort message and status 125
 /// (the server sees the connection close and ends the command); dropped, the
 /// disposition before it is back.
@@ -140,15 +155,13 @@ struct Interrupt {
 
 impl Interrupt {
     fn install() -> Interrupt {
-        INTERRUPTED.get_or_init(|| format!("skillbox exec: {}\n", EnvError::aborted("exec")));
         extern "C" fn interrupted(_: libc::c_int) {
             // Only async-signal-safe calls: write(2) and _exit(2).
-            if let Some(message) = INTERRUPTED.get() {
-                // SAFETY: writing a live, initialised buffer to stderr.
-                unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
-            }
+            let message = skillbox_entry::INTERRUPTED;
+            // SAFETY: writing a live, initialised buffer to stderr.
+            unsafe { libc::write(2, message.as_ptr().cast(), message.len()) };
             // SAFETY: ends the process at once; nothing is left to flush.
-            unsafe { libc::_exit(i32::from(crate::EXIT_SETUP_FAILED)) };
+            unsafe { libc::_exit(i32::from(skillbox_entry::INTERRUPTED_STATUS)) };
         }
         // SAFETY: sigaction with zeroed structs and a handler of the right type.
         unsafe {
@@ -167,66 +180,6 @@ impl Drop for Interrupt {
         // SAFETY: puts back the disposition sigaction handed us.
         unsafe { libc::sigaction(libc::SIGINT, &self.before, std::ptr::null_mut()) };
     }
-}
-
-/// `skillbox [--data-dir DIR] exec [--json] -- CMD...` and nothing else, seen before
-/// the full command line is parsed: sent to the data dir's `skillbox warm` at once, so
-/// a warm exec does not pay for building every subcommand's parser, the log
-/// subscriber and an async runtime. `None` for anything else, for a data dir that does
-/// not pass its check, for no server (or another version), and whenever
-/// `SKILLBOX_LOG` asks for logs: the caller parses the command line as usual.
-pub fn plain_exec(args: &[std::ffi::OsString]) -> Option<ExitCode> {
-    if std::env::var_os("SKILLBOX_LOG").is_some() {
-        return None;
-    }
-    let (data_dir, json, command) = plain_exec_args(args)?;
-    let data_dir = match data_dir {
-        Some(dir) => dir,
-        None => skillbox_env::default_data_dir().ok()?,
-    };
-    skillbox_env::own_data_dir(&data_dir).ok()?;
-    let request = Exec {
-        limits: crate::exec::default_limits(),
-        command,
-        json,
-    };
-    exec(&data_dir, &request)
-}
-
-/// The data dir, `--json` and the command of a plain exec's arguments (after the
-/// program's name); `None` for any other command line.
-fn plain_exec_args(args: &[std::ffi::OsString]) -> Option<(Option<PathBuf>, bool, Vec<String>)> {
-    let (mut data_dir, mut json, mut subcommand) = (None, false, false);
-    let mut at = 0;
-    while at < args.len() {
-        let arg = args[at].to_str()?;
-        match arg {
-            "--" if subcommand => break,
-            "exec" if !subcommand => subcommand = true,
-            "--json" if subcommand && !json => json = true,
-            "--data-dir" if data_dir.is_none() => {
-                at += 1;
-                let dir = args.get(at)?.to_str()?;
-                if dir.is_empty() || dir.starts_with('-') {
-                    return None;
-                }
-                data_dir = Some(PathBuf::from(dir));
-            }
-            _ => match arg.strip_prefix("--data-dir=") {
-                Some(dir) if data_dir.is_none() && !dir.is_empty() => {
-                    data_dir = Some(PathBuf::from(dir));
-                }
-                _ => return None,
-            },
-        }
-        at += 1;
-    }
-    let command = args
-        .get(at + 1..)?
-        .iter()
-        .map(|arg| arg.to_str().map(String::from))
-        .collect::<Option<Vec<String>>>()?;
-    (!command.is_empty()).then_some((data_dir, json, command))
 }
 
 // ---- The server ----
@@ -527,45 +480,18 @@ async fn stream_exec(
 mod tests {
     use super::*;
 
-    fn parsed(line: &str) -> Option<(Option<PathBuf>, bool, Vec<String>)> {
-        let args: Vec<std::ffi::OsString> = line.split(' ').map(Into::into).collect();
-        plain_exec_args(&args)
-    }
-
+    /// The entry point's client says and ends as this one does.
     #[test]
-    fn only_a_plain_exec_is_taken_before_the_parser() {
-        let command = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+    fn the_entry_point_s_client_says_what_this_one_says() {
         assert_eq!(
-            parsed("exec -- true"),
-            Some((None, false, command(&["true"])))
+            skillbox_entry::INTERRUPTED,
+            format!("skillbox exec: {}\n", EnvError::aborted("exec"))
         );
-        assert_eq!(
-            parsed("--data-dir /d exec --json -- sh -c x"),
-            Some((Some("/d".into()), true, command(&["sh", "-c", "x"])))
-        );
-        assert_eq!(
-            parsed("exec --data-dir=/d -- echo --json"),
-            Some((Some("/d".into()), false, command(&["echo", "--json"])))
-        );
-        for other in [
-            "exec true",
-            "exec --",
-            "exec --memory 1G -- true",
-            "exec --backend docker -- true",
-            "exec --workdir /w -- true",
-            "exec --json --json -- true",
-            "--json exec -- true",
-            "run -- true",
-            "exec exec -- true",
-            "-- exec true",
-            "--data-dir exec -- true",
-            "--data-dir -x exec -- true",
-            "--data-dir= exec -- true",
-            "--data-dir /a --data-dir /b exec -- true",
-            "exec --help",
-            "--version",
-        ] {
-            assert_eq!(parsed(other), None, "{other}");
-        }
+        assert_eq!(skillbox_entry::INTERRUPTED_STATUS, crate::EXIT_SETUP_FAILED);
+        assert_eq!(skillbox_entry::VERSION, env!("CARGO_PKG_VERSION"));
+        let request: Request =
+            serde_json::from_str(r#"{"version":"v","exec":{"json":true,"command":["true"]}}"#)
+                .unwrap();
+        assert_eq!(request.exec.limits, crate::exec::default_limits());
     }
 }

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Runs every path of the entry point's warm client in a binary (the static-pie one).
+
+    scripts/check_warm_client.py BINARY
+
+`skillbox exec -- CMD` is sent to `skillbox warm` by the binary's entry point, before
+glibc starts (crates/skillbox-entry). In the static-pie binary a mistake there crashes
+only that binary, so this runs each of its paths there: answers the same as without a
+server (output, status, `--json`, escapes, output past the relay's buffer), the data
+dir from `--data-dir=`, `SKILLBOX_DATA` and `HOME`, Ctrl-C, and fake servers: one of
+another version and one of another user (the client runs the command itself), and one
+that goes away (the client says so). Exits 1 naming the case that differs.
+"""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BINARY = sys.argv[1]
+CLEAN = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+
+
+def fail(message):
+    sys.exit(f"check_warm_client: {message}")
+
+
+def run(args, env=None, data=None):
+    prefix = [BINARY] + (["--data-dir", data] if data else [])
+    return subprocess.run(prefix + args, capture_output=True, env=env or CLEAN, timeout=120)
+
+
+def wait_for(what, ready, seconds=60):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.05)
+    fail(f"{what}: not within {seconds} s")
+
+
+def served(log):
+    with open(log) as f:
+        return f.read().count("warm: an exec")
+
+
+def sleeping(nap):
+    """Whether a `sleep NAP` runs (in a sandbox or not)."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read() == b"sleep\0" + nap.encode() + b"\0":
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def fake_server(path, answer, uid=None):
+    """A server at `path`, listening when this returns, that reads one request and
+    answers `answer` (bytes), as `uid` when given (the credentials a client sees are the
+    listener's). Returns its pid, for `fake_answered`."""
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listening, ready = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if uid is not None:
+                os.setgid(uid)
+                os.setuid(uid)
+            listener.listen(1)
+            os.write(ready, b"!")
+            listener.settimeout(60)
+            conn, _ = listener.accept()
+            # One client only: the one that falls back finds no server.
+            listener.close()
+            conn.settimeout(5)
+            got = b""
+            try:
+                head = conn.recv(4, socket.MSG_WAITALL)
+                if len(head) == 4:
+                    (length,) = struct.unpack("<I", head)
+                    got = head + conn.recv(length, socket.MSG_WAITALL)
+            except OSError:
+                pass
+            conn.sendall(answer)
+            conn.close()
+            os._exit(0 if got else 3)
+        finally:
+            os._exit(4)
+    listener.close()
+    os.read(listening, 1)
+    os.close(listening)
+    os.close(ready)
+    return pid
+
+
+def fake_answered(pid, path):
+    """Whether the fake server read a request (it exits 3 when nothing came)."""
+    _, status = os.waitpid(pid, 0)
+    os.unlink(path)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def main():
+    scratch = tempfile.mkdtemp(prefix="skillbox-warm-client-")
+    warm_data = os.path.join(scratch, "warm")
+    cold_data = os.path.join(scratch, "cold")
+    for d in (warm_data, cold_data):
+        os.mkdir(d, 0o700)
+    log_path = os.path.join(scratch, "warm.log")
+    log = open(log_path, "w")
+    server = subprocess.Popen([BINARY, "--data-dir", warm_data, "warm"], stdout=log,
+                              stderr=log, env=dict(CLEAN, SKILLBOX_LOG="skillbox=debug"))
+    sock = os.path.join(warm_data, "warm.sock")
+    try:
+        wait_for("skillbox warm's socket", lambda: os.path.exists(sock))
+        cases = [
+            ["exec", "--", "sh", "-c", "echo out; echo err >&2; exit 3"],
+            ["exec", "--json", "--", "sh", "-c", 'printf "%s|" "$@"', "x",
+             'a "quoted" \\ back\nslash\t\x01', "é 🙂", ""],
+            ["exec", "--", "sh", "-c", "head -c 200000 /dev/zero | tr '\\0' a; echo"],
+            ["exec", "--", "no-such-command-here"],
+        ]
+        for args in cases:
+            before = served(log_path)
+            warm, cold = run(args, data=warm_data), run(args, data=cold_data)
+            if served(log_path) != before + 1:
+                fail(f"{args}: not served by skillbox warm")
+            if args[1] == "--json":
+                warm_out, cold_out = json.loads(warm.stdout), json.loads(cold.stdout)
+                warm_out["durationMs"] = cold_out["durationMs"] = None
+            else:
+                warm_out, cold_out = warm.stdout, cold.stdout
+            got = (warm.returncode, warm_out, warm.stderr)
+            want = (cold.returncode, cold_out, cold.stderr)
+            if got != want:
+                fail(f"{args}: through skillbox warm {got!r:.400}, without {want!r:.400}")
+        # Where the data dir comes from: --data-dir=, SKILLBOX_DATA, HOME.
+        home = os.path.join(scratch, "home")
+        os.makedirs(os.path.join(home, ".local/share"), 0o700)
+        os.symlink(warm_data, os.path.join(home, ".local/share/skillbox"))
+        for label, args, env in [
+            ("--data-dir=", [f"--data-dir={warm_data}", "exec", "--", "echo", "ok"], None),
+            ("SKILLBOX_DATA", ["exec", "--", "echo", "ok"],
+             dict(CLEAN, SKILLBOX_DATA=warm_data, HOME="/nonexistent")),
+            ("HOME", ["exec", "--", "echo", "ok"], dict(CLEAN, HOME=home)),
+        ]:
+            before = served(log_path)
+            out = run(args, env=env)
+            if (out.returncode, out.stdout) != (0, b"ok\n") or served(log_path) != before + 1:
+                fail(f"the data dir from {label}: {out}")
+        # Ctrl-C: the client says what exec says for a cancel, and ends with 125.
+        def interrupted(data, nap):
+            client = subprocess.Popen([BINARY, "--data-dir", data, "exec", "--", "sleep",
+                                       nap], stderr=subprocess.PIPE, env=CLEAN)
+            wait_for("the sleep", lambda: sleeping(nap))
+            client.send_signal(signal.SIGINT)
+            _, err = client.communicate(timeout=30)
+            wait_for("the sleep's end", lambda: not sleeping(nap))
+            return client.returncode, err
+        warm = interrupted(warm_data, f"30.{os.getpid()}1")
+        cold = interrupted(cold_data, f"30.{os.getpid()}2")
+        if warm != cold or warm[0] != 125:
+            fail(f"Ctrl-C: through skillbox warm {warm}, without {cold}")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    # Fake servers on a data dir of its own.
+    fake_data = os.path.join(scratch, "fake")
+    os.mkdir(fake_data, 0o700)
+    fake_sock = os.path.join(fake_data, "warm.sock")
+    echo = ["exec", "--", "echo", "ran here"]
+    # Another version: the client runs the command itself.
+    pid = fake_server(fake_sock, b"v\0\0\0\0")
+    out = run(echo, data=fake_data)
+    if not fake_answered(pid, fake_sock) or (out.returncode, out.stdout) != (0, b"ran here\n"):
+        fail(f"a server of another version: {out}")
+    # A server that goes away before the exit status.
+    pid = fake_server(fake_sock, b"o" + struct.pack("<I", 10) + b"half")
+    out = run(echo, data=fake_data)
+    fake_answered(pid, fake_sock)
+    went = (f"skillbox exec: skillbox warm (at {fake_sock}) went away before the command "
+            f"ended\n").encode()
+    if (out.returncode, out.stdout, out.stderr) != (125, b"half", went):
+        fail(f"a server that went away: {out}")
+    # A server of another user is not told the command (the client runs it itself).
+    if os.geteuid() == 0:
+        os.chmod(fake_data, 0o711)
+        pid = fake_server(fake_sock, b"x\x01\0\0\0\0", uid=65534)
+        out = run(echo, data=fake_data)
+        if fake_answered(pid, fake_sock) or (out.returncode, out.stdout) != (0, b"ran here\n"):
+            fail(f"a server of another user: {out}")
+        os.chmod(fake_data, 0o700)
+    subprocess.run(["rm", "-rf", scratch], check=True)
+    print("check_warm_client: the entry point's client answers as exec does, every path")
+
+
+if __name__ == "__main__":
+    main()
