@@ -3,14 +3,17 @@
 
     scripts/check_entry.py BINARY
 
-`skillbox_entry` (crates/skillbox-entry) runs before glibc relocates the binary and
-resolves its IFUNCs. Every instruction reachable from it by direct calls and jumps,
-up to glibc's `_start`, must therefore:
+`skillbox_entry` (crates/skillbox-entry) runs before glibc relocates the binary,
+resolves its IFUNCs and sets up thread-local storage. Every instruction reachable
+from it, up to glibc's `_start` (by direct calls and jumps, and through any code
+address it takes with `lea`, such as a signal handler's), must therefore:
 - address (rip-relative) only sections nothing writes at start: no GOT, no
   `.data.rel.ro` (a relocated pointer read there is still a link-time offset);
+- not touch `%fs` or `%gs` (thread-local storage, the stack protector's canary);
 - call nothing through memory or a register (the target could not be checked, and a
-  call through the GOT is an unrelocated address), and nothing in `.iplt` (memcpy and
-  the other IFUNCs, not yet resolved).
+  call through the GOT is an unrelocated address), nor jump through memory, nor jump
+  through a register but to a jump table's targets in the same function, and call
+  nothing in `.iplt` (memcpy and the other IFUNCs, not yet resolved).
 One call through the GOT is let through: `panic_cannot_unwind`, which Rust puts on the
 unwind path of an `extern "C"` function. Only an unwinding panic reaches it, and every
 other panic's call would be caught by the rules above.
@@ -91,6 +94,11 @@ def main():
             ["objdump", "-d", "--no-show-raw-insn", "-C", f"--start-address={address:#x}",
              f"--stop-address={address + size:#x}", binary],
             check=True, capture_output=True, text=True).stdout
+        # Whether the function takes a `.rodata` address that could be a jump table.
+        jump_table_base = any(
+            section_of(int(t, 16))[0] == ".rodata"
+            for t in re.findall(r"lea\s+-?0x[0-9a-f]+\(%rip\),%\w+\s+#\s+([0-9a-f]+)",
+                                listing))
         for line in listing.splitlines():
             m = re.match(r"\s*([0-9a-f]+):\s+(.*)", line)
             if not m:
@@ -101,6 +109,8 @@ def main():
             mnemonic = words[0] if words else ""
             if mnemonic in ("notrack", "bnd") and len(words) > 1:
                 mnemonic = words[1]
+            if "%fs" in text or "%gs" in text:
+                problems.append(f"thread-local storage: {where}")
             target = re.search(r"#\s+([0-9a-f]+)", text)
             if "*" in text and "(%rip)" in text and target:
                 slot = int(target.group(1), 16)
@@ -110,15 +120,27 @@ def main():
                 problems.append(f"calls {name_there} through the GOT: {where}")
                 continue
             if "(%rip)" in text and target:
-                section, writable = section_of(int(target.group(1), 16))
+                taken = int(target.group(1), 16)
+                section, writable = section_of(taken)
                 if writable or section is None:
                     problems.append(f"addresses {section or 'no section'}: {where}")
+                # A code address taken (a handler, a function pointer) is walked too.
+                if taken in symbols and taken not in seen and symbols[taken][1] != HANDOFF:
+                    seen.add(taken)
+                    queue.append(taken)
+                elif mnemonic == "lea" and section == ".text" and taken not in symbols:
+                    if not (address <= taken < address + size):
+                        problems.append(f"takes an address inside another function: {where}")
             if mnemonic.startswith(("call", "jmp")) or mnemonic.startswith("j"):
                 if "*" in text:
-                    # A jump table's `jmp *%reg` stays in the function; calls and
-                    # jumps through memory do not.
+                    # A jump table's `jmp *%reg` stays in the function (its targets
+                    # are offsets in `.rodata` from a base the function takes with
+                    # `lea`); a tail call through a register does not.
                     if mnemonic.startswith("call") or "(" in text:
                         problems.append(f"an indirect {mnemonic}: {where}")
+                    elif not jump_table_base:
+                        problems.append(f"a jump through a register, and no jump table "
+                                        f"in the function: {where}")
                     continue
                 direct = re.search(r"\s([0-9a-f]+)\s+<([^>]*)>", text)
                 if not direct:

@@ -6,10 +6,12 @@
 `skillbox exec -- CMD` is sent to `skillbox warm` by the binary's entry point, before
 glibc starts (crates/skillbox-entry). In the static-pie binary a mistake there crashes
 only that binary, so this runs each of its paths there: answers the same as without a
-server (output, status, `--json`, escapes, output past the relay's buffer), the data
-dir from `--data-dir=`, `SKILLBOX_DATA` and `HOME`, Ctrl-C, and fake servers: one of
-another version and one of another user (the client runs the command itself), and one
-that goes away (the client says so). Exits 1 naming the case that differs.
+server (output, status, `--json`, escapes, output past the relay's buffer, a closed
+stdout or stderr), the data dir from `--data-dir=`, `SKILLBOX_DATA`, `HOME` and a
+relative path, a data dir others may write and a socket that is a link (not used),
+Ctrl-C, and fake servers: of another version, of another user and of this uid in
+another user namespace (the client runs the command itself), and one that goes away
+(the client says so). Exits 1 naming the case that differs.
 """
 
 import json
@@ -23,7 +25,7 @@ import tempfile
 import threading
 import time
 
-BINARY = sys.argv[1]
+BINARY = os.path.abspath(sys.argv[1])
 CLEAN = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
 
@@ -62,51 +64,50 @@ def sleeping(nap):
     return False
 
 
-def fake_server(path, answer, uid=None):
+SERVE_ONCE = r"""
+import os, socket, struct, sys
+listener = socket.socket(fileno=int(sys.argv[1]))
+listener.listen(1)
+print("listening", flush=True)
+listener.settimeout(60)
+conn, _ = listener.accept()
+# One client only: the one that falls back finds no server.
+listener.close()
+conn.settimeout(5)
+got = b""
+try:
+    head = conn.recv(4, socket.MSG_WAITALL)
+    if len(head) == 4:
+        got = head + conn.recv(struct.unpack("<I", head)[0], socket.MSG_WAITALL)
+    conn.sendall(bytes.fromhex(sys.argv[2]))
+except OSError:
+    pass
+conn.close()
+sys.exit(0 if got else 3)
+"""
+
+
+def fake_server(path, answer, prefix=()):
     """A server at `path`, listening when this returns, that reads one request and
-    answers `answer` (bytes), as `uid` when given (the credentials a client sees are the
-    listener's). Returns its pid, for `fake_answered`."""
+    answers `answer` (bytes). It listens under `prefix` (setpriv to another user,
+    unshare into another user namespace): the credentials a client sees are the
+    listener's. Returns the process, for `fake_answered`."""
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
-    listening, ready = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            if uid is not None:
-                os.setgid(uid)
-                os.setuid(uid)
-            listener.listen(1)
-            os.write(ready, b"!")
-            listener.settimeout(60)
-            conn, _ = listener.accept()
-            # One client only: the one that falls back finds no server.
-            listener.close()
-            conn.settimeout(5)
-            got = b""
-            try:
-                head = conn.recv(4, socket.MSG_WAITALL)
-                if len(head) == 4:
-                    (length,) = struct.unpack("<I", head)
-                    got = head + conn.recv(length, socket.MSG_WAITALL)
-            except OSError:
-                pass
-            conn.sendall(answer)
-            conn.close()
-            os._exit(0 if got else 3)
-        finally:
-            os._exit(4)
+    server = subprocess.Popen(
+        [*prefix, "python3", "-c", SERVE_ONCE, str(listener.fileno()), answer.hex()],
+        pass_fds=[listener.fileno()], stdout=subprocess.PIPE)
     listener.close()
-    os.read(listening, 1)
-    os.close(listening)
-    os.close(ready)
-    return pid
+    if server.stdout.readline() != b"listening\n":
+        fail(f"a fake server under {prefix} did not start")
+    return server
 
 
-def fake_answered(pid, path):
+def fake_answered(server, path):
     """Whether the fake server read a request (it exits 3 when nothing came)."""
-    _, status = os.waitpid(pid, 0)
+    server.wait(timeout=60)
     os.unlink(path)
-    return os.waitstatus_to_exitcode(status) == 0
+    return server.returncode == 0
 
 
 def main():
@@ -157,6 +158,41 @@ def main():
             out = run(args, env=env)
             if (out.returncode, out.stdout) != (0, b"ok\n") or served(log_path) != before + 1:
                 fail(f"the data dir from {label}: {out}")
+        # A relative data dir, as main makes it absolute.
+        before = served(log_path)
+        out = subprocess.run([BINARY, "--data-dir", "warm", "exec", "--", "echo", "ok"],
+                             capture_output=True, env=CLEAN, cwd=scratch, timeout=120)
+        if (out.returncode, out.stdout) != (0, b"ok\n") or served(log_path) != before + 1:
+            fail(f"a relative data dir: {out}")
+        # A closed stdout or stderr: the socket must not take its number.
+        both = ["exec", "--", "sh", "-c", "echo a; sleep 0.3; echo b >&2; exit 3"]
+        for fd in (1, 2):
+            before = served(log_path)
+            got = [subprocess.run([BINARY, "--data-dir", data, *both], env=CLEAN,
+                                  timeout=120, capture_output=True,
+                                  preexec_fn=lambda fd=fd: os.close(fd))
+                   for data in (warm_data, cold_data)]
+            if served(log_path) != before + 1:
+                fail(f"fd {fd} closed: not served by skillbox warm")
+            if [(g.returncode, g.stdout, g.stderr) for g in got[:1]] != \
+                    [(g.returncode, g.stdout, g.stderr) for g in got[1:]]:
+                fail(f"fd {fd} closed: through skillbox warm {got[0]}, without {got[1]}")
+        # A data dir others may write, or a socket that is a link, is not trusted: the
+        # full client refuses them as it always has.
+        os.chmod(warm_data, 0o777)
+        before = served(log_path)
+        out = run(["exec", "--", "echo", "x"], data=warm_data)
+        os.chmod(warm_data, 0o700)
+        if served(log_path) != before or out.returncode != 125 or \
+                b"writable by group or others" not in out.stderr:
+            fail(f"a data dir others may write: {out}")
+        linked = os.path.join(scratch, "linked")
+        os.mkdir(linked, 0o700)
+        os.symlink(sock, os.path.join(linked, "warm.sock"))
+        before = served(log_path)
+        out = run(["exec", "--", "echo", "x"], data=linked)
+        if served(log_path) != before or out.returncode != 125 or b"symlink" not in out.stderr:
+            fail(f"a socket that is a link: {out}")
         # Ctrl-C: the client says what exec says for a cancel, and ends with 125.
         def interrupted(data, nap):
             client = subprocess.Popen([BINARY, "--data-dir", data, "exec", "--", "sleep",
@@ -179,25 +215,30 @@ def main():
     fake_sock = os.path.join(fake_data, "warm.sock")
     echo = ["exec", "--", "echo", "ran here"]
     # Another version: the client runs the command itself.
-    pid = fake_server(fake_sock, b"v\0\0\0\0")
+    server = fake_server(fake_sock, b"v\0\0\0\0")
     out = run(echo, data=fake_data)
-    if not fake_answered(pid, fake_sock) or (out.returncode, out.stdout) != (0, b"ran here\n"):
+    if not fake_answered(server, fake_sock) or (out.returncode, out.stdout) != (0, b"ran here\n"):
         fail(f"a server of another version: {out}")
     # A server that goes away before the exit status.
-    pid = fake_server(fake_sock, b"o" + struct.pack("<I", 10) + b"half")
+    server = fake_server(fake_sock, b"o" + struct.pack("<I", 4) + b"half")
     out = run(echo, data=fake_data)
-    fake_answered(pid, fake_sock)
+    fake_answered(server, fake_sock)
     went = (f"skillbox exec: skillbox warm (at {fake_sock}) went away before the command "
             f"ended\n").encode()
     if (out.returncode, out.stdout, out.stderr) != (125, b"half", went):
         fail(f"a server that went away: {out}")
-    # A server of another user is not told the command (the client runs it itself).
+    # A server of another user, or of this uid in another user namespace (code in a
+    # sandbox), is not told the command: the client runs it itself.
     if os.geteuid() == 0:
         os.chmod(fake_data, 0o711)
-        pid = fake_server(fake_sock, b"x\x01\0\0\0\0", uid=65534)
-        out = run(echo, data=fake_data)
-        if fake_answered(pid, fake_sock) or (out.returncode, out.stdout) != (0, b"ran here\n"):
-            fail(f"a server of another user: {out}")
+        for label, prefix in [
+            ("another user", ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]),
+            ("another user namespace", ["unshare", "--user", "--map-root-user"]),
+        ]:
+            server = fake_server(fake_sock, b"x\x01\0\0\0\0", prefix)
+            out = run(echo, data=fake_data)
+            if fake_answered(server, fake_sock) or (out.returncode, out.stdout) != (0, b"ran here\n"):
+                fail(f"a server of {label}: {out}")
         os.chmod(fake_data, 0o700)
     subprocess.run(["rm", "-rf", scratch], check=True)
     print("check_warm_client: the entry point's client answers as exec does, every path")

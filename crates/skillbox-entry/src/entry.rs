@@ -32,8 +32,9 @@ pub unsafe extern "C" fn skillbox_entry() -> ! {
 
 /// Sends a plain exec to the data dir's `skillbox warm` and ends the process with the
 /// command's status; returns (having left nothing open or changed) when the command
-/// line is not a plain exec, `SKILLBOX_LOG` is set, no server of this user answers,
-/// or it is another version.
+/// line is not a plain exec, `SKILLBOX_LOG` is set, the data dir or its socket is not
+/// this user's alone, no server of this user and user namespace answers, or it is
+/// another version.
 ///
 /// # Safety
 ///
@@ -64,24 +65,6 @@ unsafe extern "C" fn warm_exec(stack: *const usize) {
     if log {
         return;
     }
-    // As `skillbox_env::default_data_dir`: the first of each variable, empty as unset.
-    let mut path = Path::new();
-    match (
-        exec.data_dir,
-        data.filter(|d| !d.is_empty()),
-        home.filter(|h| !h.is_empty()),
-    ) {
-        (Some(dir), _, _) | (None, Some(dir), _) => path.push(dir),
-        (None, None, Some(home)) => {
-            path.push(home);
-            path.push_dir(b".local/share/skillbox");
-        }
-        (None, None, None) => return,
-    }
-    path.push_dir(SOCKET.as_bytes());
-    if path.overflowed {
-        return;
-    }
     let mut length = 0usize;
     crate::request(&exec, &mut |piece| {
         length = length.saturating_add(piece.len())
@@ -92,7 +75,32 @@ unsafe extern "C" fn warm_exec(stack: *const usize) {
     if length > MAX_REQUEST {
         return;
     }
-    let Some(socket) = Socket::connect(&path) else {
+    // As `skillbox_env::default_data_dir`: the first of each variable, empty as unset;
+    // then absolute, as `main` makes it.
+    let mut buffer = MaybeUninit::<[u8; 4096]>::uninit();
+    let mut path = Path::new(&mut buffer);
+    match (
+        exec.data_dir,
+        data.filter(|d| !d.is_empty()),
+        home.filter(|h| !h.is_empty()),
+    ) {
+        (Some(dir), _, _) | (None, Some(dir), _) => path.absolute(dir),
+        (None, None, Some(home)) => {
+            path.absolute(home);
+            path.components(b".local/share/skillbox");
+        }
+        (None, None, None) => return,
+    }
+    let Some(dir) = path.terminated() else {
+        return;
+    };
+    // SAFETY: `terminated` ends it with a NUL.
+    let Some(dir) = (unsafe { DataDir::open(dir) }) else {
+        return;
+    };
+    let socket = Socket::connect(&dir);
+    dir.close();
+    let Some(socket) = socket else {
         return;
     };
     if socket.is_my_users() {
@@ -107,6 +115,70 @@ unsafe extern "C" fn warm_exec(stack: *const usize) {
     }
     socket.close();
 }
+
+/// The data dir, opened (`O_PATH`): this user's, not writable by group or others (as
+/// `skillbox_env::own_data_dir` checks), with a socket of this user's at `warm.sock`
+/// (not a link). The socket is then reached through this descriptor, so what was
+/// checked is what is used, whatever happens to the path in between.
+struct DataDir(Fd);
+
+impl DataDir {
+    /// # Safety
+    ///
+    /// `path` ends with a NUL (`Path::terminated`).
+    unsafe fn open(path: &[u8]) -> Option<DataDir> {
+        const O_PATH_DIRECTORY_CLOEXEC: usize = 0o10000000 | 0o200000 | 0o2000000;
+        const AT_SYMLINK_NOFOLLOW: usize = 0x100;
+        const AT_EMPTY_PATH: usize = 0x1000;
+        const S_IFMT: u32 = 0o170000;
+        const S_IFDIR: u32 = 0o040000;
+        const S_IFSOCK: u32 = 0o140000;
+        // SAFETY: `path` is NUL-terminated (the caller's promise).
+        let fd = unsafe {
+            syscall(
+                SYS_OPENAT,
+                [AT_FDCWD, path.as_ptr() as usize, O_PATH_DIRECTORY_CLOEXEC],
+            )
+        };
+        let dir = DataDir(Fd::own(fd)?);
+        // SAFETY: geteuid(2) takes nothing.
+        let me = unsafe { syscall(SYS_GETEUID, [0; 0]) };
+        // SAFETY: both names are NUL-terminated.
+        let (stat_dir, stat_socket) = unsafe {
+            (
+                stat(dir.0.raw(), c"".as_ptr().cast(), AT_EMPTY_PATH),
+                stat(
+                    dir.0.raw(),
+                    SOCKET_NAME.as_ptr().cast(),
+                    AT_SYMLINK_NOFOLLOW,
+                ),
+            )
+        };
+        let mine = |stat: &Stat| isize::try_from(stat.uid) == Ok(me);
+        match (stat_dir, stat_socket) {
+            (Some(d), Some(s))
+                if d.mode & S_IFMT == S_IFDIR
+                    && mine(&d)
+                    && d.mode & 0o022 == 0
+                    && s.mode & S_IFMT == S_IFSOCK
+                    && mine(&s) =>
+            {
+                Some(dir)
+            }
+            _ => {
+                dir.close();
+                None
+            }
+        }
+    }
+
+    fn close(self) {
+        self.0.close();
+    }
+}
+
+/// `warm.sock` (`crate::SOCKET`), NUL-terminated.
+const SOCKET_NAME: &core::ffi::CStr = c"warm.sock";
 
 /// The frames from the server, to stdout and stderr, until the exit status; ends the
 /// process, unless the first frame says the server is another version.
@@ -150,9 +222,13 @@ fn relay(socket: &Socket, path: &Path) {
     }
 }
 
-fn went_away(path: &Path) -> ! {
+fn went_away(dir: &Path) -> ! {
     write_all(2, crate::WENT_AWAY_BEFORE.as_bytes());
-    write_all(2, path.bytes());
+    write_all(2, dir.bytes());
+    if dir.bytes().last() != Some(&b'/') {
+        write_all(2, b"/");
+    }
+    write_all(2, SOCKET.as_bytes());
     write_all(2, crate::WENT_AWAY_AFTER.as_bytes());
     exit(crate::INTERRUPTED_STATUS)
 }
@@ -207,17 +283,20 @@ impl Chunk<'_> {
     }
 }
 
-/// The socket's path, NUL-terminated, in a `sockaddr_un`'s 108 bytes.
+/// A path built in a caller's buffer (the data dir's, a socket's, a `/proc` file's).
 struct Path {
-    bytes: MaybeUninit<[u8; 108]>,
+    bytes: *mut u8,
+    capacity: usize,
     len: usize,
     overflowed: bool,
 }
 
 impl Path {
-    fn new() -> Path {
+    /// A path in `buffer`; one that would not fit (with its NUL) is `overflowed`.
+    fn new<const N: usize>(buffer: &mut MaybeUninit<[u8; N]>) -> Path {
         Path {
-            bytes: MaybeUninit::uninit(),
+            bytes: buffer.as_mut_ptr().cast(),
+            capacity: N,
             len: 0,
             overflowed: false,
         }
@@ -226,70 +305,188 @@ impl Path {
     fn push(&mut self, piece: &[u8]) {
         for &byte in piece {
             // One byte is kept for the NUL.
-            if self.len + 1 >= 108 || byte == 0 {
+            if self.len + 1 >= self.capacity || byte == 0 {
                 self.overflowed = true;
                 return;
             }
             // SAFETY: `len` is below the buffer's size, checked above.
-            unsafe {
-                self.bytes
-                    .as_mut_ptr()
-                    .cast::<u8>()
-                    .add(self.len)
-                    .write(byte)
-            };
+            unsafe { self.bytes.add(self.len).write(byte) };
             self.len += 1;
         }
     }
 
-    /// `name` as a path component: after a `/` unless there is one (as `Path::join`).
-    fn push_dir(&mut self, name: &[u8]) {
-        if self.bytes().last() != Some(&b'/') {
+    /// `dir` made absolute as `std::path::absolute` makes it: after the working
+    /// directory when relative; `.` and empty components dropped, `..` kept, a
+    /// leading `//` (exactly two) kept.
+    fn absolute(&mut self, dir: &[u8]) {
+        if dir.first() != Some(&b'/') {
+            self.working_directory();
+        } else if dir.get(1) == Some(&b'/') && dir.get(2) != Some(&b'/') {
             self.push(b"/");
         }
-        self.push(name);
+        self.components(dir);
+    }
+
+    fn components(&mut self, path: &[u8]) {
+        for part in path.split(|&byte| byte == b'/') {
+            if !part.is_empty() && !crate::same(part, b".") {
+                self.push(b"/");
+                self.push(part);
+            }
+        }
+    }
+
+    fn working_directory(&mut self) {
+        let room = self.capacity - 1 - self.len;
+        // SAFETY: getcwd(2) writes at most `room` bytes (the path and its NUL) after
+        // what is there.
+        let got = unsafe { syscall(SYS_GETCWD, [self.bytes.add(self.len) as usize, room]) };
+        match usize::try_from(got) {
+            // "/" is the empty prefix: the components each bring their own slash.
+            Ok(2) if self.bytes().is_empty() => {}
+            Ok(with_nul) if with_nul > 1 => self.len += with_nul - 1,
+            _ => self.overflowed = true,
+        }
+    }
+
+    /// The path with a NUL after it, for a system call (`/` for the root).
+    fn terminated(&mut self) -> Option<&[u8]> {
+        if self.len == 0 {
+            self.push(b"/");
+        }
+        if self.overflowed {
+            return None;
+        }
+        // SAFETY: `push` keeps one byte of the buffer free for this.
+        unsafe {
+            self.bytes.add(self.len).write(0);
+            Some(core::slice::from_raw_parts(self.bytes, self.len + 1))
+        }
     }
 
     fn bytes(&self) -> &[u8] {
-        // SAFETY: the first `len` bytes were written by `push`.
-        unsafe { core::slice::from_raw_parts(self.bytes.as_ptr().cast(), self.len) }
+        // SAFETY: the first `len` bytes were written by `push` or getcwd(2).
+        unsafe { core::slice::from_raw_parts(self.bytes, self.len) }
     }
 }
 
+/// A descriptor this process opened; `close` closes it. Not `Drop`: the compiler
+/// exports a trait's methods, and so calls them through the GOT (see lib.rs).
+struct Fd(i32);
+
+impl Fd {
+    /// The descriptor in a system call's answer; `None` for an error, and for 0, 1
+    /// or 2 (closed): a closed stdout would make the socket fd 1, and the command's
+    /// output would go into it. glibc's start puts `/dev/null` there first.
+    fn own(answer: isize) -> Option<Fd> {
+        let fd = Fd(i32::try_from(answer).ok().filter(|&fd| fd >= 0)?);
+        if fd.0 < 3 {
+            fd.close();
+            return None;
+        }
+        Some(fd)
+    }
+
+    fn raw(&self) -> usize {
+        self.0 as usize
+    }
+
+    fn close(self) {
+        // SAFETY: closes the descriptor this value owns.
+        unsafe { syscall(SYS_CLOSE, [self.raw()]) };
+    }
+}
+
+/// What `newfstatat(2)` says of a file.
+struct Stat {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    uid: u32,
+}
+
+/// `newfstatat(dir, name, flags)`; `None` on failure.
+///
+/// # Safety
+///
+/// `name` is NUL-terminated.
+unsafe fn stat(dir: usize, name: *const u8, flags: usize) -> Option<Stat> {
+    let mut raw = MaybeUninit::<[u64; 18]>::uninit();
+    // SAFETY: newfstatat(2) writes one `struct stat` (144 bytes) into `raw`; `name` is
+    // the caller's promise.
+    let done = unsafe {
+        syscall(
+            SYS_NEWFSTATAT,
+            [dir, name as usize, raw.as_mut_ptr() as usize, flags],
+        )
+    };
+    if done != 0 {
+        return None;
+    }
+    let words = raw.as_ptr().cast::<u64>();
+    // SAFETY: filled by the kernel: st_dev, st_ino, st_nlink, then st_mode and st_uid
+    // (32 bits each) in the fourth word.
+    unsafe {
+        Some(Stat {
+            dev: *words,
+            ino: *words.add(1),
+            mode: *words.add(3) as u32,
+            uid: (*words.add(3) >> 32) as u32,
+        })
+    }
+}
+
+const AT_FDCWD: usize = -100isize as usize;
+
 /// A unix stream socket; `close` closes it.
-struct Socket(i32);
+struct Socket(Fd);
 
 impl Socket {
-    fn connect(path: &Path) -> Option<Socket> {
+    /// Connects to `warm.sock` in `dir`, through the descriptor (`/proc/self/fd/N`).
+    fn connect(dir: &DataDir) -> Option<Socket> {
         const AF_UNIX: usize = 1;
         const SOCK_STREAM_CLOEXEC: usize = 1 | 0o2000000;
         // SAFETY: socket(2) takes no pointers.
-        let fd = unsafe { syscall(SYS_SOCKET, [AF_UNIX, SOCK_STREAM_CLOEXEC, 0, 0]) };
-        let socket = Socket(i32::try_from(fd).ok().filter(|&fd| fd >= 0)?);
-        let mut address = MaybeUninit::<[u8; 110]>::uninit();
-        let at = address.as_mut_ptr().cast::<u8>();
-        // SAFETY: `address` holds the family's 2 bytes and 108 of path, and the path
-        // (with its NUL) is below 108 bytes; connect(2) reads `2 + len + 1` of them.
-        let connected = unsafe {
-            at.cast::<u16>().write_unaligned(AF_UNIX as u16);
-            for (i, &byte) in path.bytes().iter().enumerate() {
-                at.add(2 + i).write(byte);
+        let socket = Socket(Fd::own(unsafe {
+            syscall(SYS_SOCKET, [AF_UNIX, SOCK_STREAM_CLOEXEC, 0, 0])
+        })?);
+        // A `sockaddr_un`: the family, then the path and its NUL (108 bytes at most).
+        let mut name = MaybeUninit::<[u8; 108]>::uninit();
+        let mut path = Path::new(&mut name);
+        path.push(b"/proc/self/fd/");
+        decimal(&mut path, dir.0.raw());
+        path.push(b"/");
+        path.push(SOCKET.as_bytes());
+        let connected = match path.terminated() {
+            Some(name) => {
+                let mut address = MaybeUninit::<[u8; 110]>::uninit();
+                let at = address.as_mut_ptr().cast::<u8>();
+                // SAFETY: `address` holds the family's 2 bytes and 108 more, and
+                // `name` is at most 108; connect(2) reads `2 + name.len()` of them.
+                unsafe {
+                    at.cast::<u16>().write_unaligned(AF_UNIX as u16);
+                    for (i, &byte) in name.iter().enumerate() {
+                        at.add(2 + i).write(byte);
+                    }
+                    syscall(SYS_CONNECT, [socket.0.raw(), at as usize, 2 + name.len()]) == 0
+                }
             }
-            at.add(2 + path.len).write(0);
-            syscall(SYS_CONNECT, [fd as usize, at as usize, 2 + path.len + 1, 0])
+            None => false,
         };
-        if connected == 0 {
+        if connected {
             return Some(socket);
         }
         socket.close();
         None
     }
 
-    /// The process at the other end is this user's (the kernel says so): a server of
-    /// another user is none of this client's business.
+    /// The process at the other end is this user's, in this user namespace (the
+    /// kernel says so): a server of another user, or a process in a sandbox (whose
+    /// user may be this one's uid), is none of this client's business.
     fn is_my_users(&self) -> bool {
         const SOL_SOCKET: usize = 1;
         const SO_PEERCRED: usize = 17;
+        const SO_PEERPIDFD: usize = 77;
         let mut credentials = [0u32; 3];
         let mut len = 12u32;
         // SAFETY: getsockopt(2) writes at most `len` (12) bytes: pid, uid, gid.
@@ -297,7 +494,7 @@ impl Socket {
             syscall(
                 SYS_GETSOCKOPT,
                 [
-                    self.0 as usize,
+                    self.0.raw(),
                     SOL_SOCKET,
                     SO_PEERCRED,
                     credentials.as_mut_ptr() as usize,
@@ -307,7 +504,54 @@ impl Socket {
         };
         // SAFETY: geteuid(2) takes nothing.
         let me = unsafe { syscall(SYS_GETEUID, [0; 0]) };
-        done == 0 && len == 12 && isize::try_from(credentials[1]) == Ok(me)
+        let [pid, uid, _] = credentials;
+        if done != 0 || len != 12 || isize::try_from(uid) != Ok(me) || pid == 0 {
+            return false;
+        }
+        let mut pidfd = -1i32;
+        let mut len = 4u32;
+        // SAFETY: getsockopt(2) writes at most `len` (4) bytes: a descriptor.
+        let done = unsafe {
+            syscall(
+                SYS_GETSOCKOPT,
+                [
+                    self.0.raw(),
+                    SOL_SOCKET,
+                    SO_PEERPIDFD,
+                    &mut pidfd as *mut i32 as usize,
+                    &mut len as *mut u32 as usize,
+                ],
+            )
+        };
+        let Some(pidfd) = (done == 0).then(|| Fd::own(pidfd as isize)).flatten() else {
+            return false;
+        };
+        let mut buffer = MaybeUninit::<[u8; 32]>::uninit();
+        let mut theirs = Path::new(&mut buffer);
+        theirs.push(b"/proc/");
+        decimal(&mut theirs, pid as usize);
+        theirs.push(b"/ns/user");
+        // SAFETY: both names are NUL-terminated.
+        let (theirs, mine) = unsafe {
+            (
+                theirs
+                    .terminated()
+                    .and_then(|name| stat(AT_FDCWD, name.as_ptr(), 0)),
+                stat(AT_FDCWD, c"/proc/self/ns/user".as_ptr().cast(), 0),
+            )
+        };
+        // Still alive after the lookup: the pid was not another process's by then.
+        // SAFETY: signal 0 through our own pidfd only checks that the process lives.
+        let alive = unsafe { syscall(SYS_PIDFD_SEND_SIGNAL, [pidfd.raw(), 0, 0, 0]) } == 0;
+        pidfd.close();
+        match (theirs, mine) {
+            (Some(theirs), Some(mine)) => alive && (theirs.dev, theirs.ino) == (mine.dev, mine.ino),
+            _ => false,
+        }
+    }
+
+    fn close(self) {
+        self.0.close();
     }
 
     fn send_all(&self, mut bytes: &[u8]) -> bool {
@@ -318,7 +562,7 @@ impl Socket {
                 syscall(
                     SYS_SENDTO,
                     [
-                        self.0 as usize,
+                        self.0.raw(),
                         bytes.as_ptr() as usize,
                         bytes.len(),
                         MSG_NOSIGNAL,
@@ -344,18 +588,11 @@ impl Socket {
     unsafe fn read(&self, to: *mut u8, len: usize) -> usize {
         loop {
             // SAFETY: the caller's promise.
-            let got = unsafe { syscall(SYS_READ, [self.0 as usize, to as usize, len]) };
+            let got = unsafe { syscall(SYS_READ, [self.0.raw(), to as usize, len]) };
             if got != -EINTR {
                 return usize::try_from(got).unwrap_or(0);
             }
         }
-    }
-
-    /// Not `Drop`: the compiler exports a trait's methods, and so calls them through
-    /// the GOT (see lib.rs).
-    fn close(self) {
-        // SAFETY: closes the descriptor this value owns.
-        unsafe { syscall(SYS_CLOSE, [self.0 as usize]) };
     }
 
     fn read_exact(&self, to: *mut u8, len: usize) -> bool {
@@ -439,7 +676,8 @@ impl Signals {
 
 /// Installs `action` for `signal`; returns the one before.
 fn sigaction(signal: usize, action: &KernelSigaction) -> KernelSigaction {
-    let mut before = MaybeUninit::<KernelSigaction>::uninit();
+    // Overwritten by the kernel (the call cannot fail for these signals).
+    let mut before = *action;
     // SAFETY: rt_sigaction(2) reads `action` and writes `before`, with an 8-byte mask.
     unsafe {
         syscall(
@@ -447,12 +685,12 @@ fn sigaction(signal: usize, action: &KernelSigaction) -> KernelSigaction {
             [
                 signal,
                 action as *const KernelSigaction as usize,
-                before.as_mut_ptr() as usize,
+                &mut before as *mut KernelSigaction as usize,
                 8,
             ],
         );
-        before.assume_init()
     }
+    before
 }
 
 extern "C" fn interrupted(_: i32) {
@@ -507,6 +745,23 @@ impl<'a> Iterator for CStrs<'a> {
     }
 }
 
+/// `n` in decimal, after what `path` holds.
+fn decimal(path: &mut Path, n: usize) {
+    let mut digits = [0u8; 20];
+    let (mut at, mut left) = (digits.len(), n);
+    loop {
+        at -= 1;
+        if let Some(digit) = digits.get_mut(at) {
+            *digit = b'0' + (left % 10) as u8;
+        }
+        left /= 10;
+        if left == 0 || at == 0 {
+            break;
+        }
+    }
+    path.push(digits.get(at..).unwrap_or(&[]));
+}
+
 const EINTR: isize = 4;
 const SYS_READ: usize = 0;
 const SYS_WRITE: usize = 1;
@@ -516,7 +771,11 @@ const SYS_SOCKET: usize = 41;
 const SYS_CONNECT: usize = 42;
 const SYS_SENDTO: usize = 44;
 const SYS_GETSOCKOPT: usize = 55;
+const SYS_GETCWD: usize = 79;
 const SYS_GETEUID: usize = 107;
+const SYS_OPENAT: usize = 257;
+const SYS_NEWFSTATAT: usize = 262;
+const SYS_PIDFD_SEND_SIGNAL: usize = 424;
 const SYS_EXIT_GROUP: usize = 231;
 
 /// A system call with up to six arguments; the kernel's answer (`-errno` on failure).
@@ -544,4 +803,46 @@ unsafe fn syscall<const N: usize>(number: usize, args: [usize; N]) -> isize {
         );
     }
     answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_socket_s_name_is_the_protocol_s() {
+        assert_eq!(SOCKET_NAME.to_bytes(), SOCKET.as_bytes());
+    }
+
+    /// The data dir's path, and so the socket's in a message, is the one `main` makes
+    /// (`std::path::absolute`, then `join`).
+    #[test]
+    fn a_data_dir_is_made_absolute_as_the_standard_library_makes_it() {
+        for dir in [
+            "/a/b", "/a//b/", "/a/./b/.", "//a/b", "///a", "/", "a/b", "./a", "a/../b", ".",
+            "a//b/", "../x",
+        ] {
+            let mut buffer = MaybeUninit::<[u8; 4096]>::uninit();
+            let mut path = Path::new(&mut buffer);
+            path.absolute(dir.as_bytes());
+            path.terminated().unwrap();
+            let mut ours = String::from_utf8(path.bytes().to_vec()).unwrap();
+            if !ours.ends_with('/') {
+                ours.push('/');
+            }
+            ours.push_str(SOCKET);
+            let std = std::path::absolute(dir).unwrap().join(SOCKET);
+            assert_eq!(ours, std.to_str().unwrap(), "{dir}");
+        }
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for n in [0, 7, 10, 1234, usize::MAX] {
+            let mut buffer = MaybeUninit::<[u8; 32]>::uninit();
+            let mut path = Path::new(&mut buffer);
+            decimal(&mut path, n);
+            assert_eq!(path.bytes(), n.to_string().as_bytes());
+        }
+    }
 }

@@ -43,6 +43,11 @@ pub const SOCKET: &str = "warm.sock";
 pub const MAX_REQUEST: usize = 1 << 20;
 /// The version a server must be to take a request: it is this binary's.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The limits a plain exec asks for: `exec`'s defaults (the other fields' defaults are
+/// `Limits::default`'s, and only the timeout differs in `exec`; skillbox's tests hold
+/// the two to each other). Sent, not left out: a server of this version from before
+/// still reads the request.
+pub const LIMITS: &str = r#"{"timeoutMs":60000}"#;
 
 // Frames from the server: a kind byte, a little-endian u32 length, the bytes.
 /// The command's stdout (or `--json`'s line).
@@ -162,17 +167,19 @@ fn utf8(word: &[u8]) -> Option<&[u8]> {
 }
 
 /// The request's JSON, handed to `out` piece by piece (no buffer of its own): the
-/// version, `--json` and the command. The server fills in `exec`'s default limits.
+/// version, the limits, `--json` and the command.
 pub(crate) fn request<'a, I>(exec: &PlainExec<'a, I>, out: &mut impl FnMut(&[u8]))
 where
     I: Iterator<Item = &'a [u8]> + Clone,
 {
     out(b"{\"version\":\"");
     out(VERSION.as_bytes());
+    out(b"\",\"exec\":{\"limits\":");
+    out(LIMITS.as_bytes());
     out(if exec.json {
-        b"\",\"exec\":{\"json\":true,\"command\":["
+        b",\"json\":true,\"command\":["
     } else {
-        b"\",\"exec\":{\"json\":false,\"command\":["
+        b",\"json\":false,\"command\":["
     });
     for (at, word) in exec.command.clone().enumerate() {
         if at > 0 {
@@ -333,6 +340,7 @@ mod tests {
             serde_json::json!({
                 "version": env!("CARGO_PKG_VERSION"),
                 "exec": {
+                    "limits": {"timeoutMs": 60000},
                     "json": true,
                     "command": [
                         "sh",

@@ -42,8 +42,6 @@ use skillbox_entry::{END, ERR, MAX_REQUEST, OTHER_VERSION, OUT, SOCKET};
 /// What `exec` asks for: the sandbox's limits and the command.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Exec {
-    /// `exec`'s defaults when not given (a plain exec sent by `skillbox_entry`).
-    #[serde(default = "crate::exec::default_limits")]
     pub limits: Limits,
     pub command: Vec<String>,
     pub json: bool,
@@ -68,9 +66,12 @@ fn socket_path(data_dir: &Path) -> PathBuf {
 /// do, and an async runtime would cost it more to start than the relay costs.
 pub fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
     let mut stream = std::os::unix::net::UnixStream::connect(socket_path(data_dir)).ok()?;
-    // A server of another user is none of this client's business (as the entry point's).
+    // A server of another user, or a process in a sandbox (whose user may be this
+    // one's uid), is none of this client's business (as the entry point's).
     // SAFETY: geteuid has no preconditions.
-    if peer_uid(&stream)? != unsafe { libc::geteuid() } {
+    if peer_uid(&stream)? != unsafe { libc::geteuid() }
+        || !peer_in_my_user_namespace(&stream).ok()?
+    {
         return None;
     }
     let request = serde_json::to_vec(&Request {
@@ -489,9 +490,7 @@ mod tests {
         );
         assert_eq!(skillbox_entry::INTERRUPTED_STATUS, crate::EXIT_SETUP_FAILED);
         assert_eq!(skillbox_entry::VERSION, env!("CARGO_PKG_VERSION"));
-        let request: Request =
-            serde_json::from_str(r#"{"version":"v","exec":{"json":true,"command":["true"]}}"#)
-                .unwrap();
-        assert_eq!(request.exec.limits, crate::exec::default_limits());
+        let limits: Limits = serde_json::from_str(skillbox_entry::LIMITS).unwrap();
+        assert_eq!(limits, crate::exec::default_limits());
     }
 }
