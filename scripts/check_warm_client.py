@@ -8,9 +8,11 @@ glibc starts (crates/skillbox-entry). In the static-pie binary a mistake there c
 only that binary, so this runs each of its paths there: answers the same as without a
 server (output, status, `--json`, escapes, output past the relay's buffer, a closed
 stdout or stderr), the data dir from `--data-dir=`, `SKILLBOX_DATA`, `HOME` and a
-relative path, a data dir others may write and a socket that is a link (not used),
+relative path, a data dir others may write, with a symlink or a directory others may
+write in it, and a socket that is a link (not used),
 Ctrl-C, and fake servers: of another version, of another user and of this uid in
-another user namespace (the client runs the command itself), and one that goes away
+another user namespace, also seen from a pid namespace of the client's own (the
+client runs the command itself), and one that goes away
 (the client says so). Exits 1 naming the case that differs.
 """
 
@@ -186,6 +188,19 @@ def main():
         if served(log_path) != before or out.returncode != 125 or \
                 b"writable by group or others" not in out.stderr:
             fail(f"a data dir others may write: {out}")
+        # As own_data_dir: no symlink in it, no directory in it others may write.
+        for label, plant, undo in [
+            ("a symlink in it", lambda p: os.symlink("/etc", p), os.unlink),
+            ("a directory in it others may write",
+             lambda p: (os.mkdir(p), os.chmod(p, 0o777)), os.rmdir),
+        ]:
+            planted = os.path.join(warm_data, "planted")
+            plant(planted)
+            before = served(log_path)
+            out = run(["exec", "--", "echo", "x"], data=warm_data)
+            undo(planted)
+            if served(log_path) != before or out.returncode != 125:
+                fail(f"a data dir with {label}: {out}")
         linked = os.path.join(scratch, "linked")
         os.mkdir(linked, 0o700)
         os.symlink(sock, os.path.join(linked, "warm.sock"))
@@ -239,6 +254,28 @@ def main():
             out = run(echo, data=fake_data)
             if fake_answered(server, fake_sock) or (out.returncode, out.stdout) != (0, b"ran here\n"):
                 fail(f"a server of {label}: {out}")
+        # The same, with the client in a pid namespace of its own and the host's /proc
+        # (SO_PEERCRED numbers the peer in the client's namespace, /proc in another):
+        # the peer the client checks must be the one it talks to.
+        driver = (
+            "import socket, subprocess, sys\n"
+            "listener = socket.socket(socket.AF_UNIX); listener.bind(sys.argv[1])\n"
+            "fake = subprocess.Popen(['unshare', '--user', '--map-root-user', 'python3', '-c',"
+            " sys.argv[2], str(listener.fileno()), sys.argv[3]],"
+            " pass_fds=[listener.fileno()], stdout=subprocess.PIPE)\n"
+            "listener.close(); fake.stdout.readline()\n"
+            "out = subprocess.run(sys.argv[4:], capture_output=True)\n"
+            "fake.wait(timeout=60)\n"
+            "print(fake.returncode, out.returncode, repr(out.stdout))\n")
+        out = subprocess.run(
+            ["unshare", "--pid", "--fork", "python3", "-c", driver, fake_sock, SERVE_ONCE,
+             b"x\x01\0\0\0\0".hex(), BINARY, "--data-dir", fake_data, *echo],
+            capture_output=True, timeout=120)
+        os.unlink(fake_sock)
+        # (The full client it falls back to may not make a sandbox there; what
+        # matters is that the fake server was told nothing: it exits 3.)
+        if out.stdout.split()[:1] != [b"3"]:
+            fail(f"a server of another user namespace, seen from a pid namespace: {out}")
         os.chmod(fake_data, 0o700)
     subprocess.run(["rm", "-rf", scratch], check=True)
     print("check_warm_client: the entry point's client answers as exec does, every path")

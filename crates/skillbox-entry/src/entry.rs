@@ -116,33 +116,34 @@ unsafe extern "C" fn warm_exec(stack: *const usize) {
     socket.close();
 }
 
-/// The data dir, opened (`O_PATH`): this user's, not writable by group or others (as
-/// `skillbox_env::own_data_dir` checks), with a socket of this user's at `warm.sock`
-/// (not a link). The socket is then reached through this descriptor, so what was
-/// checked is what is used, whatever happens to the path in between.
+/// The data dir, opened and trusted only as `skillbox_env::own_data_dir` trusts it:
+/// this user's and not writable by group or others, and so is each directory in it,
+/// with no symlink in it; and `warm.sock` a socket of this user's. The socket is then
+/// reached through this descriptor, so what was checked is what is used, whatever
+/// happens to the path in between.
 struct DataDir(Fd);
+
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFLNK: u32 = 0o120000;
+const S_IFSOCK: u32 = 0o140000;
+const AT_SYMLINK_NOFOLLOW: usize = 0x100;
 
 impl DataDir {
     /// # Safety
     ///
     /// `path` ends with a NUL (`Path::terminated`).
     unsafe fn open(path: &[u8]) -> Option<DataDir> {
-        const O_PATH_DIRECTORY_CLOEXEC: usize = 0o10000000 | 0o200000 | 0o2000000;
-        const AT_SYMLINK_NOFOLLOW: usize = 0x100;
+        const O_DIRECTORY_CLOEXEC: usize = 0o200000 | 0o2000000;
         const AT_EMPTY_PATH: usize = 0x1000;
-        const S_IFMT: u32 = 0o170000;
-        const S_IFDIR: u32 = 0o040000;
-        const S_IFSOCK: u32 = 0o140000;
         // SAFETY: `path` is NUL-terminated (the caller's promise).
         let fd = unsafe {
             syscall(
                 SYS_OPENAT,
-                [AT_FDCWD, path.as_ptr() as usize, O_PATH_DIRECTORY_CLOEXEC],
+                [AT_FDCWD, path.as_ptr() as usize, O_DIRECTORY_CLOEXEC],
             )
         };
         let dir = DataDir(Fd::own(fd)?);
-        // SAFETY: geteuid(2) takes nothing.
-        let me = unsafe { syscall(SYS_GETEUID, [0; 0]) };
         // SAFETY: both names are NUL-terminated.
         let (stat_dir, stat_socket) = unsafe {
             (
@@ -154,20 +155,71 @@ impl DataDir {
                 ),
             )
         };
-        let mine = |stat: &Stat| isize::try_from(stat.uid) == Ok(me);
-        match (stat_dir, stat_socket) {
-            (Some(d), Some(s))
-                if d.mode & S_IFMT == S_IFDIR
-                    && mine(&d)
-                    && d.mode & 0o022 == 0
+        let trusted = match (stat_dir, stat_socket) {
+            (Some(d), Some(s)) => {
+                private_dir(&d)
                     && s.mode & S_IFMT == S_IFSOCK
-                    && mine(&s) =>
-            {
-                Some(dir)
+                    && mine(&s)
+                    && dir.entries_are_private()
             }
-            _ => {
-                dir.close();
-                None
+            _ => false,
+        };
+        if trusted {
+            return Some(dir);
+        }
+        dir.close();
+        None
+    }
+
+    /// No entry is a symlink, and each directory is [`private_dir`]; false when the
+    /// directory cannot be listed.
+    fn entries_are_private(&self) -> bool {
+        const DT_DIR: u8 = 4;
+        const DT_REG: u8 = 8;
+        const DT_SOCK: u8 = 12;
+        let mut buffer = MaybeUninit::<[u8; 4096]>::uninit();
+        let at = buffer.as_mut_ptr().cast::<u8>();
+        loop {
+            // SAFETY: getdents64(2) writes at most 4096 bytes of entries into `buffer`.
+            let got = unsafe { syscall(SYS_GETDENTS64, [self.0.raw(), at as usize, 4096]) };
+            let Ok(got) = usize::try_from(got) else {
+                return false;
+            };
+            if got == 0 {
+                return true;
+            }
+            let mut offset = 0;
+            while offset + 19 < got {
+                // SAFETY: a `linux_dirent64` at `offset` (the kernel wrote `got` bytes of
+                // them): d_ino (8), d_off (8), d_reclen (2), d_type (1), the NUL-ended
+                // name.
+                let (len, kind, name) = unsafe {
+                    let entry = at.add(offset);
+                    (
+                        usize::from(entry.add(16).cast::<u16>().read_unaligned()),
+                        *entry.add(18),
+                        entry.add(19),
+                    )
+                };
+                if len == 0 {
+                    return false;
+                }
+                offset += len;
+                if kind == DT_REG || kind == DT_SOCK {
+                    continue;
+                }
+                // SAFETY: the name is NUL-terminated within the entry.
+                let Some(entry) = (unsafe { stat(self.0.raw(), name, AT_SYMLINK_NOFOLLOW) }) else {
+                    return false;
+                };
+                let is_dot = kind == DT_DIR
+                    // SAFETY: the name has at least its NUL; `.` and `..` are 2 and 3 bytes.
+                    && unsafe { *name == b'.' && (*name.add(1) == 0 || (*name.add(1) == b'.' && *name.add(2) == 0)) };
+                if entry.mode & S_IFMT == S_IFLNK
+                    || (entry.mode & S_IFMT == S_IFDIR && !is_dot && !private_dir(&entry))
+                {
+                    return false;
+                }
             }
         }
     }
@@ -175,6 +227,18 @@ impl DataDir {
     fn close(self) {
         self.0.close();
     }
+}
+
+/// Owned by this process's user (the effective uid).
+fn mine(stat: &Stat) -> bool {
+    // SAFETY: geteuid(2) takes nothing.
+    let me = unsafe { syscall(SYS_GETEUID, [0; 0]) };
+    isize::try_from(stat.uid) == Ok(me)
+}
+
+/// A directory of this user's that group and others cannot write.
+fn private_dir(stat: &Stat) -> bool {
+    stat.mode & S_IFMT == S_IFDIR && mine(stat) && stat.mode & 0o022 == 0
 }
 
 /// `warm.sock` (`crate::SOCKET`), NUL-terminated.
@@ -377,7 +441,8 @@ struct Fd(i32);
 impl Fd {
     /// The descriptor in a system call's answer; `None` for an error, and for 0, 1
     /// or 2 (closed): a closed stdout would make the socket fd 1, and the command's
-    /// output would go into it. glibc's start puts `/dev/null` there first.
+    /// output would go into it. The full client runs after Rust's start has put
+    /// `/dev/null` there.
     fn own(answer: isize) -> Option<Fd> {
         let fd = Fd(i32::try_from(answer).ok().filter(|&fd| fd >= 0)?);
         if fd.0 < 3 {
@@ -504,8 +569,8 @@ impl Socket {
         };
         // SAFETY: geteuid(2) takes nothing.
         let me = unsafe { syscall(SYS_GETEUID, [0; 0]) };
-        let [pid, uid, _] = credentials;
-        if done != 0 || len != 12 || isize::try_from(uid) != Ok(me) || pid == 0 {
+        let [_, uid, _] = credentials;
+        if done != 0 || len != 12 || isize::try_from(uid) != Ok(me) {
             return false;
         }
         let mut pidfd = -1i32;
@@ -526,10 +591,16 @@ impl Socket {
         let Some(pidfd) = (done == 0).then(|| Fd::own(pidfd as isize)).flatten() else {
             return false;
         };
+        // The peer's pid as this /proc numbers it (not as SO_PEERCRED does: in another
+        // pid namespace the two differ).
+        let Some(pid) = pid_of(&pidfd) else {
+            pidfd.close();
+            return false;
+        };
         let mut buffer = MaybeUninit::<[u8; 32]>::uninit();
         let mut theirs = Path::new(&mut buffer);
         theirs.push(b"/proc/");
-        decimal(&mut theirs, pid as usize);
+        decimal(&mut theirs, pid);
         theirs.push(b"/ns/user");
         // SAFETY: both names are NUL-terminated.
         let (theirs, mine) = unsafe {
@@ -745,6 +816,43 @@ impl<'a> Iterator for CStrs<'a> {
     }
 }
 
+/// The pid of `pidfd`'s process in this /proc (its `fdinfo`'s `Pid:`); `None` when it
+/// has exited or is not in this /proc's pid namespace.
+fn pid_of(pidfd: &Fd) -> Option<usize> {
+    const O_RDONLY_CLOEXEC: usize = 0o2000000;
+    let mut name = MaybeUninit::<[u8; 48]>::uninit();
+    let mut path = Path::new(&mut name);
+    path.push(b"/proc/self/fdinfo/");
+    decimal(&mut path, pidfd.raw());
+    let name = path.terminated()?;
+    // SAFETY: `name` is NUL-terminated.
+    let fd = Fd::own(unsafe {
+        syscall(
+            SYS_OPENAT,
+            [AT_FDCWD, name.as_ptr() as usize, O_RDONLY_CLOEXEC],
+        )
+    })?;
+    let mut buffer = MaybeUninit::<[u8; 1024]>::uninit();
+    let at = buffer.as_mut_ptr().cast::<u8>();
+    // SAFETY: read(2) writes at most 1024 bytes into `buffer`.
+    let got = unsafe { syscall(SYS_READ, [fd.raw(), at as usize, 1024]) };
+    fd.close();
+    // SAFETY: the kernel wrote `got` bytes there.
+    let text = unsafe { core::slice::from_raw_parts(at, usize::try_from(got).ok()?) };
+    let mut lines = text.split(|&byte| byte == b'\n');
+    let value = lines.find_map(|line| crate::after(line, b"Pid:\t"))?;
+    let mut pid = 0usize;
+    for &digit in value {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        pid = pid
+            .checked_mul(10)?
+            .checked_add(usize::from(digit - b'0'))?;
+    }
+    (pid > 0).then_some(pid)
+}
+
 /// `n` in decimal, after what `path` holds.
 fn decimal(path: &mut Path, n: usize) {
     let mut digits = [0u8; 20];
@@ -772,6 +880,7 @@ const SYS_CONNECT: usize = 42;
 const SYS_SENDTO: usize = 44;
 const SYS_GETSOCKOPT: usize = 55;
 const SYS_GETCWD: usize = 79;
+const SYS_GETDENTS64: usize = 217;
 const SYS_GETEUID: usize = 107;
 const SYS_OPENAT: usize = 257;
 const SYS_NEWFSTATAT: usize = 262;
