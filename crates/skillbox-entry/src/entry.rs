@@ -1,7 +1,7 @@
 //! The binary's entry point (`-Wl,--entry=skillbox_entry`, set by skillbox's build
 //! script): a plain exec goes to `skillbox warm` from here; anything else goes on to
-//! glibc's `_start` with the stack and registers the kernel (or the dynamic loader)
-//! handed over.
+//! glibc's `_start` with the stack pointer and `rdx` as the kernel (or the dynamic
+//! loader) handed them over, which is all `_start` reads.
 //!
 //! The rules at the top of `lib.rs` hold here: raw system calls only, buffers on the
 //! stack that are written before they are read, no panic.
