@@ -155,12 +155,13 @@ impl DataDir {
                 ),
             )
         };
+        let me = euid();
         let trusted = match (stat_dir, stat_socket) {
             (Some(d), Some(s)) => {
-                private_dir(&d)
+                private_dir(&d, me)
                     && s.mode & S_IFMT == S_IFSOCK
-                    && mine(&s)
-                    && dir.entries_are_private()
+                    && s.uid == me
+                    && dir.entries_are_private(me)
             }
             _ => false,
         };
@@ -173,7 +174,7 @@ impl DataDir {
 
     /// No entry is a symlink, and each directory is [`private_dir`]; false when the
     /// directory cannot be listed.
-    fn entries_are_private(&self) -> bool {
+    fn entries_are_private(&self, me: u32) -> bool {
         const DT_DIR: u8 = 4;
         const DT_REG: u8 = 8;
         const DT_SOCK: u8 = 12;
@@ -201,22 +202,25 @@ impl DataDir {
                         entry.add(19),
                     )
                 };
-                if len == 0 {
+                if len <= 19 || offset + len > got {
                     return false;
                 }
                 offset += len;
                 if kind == DT_REG || kind == DT_SOCK {
                     continue;
                 }
+                // SAFETY: the name and its NUL fill the rest of the entry's `len` bytes.
+                let named = unsafe { core::slice::from_raw_parts(name, len - 19) };
+                let named = named.split(|&byte| byte == 0).next().unwrap_or(&[]);
+                if kind == DT_DIR && (crate::same(named, b".") || crate::same(named, b"..")) {
+                    continue;
+                }
                 // SAFETY: the name is NUL-terminated within the entry.
                 let Some(entry) = (unsafe { stat(self.0.raw(), name, AT_SYMLINK_NOFOLLOW) }) else {
                     return false;
                 };
-                let is_dot = kind == DT_DIR
-                    // SAFETY: the name has at least its NUL; `.` and `..` are 2 and 3 bytes.
-                    && unsafe { *name == b'.' && (*name.add(1) == 0 || (*name.add(1) == b'.' && *name.add(2) == 0)) };
                 if entry.mode & S_IFMT == S_IFLNK
-                    || (entry.mode & S_IFMT == S_IFDIR && !is_dot && !private_dir(&entry))
+                    || (entry.mode & S_IFMT == S_IFDIR && !private_dir(&entry, me))
                 {
                     return false;
                 }
@@ -229,16 +233,15 @@ impl DataDir {
     }
 }
 
-/// Owned by this process's user (the effective uid).
-fn mine(stat: &Stat) -> bool {
+/// This process's effective uid.
+fn euid() -> u32 {
     // SAFETY: geteuid(2) takes nothing.
-    let me = unsafe { syscall(SYS_GETEUID, [0; 0]) };
-    isize::try_from(stat.uid) == Ok(me)
+    unsafe { syscall(SYS_GETEUID, [0; 0]) as u32 }
 }
 
-/// A directory of this user's that group and others cannot write.
-fn private_dir(stat: &Stat) -> bool {
-    stat.mode & S_IFMT == S_IFDIR && mine(stat) && stat.mode & 0o022 == 0
+/// A directory of `me`'s that group and others cannot write.
+fn private_dir(stat: &Stat, me: u32) -> bool {
+    stat.mode & S_IFMT == S_IFDIR && stat.uid == me && stat.mode & 0o022 == 0
 }
 
 /// `warm.sock` (`crate::SOCKET`), NUL-terminated.
@@ -549,46 +552,19 @@ impl Socket {
     /// kernel says so): a server of another user, or a process in a sandbox (whose
     /// user may be this one's uid), is none of this client's business.
     fn is_my_users(&self) -> bool {
-        const SOL_SOCKET: usize = 1;
         const SO_PEERCRED: usize = 17;
         const SO_PEERPIDFD: usize = 77;
         let mut credentials = [0u32; 3];
-        let mut len = 12u32;
-        // SAFETY: getsockopt(2) writes at most `len` (12) bytes: pid, uid, gid.
-        let done = unsafe {
-            syscall(
-                SYS_GETSOCKOPT,
-                [
-                    self.0.raw(),
-                    SOL_SOCKET,
-                    SO_PEERCRED,
-                    credentials.as_mut_ptr() as usize,
-                    &mut len as *mut u32 as usize,
-                ],
-            )
-        };
-        // SAFETY: geteuid(2) takes nothing.
-        let me = unsafe { syscall(SYS_GETEUID, [0; 0]) };
+        // SAFETY: `credentials` holds the 12 bytes of a `ucred`: pid, uid, gid.
+        let got = unsafe { self.option(SO_PEERCRED, credentials.as_mut_ptr().cast(), 12) };
         let [_, uid, _] = credentials;
-        if done != 0 || len != 12 || isize::try_from(uid) != Ok(me) {
+        if got != Some(12) || uid != euid() {
             return false;
         }
         let mut pidfd = -1i32;
-        let mut len = 4u32;
-        // SAFETY: getsockopt(2) writes at most `len` (4) bytes: a descriptor.
-        let done = unsafe {
-            syscall(
-                SYS_GETSOCKOPT,
-                [
-                    self.0.raw(),
-                    SOL_SOCKET,
-                    SO_PEERPIDFD,
-                    &mut pidfd as *mut i32 as usize,
-                    &mut len as *mut u32 as usize,
-                ],
-            )
-        };
-        let Some(pidfd) = (done == 0).then(|| Fd::own(pidfd as isize)).flatten() else {
+        // SAFETY: `pidfd` holds the 4 bytes of a descriptor.
+        let got = unsafe { self.option(SO_PEERPIDFD, (&raw mut pidfd).cast(), 4) };
+        let Some(pidfd) = (got == Some(4)).then(|| Fd::own(pidfd as isize)).flatten() else {
             return false;
         };
         // The peer's pid as this /proc numbers it (not as SO_PEERCRED does: in another
@@ -619,6 +595,30 @@ impl Socket {
             (Some(theirs), Some(mine)) => alive && (theirs.dev, theirs.ino) == (mine.dev, mine.ino),
             _ => false,
         }
+    }
+
+    /// A `SOL_SOCKET` option of the socket into `to`; how many bytes the kernel wrote.
+    ///
+    /// # Safety
+    ///
+    /// `to` is valid for `len` bytes of writes.
+    unsafe fn option(&self, name: usize, to: *mut u8, len: u32) -> Option<u32> {
+        const SOL_SOCKET: usize = 1;
+        let mut len = len;
+        // SAFETY: getsockopt(2) writes at most `len` bytes to `to` (the caller's promise).
+        let done = unsafe {
+            syscall(
+                SYS_GETSOCKOPT,
+                [
+                    self.0.raw(),
+                    SOL_SOCKET,
+                    name,
+                    to as usize,
+                    (&raw mut len) as usize,
+                ],
+            )
+        };
+        (done == 0).then_some(len)
     }
 
     fn close(self) {
