@@ -9,7 +9,10 @@
 //!   [`OutputSelection`]: which of a run's files come back;
 //! - [`AgentRun`] and its parts: `POST`/`GET /v1/agent/runs`;
 //! - [`CapabilityList`], [`CapabilityRunRequest`], [`CapabilityRun`]:
-//!   `GET /v1/capabilities` and `POST /v1/capabilities/{name}/run`.
+//!   `GET /v1/capabilities` and `POST /v1/capabilities/{name}/run`;
+//! - [`random`]: the one source of random ids and names;
+//! - [`WorkspaceRoot`] and [`WorkspacePath`]: a path inside a sandbox's workspace,
+//!   parsed once by one rule for every door.
 //!
 //! JSON is camelCase; request types refuse unknown fields (a typo is an error). With the
 //! `openapi` feature every type also has a utoipa schema.
@@ -21,9 +24,11 @@ mod egress;
 mod error;
 mod exec;
 mod outputs;
+pub mod random;
 mod run;
 mod session;
 pub mod units;
+mod workspace;
 pub use session::{
     SessionCreateRequest, SessionExecEvent, SessionExecRequest, SessionFileEntry, SessionInfo,
     SessionLimits, SessionList, SessionListing,
@@ -46,4 +51,7 @@ pub use outputs::{InvalidGlob, MAX_GLOB_LEN, MAX_OUTPUT_GLOBS, OutputSelection};
 pub use run::{
     ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, PlacedSkill, RunLimits,
     RunRequest, RunResult, SkillsPlaced, SnapshotReport,
+};
+pub use workspace::{
+    DEFAULT_WORKSPACE_ROOT, InvalidPath, NAME_MAX, PATH_MAX, WorkspacePath, WorkspaceRoot,
 };

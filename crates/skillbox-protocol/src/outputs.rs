@@ -71,6 +71,12 @@ impl OutputSelection {
         Ok(OutputSelection { globs })
     }
 
+    /// Whether globs were given: the caller named what it wants, rather than taking
+    /// every visible file.
+    pub fn is_declared(&self) -> bool {
+        !self.globs.is_empty()
+    }
+
     /// The globs as given.
     pub fn globs(&self) -> impl Iterator<Item = &str> {
         self.globs.iter().map(|(glob, _)| glob.as_str())
