@@ -1,5 +1,5 @@
 // A three-slide deck with pptxgenjs 4 (preinstalled in the sandbox: no npm install).
-// Run it with: skillbox run examples/workspacex-deck.js --out .
+// Run it with: skillbox run examples/workspacex-deck.js --out . --outputs "*.pptx"
 const pptxgen = require("pptxgenjs");
 
 const pres = new pptxgen();

@@ -3,7 +3,14 @@ and downloaded from the server's store, checked against their sha256."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import importlib.util
+import json
+import os
+import py_compile
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,12 +51,119 @@ def test_run_returns_artifacts_that_download(server: Server, tmp_path: Path) -> 
     assert saved == tmp_path / "out" / "blob.bin"
     assert saved.read_bytes() == expected
     assert report.download(tmp_path, name="report.txt").read_text() == "rows: 3\n"
-    assert sorted(p.name for p in result.download_all(tmp_path / "all")) == ["blob.bin", "report.txt"]
-    assert not list(tmp_path.rglob("*.part")), "no temporary file is left"
+    # An existing file is kept unless asked.
+    with pytest.raises(FileExistsError, match="overwrite"):
+        report.download(tmp_path, name="report.txt")
+    (tmp_path / "report.txt").write_text("mine")
+    report.download(tmp_path, name="report.txt", overwrite=True)
+    assert (tmp_path / "report.txt").read_text() == "rows: 3\n"
+    # Nothing declared: a directory of the run's own, beneath the one given.
+    everything = result.download_all(tmp_path / "all")
+    assert sorted(p.name for p in everything) == ["blob.bin", "report.txt"]
+    (own,) = (tmp_path / "all").iterdir()
+    assert own.name.startswith("run-") and all(p.is_relative_to(own) for p in everything)
+    assert not list(tmp_path.rglob(".skillbox-partial-*")), "no temporary file is left"
     with pytest.raises(KeyError, match=r"out/report\.txt"):
         result.artifact("nope.txt")
     with pytest.raises(ValueError):
         blob.download(tmp_path, name="../escape.bin")
+
+
+def _payload(markers: Path) -> dict[str, bytes]:
+    """Files a script plants for host tools to act on once copied out (as
+    crates/skillbox/tests/doors.rs): a directory git opens as a repository, an
+    unchecked-hash pyc beside the host's utils.py, and tar options as file names."""
+    source = markers / "evil.py"
+    source.write_text(f"open({str(markers / 'python')!r}, 'w').close()\n")
+    compiled = markers / "evil.pyc"
+    py_compile.compile(
+        str(source), cfile=str(compiled), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
+    pyc = compiled.read_bytes()
+    source.unlink()
+    compiled.unlink()
+    config = (
+        "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tworktree = .\n"
+        f'\tfsmonitor = "touch {markers / "git"}; false"\n'
+    )
+    return {
+        "src/HEAD": b"ref: refs/heads/main\n",
+        "src/config": config.encode(),
+        "src/objects/info/packs": b"\n",
+        "src/refs/heads/x": b"",
+        importlib.util.cache_from_source("utils.py"): pyc,
+        "--checkpoint=1": b"",
+        "--checkpoint-action=exec=sh x.sh": b"",
+        "x.sh": f"touch {markers / 'tar'}\n".encode(),
+        "report.txt": b"the real output\n",
+    }
+
+
+def _victim(root: Path) -> Path:
+    root.mkdir()
+    (root / "src").mkdir()
+    (root / "main.py").write_text("import utils\n")
+    (root / "utils.py").write_text("pass\n")
+    return root
+
+
+def _host_commands(root: Path) -> None:
+    """git status, python3 main.py and tar cf x.tar * in `root` and every directory below."""
+    env = {**os.environ, "HOME": str(root.parent), "GIT_CONFIG_NOSYSTEM": "1"}
+    for directory in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        subprocess.run(["git", "status"], cwd=directory, env=env, capture_output=True, check=False)
+        if (directory / "main.py").exists():
+            subprocess.run(
+                [sys.executable, "main.py"], cwd=directory, env=env, capture_output=True, check=False
+            )
+        subprocess.run(
+            ["sh", "-c", 'tar cf "$HOME/x.tar" *'], cwd=directory, env=env, capture_output=True, check=False
+        )
+
+
+def test_downloads_never_plant_what_a_host_tool_runs(server: Server, tmp_path: Path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    files = _payload(markers)
+    # The payload is live: planted by hand, every host command runs it.
+    live = _victim(tmp_path / "live")
+    for path, data in files.items():
+        (live / path).parent.mkdir(parents=True, exist_ok=True)
+        (live / path).write_bytes(data)
+    _host_commands(live)
+    assert sorted(p.name for p in markers.iterdir()) == ["git", "python", "tar"]
+    for marker in markers.iterdir():
+        marker.unlink()
+
+    script = (
+        "import base64, json, os\n"
+        f"files = json.loads({json.dumps({p: base64.b64encode(d).decode() for p, d in files.items()})!r})\n"
+        "for p, d in files.items():\n"
+        "    os.makedirs(os.path.dirname(p) or '.', exist_ok=True)\n"
+        "    open(p, 'wb').write(base64.b64decode(d))\n"
+    )
+    with Client(server.url, server.keys["ana"]) as client:
+        undeclared = client.run(script, language="python")
+        declared = client.run(script, language="python", outputs=["**"])
+    assert undeclared.ok and declared.ok, undeclared.stderr + declared.stderr
+    for name, result in [("undeclared", undeclared), ("declared", declared)]:
+        victim = _victim(tmp_path / name)
+        with pytest.raises(ExceptionGroup) as refused:
+            result.download_all(victim)
+        assert refused.group_contains(PermissionError, match="never written")
+        # One at a time, too: download() refuses the same names.
+        for artifact in result.artifacts:
+            if artifact.path.endswith("HEAD"):
+                with pytest.raises(PermissionError, match="never written"):
+                    artifact.download(victim)
+        _host_commands(victim)
+        assert list(markers.iterdir()) == [], f"{name}: a host command ran the payload"
+        names = [str(p.relative_to(victim)) for p in victim.rglob("*")]
+        assert not [n for n in names if n.endswith(("HEAD", ".pyc")) or Path(n).name.startswith("-")], names
+        made = [n for n in names if n.endswith("report.txt")]
+        assert made == (["report.txt"] if name == "declared" else [made[0]]) and made, names
+        if name == "undeclared":
+            assert made[0].startswith("run-"), names
 
 
 def test_run_without_a_session_and_its_errors(server: Server) -> None:

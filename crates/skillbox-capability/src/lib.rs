@@ -22,7 +22,7 @@ pub use manifest::{
     NETWORK_ALLOW, NETWORK_DENY, Permission, Volume, schema,
 };
 pub use registry::{Capability, CapabilityRegistry, MANIFEST};
-pub use router::{CAPABILITY_DIR, CapabilityCall, CapabilityOutcome, run};
+pub use router::{CAPABILITY_DIR, CapabilityCall, CapabilityOutcome, outputs, run};
 pub use services::{
     CAP_START, DEFAULT_READY_TIMEOUT, Listen, MAX_CONNECTIONS, Owner, SERVE, ServiceBounds,
     ServiceTable, describe_failure, services_dir,

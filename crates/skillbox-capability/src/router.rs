@@ -212,8 +212,9 @@ fn limits(capability: &Capability) -> Limits {
 }
 
 /// What comes back: the files the `write_file` permissions name, and nothing else
-/// (`None`: no `write_file` permission, so no file at all).
-fn outputs(capability: &Capability) -> Result<Option<OutputSelection>, EnvError> {
+/// (`None`: no `write_file` permission, so no file at all). Copy-out takes the same
+/// globs as what the capability declared.
+pub fn outputs(capability: &Capability) -> Result<Option<OutputSelection>, EnvError> {
     let globs: Vec<&str> = capability
         .manifest
         .permissions

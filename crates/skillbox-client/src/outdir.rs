@@ -1,14 +1,23 @@
 //! Writing a run's files into a directory on the host (`--out DIR`): the door through
 //! which what sandboxed code made reaches the machine, so nothing the code chose can
-//! steer where or how a file lands.
+//! steer where or how a file lands, nor what a host tool does with it afterwards.
 //!
+//! - **By what was declared.** Only what the caller declared lands in the directory
+//!   itself ([`Declared`]: a run's `--outputs` globs, a capability's `write_file`
+//!   globs, an agent's verified artifacts, a file the user named). Everything else goes
+//!   into a new directory of its own beneath it (`run-1a2b3c4d/`), never merged into a
+//!   tree that is already there; a hidden path only when declared.
+//! - **Never a name a host tool acts on** ([`never_written`]), declared or not, as
+//!   defence in depth: no `.git`, no `HEAD` (git opens any directory holding `HEAD`,
+//!   `objects/` and `refs/` as a repository, and runs its config's commands), no
+//!   `objects/` or `refs/` made beside a `HEAD` already there, no `__pycache__` or
+//!   `*.pyc` (Python runs bytecode found beside a module), no name that starts with `-`
+//!   (a command given `*` there reads it as an option).
 //! - The directory is opened once, as a directory fd, and every entry is created beneath
 //!   it one component at a time (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`,
 //!   `O_NOFOLLOW`): a symlink in the way is refused, never followed, and no path leaves it.
 //! - An existing file is never replaced unless the caller asked for it (`overwrite`); the
 //!   error names the file and the other files are still written.
-//! - A path with a hidden component (`.git/config`, `.envrc`) is written only when the
-//!   caller's [`OutputSelection`] spells its dot.
 //! - Files are created 0644 and directories 0755 (less under the umask): whatever mode
 //!   the sandbox gave a file, no exec, setuid, setgid or sticky bit comes out.
 //! - Each file is written beneath the same directory fd as a file with no name
@@ -19,14 +28,14 @@
 //!   start, and such a kill leaves it.
 //! - A count and a byte cap bound the whole export.
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
 use rustix::io::Errno;
-use skillbox_protocol::{ArtifactInfo, ErrorCode, OutputSelection};
+use skillbox_protocol::{ArtifactInfo, ErrorCode, OutputSelection, WorkspacePath};
 
 use crate::{ClientError, SkillSandbox};
 
@@ -35,17 +44,40 @@ pub const DEFAULT_MAX_FILES: usize = 1000;
 /// Most bytes one export writes (the server's own collection limit).
 pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
 
-/// Longest name of one path component, and of a whole relative path (Linux's limits).
-const NAME_MAX: usize = 255;
-const PATH_MAX: usize = 4096;
+/// What the caller declared it wants in the directory itself.
+#[derive(Debug, Clone, Default)]
+pub enum Declared {
+    /// Nothing: every file goes into a directory of its own.
+    #[default]
+    Nothing,
+    /// The files these globs select (a run's `--outputs`, a capability's `write_file`).
+    /// No globs (every visible file) declares nothing.
+    Globs(OutputSelection),
+    /// These paths exactly (an agent's verified artifacts, a file the user named).
+    Paths(BTreeSet<String>),
+}
+
+impl Declared {
+    /// Whether `path` was declared.
+    pub fn declares(&self, path: &str) -> bool {
+        match self {
+            Declared::Nothing => false,
+            Declared::Globs(globs) => globs.is_declared() && globs.selects(path),
+            Declared::Paths(paths) => paths.contains(path),
+        }
+    }
+}
 
 /// How an export may write.
 #[derive(Debug, Clone)]
 pub struct ExportOptions {
     /// Replace files that exist (never directories, never through a symlink).
     pub overwrite: bool,
-    /// Which files are written; by default every one with no hidden component.
-    pub outputs: OutputSelection,
+    /// What lands in the directory itself.
+    pub declared: Declared,
+    /// The start of the name of the directory the rest lands in (`run` gives
+    /// `run-1a2b3c4d`), made beneath the directory for the first such file.
+    pub own_dir_prefix: &'static str,
     pub max_files: usize,
     pub max_bytes: u64,
 }
@@ -54,7 +86,8 @@ impl Default for ExportOptions {
     fn default() -> Self {
         ExportOptions {
             overwrite: false,
-            outputs: OutputSelection::visible(),
+            declared: Declared::Nothing,
+            own_dir_prefix: "run",
             max_files: DEFAULT_MAX_FILES,
             max_bytes: DEFAULT_MAX_BYTES,
         }
@@ -66,7 +99,7 @@ impl Default for ExportOptions {
 pub enum Exported {
     /// Written, at this host path.
     Written(PathBuf),
-    /// Not selected by the outputs (a hidden path, by default): nothing written.
+    /// A hidden path nobody declared: nothing written.
     NotSelected,
 }
 
@@ -76,6 +109,8 @@ pub struct OutDir {
     dir: OwnedFd,
     path: PathBuf,
     options: ExportOptions,
+    /// The directory undeclared files land in, once one did: its fd and host path.
+    own: Option<(OwnedFd, PathBuf)>,
     files: usize,
     bytes: u64,
 }
@@ -134,39 +169,98 @@ fn open_beneath(
     }
 }
 
-/// A name for a file being written, unique in this process and, by a random part,
-/// apart from what an earlier process with this pid left (a killed one, where the file
-/// could not be written unnamed); hidden so that nothing looks like an artifact.
-fn temp_name() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    // Std's hasher keys are random per process (and differ from one to the next).
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    format!(
-        ".skillbox-partial-{}-{}-{random:016x}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+/// A name for a file being written, apart from any other by its random part; hidden,
+/// so that nothing looks like an artifact.
+fn temp_name(target: &Path) -> Result<String, ClientError> {
+    let random = skillbox_protocol::random::hex(12).map_err(|e| {
+        err(
+            ErrorCode::Unavailable,
+            format!("{}: no temp name to write it under: {e}", target.display()),
+        )
+    })?;
+    Ok(format!(".skillbox-partial-{random}"))
 }
 
-/// The components of a relative artifact path, or why it is not one.
-fn components(rel: &str) -> Result<Vec<&str>, String> {
-    if rel.is_empty() || rel.len() > PATH_MAX || rel.contains('\0') || rel.starts_with('/') {
-        return Err("not a relative path".into());
-    }
-    let parts: Vec<&str> = rel.split('/').collect();
-    for part in &parts {
-        match *part {
-            "" | "." | ".." => return Err("has an empty, . or .. component".into()),
-            p if p.len() > NAME_MAX => {
-                return Err(format!("has a component over {NAME_MAX} bytes"));
-            }
-            _ => {}
+/// Why an artifact at `parts` is never written to a host directory, whatever was
+/// declared: what a host tool would do with it. Names are compared without case, as a
+/// case-folding file system (or git on one) would.
+pub fn never_written(parts: &[&str]) -> Option<&'static str> {
+    for part in parts {
+        if part.eq_ignore_ascii_case(".git") {
+            return Some("git takes a .git for a repository's own files");
+        }
+        if part.eq_ignore_ascii_case("HEAD") {
+            return Some(
+                "a HEAD beside objects/ and refs/ makes git open its directory as a repository and run its config's commands",
+            );
+        }
+        if part.eq_ignore_ascii_case("__pycache__") {
+            return Some("Python runs the bytecode it finds in __pycache__");
+        }
+        if part.starts_with('-') {
+            return Some("a command given * in that directory would read the name as an option");
         }
     }
-    Ok(parts)
+    let last = parts.last()?.to_ascii_lowercase();
+    if last.ends_with(".pyc") || last.ends_with(".pyo") {
+        return Some("Python runs bytecode it finds beside a module");
+    }
+    None
+}
+
+/// The components of an artifact's path, or why it is not one: relative, plain, and
+/// exactly as a collection gives it (an empty or `.` component is refused, not dropped).
+fn components(rel: &str) -> Result<Vec<&str>, String> {
+    let path = WorkspacePath::relative(rel).map_err(|e| e.reason)?;
+    if path.is_root() {
+        return Err("names no file".into());
+    }
+    if path.as_str() != rel {
+        return Err("has an empty or . component".into());
+    }
+    Ok(rel.split('/').collect())
+}
+
+/// Makes a new directory `PREFIX-` + 8 random hex digits beneath `dir` (shown as
+/// `base`): one that was not there, never one already in use.
+fn make_own_dir(
+    dir: BorrowedFd<'_>,
+    base: &Path,
+    prefix: &str,
+) -> Result<(OwnedFd, PathBuf), ClientError> {
+    for _ in 0..8 {
+        let random = skillbox_protocol::random::hex(4).map_err(|e| {
+            err(
+                ErrorCode::Unavailable,
+                format!(
+                    "{}: no name for the run's own directory: {e}",
+                    base.display()
+                ),
+            )
+        })?;
+        let name = format!("{prefix}-{random}");
+        let path = base.join(&name);
+        match rustix::fs::mkdirat(dir, name.as_str(), Mode::from_raw_mode(0o755)) {
+            Ok(()) => {}
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(failed(&path, e, "create the run's own directory")),
+        }
+        let fd = open_beneath(
+            dir,
+            &name,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .map_err(|e| failed(&path, e, "open the directory it made"))?;
+        return Ok((fd, path));
+    }
+    Err(err(
+        ErrorCode::AlreadyExists,
+        format!(
+            "{}: every name tried for the run's own directory was taken",
+            base.display()
+        ),
+    ))
 }
 
 impl OutDir {
@@ -190,9 +284,16 @@ impl OutDir {
             dir,
             path: path.to_path_buf(),
             options,
+            own: None,
             files: 0,
             bytes: 0,
         })
+    }
+
+    /// Declares what lands in the directory itself from now on (what an agent verified
+    /// is known only once it ends).
+    pub fn declare(&mut self, declared: Declared) {
+        self.options.declared = declared;
     }
 
     /// The directory as it was named.
@@ -200,10 +301,22 @@ impl OutDir {
         &self.path
     }
 
-    /// Whether `rel` would be written at all (the outputs select it); checks the path.
+    /// The directory of their own that undeclared files went into, once one did.
+    pub fn own_dir(&self) -> Option<&Path> {
+        self.own.as_ref().map(|(_, path)| path.as_path())
+    }
+
+    /// Whether `rel` is written at all (declared, or not hidden); an error for a path
+    /// that is not one, or that is never written.
     pub fn selects(&self, rel: &str) -> Result<bool, ClientError> {
-        components(rel).map_err(|why| self.invalid(rel, &why))?;
-        Ok(self.options.outputs.selects(rel))
+        let parts = components(rel).map_err(|why| self.invalid(rel, &why))?;
+        if let Some(why) = never_written(&parts) {
+            return Err(err(
+                ErrorCode::PermissionDenied,
+                format!("artifact {rel:?}: never written to a host directory: {why}"),
+            ));
+        }
+        Ok(self.options.declared.declares(rel) || !parts.iter().any(|p| p.starts_with('.')))
     }
 
     fn invalid(&self, rel: &str, why: &str) -> ClientError {
@@ -216,20 +329,28 @@ impl OutDir {
         )
     }
 
-    /// Writes `bytes` as `rel` beneath the directory, or says why not. A refusal leaves
-    /// the directory as it was: no partial file, no replaced file.
+    /// Writes `bytes` as `rel`: in the directory itself when declared, else in the
+    /// directory of the run's own (made for the first such file). A refusal leaves the
+    /// directories as they were: no partial file, no replaced file.
     pub fn write(&mut self, rel: &str, bytes: &[u8]) -> Result<Exported, ClientError> {
-        let parts = components(rel).map_err(|why| self.invalid(rel, &why))?;
-        if !self.options.outputs.selects(rel) {
+        if !self.selects(rel)? {
             return Ok(Exported::NotSelected);
         }
-        let target = self.path.join(rel);
+        let declared = self.options.declared.declares(rel);
+        let shown = || match (&self.own, declared) {
+            (Some((_, own)), false) => own.join(rel),
+            (None, false) => self
+                .path
+                .join(format!("{}-…", self.options.own_dir_prefix))
+                .join(rel),
+            (_, true) => self.path.join(rel),
+        };
         if self.files >= self.options.max_files {
             return Err(err(
                 ErrorCode::ResourceExhausted,
                 format!(
                     "{}: not written: more than {} files in one export",
-                    target.display(),
+                    shown().display(),
                     self.options.max_files
                 ),
             ));
@@ -240,128 +361,154 @@ impl OutDir {
                 ErrorCode::ResourceExhausted,
                 format!(
                     "{}: not written: the export would pass {} bytes",
-                    target.display(),
+                    shown().display(),
                     self.options.max_bytes
                 ),
             ));
         }
-        let (name, dirs) = match parts.split_last() {
-            Some(split) => split,
-            None => return Err(self.invalid(rel, "names no file")),
+        if !declared && self.own.is_none() {
+            self.own = Some(make_own_dir(
+                self.dir.as_fd(),
+                &self.path,
+                self.options.own_dir_prefix,
+            )?);
+        }
+        let (top, base) = match (&self.own, declared) {
+            (Some((fd, path)), false) => (fd.as_fd(), path.as_path()),
+            _ => (self.dir.as_fd(), self.path.as_path()),
         };
-        let parent = self.open_parent(dirs)?;
-        let parent = parent.as_ref().map_or(self.dir.as_fd(), |fd| fd.as_fd());
-        self.place(parent, name, bytes, &target)?;
+        let target = base.join(rel);
+        let parts: Vec<&str> = rel.split('/').collect();
+        let Some((name, dirs)) = parts.split_last() else {
+            return Err(self.invalid(rel, "names no file"));
+        };
+        let parent = open_parent(top, base, dirs)?;
+        let parent = parent.as_ref().map_or(top, |fd| fd.as_fd());
+        place(parent, name, bytes, &target, self.options.overwrite)?;
         self.files += 1;
         self.bytes += len;
         Ok(Exported::Written(target))
     }
-
-    /// Opens (creating, 0755) each directory on the way, refusing a symlink or a file in
-    /// the way. `None`: the top directory itself.
-    fn open_parent(&self, dirs: &[&str]) -> Result<Option<OwnedFd>, ClientError> {
-        let mut current: Option<OwnedFd> = None;
-        for (depth, name) in dirs.iter().enumerate() {
-            let at = current.as_ref().map_or(self.dir.as_fd(), |fd| fd.as_fd());
-            let shown = || self.path.join(dirs[..=depth].join("/"));
-            match rustix::fs::mkdirat(at, *name, Mode::from_raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => {
-                    return Err(err(
-                        errno_code(e),
-                        format!("{}: cannot create the directory: {e}", shown().display()),
-                    ));
-                }
-            }
-            let next = open_beneath(at, name, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-                .map_err(|e| {
-                    // O_NOFOLLOW | O_DIRECTORY on a symlink is ENOTDIR: look at what it is.
-                    let link = matches!(e, Errno::LOOP | Errno::NOTDIR)
-                        && rustix::fs::statat(at, *name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(
-                            |stat| FileType::from_raw_mode(stat.st_mode) == FileType::Symlink,
-                        );
-                    let (code, why) = if link {
-                        (
-                            ErrorCode::PermissionDenied,
-                            "is a symlink; skillbox does not write through links".to_string(),
-                        )
-                    } else if e == Errno::NOTDIR {
-                        (ErrorCode::NotDirectory, "is not a directory".to_string())
-                    } else {
-                        (errno_code(e), e.to_string())
-                    };
-                    err(
-                        code,
-                        format!("{}: {why}; nothing written beneath it", shown().display()),
-                    )
-                })?;
-            current = Some(next);
-        }
-        Ok(current)
-    }
-
-    /// Writes the file beneath `parent` under a temp name, then renames it to `name`.
-    fn place(
-        &self,
-        parent: BorrowedFd<'_>,
-        name: &str,
-        bytes: &[u8],
-        target: &Path,
-    ) -> Result<(), ClientError> {
-        let temp = temp_name();
-        if !write_unnamed(parent, &temp, bytes, target)? {
-            write_named(parent, &temp, bytes, target)?;
-        }
-        let result = if self.options.overwrite {
-            self.replace(parent, &temp, name, target)
-        } else {
-            rename_noreplace(parent, &temp, name).map_err(|e| match e {
-                Errno::EXIST => err(
-                    ErrorCode::AlreadyExists,
-                    format!(
-                        "{} exists; not overwritten (pass --overwrite to replace it)",
-                        target.display()
-                    ),
-                ),
-                e => failed(target, e, "put it in place"),
-            })
-        };
-        if result.is_err() {
-            let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
-        }
-        result
-    }
-
-    /// Renames over an existing file (the entry itself, so a symlink or hard link there is
-    /// replaced, never written through); a directory in the way is an error.
-    fn replace(
-        &self,
-        parent: BorrowedFd<'_>,
-        temp: &str,
-        name: &str,
-        target: &Path,
-    ) -> Result<(), ClientError> {
-        match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
-                return Err(err(
-                    ErrorCode::IsDirectory,
-                    format!("{} is a directory; not replaced", target.display()),
-                ));
-            }
-            Ok(_) | Err(Errno::NOENT) => {}
-            Err(e) => {
-                return Err(err(errno_code(e), format!("{}: {e}", target.display())));
-            }
-        }
-        rustix::fs::renameat(parent, temp, parent, name).map_err(|e| {
-            err(
-                errno_code(e),
-                format!("{}: cannot replace it: {e}", target.display()),
-            )
-        })
-    }
 }
 
+/// Opens (creating, 0755) each of `dirs` beneath `top` (shown as `base`), refusing a
+/// symlink or a file in the way, and an `objects` or `refs` beside a `HEAD` already
+/// there. `None`: `top` itself.
+fn open_parent(
+    top: BorrowedFd<'_>,
+    base: &Path,
+    dirs: &[&str],
+) -> Result<Option<OwnedFd>, ClientError> {
+    let mut current: Option<OwnedFd> = None;
+    for (depth, name) in dirs.iter().enumerate() {
+        let at = current.as_ref().map_or(top, |fd| fd.as_fd());
+        let shown = || base.join(dirs[..=depth].join("/"));
+        if (name.eq_ignore_ascii_case("objects") || name.eq_ignore_ascii_case("refs"))
+            && rustix::fs::statat(at, "HEAD", AtFlags::SYMLINK_NOFOLLOW).is_ok()
+        {
+            return Err(err(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "{}: not made beside a HEAD, where git would open the directory as a repository; nothing written beneath it",
+                    shown().display()
+                ),
+            ));
+        }
+        match rustix::fs::mkdirat(at, *name, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => {
+                return Err(err(
+                    errno_code(e),
+                    format!("{}: cannot create the directory: {e}", shown().display()),
+                ));
+            }
+        }
+        let next = open_beneath(at, name, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
+            .map_err(|e| {
+                // O_NOFOLLOW | O_DIRECTORY on a symlink is ENOTDIR: look at what it is.
+                let link = matches!(e, Errno::LOOP | Errno::NOTDIR)
+                    && rustix::fs::statat(at, *name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|stat| {
+                        FileType::from_raw_mode(stat.st_mode) == FileType::Symlink
+                    });
+                let (code, why) = if link {
+                    (
+                        ErrorCode::PermissionDenied,
+                        "is a symlink; skillbox does not write through links".to_string(),
+                    )
+                } else if e == Errno::NOTDIR {
+                    (ErrorCode::NotDirectory, "is not a directory".to_string())
+                } else {
+                    (errno_code(e), e.to_string())
+                };
+                err(
+                    code,
+                    format!("{}: {why}; nothing written beneath it", shown().display()),
+                )
+            })?;
+        current = Some(next);
+    }
+    Ok(current)
+}
+
+/// Writes the file beneath `parent` under a temp name, then renames it to `name`.
+fn place(
+    parent: BorrowedFd<'_>,
+    name: &str,
+    bytes: &[u8],
+    target: &Path,
+    overwrite: bool,
+) -> Result<(), ClientError> {
+    let temp = temp_name(target)?;
+    if !write_unnamed(parent, &temp, bytes, target)? {
+        write_named(parent, &temp, bytes, target)?;
+    }
+    let result = if overwrite {
+        replace(parent, &temp, name, target)
+    } else {
+        rename_noreplace(parent, &temp, name).map_err(|e| match e {
+            Errno::EXIST => err(
+                ErrorCode::AlreadyExists,
+                format!(
+                    "{} exists; not overwritten (pass --overwrite to replace it)",
+                    target.display()
+                ),
+            ),
+            e => failed(target, e, "put it in place"),
+        })
+    };
+    if result.is_err() {
+        let _ = rustix::fs::unlinkat(parent, temp.as_str(), AtFlags::empty());
+    }
+    result
+}
+
+/// Renames over an existing file (the entry itself, so a symlink or hard link there is
+/// replaced, never written through); a directory in the way is an error.
+fn replace(
+    parent: BorrowedFd<'_>,
+    temp: &str,
+    name: &str,
+    target: &Path,
+) -> Result<(), ClientError> {
+    match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(stat) if FileType::from_raw_mode(stat.st_mode) == FileType::Directory => {
+            return Err(err(
+                ErrorCode::IsDirectory,
+                format!("{} is a directory; not replaced", target.display()),
+            ));
+        }
+        Ok(_) | Err(Errno::NOENT) => {}
+        Err(e) => {
+            return Err(err(errno_code(e), format!("{}: {e}", target.display())));
+        }
+    }
+    rustix::fs::renameat(parent, temp, parent, name).map_err(|e| {
+        err(
+            errno_code(e),
+            format!("{}: cannot replace it: {e}", target.display()),
+        )
+    })
+}
 /// Writes `bytes` into a file that has no name yet (`O_TMPFILE` beneath `parent`) and,
 /// once it is whole, links it in as `temp`: a process killed while writing leaves
 /// nothing in the directory, since the kernel frees a file no name holds. `Ok(false)`
@@ -498,8 +645,16 @@ mod tests {
     use std::fs;
     use std::os::unix::fs::MetadataExt;
 
+    /// Everything declared: each file lands in the directory itself.
+    fn declared_all() -> ExportOptions {
+        ExportOptions {
+            declared: Declared::Globs(OutputSelection::new(&["**"]).unwrap()),
+            ..ExportOptions::default()
+        }
+    }
+
     fn out(dir: &Path) -> OutDir {
-        OutDir::open(dir, ExportOptions::default()).unwrap()
+        OutDir::open(dir, declared_all()).unwrap()
     }
 
     fn entries(dir: &Path) -> Vec<String> {
@@ -541,6 +696,100 @@ mod tests {
             assert_eq!(mode & !max, 0, "{path}: mode {mode:o}");
         }
         assert_eq!(entries(tmp.path()), ["a", "a/b", "a/b/c.txt", "deck.pptx"]);
+        assert_eq!(out.own_dir(), None);
+    }
+
+    #[test]
+    fn undeclared_files_land_in_a_new_directory_of_their_own_never_merged() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("src")).unwrap();
+        fs::write(tmp.path().join("src/main.py"), "mine").unwrap();
+        let options = ExportOptions {
+            declared: Declared::Paths(BTreeSet::from(["deck.pptx".to_string()])),
+            ..ExportOptions::default()
+        };
+        let mut out = OutDir::open(tmp.path(), options.clone()).unwrap();
+        assert_eq!(
+            out.write("deck.pptx", b"pk").unwrap(),
+            Exported::Written(tmp.path().join("deck.pptx"))
+        );
+        let Exported::Written(at) = out.write("src/main.py", b"theirs").unwrap() else {
+            panic!("not written");
+        };
+        let own = out.own_dir().unwrap().to_path_buf();
+        assert_eq!(at, own.join("src/main.py"));
+        let name = own.file_name().unwrap().to_str().unwrap();
+        assert!(
+            name.len() == "run-".len() + 8 && name.starts_with("run-"),
+            "{name}"
+        );
+        assert_eq!(
+            fs::read_to_string(tmp.path().join("src/main.py")).unwrap(),
+            "mine"
+        );
+        // Undeclared and hidden: not written anywhere.
+        assert_eq!(out.write(".envrc", b"x").unwrap(), Exported::NotSelected);
+        // A second export makes a second directory: never one already there.
+        let mut again = OutDir::open(tmp.path(), options).unwrap();
+        again.write("src/main.py", b"again").unwrap();
+        assert_ne!(again.own_dir().unwrap(), own);
+        assert_eq!(
+            fs::read_to_string(own.join("src/main.py")).unwrap(),
+            "theirs"
+        );
+        // Globs that select every visible file declare nothing.
+        let options = ExportOptions {
+            declared: Declared::Globs(OutputSelection::visible()),
+            own_dir_prefix: "agent",
+            ..ExportOptions::default()
+        };
+        let mut out = OutDir::open(tmp.path(), options).unwrap();
+        out.write("deck2.pptx", b"pk").unwrap();
+        assert!(
+            out.own_dir()
+                .unwrap()
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("agent-")
+        );
+        assert!(!tmp.path().join("deck2.pptx").exists());
+    }
+
+    #[test]
+    fn names_a_host_tool_acts_on_are_never_written_even_when_declared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut out = out(tmp.path());
+        for path in [
+            "src/HEAD",
+            "src/head",
+            ".git/config",
+            "a/.GIT/hooks/pre-commit",
+            "__pycache__/utils.cpython-311.pyc",
+            "utils.pyc",
+            "lib/x.PYO",
+            "--checkpoint-action=exec=sh x.sh",
+            "d/-rf",
+        ] {
+            let e = out.write(path, b"x").unwrap_err();
+            assert_eq!(e.code, ErrorCode::PermissionDenied, "{path}: {e}");
+            assert!(e.message.contains("never written"), "{path}: {e}");
+        }
+        assert!(entries(tmp.path()).is_empty(), "{:?}", entries(tmp.path()));
+        // objects/ and refs/ beside a HEAD already there (the user's): not made.
+        fs::create_dir(tmp.path().join("src")).unwrap();
+        fs::write(tmp.path().join("src/HEAD"), "ref: refs/heads/main\n").unwrap();
+        for path in ["src/objects/info/packs", "src/refs/heads/x"] {
+            let e = out.write(path, b"x").unwrap_err();
+            assert_eq!(e.code, ErrorCode::PermissionDenied, "{path}: {e}");
+            assert!(e.message.contains("beside a HEAD"), "{path}: {e}");
+        }
+        assert_eq!(entries(tmp.path()), ["src", "src/HEAD"]);
+        // Names that only look alike are written.
+        for path in ["HEADER.md", "objects/x.txt", "py/cache.py", "a-b"] {
+            out.write(path, b"x").unwrap();
+        }
     }
 
     #[test]
@@ -564,7 +813,7 @@ mod tests {
 
         let options = ExportOptions {
             overwrite: true,
-            ..ExportOptions::default()
+            ..declared_all()
         };
         let mut out = OutDir::open(tmp.path(), options).unwrap();
         out.write("README.md", b"theirs").unwrap();
@@ -589,7 +838,7 @@ mod tests {
         fs::hard_link(&victim, tmp.path().join("hard")).unwrap();
         let options = ExportOptions {
             overwrite: true,
-            ..ExportOptions::default()
+            ..declared_all()
         };
         let mut out = OutDir::open(tmp.path(), options).unwrap();
         out.write("link", b"new").unwrap();
@@ -629,10 +878,10 @@ mod tests {
     }
 
     #[test]
-    fn hidden_paths_are_written_only_when_the_outputs_spell_their_dot() {
+    fn hidden_paths_are_written_only_when_declared_with_their_dot() {
         let tmp = tempfile::tempdir().unwrap();
         let mut out = out(tmp.path());
-        for path in [".git/config", ".envrc", "a/.bashrc"] {
+        for path in [".envrc", "a/.bashrc"] {
             assert_eq!(
                 out.write(path, b"x").unwrap(),
                 Exported::NotSelected,
@@ -641,7 +890,7 @@ mod tests {
         }
         assert!(entries(tmp.path()).is_empty());
         let options = ExportOptions {
-            outputs: OutputSelection::new(&[".envrc"]).unwrap(),
+            declared: Declared::Globs(OutputSelection::new(&[".envrc"]).unwrap()),
             ..ExportOptions::default()
         };
         let mut out = OutDir::open(tmp.path(), options).unwrap();
@@ -649,10 +898,7 @@ mod tests {
             out.write(".envrc", b"x").unwrap(),
             Exported::Written(_)
         ));
-        assert_eq!(
-            out.write(".git/config", b"x").unwrap(),
-            Exported::NotSelected
-        );
+        assert_eq!(out.write(".bashrc", b"x").unwrap(), Exported::NotSelected);
         assert_eq!(entries(tmp.path()), [".envrc"]);
     }
 
@@ -683,7 +929,7 @@ mod tests {
         let options = ExportOptions {
             max_files: 2,
             max_bytes: 10,
-            ..ExportOptions::default()
+            ..declared_all()
         };
         let mut out = OutDir::open(tmp.path(), options).unwrap();
         out.write("a", b"12345").unwrap();

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use skillbox_client::ErrorCode;
-use skillbox_client::outdir::{ExportOptions, Exported, OutDir};
+use skillbox_client::OutputSelection;
+use skillbox_client::outdir::{Declared, ExportOptions, Exported, OutDir};
 
 /// The directory a body writes into.
 const DIR_VAR: &str = "SKILLBOX_TEST_OUT_DIR";
@@ -28,6 +29,14 @@ const REFUSAL_VAR: &str = "SKILLBOX_TEST_REFUSAL";
 const BIG_FILE: usize = 256 << 20;
 /// Files the killed writer writes at most, should nothing kill it.
 const BIG_FILES: usize = 8;
+
+/// Every file declared: each lands in the directory itself.
+fn declared_all() -> ExportOptions {
+    ExportOptions {
+        declared: Declared::Globs(OutputSelection::new(&["**"]).unwrap()),
+        ..ExportOptions::default()
+    }
+}
 
 /// This binary, to run the ignored test `body` alone.
 fn body(body: &str, dir: &Path) -> Command {
@@ -160,7 +169,7 @@ fn killed_writer_body() {
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)).unwrap();
     let options = ExportOptions {
         max_bytes: u64::MAX,
-        ..ExportOptions::default()
+        ..declared_all()
     };
     let mut out = OutDir::open(Path::new(&dir), options).unwrap();
     // Zeroes this process never writes: pages of a fresh mapping, read as the kernel's
@@ -230,7 +239,7 @@ fn refused_writer_body() {
     install_filter(&refusals(&case));
     assert_refused(dir, &case);
 
-    let mut out = OutDir::open(dir, ExportOptions::default()).unwrap();
+    let mut out = OutDir::open(dir, declared_all()).unwrap();
     assert_eq!(
         out.write("deck.pptx", b"pk").unwrap(),
         Exported::Written(dir.join("deck.pptx"))
@@ -241,7 +250,7 @@ fn refused_writer_body() {
     assert!(e.message.contains("README.md"), "{e}");
     let options = ExportOptions {
         overwrite: true,
-        ..ExportOptions::default()
+        ..declared_all()
     };
     let mut out = OutDir::open(dir, options).unwrap();
     out.write("replaced.txt", b"new").unwrap();

@@ -10,7 +10,7 @@ use skillbox_agent::{
     Agent, AgentConfig, AgentEvent, AgentStatus, LoopbackProvider, ModelProvider, SKILL_NAMES,
     builtin_skill,
 };
-use skillbox_client::outdir::{ExportOptions, Exported, OutDir};
+use skillbox_client::outdir::{Declared, ExportOptions, Exported, OutDir};
 use skillbox_env::{BackendKind, CancellationToken};
 use skillbox_run::RunnerConfig;
 use skillbox_store::LOCAL_TENANT;
@@ -178,10 +178,14 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
     {
         return usage(&format!("--allow-net/--deny-net: {e}"));
     }
+    // Opened before the run: a missing directory fails fast, and what is written later
+    // goes beneath this fd whatever happens to the path meanwhile. What is declared
+    // (the verified artifacts) is known at the end.
     let mut out = match &args.out {
         Some(path) => {
             let options = ExportOptions {
                 overwrite: args.overwrite,
+                own_dir_prefix: "agent",
                 ..ExportOptions::default()
             };
             match OutDir::open(path, options) {
@@ -287,7 +291,24 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         Err(e) => return failed(&format!("{} ({})", e, e.code())),
     };
     let mut undelivered = 0;
+    // The verified artifacts land in --out itself; anything else the run made goes into
+    // a directory of its own beneath it.
+    let verified = outcome
+        .attempts
+        .iter()
+        .rev()
+        .find(|attempt| attempt.succeeded)
+        .map(|attempt| {
+            attempt
+                .verification
+                .iter()
+                .filter(|v| v.ok)
+                .map(|v| v.path.clone())
+                .collect()
+        })
+        .unwrap_or_default();
     if let Some(out) = out.as_mut() {
+        out.declare(Declared::Paths(verified));
         for artifact in &outcome.artifacts {
             let bytes = match store.get(&artifact.sha256).await {
                 Ok(bytes) => bytes,
@@ -308,6 +329,12 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
                     undelivered += 1;
                 }
             }
+        }
+        if let Some(own) = out.own_dir() {
+            eprintln!(
+                "skillbox agent: the run's files that were not verified went into {}, a new directory of their own",
+                escaped_path(own)
+            );
         }
     }
     if args.json {

@@ -331,7 +331,7 @@ async fn call(
     data_dir: &Path,
     call: Call,
 ) -> ExitCode {
-    use skillbox_client::outdir::{ExportOptions, Exported, OutDir};
+    use skillbox_client::outdir::{Declared, ExportOptions, Exported, OutDir};
     let mut inputs = Vec::new();
     for path in &call.inputs {
         let Some(name) = path.file_name() else {
@@ -357,11 +357,19 @@ async fn call(
             Err(e) => return usage(&format!("--stdin {}: {e}", path.display())),
         },
     };
+    // What the capability declared (its write_file globs) lands in --out itself.
+    let declared = match skillbox_capability::outputs(capability) {
+        Ok(Some(globs)) => Declared::Globs(globs),
+        Ok(None) => Declared::Nothing,
+        Err(e) => return failed(&e.to_string()),
+    };
     let mut out = match &call.out {
         Some(dir) => match OutDir::open(
             dir,
             ExportOptions {
                 overwrite: call.overwrite,
+                declared,
+                own_dir_prefix: "cap",
                 ..ExportOptions::default()
             },
         ) {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use skillbox_client::outdir::{ExportOptions, OutDir, download_to_dir};
+use skillbox_client::outdir::{Declared, ExportOptions, OutDir, download_to_dir};
 use skillbox_client::{
     BackendKind, ClientError, ErrorCode, HttpSkillSandbox, Language, OutputSelection, RunRequest,
     SkillSandbox,
@@ -36,16 +36,19 @@ pub struct RunArgs {
     /// Wall-clock limit (500ms, 30s, 2m).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     timeout: Duration,
-    /// Copy the files the script made into DIR (never through a symlink; existing files
-    /// are kept unless --overwrite).
+    /// Copy the files the script made out to DIR: those --outputs declares into DIR
+    /// itself, the rest into a new directory of their own beneath it (DIR/run-…), never
+    /// merged into what is there (never through a symlink; existing files are kept
+    /// unless --overwrite).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Replace files that already exist in --out DIR.
     #[arg(long, requires = "out")]
     overwrite: bool,
-    /// Hand back only the files matching GLOB (repeatable; `*.pptx`, `out/**`). Without
-    /// it: every file with no hidden path component. A hidden file (`.env`) comes back
-    /// only when a glob spells its dot.
+    /// Hand back only the files matching GLOB (repeatable; `*.pptx`, `out/**`), and
+    /// with --out write them into DIR itself. Without it: every file with no hidden path
+    /// component, into a directory of their own. A hidden file (`.env`) comes back only
+    /// when a glob spells its dot.
     #[arg(long = "outputs", value_name = "GLOB")]
     outputs: Vec<String>,
     /// Disk for /workspace and /tmp together (512M, 2G), or none for no bound
@@ -155,7 +158,8 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         Some(path) => {
             let options = ExportOptions {
                 overwrite: args.overwrite,
-                outputs,
+                declared: Declared::Globs(outputs),
+                own_dir_prefix: "run",
                 ..ExportOptions::default()
             };
             match OutDir::open(path, options) {
@@ -301,13 +305,17 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         for file in &result.files {
             let place = match (&out, &report) {
                 (Some(out), Some(_)) => {
-                    let target = out.path().join(&file.path);
                     // Only what is there now: a file not written (it exists, the disk
                     // filled) or not selected is named below, with why.
-                    if !written.contains(target.as_path()) {
-                        continue;
+                    let target = [Some(out.path()), out.own_dir()]
+                        .into_iter()
+                        .flatten()
+                        .map(|dir| dir.join(&file.path))
+                        .find(|target| written.contains(target.as_path()));
+                    match target {
+                        Some(target) => escaped_path(&target),
+                        None => continue,
                     }
-                    escaped_path(&target)
                 }
                 (Some(out), None) => escaped_path(&out.path().join(&file.path)),
                 (None, _) => format!(
@@ -327,6 +335,14 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     let Some(report) = report else {
         return ExitCode::from(status);
     };
+    if let Some(own) = out.as_ref().and_then(OutDir::own_dir) {
+        eprintln!(
+            "skillbox run: files --outputs did not declare went into {}, a new directory of their own (declare them with --outputs GLOB to write them into {} itself)",
+            escaped_path(own),
+            out.as_ref()
+                .map_or_else(String::new, |o| escaped_path(o.path()))
+        );
+    }
     for path in &report.not_selected {
         eprintln!(
             "skillbox run: not copied: {} (hidden; ask for it with --outputs)",

@@ -3,7 +3,7 @@
 //! commands in it with their output streamed, move files in and out, end it.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -75,9 +75,14 @@ enum SessionCommand {
         id: String,
         #[arg(value_name = "REMOTE")]
         from: String,
-        /// Write it to this file instead of stdout (replaced if it is there).
+        /// Write it to this file instead of stdout, or into this directory under
+        /// REMOTE's name (never through a symlink; an existing file is kept unless
+        /// --overwrite).
         #[arg(long, value_name = "LOCAL")]
         out: Option<PathBuf>,
+        /// Replace LOCAL if it is there.
+        #[arg(long, requires = "out")]
+        overwrite: bool,
     },
     /// List a directory of /workspace [default: /workspace itself].
     Ls {
@@ -244,7 +249,12 @@ pub async fn run(args: SessionArgs) -> ExitCode {
             exec_in(&sessions, &exec.id, options, "skillbox session").await
         }
         SessionCommand::Put { id, local, to } => put(&sessions, &id, &local, to).await,
-        SessionCommand::Get { id, from, out } => get(&sessions, &id, &from, out).await,
+        SessionCommand::Get {
+            id,
+            from,
+            out,
+            overwrite,
+        } => get(&sessions, &id, &from, out, overwrite).await,
         SessionCommand::Ls { id, path, json } => match sessions.ls(&id, path.as_deref()).await {
             Ok(listing) if json => print_json(&listing),
             Ok(listing) => {
@@ -435,13 +445,30 @@ async fn put(
     }
 }
 
-async fn get(sessions: &Sessions, id: &str, remote: &str, out: Option<PathBuf>) -> ExitCode {
+async fn get(
+    sessions: &Sessions,
+    id: &str,
+    remote: &str,
+    out: Option<PathBuf>,
+    overwrite: bool,
+) -> ExitCode {
+    // Where it goes is worked out, and the directory opened, before the read.
+    let target = match &out {
+        Some(path) => match local_target(path, remote, overwrite) {
+            Ok(target) => Some(target),
+            Err(e) => {
+                eprintln!("skillbox session: {e}");
+                return ExitCode::from(crate::EXIT_USAGE);
+            }
+        },
+        None => None,
+    };
     let bytes = match sessions.read_file(id, remote).await {
         Ok(bytes) => bytes,
         Err(e) => return failed(&e),
     };
-    let written = match &out {
-        Some(path) => std::fs::write(path, &bytes).map_err(|e| format!("{}: {e}", path.display())),
+    let written = match target {
+        Some((mut dir, name)) => dir.write(&name, &bytes).map(drop).map_err(|e| e.message),
         None => {
             let mut stdout = std::io::stdout().lock();
             stdout
@@ -453,10 +480,53 @@ async fn get(sessions: &Sessions, id: &str, remote: &str, out: Option<PathBuf>) 
     match written {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("skillbox session: {remote} was read but not written: {e}");
+            eprintln!(
+                "skillbox session: {} was read but not written: {}",
+                escaped(remote),
+                escaped(&e)
+            );
             ExitCode::from(crate::EXIT_SETUP_FAILED)
         }
     }
+}
+
+/// `session get --out LOCAL`: the directory the file goes into and its name there. A
+/// LOCAL that is a directory takes REMOTE's file name; else LOCAL names the file. The
+/// name is the one declared, and copy-out's rules hold for it (§6.4).
+fn local_target(
+    local: &Path,
+    remote: &str,
+    overwrite: bool,
+) -> Result<(skillbox_client::outdir::OutDir, String), String> {
+    use skillbox_client::outdir::{Declared, ExportOptions, OutDir};
+    let (dir, name) = if local.is_dir() {
+        let name = remote
+            .rsplit('/')
+            .find(|c| !c.is_empty())
+            .unwrap_or_default();
+        (local.to_path_buf(), name.to_string())
+    } else {
+        let Some(name) = local.file_name().and_then(|n| n.to_str()) else {
+            return Err(format!(
+                "--out {}: name a file (UTF-8) or a directory",
+                local.display()
+            ));
+        };
+        let dir = match local.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        (dir, name.to_string())
+    };
+    let options = ExportOptions {
+        overwrite,
+        declared: Declared::Paths(std::collections::BTreeSet::from([name.clone()])),
+        ..ExportOptions::default()
+    };
+    let out = OutDir::open(&dir, options).map_err(|e| e.message)?;
+    // The name is checked now, before anything is read.
+    out.selects(&name).map_err(|e| e.message)?;
+    Ok((out, name))
 }
 
 /// Runs `options.command` in session `id`: its output streamed to ours as it comes (or

@@ -1121,6 +1121,8 @@ fn run_makes_the_example_deck() {
             example("workspacex-deck.js").to_str().unwrap(),
             "--out",
             out.path().to_str().unwrap(),
+            "--outputs",
+            "*.pptx",
         ],
     );
     assert!(result.status.success(), "{}", text(&result.stderr));
@@ -1198,7 +1200,14 @@ fn run_prints_control_characters_in_file_names_escaped() {
     let out = tempfile::tempdir().unwrap();
     let result = skillbox(
         &shared_data_dir(),
-        &["run", script, "--out", out.path().to_str().unwrap()],
+        &[
+            "run",
+            script,
+            "--out",
+            out.path().to_str().unwrap(),
+            "--outputs",
+            "*",
+        ],
     );
     let stderr = text(&result.stderr);
     assert!(result.status.success(), "{stderr}");
@@ -1247,36 +1256,7 @@ fn run_prints_control_characters_in_file_names_escaped() {
 fn start_serve(extra: &[&str]) -> (std::process::Child, String) {
     let mut skillbox = Command::new(BIN);
     skillbox.arg("--data-dir").arg(shared_data_dir());
-    start_serve_with(skillbox, extra)
-}
-
-/// [`start_serve`] for `skillbox`, a command naming the binary and its data dir.
-fn start_serve_with(mut skillbox: Command, extra: &[&str]) -> (std::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut server = skillbox
-        .args(["serve", "--addr", &addr])
-        .args(extra)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while std::net::TcpStream::connect(&addr).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "skillbox serve did not start"
-        );
-        assert!(
-            server.try_wait().unwrap().is_none(),
-            "skillbox serve exited"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    (server, addr)
+    common::start_serve(skillbox, extra)
 }
 
 /// `skillbox serve` as a real process, and `skillbox run --remote` through the client.
@@ -1297,6 +1277,8 @@ fn run_remote_goes_through_serve() {
             &format!("http://{addr}"),
             "--out",
             out.path().to_str().unwrap(),
+            "--outputs",
+            "*.pptx",
         ],
     );
     // SAFETY: signalling the server we started.
@@ -1556,7 +1538,13 @@ fn run_remote_sends_the_api_key() {
             .arg(keys.path().join("client"))
             .arg("run")
             .arg(&script)
-            .args(["--remote", &format!("http://{addr}"), "--out"])
+            .args([
+                "--remote",
+                &format!("http://{addr}"),
+                "--outputs",
+                "*.txt",
+                "--out",
+            ])
             .arg(out_dir.path())
             .env_remove("SKILLBOX_API_KEY");
         if let Some(key) = key {
@@ -2019,7 +2007,7 @@ fn a_relative_data_dir_works_through_warm_and_serve() {
     let served = std::fs::read_to_string(&log).unwrap();
     assert_eq!(served.matches("warm: an exec").count(), 3, "{served}");
 
-    let (mut serve, addr) = start_serve_with(in_base(), &[]);
+    let (mut serve, addr) = common::start_serve(in_base(), &[]);
     std::fs::write(base.path().join("hi.sh"), "echo through serve > made.txt\n").unwrap();
     std::fs::create_dir(base.path().join("out")).unwrap();
     let out = in_base()
@@ -2030,6 +2018,8 @@ fn a_relative_data_dir_works_through_warm_and_serve() {
             &format!("http://{addr}"),
             "--out",
             "out",
+            "--outputs",
+            "made.txt",
         ])
         .output()
         .unwrap();

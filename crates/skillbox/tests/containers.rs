@@ -160,6 +160,8 @@ fn run_makes_the_same_verified_deck_in_containers() {
                 backend,
                 "--out",
                 out.path().to_str().unwrap(),
+                "--outputs",
+                "*.pptx",
             ],
         );
         assert!(

@@ -928,7 +928,12 @@ fn a_secret_reaches_its_host_only_and_is_kept_nowhere() {
         let mut args = vec!["run", &script, "--backend", backend, "--egress-ca"];
         args.push(&server.ca_file);
         args.extend(flags.iter().map(String::as_str));
-        args.extend(["--out", copied.path().to_str().unwrap()]);
+        args.extend([
+            "--out",
+            copied.path().to_str().unwrap(),
+            "--outputs",
+            "placeholder.txt",
+        ]);
         let out = ns
             .command(data.path(), &args)
             .env("API_KEY", SECRET)
@@ -1057,7 +1062,12 @@ fn a_secret_through_serve_is_kept_nowhere() {
     let flags = server.flags();
     let mut args = vec!["run", &script, "--remote", &remote];
     args.extend(flags.iter().map(String::as_str));
-    args.extend(["--out", copied.path().to_str().unwrap()]);
+    args.extend([
+        "--out",
+        copied.path().to_str().unwrap(),
+        "--outputs",
+        "placeholder.txt",
+    ]);
     let out = ns
         .command(client.path(), &args)
         .env("API_KEY", SECRET)

@@ -638,6 +638,8 @@ fn run_collects_what_a_python_guest_made() {
         "wasm",
         "--out",
         out.path().to_str().unwrap(),
+        "--outputs",
+        "*.json",
     ]);
     assert!(ran.status.success(), "{}", common::text(&ran.stderr));
     let report = std::fs::read_to_string(out.path().join("report.json")).unwrap();

@@ -144,7 +144,8 @@ class Client:
                 sent as base64). Inputs come back only if the script changes them.
             timeout: seconds before it is killed (the server's default: 60).
             outputs: globs choosing which files come back (default: every visible
-                file it made or changed).
+                file it made or changed); :meth:`RunResult.download_all` writes what
+                they declare into the directory itself.
             backend: ``native`` (default), ``docker``, ``gvisor`` or ``wasm``.
             skills: skills placed in ``/workspace`` first.
             scope_key: start from the scope's last ``/workspace`` and save a new one.
@@ -194,7 +195,7 @@ class Client:
         base = self._transport.timeout
         wait = None if base is None else base + (timeout if timeout is not None else 60.0)
         answer = self._transport.open("POST", "/v1/run", json_body=body, timeout=wait, ok=(200,)).json()
-        return RunResult._from_wire(self._transport, answer)
+        return RunResult._from_wire(self._transport, answer, tuple(outputs or ()))
 
 
 def _network(allow: Iterable[str], deny: Iterable[str]) -> dict[str, list[str]] | None:

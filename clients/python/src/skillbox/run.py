@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.parse
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._outdir import OutDir
 from .errors import IntegrityError
 from .exec import Truncated
 
@@ -60,35 +60,24 @@ class Artifact:
         """Its content as text."""
         return self.read().decode(encoding)
 
-    def download(self, directory: str | os.PathLike[str], *, name: str | None = None) -> Path:
+    def download(
+        self, directory: str | os.PathLike[str], *, name: str | None = None, overwrite: bool = False
+    ) -> Path:
         """Writes it under `directory` at its own relative :attr:`path` (or at `name`),
         making the directories it needs, and returns where.
 
-        The bytes are streamed to a temporary file beside it, checked against
-        :attr:`sha256`, and only then renamed into place.
+        The rules of ``skillbox run --out`` hold (docs/design.md §6.4): every entry is made
+        beneath the directory without following a symlink, an existing file is kept
+        unless `overwrite` (``FileExistsError``), and a name a host tool would act on
+        (``.git``, ``HEAD``, ``__pycache__``, ``*.pyc``, a leading ``-``) is never written
+        (``PermissionError``). The bytes are streamed to a hidden temporary file beside
+        it, checked against :attr:`sha256`, and only then given their name.
         """
-        relative = PurePosixPath(name if name is not None else self.path)
-        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-            raise ValueError(f"{relative}: an artifact is written only below the directory given")
-        target = Path(directory, *relative.parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in self._open().chunks():
-                    digest.update(chunk)
-                    out.write(chunk)
-            if digest.hexdigest() != self.sha256:
-                raise IntegrityError(
-                    "data_loss",
-                    f"{self.path}: downloaded bytes hash to {digest.hexdigest()}, not {self.sha256}",
-                )
-            os.replace(temp, target)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-        return target
+        with OutDir(directory, overwrite=overwrite) as out:
+            return self._write(out, name if name is not None else self.path, declared=True)
+
+    def _write(self, out: OutDir, relative: str, *, declared: bool) -> Path:
+        return out.write(relative, self._open().chunks(), declared=declared, sha256=self.sha256)
 
     @classmethod
     def _from_wire(cls, transport: Transport, value: dict[str, Any]) -> Artifact:
@@ -150,6 +139,8 @@ class RunResult:
     skills: dict[str, Any] | None = None
     snapshot: dict[str, Any] | None = None
     egress: list[EgressConnection] = field(default_factory=list)
+    #: The run's ``outputs`` globs: what its caller declared it wants.
+    outputs: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -164,12 +155,35 @@ class RunResult:
                 return artifact
         raise KeyError(f"{path}: not an artifact of this run (it made {[a.path for a in self.artifacts]})")
 
-    def download_all(self, directory: str | os.PathLike[str]) -> list[Path]:
-        """Downloads every artifact under `directory`, each at its own path."""
-        return [artifact.download(directory) for artifact in self.artifacts]
+    def download_all(self, directory: str | os.PathLike[str], *, overwrite: bool = False) -> list[Path]:
+        """Downloads every artifact beneath `directory`, each at its own path, and returns
+        where each went.
+
+        As ``skillbox run --out``: when the run declared ``outputs``, the files land in
+        `directory` itself; otherwise they go into a new directory of their own beneath
+        it (``run-1a2b3c4d/``), never merged into what is there. The rules of
+        :meth:`Artifact.download` hold for each file; one file refused does not stop
+        the others, and the refusals are raised together at the end as an
+        ``ExceptionGroup`` (``except* FileExistsError``).
+        """
+        written: list[Path] = []
+        failed: list[Exception] = []
+        with OutDir(directory, overwrite=overwrite) as out:
+            for artifact in self.artifacts:
+                try:
+                    written.append(artifact._write(out, artifact.path, declared=bool(self.outputs)))
+                except (OSError, ValueError, IntegrityError) as e:
+                    failed.append(e)
+        if failed:
+            raise ExceptionGroup(
+                f"{len(failed)} of {len(self.artifacts)} artifacts not written to {directory}", failed
+            )
+        return written
 
     @classmethod
-    def _from_wire(cls, transport: Transport, value: dict[str, Any]) -> RunResult:
+    def _from_wire(
+        cls, transport: Transport, value: dict[str, Any], outputs: tuple[str, ...] = ()
+    ) -> RunResult:
         truncated = value.get("truncated") or {}
         return cls(
             exit_code=value.get("exitCode"),
@@ -184,4 +198,5 @@ class RunResult:
             skills=value.get("skills"),
             snapshot=value.get("snapshot"),
             egress=[EgressConnection._from_wire(c) for c in value.get("egress") or []],
+            outputs=outputs,
         )

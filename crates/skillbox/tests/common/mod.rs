@@ -21,6 +21,36 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Starts `skillbox serve` on a free loopback port with `extra` flags; `skillbox` names
+/// the binary and its data dir. Returns once it accepts connections.
+pub fn start_serve(mut skillbox: Command, extra: &[&str]) -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = skillbox
+        .args(["serve", "--addr", &addr])
+        .args(extra)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "skillbox serve did not start"
+        );
+        assert!(
+            server.try_wait().unwrap().is_none(),
+            "skillbox serve exited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    (server, addr)
+}
+
 /// A script from `examples/`.
 pub fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
