@@ -11,12 +11,14 @@ import os
 import py_compile
 import subprocess
 import sys
+import typing
+import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import Server
 
-from skillbox import Client, InvalidRequest, Sandbox
+from skillbox import Backend, Client, InvalidRequest, Sandbox
 
 SCRIPT = """
 import os, sys
@@ -215,3 +217,14 @@ def test_network_goes_through_the_egress_proxy_only_where_allowed(server: Server
         client.run(FETCH, allow_net=["https://x.example/"])
     with pytest.raises(ValueError, match="deny_net needs allow_net"):
         client.run(FETCH, deny_net=["x.example"])
+
+
+def test_the_backends_offered_are_the_servers_own(server: Server) -> None:
+    """`Backend` mirrors the server's `SandboxedKind` (every kind but host), read from
+    its OpenAPI document: a kind added there fails here until the client has it."""
+    request = urllib.request.Request(
+        f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {server.keys['ana']}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        schema = json.load(answer)["components"]["schemas"]["SandboxedKind"]
+    assert sorted(schema["enum"]) == sorted(typing.get_args(Backend))

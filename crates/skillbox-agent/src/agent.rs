@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::json;
 use skillbox_env::{
-    BackendKind, CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits,
-    SandboxPolicy, SandboxSpec,
+    CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits, SandboxPolicy,
+    SandboxSpec,
 };
 use skillbox_protocol::{
-    AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, OutputSelection, SkillsPlaced,
-    SnapshotReport, Usage, Verification,
+    AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, OutputSelection, SandboxedKind,
+    SkillsPlaced, SnapshotReport, Usage, Verification,
 };
 use skillbox_run::{PlannedSkills, RunError, Runner, Scope, script_command, script_name};
 use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
@@ -49,7 +49,7 @@ pub struct AgentConfig {
     /// Characters of stdout/stderr fed back per run (the tail is kept).
     pub output_budget: usize,
     /// Which sandbox the scripts run in.
-    pub backend: BackendKind,
+    pub backend: SandboxedKind,
     /// Skills placed in `/workspace` before the loop, by name (the runner's skills
     /// workspace and the tenant's own, as a run's `skills`): listed in the system prompt,
     /// read with `read_skill`, run with `run_skill`.
@@ -74,7 +74,7 @@ impl Default for AgentConfig {
                 ..Limits::default()
             },
             output_budget: 4000,
-            backend: BackendKind::Native,
+            backend: SandboxedKind::Native,
             skills: Vec::new(),
             scope_key: None,
             tenant: skillbox_store::LOCAL_TENANT.to_string(),
@@ -763,7 +763,7 @@ impl Agent {
             ..SandboxPolicy::default()
         };
         self.runner
-            .runtime_mount(config.backend, &mut policy)
+            .runtime_mount(config.backend.kind(), &mut policy)
             .await
             .map_err(|e| match e {
                 RunError::Unavailable(message) => AgentError::Runtime(message),
@@ -777,7 +777,7 @@ impl Agent {
         let env = self
             .runner
             .backends()
-            .create(config.backend, spec)
+            .create(config.backend.kind(), spec)
             .await
             .map_err(AgentError::Sandbox)?;
         let result = self

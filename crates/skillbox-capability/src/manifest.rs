@@ -12,41 +12,9 @@ use serde::{Deserialize, Serialize};
 use skillbox_protocol::units::{parse_duration, parse_size};
 use skillbox_protocol::{BackendKind, NetworkPolicy};
 
-/// Where a capability's code runs: one of the backend kinds.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Environment {
-    /// No boundary: the user's own shell.
-    Host,
-    /// Linux namespaces, Landlock, seccomp.
-    Native,
-    /// A hardened container.
-    Docker,
-    /// A container under gVisor's user-space kernel.
-    Gvisor,
-    /// A WASI instance.
-    Wasm,
-}
-
-impl Environment {
-    pub fn kind(self) -> BackendKind {
-        match self {
-            Environment::Host => BackendKind::Host,
-            Environment::Native => BackendKind::Native,
-            Environment::Docker => BackendKind::Docker,
-            Environment::Gvisor => BackendKind::Gvisor,
-            Environment::Wasm => BackendKind::Wasm,
-        }
-    }
-}
-
-impl fmt::Display for Environment {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.kind().as_str())
-    }
-}
+/// Where a capability's code runs: one of the backend kinds, `host` included (a
+/// capability may run as the user, under a grant that never outlives the session).
+pub type Environment = BackendKind;
 
 /// How long a capability's process lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

@@ -364,7 +364,7 @@ pub async fn run(
     let selection = outputs(capability)?;
     let scope = off_the_runtime(|| trust.authorize(capability, project))
         .map_err(|e| EnvError::new(e.code, e.message))?;
-    let kind = manifest.environment.kind();
+    let kind = manifest.environment;
     let host = manifest.environment == Environment::Host;
     let env = match backends.create_one_shot(kind, spec).await {
         Ok(env) => env,

@@ -712,7 +712,7 @@ impl ServiceTable {
             spec.policy.listen_ports.push(port);
         }
         spec.limits.output_bytes = u64::MAX;
-        let kind = manifest.environment.kind();
+        let kind = manifest.environment;
         let env = match backends.create(kind, spec).await {
             Ok(env) => env,
             Err(e) => {

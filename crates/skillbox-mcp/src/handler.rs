@@ -23,10 +23,11 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde::Serialize;
 use serde_json::json;
 use skillbox_env::{
-    BackendKind, CancellationToken, ErrorCode, ExecOutput, ExecRequest, FileKind, Tree,
-    json_string_len,
+    CancellationToken, ErrorCode, ExecOutput, ExecRequest, FileKind, Tree, json_string_len,
 };
-use skillbox_protocol::{ArtifactInfo, CapabilityRunRequest, MAX_TIMEOUT_MS, RunRequest};
+use skillbox_protocol::{
+    ArtifactInfo, CapabilityRunRequest, MAX_TIMEOUT_MS, RunRequest, SandboxedKind,
+};
 use skillbox_run::Runner;
 use skillbox_skills::{SkillSet, Sources};
 use skillbox_store::is_sha256_hex;
@@ -71,7 +72,7 @@ pub(crate) struct Shared {
     pub(crate) door: Arc<dyn Door>,
     pub(crate) sandboxes: Arc<Sandboxes>,
     /// A session's sandbox backend when its first call names none.
-    pub(crate) default_backend: BackendKind,
+    pub(crate) default_backend: SandboxedKind,
     /// The tenant of a request that carries no HTTP parts (stdio); `None` refuses it.
     pub(crate) local_tenant: Option<Arc<str>>,
     /// Cancelled when the server stops: every call with it.
@@ -280,9 +281,9 @@ impl SkillboxMcp {
     async fn sandbox(
         &self,
         tenant: &Arc<str>,
-        backend: Option<tools::Backend>,
+        backend: Option<SandboxedKind>,
     ) -> Result<Arc<Sandbox>, ToolError> {
-        let asked = backend.map(BackendKind::from);
+        let asked = backend;
         let mut slot = self.sandbox.lock().await;
         if let Some(sandbox) = slot.as_ref() {
             if let Some(asked) = asked.filter(|a| *a != sandbox.backend) {
@@ -316,7 +317,7 @@ impl SkillboxMcp {
             script: arguments.script,
             timeout_ms: arguments.timeout_ms,
             files: arguments.files.into_iter().map(Into::into).collect(),
-            backend: arguments.backend.map(Into::into),
+            backend: arguments.backend.map(SandboxedKind::kind),
             outputs: Vec::new(),
             limits: None,
             skills: arguments.skills,

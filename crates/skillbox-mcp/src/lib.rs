@@ -28,7 +28,8 @@ use rmcp::ServiceExt;
 use rmcp::transport::StreamableHttpServerConfig;
 use rmcp::transport::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use skillbox_env::{BackendKind, CancellationToken};
+use skillbox_env::CancellationToken;
+use skillbox_protocol::SandboxedKind;
 use skillbox_run::Runner;
 
 use crate::handler::Shared;
@@ -37,14 +38,14 @@ use crate::handler::Shared;
 #[derive(Debug, Clone, Copy)]
 pub struct McpConfig {
     /// A session's sandbox backend when its first call names none.
-    pub default_backend: BackendKind,
+    pub default_backend: SandboxedKind,
     pub sandboxes: SandboxBounds,
 }
 
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
-            default_backend: BackendKind::Native,
+            default_backend: SandboxedKind::Native,
             sandboxes: SandboxBounds::default(),
         }
     }

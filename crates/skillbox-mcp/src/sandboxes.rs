@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use skillbox_env::{
-    BackendKind, CancellationToken, ErrorCode, ExecutionEnv, SandboxPolicy, SandboxSpec,
-};
+use skillbox_env::{CancellationToken, ErrorCode, ExecutionEnv, SandboxPolicy, SandboxSpec};
+use skillbox_protocol::SandboxedKind;
 use skillbox_run::Runner;
 use tokio_util::task::TaskTracker;
 
@@ -38,7 +37,7 @@ pub(crate) const MAX_EXECS: usize = 4;
 
 /// One MCP session's sandbox.
 pub(crate) struct Sandbox {
-    pub(crate) backend: BackendKind,
+    pub(crate) backend: SandboxedKind,
     pub(crate) env: Box<dyn ExecutionEnv>,
     /// Cancelled when the session ends: every running call with it.
     pub(crate) ending: CancellationToken,
@@ -171,25 +170,20 @@ impl Sandboxes {
         &self,
         key: u64,
         tenant: &Arc<str>,
-        backend: BackendKind,
+        backend: SandboxedKind,
         runner: &Runner,
     ) -> Result<Arc<Sandbox>, ToolError> {
-        if backend == BackendKind::Host {
-            return Err(ToolError::invalid(
-                "backend: host runs code with no boundary; use native, docker, gvisor or wasm",
-            ));
-        }
         self.reserve(key, tenant)?;
         let started = Instant::now();
         let made = async {
             let mut policy = SandboxPolicy::default();
-            runner.runtime_mount(backend, &mut policy).await?;
+            runner.runtime_mount(backend.kind(), &mut policy).await?;
             let spec = SandboxSpec {
                 workspace: None,
                 limits: runner.limits().clone(),
                 policy,
             };
-            Ok::<_, ToolError>(runner.backends().create(backend, spec).await?)
+            Ok::<_, ToolError>(runner.backends().create(backend.kind(), spec).await?)
         }
         .await;
         let env = match made {

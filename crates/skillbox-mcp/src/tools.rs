@@ -8,35 +8,9 @@ use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use skillbox_env::BackendKind;
-use skillbox_protocol::{Encoding, FileInput, Language};
+use skillbox_protocol::{Encoding, FileInput, Language, SandboxedKind};
 
 use crate::door::ToolError;
-
-/// Where a sandbox runs: never `host`, which has no boundary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Backend {
-    /// Namespaces, Landlock, seccomp and cgroups on this host (the default).
-    Native,
-    /// A container with no network (needs Docker and the runtime image).
-    Docker,
-    /// The same container under gVisor's user-space kernel.
-    Gvisor,
-    /// A WASI guest under wasmtime (python and node only).
-    Wasm,
-}
-
-impl From<Backend> for BackendKind {
-    fn from(backend: Backend) -> Self {
-        match backend {
-            Backend::Native => BackendKind::Native,
-            Backend::Docker => BackendKind::Docker,
-            Backend::Gvisor => BackendKind::Gvisor,
-            Backend::Wasm => BackendKind::Wasm,
-        }
-    }
-}
 
 /// A script's language.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -117,7 +91,7 @@ pub(crate) struct RunScript {
     /// Start from this scope's last snapshot of /workspace and save a new one after.
     pub scope_key: Option<String>,
     /// The sandbox (default native).
-    pub backend: Option<Backend>,
+    pub backend: Option<SandboxedKind>,
     /// Wall-clock limit in milliseconds, 1 to 600000 (default 60000).
     pub timeout_ms: Option<u64>,
     /// What the script may reach (none: no network at all).
@@ -162,7 +136,7 @@ pub(crate) struct Exec {
     /// Wall-clock limit in milliseconds, 1 to 600000 (default 60000).
     pub timeout_ms: Option<u64>,
     /// The session sandbox's backend, chosen by the session's first call (default native).
-    pub backend: Option<Backend>,
+    pub backend: Option<SandboxedKind>,
 }
 
 /// `read_file`.
@@ -172,7 +146,7 @@ pub(crate) struct ReadFile {
     /// Relative to /workspace.
     pub path: String,
     /// The session sandbox's backend, chosen by the session's first call (default native).
-    pub backend: Option<Backend>,
+    pub backend: Option<SandboxedKind>,
 }
 
 /// `write_file`.
@@ -189,7 +163,7 @@ pub(crate) struct WriteFile {
     #[serde(default)]
     pub executable: bool,
     /// The session sandbox's backend, chosen by the session's first call (default native).
-    pub backend: Option<Backend>,
+    pub backend: Option<SandboxedKind>,
 }
 
 /// `list_dir`.
@@ -199,7 +173,7 @@ pub(crate) struct ListDir {
     /// Relative to /workspace (default /workspace itself).
     pub path: Option<String>,
     /// The session sandbox's backend, chosen by the session's first call (default native).
-    pub backend: Option<Backend>,
+    pub backend: Option<SandboxedKind>,
 }
 
 /// `list_skills`: no arguments.

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// Linux namespaces + Landlock + seccomp + cgroups/rlimits; the default.
@@ -96,6 +97,92 @@ impl FromStr for BackendKind {
     }
 }
 
+/// A kind of sandbox with a boundary: every [`BackendKind`] but `host`. Doors that run
+/// code for a caller (runs, sessions, agent runs, MCP) take this, made once from the
+/// caller's kind by [`TryFrom`], so `host` is refused in one place, with one message.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxedKind {
+    /// Namespaces, Landlock, seccomp and cgroups on this host (the default).
+    #[default]
+    Native,
+    /// A container with no network (needs Docker and the runtime image).
+    Docker,
+    /// The same container under gVisor's user-space kernel.
+    Gvisor,
+    /// A WASI guest under wasmtime (python and node only).
+    Wasm,
+}
+
+impl SandboxedKind {
+    /// Every kind with a boundary, in [`BackendKind::ALL`]'s order.
+    pub const ALL: [SandboxedKind; 4] = [
+        SandboxedKind::Native,
+        SandboxedKind::Docker,
+        SandboxedKind::Gvisor,
+        SandboxedKind::Wasm,
+    ];
+
+    /// The backend kind it is.
+    pub fn kind(self) -> BackendKind {
+        match self {
+            SandboxedKind::Native => BackendKind::Native,
+            SandboxedKind::Docker => BackendKind::Docker,
+            SandboxedKind::Gvisor => BackendKind::Gvisor,
+            SandboxedKind::Wasm => BackendKind::Wasm,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+impl From<SandboxedKind> for BackendKind {
+    fn from(kind: SandboxedKind) -> Self {
+        kind.kind()
+    }
+}
+
+impl TryFrom<BackendKind> for SandboxedKind {
+    type Error = HostIsNoSandbox;
+
+    fn try_from(kind: BackendKind) -> Result<Self, Self::Error> {
+        SandboxedKind::ALL
+            .into_iter()
+            .find(|sandboxed| sandboxed.kind() == kind)
+            .ok_or(HostIsNoSandbox)
+    }
+}
+
+impl fmt::Display for SandboxedKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `host` asked for where code needs a boundary. Its message, prefixed with the field or
+/// flag by the caller, is the one every door gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostIsNoSandbox;
+
+impl fmt::Display for HostIsNoSandbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = SandboxedKind::ALL.iter().map(|k| k.as_str()).collect();
+        write!(
+            f,
+            "host runs code with no boundary; use {}",
+            names.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for HostIsNoSandbox {}
+
 /// What stands between the code and the machine.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,6 +265,29 @@ impl BackendReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_but_host_is_a_sandbox_and_host_is_refused_with_one_message() {
+        for kind in BackendKind::ALL {
+            match SandboxedKind::try_from(kind) {
+                Ok(sandboxed) => {
+                    assert_eq!(sandboxed.kind(), kind);
+                    assert_eq!(sandboxed.as_str(), kind.as_str());
+                }
+                Err(e) => {
+                    assert_eq!(kind, BackendKind::Host);
+                    assert_eq!(
+                        e.to_string(),
+                        "host runs code with no boundary; use native, docker, gvisor, wasm"
+                    );
+                }
+            }
+        }
+        assert_eq!(SandboxedKind::default().kind(), BackendKind::default());
+        let wire: SandboxedKind = serde_json::from_str("\"gvisor\"").unwrap();
+        assert_eq!(wire, SandboxedKind::Gvisor);
+        assert!(serde_json::from_str::<SandboxedKind>("\"host\"").is_err());
+    }
 
     #[test]
     fn names_parse_and_serialize_the_same_way() {

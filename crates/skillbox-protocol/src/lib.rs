@@ -39,7 +39,9 @@ pub use agent::{
     AgentStatus, Attempt, Correction, CorrectionKind, ErrorInfo, PlainRunList, PlainRunSummary,
     PreviewFormat, SlidePreview, SlidePreviews, Usage, Verification,
 };
-pub use backend::{BackendKind, BackendReport, Boundary, Layer, UnknownBackend};
+pub use backend::{
+    BackendKind, BackendReport, Boundary, HostIsNoSandbox, Layer, SandboxedKind, UnknownBackend,
+};
 pub use capability::{
     CapabilityInfo, CapabilityList, CapabilityRun, CapabilityRunRequest, ServiceExit, ServiceInfo,
     ServiceList, ServiceState,

@@ -8,6 +8,7 @@ mod runtime;
 
 pub use runner::{
     NODE_MODULES, PlannedSkills, RunError, Runner, RunnerConfig, Scope, check_files,
-    check_skill_names, object_url, registry_config, script_command, script_name, tighter,
+    check_skill_names, object_url, registry_config, sandboxed, script_command, script_name,
+    tighter,
 };
 pub use runtime::{NodeRuntime, RuntimeError};

@@ -14,7 +14,7 @@ use skillbox_env::{
 };
 use skillbox_protocol::{
     ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, OutputSelection, PlacedSkill,
-    RunRequest, RunResult, SkillsPlaced, SnapshotReport,
+    RunRequest, RunResult, SandboxedKind, SkillsPlaced, SnapshotReport,
 };
 use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_skills::{HashCache, Projection, ProjectionConfig, Skill, SkillSet, Sources};
@@ -264,6 +264,13 @@ fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
         )));
     }
     Ok(clean)
+}
+
+/// The sandbox a caller asked for (`backend`; native when it names none), never `host`:
+/// the one place every door (runs, sessions, agent runs, MCP) refuses it.
+pub fn sandboxed(backend: Option<BackendKind>) -> Result<SandboxedKind, RunError> {
+    SandboxedKind::try_from(backend.unwrap_or_default())
+        .map_err(|e| RunError::Invalid(format!("backend: {e}")))
 }
 
 /// A bound the request asks for: within the server's (`None` there: no bound to stay
@@ -709,13 +716,7 @@ impl Runner {
         tenant: &str,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
-        let kind = request.backend.unwrap_or(BackendKind::Native);
-        if kind == BackendKind::Host {
-            return Err(RunError::Invalid(
-                "backend: host runs code with no boundary; runs use native, docker, gvisor or wasm"
-                    .into(),
-            ));
-        }
+        let kind = sandboxed(request.backend)?.kind();
         let checked = check(request)?;
         if kind == BackendKind::Wasm && checked.language == Language::Sh {
             return Err(RunError::Invalid(

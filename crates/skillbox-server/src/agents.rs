@@ -13,7 +13,7 @@ use serde::Deserialize;
 use skillbox_agent::{Agent, AgentConfig, AgentEvent, SKILL_NAMES, builtin_skill};
 use skillbox_protocol::{
     AgentInfo, AgentRun, AgentRunCreated, AgentRunList, AgentRunRequest, AgentRunSummary,
-    AgentStatus, BackendKind, ErrorCode, ErrorInfo,
+    AgentStatus, ErrorCode, ErrorInfo,
 };
 use skillbox_store::RunRecord;
 
@@ -92,13 +92,7 @@ pub(crate) async fn create(
             format!("maxAttempts: {max_attempts} is out of range 1..=10"),
         ));
     }
-    let backend = request.backend.unwrap_or(BackendKind::Native);
-    if backend == BackendKind::Host {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            "backend: host runs code with no boundary; agent runs use native, docker or gvisor",
-        ));
-    }
+    let backend = skillbox_run::sandboxed(request.backend)?;
     // The tenant's skills and scope, as POST /v1/run's: a name that is not there is 400
     // now, naming those that are, rather than a failed record later.
     state
@@ -142,7 +136,7 @@ pub(crate) async fn create(
         prompt: request.prompt.clone(),
         skill: skill_name,
         max_attempts,
-        backend,
+        backend: backend.kind(),
         skills: request.skills.clone(),
         scope_key: request.scope_key.clone(),
         model: provider.name(),

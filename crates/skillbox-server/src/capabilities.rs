@@ -78,7 +78,7 @@ fn listed(
             name: c.name().to_string(),
             description: c.manifest.description.clone(),
             version: c.manifest.version.clone(),
-            environment: c.manifest.environment.kind(),
+            environment: c.manifest.environment,
             lifecycle: c.manifest.lifecycle.as_str().to_string(),
             grant: match trust.standing(c, project) {
                 Ok(standing) => standing.describe().to_string(),

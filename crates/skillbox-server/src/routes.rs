@@ -47,6 +47,8 @@ use crate::{agents, auth, capabilities, mcp, previews, runs, sessions, skills, u
         sessions::ls
     ),
     components(schemas(
+        // The backends a client may ask a sandbox of: its SDKs' own lists follow it.
+        skillbox_protocol::SandboxedKind,
         skillbox_protocol::AgentRunRequest,
         skillbox_protocol::AgentRunCreated,
         skillbox_protocol::AgentRun,

@@ -424,13 +424,7 @@ pub(crate) async fn create(
     if state.runs_cancel().is_cancelled() {
         return Err(shutting_down());
     }
-    let kind = request.backend.unwrap_or(BackendKind::Native);
-    if kind == BackendKind::Host {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            "backend: host runs code with no boundary; sessions use native, docker, gvisor or wasm",
-        ));
-    }
+    let kind = skillbox_run::sandboxed(request.backend)?.kind();
     let config = state.sessions.config;
     let idle = duration_field(
         "idleTimeoutMs",

@@ -11,12 +11,13 @@ use skillbox_agent::{
     builtin_skill,
 };
 use skillbox_client::outdir::{Declared, ExportOptions, Exported, OutDir};
-use skillbox_env::{BackendKind, CancellationToken};
+use skillbox_env::CancellationToken;
+use skillbox_protocol::SandboxedKind;
 use skillbox_run::RunnerConfig;
 use skillbox_store::LOCAL_TENANT;
 
 use crate::terminal::{escaped, escaped_path};
-use crate::units::backend_parser;
+use crate::units::sandboxed_parser;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Model {
@@ -63,8 +64,8 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,
     /// Which boundary the scripts run behind.
-    #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
-    backend: BackendKind,
+    #[arg(long, value_parser = sandboxed_parser(), default_value_t = SandboxedKind::Native)]
+    backend: SandboxedKind,
     /// Disk for each script's /workspace and /tmp together (512M, 2G), or none for no
     /// bound.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "1G")]
@@ -206,12 +207,10 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
     } else {
         eprintln!("skillbox agent: model: {}", provider.name());
     }
-    if args.backend == BackendKind::Host {
-        return usage("--backend host: agent scripts always run behind a boundary");
-    }
     // Container backends carry the Node runtime in their image.
     let runner =
-        match crate::local::runner_with(runner_config, args.backend == BackendKind::Native).await {
+        match crate::local::runner_with(runner_config, args.backend == SandboxedKind::Native).await
+        {
             Ok(runner) => Arc::new(runner),
             Err(e) => return failed(&e.to_string()),
         };

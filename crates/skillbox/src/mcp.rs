@@ -7,17 +7,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Args;
-use skillbox_env::BackendKind;
 use skillbox_mcp::{McpConfig, McpServer};
+use skillbox_protocol::SandboxedKind;
 
-use crate::units::backend_parser;
+use crate::units::sandboxed_parser;
 
 #[derive(Debug, Args)]
 pub struct McpArgs {
     /// The sandbox of a session's exec, read_file, write_file and list_dir when its first
     /// call names none (run_script names its own, default native).
-    #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
-    backend: BackendKind,
+    #[arg(long, value_parser = sandboxed_parser(), default_value_t = SandboxedKind::Native)]
+    backend: SandboxedKind,
     /// The workspace whose skills run_script's `skills` name [default: the current
     /// directory]
     #[arg(long, value_name = "DIR")]
@@ -25,12 +25,6 @@ pub struct McpArgs {
 }
 
 pub async fn run(args: McpArgs, data_dir: &Path) -> ExitCode {
-    if args.backend == BackendKind::Host {
-        eprintln!(
-            "skillbox mcp: --backend host runs code with no boundary; use native, docker, gvisor or wasm"
-        );
-        return ExitCode::from(crate::EXIT_USAGE);
-    }
     let mut config = skillbox_run::RunnerConfig::new(data_dir);
     config.skills_workspace = match args.workspace {
         Some(dir) => Some(dir),

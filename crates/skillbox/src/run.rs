@@ -8,13 +8,13 @@ use std::time::Duration;
 use clap::Args;
 use skillbox_client::outdir::{Declared, ExportOptions, OutDir, download_to_dir};
 use skillbox_client::{
-    BackendKind, ClientError, ErrorCode, HttpSkillSandbox, Language, OutputSelection, RunRequest,
-    SkillSandbox,
+    ClientError, ErrorCode, HttpSkillSandbox, Language, OutputSelection, RunRequest, SkillSandbox,
 };
 use skillbox_env::CancellationToken;
+use skillbox_protocol::SandboxedKind;
 
 use crate::terminal::{escaped, escaped_path};
-use crate::units::{Bound, backend_parser, parse_duration, parse_size, parse_size_bound};
+use crate::units::{Bound, parse_duration, parse_size, parse_size_bound, sandboxed_parser};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -31,8 +31,8 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     lang: Option<Lang>,
     /// Which boundary to run behind.
-    #[arg(long, value_parser = backend_parser(), default_value_t = BackendKind::Native)]
-    backend: BackendKind,
+    #[arg(long, value_parser = sandboxed_parser(), default_value_t = SandboxedKind::Native)]
+    backend: SandboxedKind,
     /// Wall-clock limit (500ms, 30s, 2m).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     timeout: Duration,
@@ -171,7 +171,7 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     };
     let mut request = RunRequest::new(language, script);
     request.timeout_ms = Some(args.timeout.as_millis() as u64);
-    request.backend = Some(args.backend);
+    request.backend = Some(args.backend.kind());
     request.outputs = args.outputs.clone();
     request.skills = args.skills.clone();
     request.scope_key = args.scope.clone();
@@ -234,7 +234,7 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
         None => match crate::local::LocalSandbox::open(
             data_dir,
             // Container backends carry the runtime in their image.
-            language == Language::Node && args.backend == BackendKind::Native,
+            language == Language::Node && args.backend == SandboxedKind::Native,
             |config| {
                 if let Some(Bound(disk)) = args.disk {
                     config.limits.disk_bytes = disk;

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use skillbox_client::{
-    BackendKind, ClientError, ExecOutput, HttpSkillSandbox, SessionCreateRequest, SessionExecEvent,
+    ClientError, ExecOutput, HttpSkillSandbox, SessionCreateRequest, SessionExecEvent,
     SessionExecRequest, SessionInfo, SessionLimits, Sessions,
 };
 
 use crate::terminal::escaped;
-use crate::units::{backend_parser, parse_duration, parse_size};
+use crate::units::{parse_duration, parse_size, sandboxed_parser};
 
 /// Where a `skillbox serve` listens unless `--remote` or `SKILLBOX_URL` says otherwise.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -110,8 +110,8 @@ enum SessionCommand {
 #[derive(Debug, Args)]
 struct CreateArgs {
     /// Which boundary [default: native; host is refused]
-    #[arg(long, value_parser = backend_parser())]
-    backend: Option<BackendKind>,
+    #[arg(long, value_parser = sandboxed_parser())]
+    backend: Option<skillbox_protocol::SandboxedKind>,
     /// Place the skill NAME in /workspace when it opens (repeatable; the server's
     /// --project skills or the tenant's own).
     #[arg(long = "skill", value_name = "NAME")]
@@ -323,7 +323,7 @@ async fn create_session(sessions: &Sessions, args: CreateArgs) -> ExitCode {
         egress_bytes: args.egress_bytes,
     };
     let request = SessionCreateRequest {
-        backend: args.backend,
+        backend: args.backend.map(skillbox_protocol::SandboxedKind::kind),
         limits: (limits != SessionLimits::default()).then_some(limits),
         skills: args.skills,
         scope_key: args.scope,

@@ -35,6 +35,25 @@ pub fn backend_parser() -> impl clap::builder::TypedValueParser<Value = skillbox
     PossibleValuesParser::new(kinds).try_map(|name| name.parse::<skillbox_env::BackendKind>())
 }
 
+/// `--backend NAME` where code needs a boundary: a kind other than `host`, which is
+/// refused with the message every door gives.
+pub fn sandboxed_parser()
+-> impl clap::builder::TypedValueParser<Value = skillbox_protocol::SandboxedKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let kinds = skillbox_protocol::SandboxedKind::ALL
+        .map(|kind| PossibleValue::new(kind.as_str()).help(kind.kind().boundary().describe()));
+    // `host` is taken by the parser so that its refusal is the doors' own message.
+    let kinds = kinds
+        .into_iter()
+        .chain([PossibleValue::new("host").hide(true)]);
+    PossibleValuesParser::new(kinds).try_map(|name| {
+        let kind = name
+            .parse::<skillbox_env::BackendKind>()
+            .map_err(|e| e.to_string())?;
+        skillbox_protocol::SandboxedKind::try_from(kind).map_err(|e| e.to_string())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
