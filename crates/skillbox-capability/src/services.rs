@@ -302,7 +302,14 @@ fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener, EnvError> 
     // Bound in a directory only we can enter, set 0600 there, then moved into place: no
     // client can reach it before its mode is set, and no link can be swapped in.
     let parent = path.parent().unwrap_or(Path::new("/"));
-    let private = parent.join(format!(".sbx-{:08x}", rand_u32()));
+    let private = parent.join(format!(
+        ".sbx-{}",
+        skillbox_protocol::random::hex(4).map_err(|e| io_error(
+            &e,
+            "name a directory in",
+            parent
+        ))?
+    ));
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -351,12 +358,6 @@ impl Drop for SocketGuard {
             remove_socket(path);
         }
     }
-}
-
-fn rand_u32() -> u32 {
-    let mut bytes = [0u8; 4];
-    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
-    u32::from_ne_bytes(bytes)
 }
 
 /// The last bytes of a stream, cut at a line start when one is in reach.

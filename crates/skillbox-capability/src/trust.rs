@@ -241,9 +241,7 @@ impl TrustStore {
         // Random, not only this process's pid: a process killed between this create
         // and the rename leaves its file, and a later one with its pid (a server that
         // is pid 1 of its container, restarted) would find it there on every write.
-        let mut random = [0u8; 8];
-        skillbox_env::path::fill_random(&mut random);
-        let random: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let random = skillbox_protocol::random::hex(8).map_err(failed)?;
         let temp = self
             .file
             .with_extension(format!("tmp-{}-{random}", std::process::id()));

@@ -15,7 +15,8 @@ use bollard::container::LogOutput;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use skillbox_env::{
-    CancellationToken, EnvError, EnvResult, ExecEvent, ExecRequest, ExecStream, Shell, Truncated,
+    CancellationToken, EnvError, EnvResult, ErrorCode, ExecEvent, ExecRequest, ExecStream, Shell,
+    Truncated,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -499,7 +500,12 @@ impl DockerSandbox {
             .timeout
             .unwrap_or_else(|| container.limits.timeout());
         let deadline = tokio::time::Instant::now() + timeout;
-        let key = StatusKey::random();
+        let key = StatusKey::random().map_err(|e| {
+            EnvError::new(
+                ErrorCode::Unavailable,
+                format!("{backend}: no key for the exec's status: {e}"),
+            )
+        })?;
         let cwd = self.arg(request.cwd.as_deref().unwrap_or(self.default_cwd()));
         let command = request.command.to_argv();
         let program = command.first().cloned().unwrap_or_default();
@@ -659,7 +665,7 @@ mod tests {
     /// the command gets its stdin without the key line.
     #[test]
     fn the_wrapper_tags_its_status_under_the_key_it_was_given() {
-        let key = StatusKey::random();
+        let key = StatusKey::random().unwrap();
         let line = key.line();
         let (stdout, stderr, status) = wrapper(
             &line,
@@ -677,7 +683,7 @@ mod tests {
         let (_, _, status) = wrapper(&line, &["/no/such/program"], b"", &key);
         assert_eq!(status, Some(Status::ExecFailed(libc::ENOENT)));
         // Under another key the same line is not believed.
-        let (_, stderr, status) = wrapper(&line, &["true"], b"", &StatusKey::random());
+        let (_, stderr, status) = wrapper(&line, &["true"], b"", &StatusKey::random().unwrap());
         assert_eq!(status, None);
         assert!(stderr.starts_with(b"\0skillbox-status:"), "{stderr:?}");
         // Without a key the wrapper runs nothing and says nothing.
@@ -802,7 +808,7 @@ mod tests {
     /// stderr back while it runs; the real frame at the end is still taken.
     #[tokio::test(start_paused = true)]
     async fn stderr_after_a_walk_marker_look_alike_streams() {
-        let key = StatusKey::random();
+        let key = StatusKey::random().unwrap();
         let (mut reading, mut events) = reading(key, true, true);
         let mut early = b"\0skillbox-walk:not a frame\n".to_vec();
         early.extend(vec![b'x'; 64 * 1024]);
@@ -846,7 +852,7 @@ mod tests {
     /// with its status, not as timed out, and nothing is killed.
     #[tokio::test(start_paused = true)]
     async fn a_deadline_after_the_status_line_is_not_a_timeout() {
-        let key = StatusKey::random();
+        let key = StatusKey::random().unwrap();
         let (mut reading, _events) = reading(key, true, false);
         let status = status_line(&key, Status::Exit(0), "exit 0");
         let start = tokio::time::Instant::now();

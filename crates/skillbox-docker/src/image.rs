@@ -186,10 +186,13 @@ impl ImageBuilder {
         skillbox_env::owner::claim(&self.cache)
             .map_err(|e| io_failed("claim", &self.cache.join(skillbox_env::owner::CLAIMS), &e))?;
         sweep_dead_roots(&self.cache);
-        let work = self.cache.join(skillbox_env::path::temp_name(&format!(
-            "{ROOT_STAGING}{short}-{}-",
-            skillbox_env::owner::this_process()
-        )));
+        let work = self.cache.join(
+            skillbox_env::path::temp_name(&format!(
+                "{ROOT_STAGING}{short}-{}-",
+                skillbox_env::owner::this_process()
+            ))
+            .map_err(|e| io_failed("name a directory in", &self.cache, &e))?,
+        );
         progress(&format!(
             "debootstrap {suite} (minbase + {PACKAGES}) from {} — about a minute",
             self.mirror

@@ -114,17 +114,17 @@ impl std::fmt::Debug for StatusKey {
 
 impl StatusKey {
     /// A fresh key, for one exec.
-    pub(crate) fn random() -> StatusKey {
+    pub(crate) fn random() -> std::io::Result<StatusKey> {
         let mut bytes = [0u8; 32];
-        skillbox_env::path::fill_random(&mut bytes);
+        skillbox_protocol::random::fill(&mut bytes)?;
         let word = |i: usize| {
             let mut w = [0u8; 4];
             w.copy_from_slice(&bytes[4 * i..4 * i + 4]);
             u64::from(u32::from_le_bytes(w)) % TAG_PRIME
         };
-        StatusKey {
+        Ok(StatusKey {
             pairs: [0, 1, 2, 3].map(|i| (word(2 * i), word(2 * i + 1))),
-        }
+        })
     }
 
     /// The first line of the wrapper's stdin: the eight numbers, in decimal.
@@ -397,14 +397,14 @@ mod tests {
 
     #[test]
     fn the_status_line_is_split_off_stderr() {
-        let key = StatusKey::random();
+        let key = StatusKey::random().unwrap();
         let mut tail = b"some error\n".to_vec();
         tail.extend(line(&key, Status::Signal(9), "signal 9"));
         let (end, status) = split_status(&tail, &key);
         assert_eq!(&tail[..end], b"some error\n");
         assert_eq!(status, Some(Status::Signal(9)));
         // Under another key, or not the last line, it is the command's own output.
-        let other = StatusKey::random();
+        let other = StatusKey::random().unwrap();
         assert_eq!(split_status(&tail, &other), (tail.len(), None));
         let mut more = line(&key, Status::Exit(0), "exit 0");
         more.extend(b"more\n");
@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn a_tag_covers_only_its_own_status() {
-        let key = StatusKey::random();
+        let key = StatusKey::random().unwrap();
         let statuses = [
             Status::Exit(0),
             Status::Exit(3),

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::sync::{Arc, Mutex};
 
 use rcgen::{
@@ -113,7 +113,7 @@ impl Secrets {
     }
 
     /// Each secret with a placeholder of its own, from 16 bytes `fill` draws (the
-    /// system's: [`system_random`]). A source that fails is the error, naming the
+    /// system's: `skillbox_protocol::random::fill`). A source that fails is the error, naming the
     /// secret: a placeholder that is not random could be guessed, or be another's.
     pub fn with_placeholders(
         self,
@@ -158,16 +158,6 @@ const PLACEHOLDER_BYTES: usize = 16;
 fn placeholder(random: [u8; PLACEHOLDER_BYTES]) -> String {
     let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
     format!("skillbox-secret-{hex}")
-}
-
-/// Fills `bytes` from the system's random source (`/dev/urandom`); the error names it.
-pub(crate) fn system_random(bytes: &mut [u8]) -> io::Result<()> {
-    const SOURCE: &str = "/dev/urandom";
-    let context = |e: io::Error| io::Error::new(e.kind(), format!("{SOURCE}: {e}"));
-    std::fs::File::open(SOURCE)
-        .map_err(context)?
-        .read_exact(bytes)
-        .map_err(context)
 }
 
 /// The sandbox's CA and the TLS both ways for the hosts of its secrets.
@@ -340,7 +330,9 @@ mod tests {
         ]))
         .unwrap();
         assert!(!format!("{secrets:?}").contains("s3cret"));
-        let secrets = secrets.with_placeholders(system_random).unwrap();
+        let secrets = secrets
+            .with_placeholders(skillbox_protocol::random::fill)
+            .unwrap();
         let env = secrets.env();
         assert_eq!(env.len(), 2);
         assert!(
@@ -445,8 +437,8 @@ mod tests {
         assert_eq!(calls, 1, "no placeholder after the first failure");
         // The system's source: two draws differ.
         let (mut one, mut two) = ([0u8; 16], [0u8; 16]);
-        system_random(&mut one).unwrap();
-        system_random(&mut two).unwrap();
+        skillbox_protocol::random::fill(&mut one).unwrap();
+        skillbox_protocol::random::fill(&mut two).unwrap();
         assert_ne!(one, two);
     }
 

@@ -86,7 +86,7 @@ pub fn sandbox_egress(
     if !secrets.is_empty() {
         let checked = Secrets::new(secrets)
             .map_err(SetupError::Invalid)?
-            .with_placeholders(crate::secrets::system_random)
+            .with_placeholders(skillbox_protocol::random::fill)
             .map_err(SetupError::Unavailable)?;
         let interceptor = Interceptor::new(upstream_roots).map_err(SetupError::Unavailable)?;
         env = checked.env();

@@ -335,7 +335,9 @@ impl FileSystem for HostEnv {
         prefix: &str,
         cancel: &CancellationToken,
     ) -> EnvResult<PathBuf> {
-        let p = self.temp_root.join(temp_name(prefix));
+        let p = self.temp_root.join(
+            temp_name(prefix).map_err(|e| EnvError::io(&e, "create_temp_dir", &self.temp_root))?,
+        );
         let made = p.clone();
         blocking(cancel, "create_temp_dir", move || {
             std::fs::create_dir_all(made.parent().unwrap_or(Path::new("/")))
@@ -352,7 +354,9 @@ impl FileSystem for HostEnv {
         prefix: &str,
         cancel: &CancellationToken,
     ) -> EnvResult<PathBuf> {
-        let p = self.temp_root.join(temp_name(prefix));
+        let p = self.temp_root.join(
+            temp_name(prefix).map_err(|e| EnvError::io(&e, "create_temp_file", &self.temp_root))?,
+        );
         let made = p.clone();
         blocking(cancel, "create_temp_file", move || {
             std::fs::create_dir_all(made.parent().unwrap_or(Path::new("/")))
@@ -665,7 +669,7 @@ fn replace_file(
     data: &[u8],
     permissions: Option<std::fs::Permissions>,
 ) -> std::io::Result<()> {
-    let tmp = dir.join(temp_name(&format!(".{}.", name.to_string_lossy())));
+    let tmp = dir.join(temp_name(&format!(".{}.", name.to_string_lossy()))?);
     let result = (|| {
         let mut file = std::fs::File::create_new(&tmp)?;
         file.write_all(data)?;

@@ -21,25 +21,10 @@ pub fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-/// A fresh name for a temp entry: `prefix` plus 16 random hex digits.
-pub fn temp_name(prefix: &str) -> String {
-    let mut bytes = [0u8; 8];
-    fill_random(&mut bytes);
-    let suffix: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{prefix}{suffix}")
-}
-
-/// Fills `buf` from the kernel's random source.
-pub fn fill_random(buf: &mut [u8]) {
-    let mut filled = 0;
-    while filled < buf.len() {
-        // SAFETY: the pointer and length describe the unfilled tail of `buf`.
-        let n =
-            unsafe { libc::getrandom(buf[filled..].as_mut_ptr().cast(), buf.len() - filled, 0) };
-        if n > 0 {
-            filled += n as usize;
-        }
-    }
+/// A fresh name for a temp entry: `prefix` plus 16 random hex digits, or the error of
+/// the kernel's random source (never a name another could guess).
+pub fn temp_name(prefix: &str) -> std::io::Result<String> {
+    Ok(format!("{prefix}{}", skillbox_protocol::random::hex(8)?))
 }
 
 #[cfg(test)]
@@ -59,7 +44,7 @@ mod tests {
 
     #[test]
     fn temp_names_differ() {
-        assert_ne!(temp_name("x-"), temp_name("x-"));
-        assert!(temp_name("pre-").starts_with("pre-"));
+        assert_ne!(temp_name("x-").unwrap(), temp_name("x-").unwrap());
+        assert!(temp_name("pre-").unwrap().starts_with("pre-"));
     }
 }

@@ -155,10 +155,10 @@ impl Located {
     /// renamed over `name`, so a reader sees the old content or the new, and a symlink at
     /// `name` is replaced, never followed.
     fn replace_file(&self, dir: &OwnedFd, name: &Path, data: &[u8], mode: u32) -> EnvResult<()> {
-        let tmp = PathBuf::from(skillbox_env::path::temp_name(&format!(
-            ".{}.",
-            name.display()
-        )));
+        let tmp = PathBuf::from(
+            skillbox_env::path::temp_name(&format!(".{}.", name.display()))
+                .map_err(|e| EnvError::io(&e, "write", name))?,
+        );
         let fd = rustix::fs::openat(
             dir,
             &tmp,
@@ -678,7 +678,11 @@ impl FileSystem for NativeSandbox {
         cancel: &CancellationToken,
     ) -> EnvResult<PathBuf> {
         self.create_dir(Path::new(TEMP_DIR), true, cancel).await?;
-        let path = Path::new(TEMP_DIR).join(skillbox_env::path::temp_name(prefix));
+        let path =
+            Path::new(TEMP_DIR)
+                .join(skillbox_env::path::temp_name(prefix).map_err(|e| {
+                    EnvError::io(&e, "create a temp entry in", Path::new(TEMP_DIR))
+                })?);
         self.create_dir(&path, false, cancel).await?;
         self.remember(&path);
         Ok(path)
@@ -690,7 +694,11 @@ impl FileSystem for NativeSandbox {
         cancel: &CancellationToken,
     ) -> EnvResult<PathBuf> {
         self.create_dir(Path::new(TEMP_DIR), true, cancel).await?;
-        let path = Path::new(TEMP_DIR).join(skillbox_env::path::temp_name(prefix));
+        let path =
+            Path::new(TEMP_DIR)
+                .join(skillbox_env::path::temp_name(prefix).map_err(|e| {
+                    EnvError::io(&e, "create a temp entry in", Path::new(TEMP_DIR))
+                })?);
         let loc = self.locate(&path)?;
         blocking(cancel, "create_temp_file", move || {
             let (dir, name) = loc.parent("create_temp_file")?;

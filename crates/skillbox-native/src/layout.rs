@@ -185,7 +185,7 @@ pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io:
     let staging = native_dir.join(skillbox_env::path::temp_name(&format!(
         "{}-etc-",
         skillbox_env::owner::this_process()
-    )));
+    ))?);
     let build = || -> std::io::Result<()> {
         fs::create_dir(&staging)?;
         for (name, content) in &files {

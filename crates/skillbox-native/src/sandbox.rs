@@ -514,16 +514,12 @@ impl NativeSandbox {
             .map_err(|e| EnvError::io(&e, "create data dir", &native_dir))?;
         sweep_once(&native_dir, one_shot, cgroup_host);
         let spec_has_no_workspace = spec.workspace.is_none();
-        let mut random = [0u8; 4];
-        skillbox_env::path::fill_random(&mut random);
+        let random = skillbox_protocol::random::hex(4)
+            .map_err(|e| EnvError::io(&e, "name a sandbox directory in", &native_dir))?;
         let dir = native_dir.join(format!(
-            "{}-{}-{:02x}{:02x}{:02x}{:02x}",
+            "{}-{}-{random}",
             skillbox_env::owner::this_process(),
             sandbox_counter(),
-            random[0],
-            random[1],
-            random[2],
-            random[3]
         ));
         // The CA of a sandbox that adds secrets, beside its directory (never in its
         // workspace), shown read-only at /skillbox-egress.

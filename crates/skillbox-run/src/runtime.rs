@@ -96,10 +96,13 @@ impl NodeRuntime {
             parent.join(skillbox_env::owner::CLAIMS).display()
         )))?;
         sweep_staging(parent).await;
-        let staging = parent.join(skillbox_env::path::temp_name(&format!(
-            "{STAGING}{}-",
-            skillbox_env::owner::this_process()
-        )));
+        let staging = parent.join(
+            skillbox_env::path::temp_name(&format!(
+                "{STAGING}{}-",
+                skillbox_env::owner::this_process()
+            ))
+            .map_err(io(format!("name a directory in {}", parent.display())))?,
+        );
         let result = self.install_into(&staging, progress).await;
         if result.is_err() {
             let _ = tokio::fs::remove_dir_all(&staging).await;

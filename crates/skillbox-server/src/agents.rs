@@ -22,10 +22,10 @@ use crate::auth::Tenant;
 use crate::error::{Failure, json_rejection};
 use crate::state::AppState;
 
-pub(crate) fn new_id() -> String {
-    let mut bytes = [0u8; 12];
-    skillbox_env::path::fill_random(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A new run's id: 24 random hex digits.
+pub(crate) fn new_id() -> Result<String, Failure> {
+    skillbox_protocol::random::hex(12)
+        .map_err(|e| Failure::new(ErrorCode::Unavailable, format!("no id for the run: {e}")))
 }
 
 pub(crate) fn not_configured() -> Failure {
@@ -131,7 +131,7 @@ pub(crate) async fn create(
         ));
     }
     let record = AgentRun {
-        id: new_id(),
+        id: new_id()?,
         status: AgentStatus::Running,
         prompt: request.prompt.clone(),
         skill: skill_name,

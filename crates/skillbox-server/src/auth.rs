@@ -165,15 +165,8 @@ impl ApiKeys {
     /// A new random token for `tenant`, and the key file line that accepts it.
     pub fn new_key(tenant: &str) -> Result<(String, String), String> {
         check_tenant(tenant)?;
-        let mut secret = [0u8; 32];
-        skillbox_env::path::fill_random(&mut secret);
-        let token = format!(
-            "sbx_{}",
-            secret
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        );
+        let secret = skillbox_protocol::random::hex(32).map_err(|e| format!("a new key: {e}"))?;
+        let token = format!("sbx_{secret}");
         let digest: String = hash(&token).iter().map(|b| format!("{b:02x}")).collect();
         Ok((token, format!("{tenant} sha256:{digest}")))
     }

@@ -131,8 +131,12 @@ fn remember(
     let Some(agents) = state.agents() else {
         return;
     };
+    let Ok(id) = crate::agents::new_id() else {
+        tracing::warn!("runs: no id for the run's summary; it is not kept");
+        return;
+    };
     let summary = PlainRunSummary {
-        id: crate::agents::new_id(),
+        id,
         created_ms: 0,
         language,
         backend,

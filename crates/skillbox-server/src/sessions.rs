@@ -84,16 +84,11 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn new_id() -> String {
-    let mut bytes = [0u8; 16];
-    let _ = getrandom(&mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("ses_{hex}")
-}
-
-fn getrandom(bytes: &mut [u8]) -> std::io::Result<()> {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(bytes)
+/// `prefix` and `bytes` random bytes in hex: a session's or an exec's id.
+fn new_id(prefix: &str, bytes: usize) -> Result<String, Failure> {
+    let random = skillbox_protocol::random::hex(bytes)
+        .map_err(|e| Failure::new(ErrorCode::Unavailable, format!("no {prefix}id: {e}")))?;
+    Ok(format!("{prefix}{random}"))
 }
 
 /// One open session.
@@ -546,7 +541,7 @@ pub(crate) async fn create(
     };
     let created_ms = now_ms();
     let session = Arc::new(Session {
-        id: new_id(),
+        id: new_id("ses_", 16)?,
         tenant: tenant.0.clone(),
         backend: kind,
         env,
@@ -771,7 +766,13 @@ pub(crate) async fn exec(
             1,
         ));
     }
-    let exec_id = format!("exe_{}", &new_id()[4..20]);
+    let exec_id = match new_id("exe_", 8) {
+        Ok(id) => id,
+        Err(e) => {
+            session.running.fetch_sub(1, Ordering::SeqCst);
+            return Err(e);
+        }
+    };
     // Counted from here: a body still arriving holds its place among the session's execs.
     let running = Running(session.clone(), exec_id.clone());
     let held = hold_body_bytes(&state, &tenant, announced)?;

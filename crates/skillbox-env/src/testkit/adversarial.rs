@@ -106,12 +106,13 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 fn marker(tag: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     temp_name(&format!("skillbox-adv-{tag}-{}-{n}-", std::process::id()))
+        .unwrap_or_else(|e| panic!("a temp name: {e}"))
 }
 
 /// A number no other test or run uses (for argv that must be numeric, like `sleep`).
 fn unique_number() -> u64 {
     let mut bytes = [0u8; 2];
-    crate::path::fill_random(&mut bytes);
+    skillbox_protocol::random::fill(&mut bytes).unwrap_or_else(|e| panic!("random bytes: {e}"));
     let n = COUNTER.fetch_add(1, Ordering::Relaxed) % 1000;
     let random = u64::from(u16::from_le_bytes(bytes)) % 1000;
     // pid < 2^22, so this stays well inside what `sleep` accepts.

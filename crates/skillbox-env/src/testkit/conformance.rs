@@ -16,7 +16,6 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::path::fill_random;
 use crate::{
     CancellationToken, EnvResult, ErrorCode, ExecEvent, ExecOutput, ExecRequest, ExecStream,
     ExecutionEnv, FileKind, FileRead, LimitKind, Tree,
@@ -111,7 +110,7 @@ async fn within<T>(what: &str, work: impl Future<Output = T>) -> T {
 /// duration of the sleepers a test must see killed.
 fn marker() -> String {
     let mut bytes = [0u8; 4];
-    fill_random(&mut bytes);
+    skillbox_protocol::random::fill(&mut bytes).expect("random bytes");
     format!("98{:08}", u32::from_le_bytes(bytes) % 100_000_000)
 }
 
@@ -1039,7 +1038,8 @@ pub async fn put_tree_scripts_run_by_their_path(env: &dyn ExecutionEnv) {
 /// A symlink at a file's path (to a file the host made outside the env, and to a file
 /// of the workspace) is replaced by the file; neither target changes.
 pub async fn put_tree_replaces_a_symlink_never_writes_through(env: &dyn ExecutionEnv) {
-    let outside = std::env::temp_dir().join(crate::path::temp_name("skillbox-put-tree-"));
+    let outside = std::env::temp_dir()
+        .join(crate::path::temp_name("skillbox-put-tree-").expect("a temp name"));
     std::fs::write(&outside, "the host's own\n").expect("write a host file");
     let script = format!(
         "mkdir -p t/d && echo keep > keep.txt && ln -s '{}' t/out && ln -s ../../keep.txt t/d/in",
