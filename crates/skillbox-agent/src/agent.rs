@@ -3,7 +3,7 @@
 //! prompt, read and run by name; the scope saved after.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,20 +15,19 @@ use skillbox_env::{
 };
 use skillbox_protocol::{
     AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, OutputSelection, SandboxedKind,
-    SkillsPlaced, SnapshotReport, Usage, Verification,
+    SkillsPlaced, SnapshotReport, Usage, Verification, WorkspacePath, WorkspaceRoot,
 };
-use skillbox_run::{PlannedSkills, RunError, Runner, Scope, script_command, script_name};
+use skillbox_run::{
+    PlannedSkills, RunError, Runner, Scope, Workspace, script_command, script_name,
+};
 use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
 
 use crate::correction::{Correction, CorrectionKind, Corrects, Streak};
 use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec};
 use crate::skills::Skill;
 
-const WORKSPACE: &str = "/workspace";
 /// Tool calls executed per model turn; the rest are answered "skipped".
 const MAX_CALLS_PER_TURN: usize = 8;
-/// The largest file `read_file` hands to the model.
-const MAX_READ_BYTES: u64 = 256 * 1024;
 /// Characters of a skill's description in the system prompt's listing.
 const DESCRIPTION_CHARS: usize = 300;
 /// Characters of a SKILL.md body `read_skill` hands to the model (the head is kept).
@@ -182,11 +181,13 @@ pub struct Agent {
 
 /// The tools; `read_skill` and `run_skill` only when the run has skills, their names
 /// the schema's enum (a call naming another is corrected against it).
-fn tools(skills: &[skillbox_skills::Skill]) -> Vec<ToolSpec> {
+fn tools(skills: &[skillbox_skills::Skill], root: &WorkspaceRoot) -> Vec<ToolSpec> {
     let mut tools = vec![
         ToolSpec {
             name: "run_script".into(),
-            description: "Run a script in the sandbox (cwd /workspace). Returns exitCode, stdout, stderr, the files in /workspace and, for .pptx files, a verification.".into(),
+            description: format!(
+                "Run a script in the sandbox (cwd {root}). Returns exitCode, stdout, stderr, the files in {root} and, for .pptx files, a verification."
+            ),
             parameters: json!({"type": "object", "properties": {
                 "language": {"type": "string", "enum": ["node", "python", "sh"]},
                 "script": {"type": "string"}
@@ -194,17 +195,19 @@ fn tools(skills: &[skillbox_skills::Skill]) -> Vec<ToolSpec> {
         },
         ToolSpec {
             name: "read_file".into(),
-            description: "Read a text file from /workspace.".into(),
+            description: format!("Read a text file from {root}."),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false}),
         },
         ToolSpec {
             name: "write_file".into(),
-            description: "Write a text file in /workspace.".into(),
+            description: format!("Write a text file in {root}."),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"], "additionalProperties": false}),
         },
         ToolSpec {
             name: "list_dir".into(),
-            description: "List a directory of /workspace (the first few hundred entries of a larger one).".into(),
+            description: format!(
+                "List a directory of {root} (the first few hundred entries of a larger one)."
+            ),
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false}),
         },
     ];
@@ -219,7 +222,7 @@ fn tools(skills: &[skillbox_skills::Skill]) -> Vec<ToolSpec> {
         });
         tools.push(ToolSpec {
             name: "run_skill".into(),
-            description: "Run one of a skill's scripts (its path inside the skill's folder, e.g. scripts/run.py) with arguments, cwd /workspace. Returns what run_script returns.".into(),
+            description: format!("Run one of a skill's scripts (its path inside the skill's folder, e.g. scripts/run.py) with arguments, cwd {root}. Returns what run_script returns."),
             parameters: json!({"type": "object", "properties": {
                 "skill": {"type": "string", "enum": names},
                 "script": {"type": "string"},
@@ -232,7 +235,11 @@ fn tools(skills: &[skillbox_skills::Skill]) -> Vec<ToolSpec> {
 
 /// The system prompt: the built-in skill's instructions, then the run's skills, each
 /// by name, folder and description (cut); their SKILL.md bodies are read on demand.
-fn system_prompt(instructions: &str, skills: &[skillbox_skills::Skill]) -> String {
+fn system_prompt(
+    instructions: &str,
+    skills: &[skillbox_skills::Skill],
+    root: &WorkspaceRoot,
+) -> String {
     if skills.is_empty() {
         return instructions.to_string();
     }
@@ -250,7 +257,7 @@ fn system_prompt(instructions: &str, skills: &[skillbox_skills::Skill]) -> Strin
         prompt.push_str(&format!(
             "- {} ({}): {}\n",
             skill.meta.name,
-            skill.sandbox_dir(Path::new(WORKSPACE)).display(),
+            skill.sandbox_dir(root.as_path()).display(),
             head(&description, DESCRIPTION_CHARS)
         ));
     }
@@ -317,22 +324,6 @@ fn listing(entries: &[skillbox_env::DirEntry], budget: usize) -> String {
     )
 }
 
-/// A workspace path from a tool argument: relative (or under /workspace), no `..`.
-fn workspace_path(raw: &str) -> Result<PathBuf, String> {
-    let path = Path::new(raw);
-    let relative = path.strip_prefix(WORKSPACE).unwrap_or(path);
-    if relative.is_absolute()
-        || relative
-            .components()
-            .any(|c| matches!(c, Component::ParentDir))
-    {
-        return Err(format!(
-            "path {raw:?}: give a path inside /workspace, without `..`"
-        ));
-    }
-    Ok(Path::new(WORKSPACE).join(relative))
-}
-
 fn string_arg(call: &ToolCall, name: &str) -> Result<String, String> {
     call.arguments[name]
         .as_str()
@@ -368,6 +359,11 @@ fn verify(files: &[CollectedFile]) -> Vec<Verification> {
 
 struct Session<'a> {
     env: &'a dyn ExecutionEnv,
+    /// The sandbox through its door: tool paths parsed by the one rule.
+    door: Workspace<'a>,
+    /// What one attempt's collection may hold, and the most `read_file` hands the model.
+    collect: CollectLimits,
+    read_cap: u64,
     config: &'a AgentConfig,
     cancel: &'a CancellationToken,
     /// The run's skills (placed in the sandbox).
@@ -405,7 +401,7 @@ impl Session<'_> {
             // `Correction::malformed_call` answers calls to other tools before this.
             other => Err(format!(
                 "unknown tool {other:?}; the tools are {}",
-                tools(self.skills)
+                tools(self.skills, self.door.root())
                     .iter()
                     .map(|t| t.name.as_str())
                     .collect::<Vec<_>>()
@@ -424,12 +420,21 @@ impl Session<'_> {
         })
     }
 
+    /// A path from a tool call's argument `path`, by the one rule every door parses
+    /// paths with; the error is the tool's answer.
+    fn path(&self, call: &ToolCall) -> Result<WorkspacePath, String> {
+        let raw = string_arg(call, "path")?;
+        self.door.parse(&raw, "path").map_err(|e| e.message)
+    }
+
     async fn read_file(&self, call: &ToolCall) -> Result<String, String> {
-        let path = workspace_path(&string_arg(call, "path")?)?;
-        // The size of what a read would return (through a symlink inside /workspace too).
+        let path = self.path(call)?;
+        let shown = self.door.absolute(&path);
+        // The size of what a read would return (through a symlink inside the workspace
+        // too).
         let target = self
             .env
-            .canonical(&path, self.cancel)
+            .canonical(&shown, self.cancel)
             .await
             .map_err(|e| e.to_string())?;
         let info = self
@@ -437,40 +442,45 @@ impl Session<'_> {
             .file_info(&target, self.cancel)
             .await
             .map_err(|e| e.to_string())?;
-        if info.size > MAX_READ_BYTES {
+        if info.size > self.read_cap {
             return Err(format!(
-                "read_file {}: {} bytes, more than the {MAX_READ_BYTES} bytes a read may return",
-                path.display(),
-                info.size
+                "read_file {}: {} bytes, more than the {} bytes a read may return",
+                shown.display(),
+                info.size,
+                self.read_cap
             ));
         }
         // Bounded by the read itself: a file swapped or grown since the look above is
         // refused as too large, never read whole.
         let bytes = self
             .env
-            .read_bytes_max(&target, MAX_READ_BYTES, self.cancel)
+            .read_bytes_max(&target, self.read_cap, self.cancel)
             .await
             .map_err(|e| e.to_string())?;
         let text = String::from_utf8(bytes)
-            .map_err(|_| format!("read_file {}: not UTF-8 text", path.display()))?;
+            .map_err(|_| format!("read_file {}: not UTF-8 text", shown.display()))?;
         Ok(json!({"content": tail(&text, self.config.output_budget * 4)}).to_string())
     }
 
     async fn write_file(&self, call: &ToolCall) -> Result<String, String> {
-        let path = workspace_path(&string_arg(call, "path")?)?;
+        let path = self.path(call)?;
         let content = string_arg(call, "content")?;
-        self.env
-            .write(&path, content.as_bytes(), self.cancel)
+        let size = content.len();
+        self.door
+            .write(&path, content.into_bytes().into(), false, self.cancel)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(json!({"written": path.display().to_string(), "bytes": content.len()}).to_string())
+        Ok(
+            json!({"written": self.door.absolute(&path).display().to_string(), "bytes": size})
+                .to_string(),
+        )
     }
 
     async fn list_dir(&self, call: &ToolCall) -> Result<String, String> {
-        let path = workspace_path(&string_arg(call, "path")?)?;
+        let path = self.path(call)?;
         let entries = self
-            .env
-            .list_dir(&path, self.cancel)
+            .door
+            .list(&path, self.cancel)
             .await
             .map_err(|e| e.to_string())?;
         Ok(listing(&entries, self.config.output_budget * 4))
@@ -508,7 +518,7 @@ impl Session<'_> {
         let name = script_name(language);
         // Scripts live in the env's scratch dir, which is never collected: a script of
         // an earlier attempt is not an artifact.
-        let scratch = Path::new(WORKSPACE).join(".tmp");
+        let scratch = self.door.root().join_str(".tmp");
         self.env
             .create_dir(&scratch, true, self.cancel)
             .await
@@ -520,6 +530,7 @@ impl Session<'_> {
             .map_err(AgentError::Sandbox)?;
         let argv = script_command(
             self.env.kind(),
+            self.door.root(),
             language,
             &script_path.display().to_string(),
         );
@@ -544,7 +555,7 @@ impl Session<'_> {
 
     async fn read_skill(&self, call: &ToolCall) -> Result<String, String> {
         let skill = self.skill(call, "name")?.clone();
-        let folder = skill.sandbox_dir(Path::new(WORKSPACE));
+        let folder = skill.sandbox_dir(self.door.root().as_path());
         let (doc, scripts) = tokio::task::spawn_blocking(move || {
             (skillbox_skills::skill::read(&skill.dir), skill.scripts())
         })
@@ -607,12 +618,11 @@ impl Session<'_> {
         let name = skill.meta.name.clone();
         let argv = {
             let script = script.clone();
-            tokio::task::spawn_blocking(move || {
-                skill.script_command(&script, &args, Path::new(WORKSPACE))
-            })
-            .await
-            .map_err(|e| format!("run_skill: finding the script failed: {e}"))?
-            .map_err(|e| format!("run_skill: {e}"))?
+            let root = self.door.root().as_path().to_path_buf();
+            tokio::task::spawn_blocking(move || skill.script_command(&script, &args, &root))
+                .await
+                .map_err(|e| format!("run_skill: finding the script failed: {e}"))?
+                .map_err(|e| format!("run_skill: {e}"))?
         };
         let line = format!(
             "# run_skill {name} {}\n{}\n",
@@ -637,7 +647,7 @@ impl Session<'_> {
         report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
     ) -> Result<String, AgentError> {
         let request = ExecRequest::argv(argv)
-            .cwd(WORKSPACE)
+            .cwd(self.door.root().as_path())
             // Never past the run's deadline.
             .timeout(
                 self.config
@@ -657,10 +667,10 @@ impl Session<'_> {
         // Files over the collection limits fail the attempt, with the reason fed back.
         let (files, collect_error) = match collect_artifacts(
             self.env,
-            Path::new(WORKSPACE),
+            self.door.root().as_path(),
             &self.inputs,
             &OutputSelection::visible(),
-            CollectLimits::default(),
+            self.collect,
             self.cancel,
         )
         .await
@@ -682,7 +692,10 @@ impl Session<'_> {
                 path: format!("*{extension}"),
                 ok: false,
                 slides: None,
-                error: Some(format!("the run made no {extension} file in /workspace")),
+                error: Some(format!(
+                    "the run made no {extension} file in {}",
+                    self.door.root()
+                )),
             });
         }
         let succeeded =
@@ -834,13 +847,17 @@ impl Agent {
             }
             None => (None, &[][..]),
         };
-        let tools = tools(skills);
+        let root = self.runner.root();
+        let tools = tools(skills, root);
         let mut messages = vec![
-            Message::system(system_prompt(skill.instructions, skills)),
+            Message::system(system_prompt(skill.instructions, skills, root)),
             Message::user(prompt),
         ];
         let mut session = Session {
             env,
+            door: self.runner.workspace(env),
+            collect: self.runner.collect_limits(),
+            read_cap: self.runner.read_caps().model,
             config,
             cancel,
             skills,

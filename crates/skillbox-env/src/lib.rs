@@ -39,7 +39,8 @@ pub use limits::{
     SandboxPolicy, SandboxSpec, Volume,
 };
 pub use skillbox_protocol::{
-    BackendKind, BackendReport, Boundary, ExecOutput, Layer, LimitKind, Truncated,
+    BackendKind, BackendReport, Boundary, DEFAULT_WORKSPACE_ROOT, ExecOutput, Layer, LimitKind,
+    Truncated, WorkspacePath, WorkspaceRoot,
 };
 pub use tokio_util::sync::CancellationToken;
 

@@ -6,7 +6,7 @@
 //! tenant is refused as if the session were not there.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -22,13 +22,11 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde::Serialize;
 use serde_json::json;
-use skillbox_env::{
-    CancellationToken, ErrorCode, ExecOutput, ExecRequest, FileKind, Tree, json_string_len,
-};
+use skillbox_env::{CancellationToken, ErrorCode, ExecOutput, ExecRequest, json_string_len};
 use skillbox_protocol::{
     ArtifactInfo, CapabilityRunRequest, MAX_TIMEOUT_MS, RunRequest, SandboxedKind,
 };
-use skillbox_run::Runner;
+use skillbox_run::{Runner, parse_path};
 use skillbox_skills::{SkillSet, Sources};
 use skillbox_store::is_sha256_hex;
 
@@ -38,10 +36,8 @@ use crate::progress::Reporter;
 use crate::sandboxes::{Running, Sandbox, Sandboxes};
 use crate::tools::{self, parse};
 
-const WORKSPACE: &str = "/workspace";
-/// The largest file `read_file` hands out, and the largest resource `resources/read`
-/// does (a larger one is downloaded over HTTP).
-const MAX_READ_BYTES: u64 = 16 * 1024 * 1024;
+/// The largest resource `resources/read` hands out (a larger one is downloaded over
+/// HTTP); `read_file`'s is the runner's `ReadCaps::mcp`.
 const MAX_RESOURCE_BYTES: u64 = 32 * 1024 * 1024;
 
 /// The most an answer that carries `copies` of a content of `in_json` bytes as a JSON
@@ -128,44 +124,6 @@ fn object_of(uri: &str) -> Option<&str> {
     let rest = uri.strip_prefix(OBJECTS_URI)?;
     let (sha256, _name) = rest.split_once('/').unwrap_or((rest, ""));
     is_sha256_hex(sha256).then_some(sha256)
-}
-
-/// A path the caller gave, as a path inside `/workspace` (`..` refused). An absolute
-/// path must name `/workspace` or something beneath it: `/etc/x` is refused, not read as
-/// `/workspace/etc/x` (a file written there would not be where the caller looks).
-fn workspace_path(raw: &str, field: &str) -> Result<PathBuf, ToolError> {
-    let relative = match raw.strip_prefix('/') {
-        Some(absolute) => {
-            let absolute = absolute.trim_start_matches('/');
-            match absolute.strip_prefix("workspace") {
-                Some(rest) if rest.is_empty() || rest.starts_with('/') => {
-                    rest.trim_start_matches('/')
-                }
-                _ => {
-                    return Err(ToolError::invalid(format!(
-                        "{field}: {raw:?} is outside /workspace; give a path relative to \
-                         /workspace (or beneath /workspace/)"
-                    )));
-                }
-            }
-        }
-        None => raw,
-    };
-    let path = Path::new(relative);
-    if relative.contains('\0')
-        || path
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err(ToolError::invalid(format!(
-            "{field}: {raw:?}: give a path inside /workspace, without `..`"
-        )));
-    }
-    Ok(if relative.is_empty() {
-        PathBuf::from(WORKSPACE)
-    } else {
-        Path::new(WORKSPACE).join(path)
-    })
 }
 
 /// A timeout the caller asked for, in 1..=600000 ms.
@@ -430,9 +388,10 @@ impl SkillboxMcp {
                 ));
             }
         };
+        let root = self.shared.runner.root();
         exec.cwd = Some(match &arguments.cwd {
-            Some(cwd) => workspace_path(cwd, "cwd")?,
-            None => PathBuf::from(WORKSPACE),
+            Some(cwd) => root.join(&parse_path(root, cwd, "cwd")?),
+            None => root.as_path().to_path_buf(),
         });
         exec.stdin = arguments.stdin.map(String::into_bytes);
         exec.timeout = timeout("timeoutMs", arguments.timeout_ms)?;
@@ -464,49 +423,43 @@ impl SkillboxMcp {
         arguments: tools::ReadFile,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let path = workspace_path(&arguments.path, "path")?;
+        let root = self.shared.runner.root();
+        let path = parse_path(root, &arguments.path, "path")?;
         let sandbox = self.sandbox(tenant, arguments.backend).await?;
         let _running = Running::start(&sandbox)?;
         let cancel = self.call_cancel(&context.ct, Some(&sandbox.ending));
         let _cancel_on_drop = cancel.clone().drop_guard();
-        let info = sandbox.env.file_info(&path, &cancel).await?;
-        if info.kind != FileKind::File {
-            return Err(ToolError::invalid(format!(
-                "{}: not a regular file (list a directory with list_dir)",
-                path.display()
-            )));
-        }
-        if info.size > MAX_READ_BYTES {
-            return Err(ToolError::new(
-                ErrorCode::ResourceExhausted,
-                format!(
-                    "{}: {} bytes, more than the {MAX_READ_BYTES} read_file hands out; read a part with exec (head -c, tail -c)",
-                    path.display(),
-                    info.size
-                ),
-            ));
-        }
+        let door = self.shared.runner.workspace(sandbox.env.as_ref());
+        let cap = self.shared.runner.read_caps().mcp;
+        let instead = "read a part with exec (head -c, tail -c)";
+        let size = door
+            .sized_file(
+                &path,
+                cap,
+                &format!("list a directory with list_dir, {instead}"),
+                &cancel,
+            )
+            .await?;
         // The answer stays in memory until it is sent, so it is held within the budget
         // of bytes in memory from before the read (as a file of that size in plain
         // text needs) until the answer's last byte is sent. The read itself holds
         // that size, against a file that grew or was swapped for a bigger one since.
-        let size = usize::try_from(info.size).unwrap_or(usize::MAX);
-        let shown = path.display().to_string();
-        let instead = "read a part with exec (head -c, tail -c)";
-        let mut held = vec![self.hold_answer(context, answer_bytes(2, size), &shown, instead)?];
-        let bytes = sandbox
-            .env
-            .read_bytes_max(&path, info.size, &cancel)
-            .await
-            .map_err(|e| match e.code {
-                ErrorCode::ResourceExhausted => ToolError::new(
-                    ErrorCode::ResourceExhausted,
-                    format!(
-                        "{shown}: grew past the {size} bytes it had when read_file looked at it (it hands out at most {MAX_READ_BYTES}); call read_file again, or read a part with exec (head -c, tail -c)"
-                    ),
+        let shown = door.absolute(&path).display().to_string();
+        let mut held = vec![self.hold_answer(
+            context,
+            answer_bytes(2, usize::try_from(size).unwrap_or(usize::MAX)),
+            &shown,
+            instead,
+        )?];
+        let bytes = door.read(&path, size, &cancel).await.map_err(|e| match e.code {
+            ErrorCode::ResourceExhausted => ToolError::new(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "{shown}: grew past the {size} bytes it had when read_file looked at it (it hands out at most {cap}); call read_file again, or {instead}"
                 ),
-                _ => e.into(),
-            })?;
+            ),
+            _ => e.into(),
+        })?;
         let size = bytes.len();
         let text = String::from_utf8(bytes);
         // Escaped text, or base64, is longer in JSON than the file: the rest is held
@@ -576,15 +529,12 @@ impl SkillboxMcp {
         arguments: tools::WriteFile,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let absolute = workspace_path(&arguments.path, "path")?;
-        let relative = absolute
-            .strip_prefix(WORKSPACE)
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        if relative.as_os_str().is_empty() {
-            return Err(ToolError::invalid(
-                "path: names /workspace itself; give a file",
-            ));
+        let root = self.shared.runner.root();
+        let path = parse_path(root, &arguments.path, "path")?;
+        if path.is_root() {
+            return Err(ToolError::invalid(format!(
+                "path: names {root} itself; give a file"
+            )));
         }
         let content = match arguments.encoding {
             tools::ContentEncoding::Utf8 => arguments.content.into_bytes(),
@@ -593,18 +543,15 @@ impl SkillboxMcp {
                 .map_err(|e| ToolError::invalid(format!("content: not valid base64: {e}")))?,
         };
         let size = content.len();
-        let mut tree = Tree::new();
-        tree.file(relative, bytes::Bytes::from(content), arguments.executable)?;
         let sandbox = self.sandbox(tenant, arguments.backend).await?;
         let _running = Running::start(&sandbox)?;
         let cancel = self.call_cancel(&context.ct, Some(&sandbox.ending));
         let _cancel_on_drop = cancel.clone().drop_guard();
-        sandbox
-            .env
-            .put_tree(Path::new(WORKSPACE), &tree, &cancel)
+        let door = self.shared.runner.workspace(sandbox.env.as_ref());
+        door.write(&path, content.into(), arguments.executable, &cancel)
             .await?;
         Ok(answer(
-            json!({"written": absolute.display().to_string(), "bytes": size}),
+            json!({"written": door.absolute(&path).display().to_string(), "bytes": size}),
             Vec::new(),
             false,
         ))
@@ -616,12 +563,18 @@ impl SkillboxMcp {
         arguments: tools::ListDir,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
-        let path = workspace_path(arguments.path.as_deref().unwrap_or(""), "path")?;
+        let path = parse_path(
+            self.shared.runner.root(),
+            arguments.path.as_deref().unwrap_or(""),
+            "path",
+        )?;
         let sandbox = self.sandbox(tenant, arguments.backend).await?;
         let _running = Running::start(&sandbox)?;
         let cancel = self.call_cancel(&context.ct, Some(&sandbox.ending));
         let _cancel_on_drop = cancel.clone().drop_guard();
-        let listed = sandbox.env.list_dir(&path, &cancel).await?;
+        let door = self.shared.runner.workspace(sandbox.env.as_ref());
+        let listed = door.list(&path, &cancel).await?;
+        let path = door.absolute(&path);
         // A listing of many long names is megabytes: held in the budget until it is
         // sent, as a read_file answer is: its JSON (each entry, pretty-printed, its name
         // and at most about 80 bytes more) as answer_bytes counts it, and the structured
@@ -658,6 +611,7 @@ impl SkillboxMcp {
 
     /// As `GET /v1/skills`: the server's workspace's skills and the tenant's own.
     async fn list_skills(&self, tenant: &Arc<str>) -> Result<CallToolResult, ToolError> {
+        let root = self.shared.runner.root();
         let workspace = self.shared.runner.skills_workspace().map(Path::to_path_buf);
         let data_dir = self.shared.runner.data_dir().to_path_buf();
         let tenant = tenant.to_string();
@@ -684,7 +638,7 @@ impl SkillboxMcp {
                         skillbox_skills::Source::Marketplace { .. } => "marketplace",
                         skillbox_skills::Source::User { .. } => "user",
                     },
-                    "path": skill.sandbox_dir(Path::new(WORKSPACE)).display().to_string(),
+                    "path": skill.sandbox_dir(root.as_path()).display().to_string(),
                 })
             })
             .collect();
@@ -799,6 +753,8 @@ impl ServerHandler for SkillboxMcp {
         let capabilities = self.shared.door.capabilities().await;
         Ok(ListToolsResult::with_all_items(tools::all(
             capabilities.as_deref(),
+            self.shared.runner.root(),
+            self.shared.runner.read_caps().mcp,
         )))
     }
 
@@ -842,11 +798,14 @@ impl ServerHandler for SkillboxMcp {
                 }
             }
             _ => {
-                let names: Vec<String> =
-                    tools::all(self.shared.door.capabilities().await.as_deref())
-                        .into_iter()
-                        .map(|t| t.name.into_owned())
-                        .collect();
+                let names: Vec<String> = tools::all(
+                    self.shared.door.capabilities().await.as_deref(),
+                    self.shared.runner.root(),
+                    self.shared.runner.read_caps().mcp,
+                )
+                .into_iter()
+                .map(|t| t.name.into_owned())
+                .collect();
                 return Err(ErrorData::invalid_params(
                     format!("no tool {name:?}; the tools are {}", names.join(", ")),
                     None,
@@ -997,38 +956,6 @@ mod tests {
             object_of(&format!("skillbox://objects/{}/x", "A".repeat(64))),
             None
         );
-    }
-
-    #[test]
-    fn paths_stay_in_the_workspace() {
-        assert_eq!(
-            workspace_path("a/b.txt", "path").expect("ok"),
-            Path::new("/workspace/a/b.txt")
-        );
-        assert_eq!(
-            workspace_path("/workspace/a", "path").expect("ok"),
-            Path::new("/workspace/a")
-        );
-        assert_eq!(
-            workspace_path("", "path").expect("ok"),
-            Path::new("/workspace")
-        );
-        assert_eq!(
-            workspace_path("/workspace/", "path").expect("ok"),
-            Path::new("/workspace")
-        );
-        for bad in ["../etc/passwd", "a/../../b", "/workspace/../etc"] {
-            let error = workspace_path(bad, "path").expect_err(bad);
-            assert!(error.message.starts_with("path:"), "{error}");
-        }
-        // An absolute path elsewhere is refused, never taken as one inside /workspace.
-        for outside in ["/etc/passwd", "/tmp/out.txt", "/workspacefoo/x", "//etc"] {
-            let error = workspace_path(outside, "cwd").expect_err(outside);
-            assert!(
-                error.message.starts_with("cwd:") && error.message.contains("outside /workspace"),
-                "{error}"
-            );
-        }
     }
 
     #[test]

@@ -230,27 +230,34 @@ fn schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
 
 /// Every tool; `capabilities` lists what `run_capability` may name (none: the tool is
 /// not offered).
-pub(crate) fn all(capabilities: Option<&[String]>) -> Vec<Tool> {
+/// Every tool, told where the workspace is (`root`) and the most `read_file` hands out.
+pub(crate) fn all(
+    capabilities: Option<&[String]>,
+    root: &skillbox_protocol::WorkspaceRoot,
+    read_cap: u64,
+) -> Vec<Tool> {
     let session = "Runs in this MCP session's sandbox, opened on the session's first such \
                    call and kept until the session ends: files and installed packages stay \
                    between calls.";
     let mut tools = vec![
         Tool::new(
             RUN_SCRIPT,
-            "Run one script in a fresh sandbox and collect the files it leaves in /workspace. \
+            format!(
+                "Run one script in a fresh sandbox and collect the files it leaves in {root}. \
              It has no network unless `network.allow` names hosts (e.g. [\"pypi.org\", \
              \"files.pythonhosted.org\"]): those, and only those, are reached through \
              skillbox's proxy (HTTP_PROXY is set; native, docker and gvisor backends), and each \
              connection is listed in `egress`. Answers exitCode, stdout, stderr and each file \
              made, with a skillbox://objects/… resource URI to read it back (resources/read) \
              and, over HTTP, a download link. Node scripts can require('pptxgenjs') to make \
-             .pptx decks.",
+             .pptx decks."
+            ),
             schema::<RunScript>(),
         ),
         Tool::new(
             EXEC,
             format!(
-                "Run a command (an argv, or a shell script) in /workspace and answer exitCode, \
+                "Run a command (an argv, or a shell script) in {root} and answer exitCode, \
                  stdout and stderr; with a progressToken, progress is reported while it runs. \
                  {session}"
             ),
@@ -259,7 +266,8 @@ pub(crate) fn all(capabilities: Option<&[String]>) -> Vec<Tool> {
         Tool::new(
             READ_FILE,
             format!(
-                "Read a file of /workspace (UTF-8 text, else base64; at most 16 MiB). {session}"
+                "Read a file of {root} (UTF-8 text, else base64; at most {} MiB). {session}",
+                read_cap >> 20
             ),
             schema::<ReadFile>(),
         )
@@ -267,7 +275,7 @@ pub(crate) fn all(capabilities: Option<&[String]>) -> Vec<Tool> {
         Tool::new(
             WRITE_FILE,
             format!(
-                "Write a file of /workspace, created or replaced atomically, its directories \
+                "Write a file of {root}, created or replaced atomically, its directories \
                  made. {session}"
             ),
             schema::<WriteFile>(),
@@ -275,7 +283,7 @@ pub(crate) fn all(capabilities: Option<&[String]>) -> Vec<Tool> {
         Tool::new(
             LIST_DIR,
             format!(
-                "List a directory of /workspace: each entry's name, kind and size (symlinks are \
+                "List a directory of {root}: each entry's name, kind and size (symlinks are \
                  listed, never followed). {session}"
             ),
             schema::<ListDir>(),
@@ -344,7 +352,11 @@ mod tests {
 
     #[test]
     fn schemas_are_objects_that_refuse_unknown_fields() {
-        for tool in all(Some(&["echo".to_string()])) {
+        for tool in all(
+            Some(&["echo".to_string()]),
+            &skillbox_protocol::WorkspaceRoot::default(),
+            16 << 20,
+        ) {
             let schema = serde_json::Value::Object((*tool.input_schema).clone());
             assert_eq!(schema["type"], "object", "{}", tool.name);
             assert_eq!(schema["additionalProperties"], false, "{}", tool.name);
@@ -352,8 +364,27 @@ mod tests {
         let run = schema::<RunScript>();
         let required = serde_json::Value::Object((*run).clone())["required"].clone();
         assert_eq!(required, serde_json::json!(["language", "script"]));
-        assert_eq!(all(None).len(), 6);
-        assert_eq!(all(Some(&[])).len(), 6);
-        assert_eq!(all(Some(&["echo".to_string()])).len(), 7);
+        assert_eq!(
+            all(None, &skillbox_protocol::WorkspaceRoot::default(), 16 << 20).len(),
+            6
+        );
+        assert_eq!(
+            all(
+                Some(&[]),
+                &skillbox_protocol::WorkspaceRoot::default(),
+                16 << 20
+            )
+            .len(),
+            6
+        );
+        assert_eq!(
+            all(
+                Some(&["echo".to_string()]),
+                &skillbox_protocol::WorkspaceRoot::default(),
+                16 << 20
+            )
+            .len(),
+            7
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! files it made, clean up. Limits hit by the script are results, not errors.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use base64::Engine;
@@ -14,7 +14,8 @@ use skillbox_env::{
 };
 use skillbox_protocol::{
     ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, OutputSelection, PlacedSkill,
-    RunRequest, RunResult, SandboxedKind, SkillsPlaced, SnapshotReport,
+    RunRequest, RunResult, SandboxedKind, SkillsPlaced, SnapshotReport, WorkspacePath,
+    WorkspaceRoot,
 };
 use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_skills::{HashCache, Projection, ProjectionConfig, Skill, SkillSet, Sources};
@@ -24,7 +25,6 @@ use skillbox_store::{
 
 use crate::runtime::NodeRuntime;
 
-const WORKSPACE: &str = "/workspace";
 /// Where the preinstalled Node packages appear (Node walks up to it from /workspace).
 pub const NODE_MODULES: &str = "/node_modules";
 /// Inputs and the script together.
@@ -81,7 +81,10 @@ pub struct RunnerConfig {
     pub data_dir: PathBuf,
     /// Limits of every run; `timeoutMs` of a request replaces `limits.timeout_ms`.
     pub limits: Limits,
+    /// What one collection may hold: a run's, an agent attempt's, a capability call's.
     pub collect: CollectLimits,
+    /// The most one read hands out, by door.
+    pub read_caps: crate::ReadCaps,
     /// Started containers the docker and gvisor backends keep ready, each (once that
     /// backend has been used), so a run skips the container's create and start. 0: none.
     pub warm_containers: usize,
@@ -118,6 +121,7 @@ impl RunnerConfig {
                 max_total_bytes: 256 * 1024 * 1024,
                 max_file_bytes: 128 * 1024 * 1024,
             },
+            read_caps: crate::ReadCaps::default(),
             warm_containers: 0,
             warm_native: 0,
             skills_workspace: None,
@@ -179,6 +183,8 @@ pub struct Runner {
     /// Removals of sandboxes whose runs have answered ([`RunnerConfig::detach_cleanup`]).
     cleanups: tokio_util::task::TaskTracker,
     cleanup_slots: Arc<tokio::sync::Semaphore>,
+    /// Where every sandbox's workspace is.
+    root: WorkspaceRoot,
 }
 
 /// A request that passed validation.
@@ -209,16 +215,13 @@ pub struct PlannedSkills {
 }
 
 impl PlannedSkills {
-    /// Each skill with its folder in the sandbox.
-    pub fn placed(&self) -> Vec<PlacedSkill> {
+    /// Each skill with its folder in the sandbox, whose workspace is at `root`.
+    pub fn placed(&self, root: &WorkspaceRoot) -> Vec<PlacedSkill> {
         self.skills
             .iter()
             .map(|skill| PlacedSkill {
                 name: skill.meta.name.clone(),
-                path: skill
-                    .sandbox_dir(Path::new(WORKSPACE))
-                    .display()
-                    .to_string(),
+                path: skill.sandbox_dir(root.as_path()).display().to_string(),
             })
             .collect()
     }
@@ -231,39 +234,18 @@ pub struct Scope {
     id: String,
 }
 
+/// An input file's path (`files[index].path`): relative to the workspace, by the one
+/// rule every door parses paths with.
 fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
     let field = format!("files[{index}].path");
-    if path.is_empty() || path.contains('\0') {
-        return Err(RunError::Invalid(format!(
-            "{field}: must be a non-empty relative path"
-        )));
-    }
-    let p = Path::new(path);
-    if p.is_absolute() {
-        return Err(RunError::Invalid(format!(
-            "{field}: {path:?} is absolute; give a path relative to /workspace"
-        )));
-    }
-    for component in p.components() {
-        match component {
-            Component::Normal(_) | Component::CurDir => {}
-            _ => {
-                return Err(RunError::Invalid(format!(
-                    "{field}: {path:?} may not contain `..`"
-                )));
-            }
-        }
-    }
-    let clean: PathBuf = p
-        .components()
-        .filter(|c| matches!(c, Component::Normal(_)))
-        .collect();
-    if clean.as_os_str().is_empty() {
+    let parsed =
+        WorkspacePath::relative(path).map_err(|e| RunError::Invalid(format!("{field}: {e}")))?;
+    if parsed.is_root() {
         return Err(RunError::Invalid(format!(
             "{field}: {path:?} names no file"
         )));
     }
-    Ok(clean)
+    Ok(PathBuf::from(parsed.as_str()))
 }
 
 /// The sandbox a caller asked for (`backend`; native when it names none), never `host`:
@@ -417,11 +399,17 @@ pub fn script_name(language: Language) -> &'static str {
     }
 }
 
-/// The command that runs the script in a sandbox of `kind`. Node runs under its
-/// permission model too (a second layer inside the sandbox, never instead of it): reads
-/// only the runtime and `/workspace`, writes only `/workspace` and `/tmp`, no child
-/// processes, no workers. On wasm, `node` is QuickJS and `python3` CPython for WASI.
-pub fn script_command(kind: BackendKind, language: Language, script: &str) -> Vec<String> {
+/// The command that runs the script in a sandbox of `kind` whose workspace is at
+/// `root`. Node runs under its permission model too (a second layer inside the sandbox,
+/// never instead of it): reads only the runtime and the workspace, writes only the
+/// workspace and `/tmp`, no child processes, no workers. On wasm, `node` is QuickJS and
+/// `python3` CPython for WASI.
+pub fn script_command(
+    kind: BackendKind,
+    root: &WorkspaceRoot,
+    language: Language,
+    script: &str,
+) -> Vec<String> {
     if kind == BackendKind::Wasm {
         let program = match language {
             Language::Node => "node",
@@ -435,9 +423,9 @@ pub fn script_command(kind: BackendKind, language: Language, script: &str) -> Ve
             "node".into(),
             "--experimental-permission".into(),
             // `dir/*` covers the dir itself too; naming both crashes node 20.
-            format!("--allow-fs-read={WORKSPACE}/*"),
+            format!("--allow-fs-read={root}/*"),
             format!("--allow-fs-read={NODE_MODULES}/*"),
-            format!("--allow-fs-write={WORKSPACE}/*"),
+            format!("--allow-fs-write={root}/*"),
             "--allow-fs-write=/tmp/*".into(),
             "--disable-warning=ExperimentalWarning".into(),
             "--experimental-detect-module".into(),
@@ -468,6 +456,7 @@ impl Runner {
             snapshots: std::sync::OnceLock::new(),
             cleanups: tokio_util::task::TaskTracker::new(),
             cleanup_slots: Arc::new(tokio::sync::Semaphore::new(DETACHED_CLEANUPS)),
+            root: WorkspaceRoot::default(),
         }
     }
 
@@ -548,7 +537,7 @@ impl Runner {
     ) -> Result<(SnapshotReport, BTreeMap<PathBuf, String>), RunError> {
         let restored = skillbox_store::restore_snapshot(
             env,
-            Path::new(WORKSPACE),
+            self.root.as_path(),
             &self.store,
             &scope.snapshots,
             &scope.id,
@@ -580,7 +569,7 @@ impl Runner {
     ) -> Result<(), RunError> {
         match skillbox_store::save_snapshot(
             env,
-            Path::new(WORKSPACE),
+            self.root.as_path(),
             &self.store,
             &scope.snapshots,
             &scope.id,
@@ -609,16 +598,15 @@ impl Runner {
         skills: &PlannedSkills,
         cancel: &CancellationToken,
     ) -> Result<SkillsPlaced, RunError> {
-        let applied = skillbox_skills::apply(
-            env,
-            &skills.projection,
-            &ProjectionConfig::default(),
-            cancel,
-        )
-        .await
-        .map_err(RunError::from_env)?;
+        let config = ProjectionConfig {
+            sandbox_root: self.root.as_path().to_path_buf(),
+            ..ProjectionConfig::default()
+        };
+        let applied = skillbox_skills::apply(env, &skills.projection, &config, cancel)
+            .await
+            .map_err(RunError::from_env)?;
         Ok(SkillsPlaced {
-            skills: skills.placed(),
+            skills: skills.placed(&self.root),
             files: applied.files,
             bytes: applied.bytes,
             copied: applied.copied,
@@ -676,6 +664,26 @@ impl Runner {
     /// The limits every run starts from.
     pub fn limits(&self) -> &Limits {
         &self.config.limits
+    }
+
+    /// What one collection may hold (runs, agent attempts, capability calls).
+    pub fn collect_limits(&self) -> CollectLimits {
+        self.config.collect
+    }
+
+    /// The most one read hands out, by door.
+    pub fn read_caps(&self) -> crate::ReadCaps {
+        self.config.read_caps
+    }
+
+    /// Where the workspace is in every sandbox.
+    pub fn root(&self) -> &WorkspaceRoot {
+        &self.root
+    }
+
+    /// `env` through its door: paths parsed against this runner's root.
+    pub fn workspace<'a>(&'a self, env: &'a dyn ExecutionEnv) -> crate::Workspace<'a> {
+        crate::Workspace::new(env, &self.root)
     }
 
     /// The workspace whose skills runs may name, if any.
@@ -798,7 +806,7 @@ impl Runner {
         scope: Option<Scope>,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
-        let workspace = Path::new(WORKSPACE);
+        let workspace = self.root.as_path();
         let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
         let mut snapshot = None;
         // The scope's last workspace first, then the skills over it: changed skill code
@@ -844,10 +852,11 @@ impl Runner {
 
         let mut request = ExecRequest::argv(script_command(
             env.kind(),
+            &self.root,
             checked.language,
-            &format!("{WORKSPACE}/{script}"),
+            &self.root.join_str(script).display().to_string(),
         ))
-        .cwd(WORKSPACE)
+        .cwd(workspace)
         .timeout(std::time::Duration::from_millis(checked.timeout_ms));
         // Nothing execs after the script, and its files are collected as they are: what
         // it leaves in the background may go with the sandbox. A scope's snapshot wants

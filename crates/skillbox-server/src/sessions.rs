@@ -11,7 +11,6 @@
 //! (not at shutdown).
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,8 +23,8 @@ use axum::{Extension, Json};
 use base64::Engine;
 use serde::Deserialize;
 use skillbox_env::{
-    BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, FileKind,
-    Limits, SandboxPolicy, SandboxSpec,
+    BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, Limits,
+    SandboxPolicy, SandboxSpec,
 };
 use skillbox_mcp::{AnswerDeadline, DeadlineSlot, Paced};
 use skillbox_protocol::{
@@ -40,14 +39,8 @@ use crate::error::Failure;
 use crate::runs::{BodyHold, body_size, hold_body_bytes, json_body_size, read_body, read_json};
 use crate::state::AppState;
 
-const WORKSPACE: &str = "/workspace";
-/// The longest file name, and path, the kernel takes (NAME_MAX, PATH_MAX less its NUL).
-const NAME_MAX: usize = 255;
-const PATH_MAX: usize = 4095;
 /// Execs running at once in one session.
 const MAX_EXECS: usize = 4;
-/// The largest file `GET …/files/{path}` hands out.
-const MAX_READ_BYTES: u64 = 256 * 1024 * 1024;
 /// The largest `POST /v1/sessions` body.
 const MAX_CREATE_BODY: usize = 64 * 1024;
 /// How often the reaper looks.
@@ -698,40 +691,6 @@ impl Drop for Running {
     }
 }
 
-fn workspace_path(raw: &str, field: &str) -> Result<PathBuf, Failure> {
-    let relative = raw.trim_start_matches('/');
-    let relative = relative.strip_prefix("workspace/").unwrap_or(relative);
-    let relative = if relative == "workspace" {
-        ""
-    } else {
-        relative
-    };
-    let path = Path::new(relative);
-    if relative.contains('\0')
-        || path
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-    {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            format!("{field}: {raw:?}: give a path inside /workspace, without `..`"),
-        ));
-    }
-    let absolute = Path::new(WORKSPACE).join(path);
-    // Checked here, before anything is made: a path the kernel would refuse part-way
-    // (a write makes its directories first) would leave those directories behind.
-    let long_name = path.components().any(|c| c.as_os_str().len() > NAME_MAX);
-    if long_name || absolute.as_os_str().len() > PATH_MAX {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            format!(
-                "{field}: too long: a name is at most {NAME_MAX} bytes and the whole path in /workspace at most {PATH_MAX}"
-            ),
-        ));
-    }
-    Ok(absolute)
-}
-
 /// Run a command in the session, streaming its output as NDJSON.
 #[utoipa::path(
     post,
@@ -789,9 +748,10 @@ pub(crate) async fn exec(
             ));
         }
     };
+    let door = state.runner.workspace(session.env.as_ref());
     exec.cwd = Some(match &request.cwd {
-        Some(cwd) => workspace_path(cwd, "cwd")?,
-        None => PathBuf::from(WORKSPACE),
+        Some(cwd) => door.absolute(&door.parse(cwd, "cwd")?),
+        None => door.root().as_path().to_path_buf(),
     });
     exec.env = request.env.clone();
     if let Some(stdin) = request.stdin {
@@ -1015,48 +975,34 @@ pub(crate) async fn read_file(
 ) -> Result<Response, Failure> {
     let session = state.sessions.get(&tenant, &id)?;
     session.touch();
-    let path = workspace_path(&path, "path")?;
+    let door = state.runner.workspace(session.env.as_ref());
+    let path = door.parse_url(&path, "path")?;
+    let shown = door.absolute(&path);
     let cancel = session.ending.child_token();
-    let info = session
-        .env
-        .file_info(&path, &cancel)
-        .await
-        .map_err(env_failure)?;
-    if info.kind != FileKind::File {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            format!(
-                "{}: not a regular file (list a directory with GET /v1/sessions/{id}/ls)",
-                path.display()
-            ),
-        ));
-    }
-    if info.size > MAX_READ_BYTES {
-        return Err(Failure::new(
-            ErrorCode::ResourceExhausted,
-            format!(
-                "{}: {} bytes, more than the {MAX_READ_BYTES} a read hands out",
-                path.display(),
-                info.size
-            ),
-        ));
-    }
+    let size = door
+        .sized_file(
+            &path,
+            state.runner.read_caps().http,
+            &format!("list a directory with GET /v1/sessions/{id}/ls, read a part of a file with an exec (head -c, tail -c)"),
+            &cancel,
+        )
+        .await?;
     // The bytes stay in memory until they are sent, so they are held within the budget
     // of bytes in memory that request bodies count against, from before the read until
     // the last of them is sent; as many as the size above, which the read itself holds
     // against a file that grew or was swapped for a bigger one since.
-    let size = usize::try_from(info.size).unwrap_or(usize::MAX);
-    let held = hold_answer(&state, &tenant, size, |budget| {
-        format!(
-            "{}: {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight)",
-            path.display()
-        )
-    })?;
-    let bytes = session
-        .env
-        .read_bytes_max(&path, info.size, &cancel)
-        .await
-        .map_err(env_failure)?;
+    let held = hold_answer(
+        &state,
+        &tenant,
+        usize::try_from(size).unwrap_or(usize::MAX),
+        |budget| {
+            format!(
+                "{}: {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight)",
+                shown.display()
+            )
+        },
+    )?;
+    let bytes = door.read(&path, size, &cancel).await?;
     Ok(held_response(
         "application/octet-stream",
         bytes,
@@ -1173,35 +1119,19 @@ pub(crate) async fn write_file(
     // bodies in memory until it is written.
     let session = state.sessions.get(&tenant, &id)?;
     session.touch();
-    let absolute = workspace_path(&path, "path")?;
-    let relative = absolute
-        .strip_prefix(WORKSPACE)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    if relative.as_os_str().is_empty() {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            "path: names /workspace itself; give a file",
-        ));
-    }
+    let door = state.runner.workspace(session.env.as_ref());
+    let path = door.file(door.parse_url(&path, "path")?, "path")?;
     let (parts, body) = request.into_parts();
     let limit = state.config.body_limit;
     let announced = body_size(&parts.headers, limit)?;
     let _held = hold_body_bytes(&state, &tenant, announced)?;
     let body = read_body(body, limit, state.config.body_timeout).await?;
     session.touch();
-    let mut tree = skillbox_env::Tree::new();
     let size = body.len();
-    tree.file(relative, body, query.executable)
-        .map_err(env_failure)?;
     let cancel = session.ending.child_token();
-    session
-        .env
-        .put_tree(Path::new(WORKSPACE), &tree, &cancel)
-        .await
-        .map_err(env_failure)?;
+    door.write(&path, body, query.executable, &cancel).await?;
     Ok(Json(
-        serde_json::json!({"written": absolute, "bytes": size}),
+        serde_json::json!({"written": door.absolute(&path), "bytes": size}),
     ))
 }
 
@@ -1234,20 +1164,11 @@ pub(crate) async fn remove_file(
 ) -> Result<Json<serde_json::Value>, Failure> {
     let session = state.sessions.get(&tenant, &id)?;
     session.touch();
-    let path = workspace_path(&path, "path")?;
-    if path == Path::new(WORKSPACE) {
-        return Err(Failure::new(
-            ErrorCode::Invalid,
-            "path: names /workspace itself",
-        ));
-    }
+    let door = state.runner.workspace(session.env.as_ref());
+    let path = door.file(door.parse_url(&path, "path")?, "path")?;
     let cancel = session.ending.child_token();
-    session
-        .env
-        .remove(&path, query.recursive, &cancel)
-        .await
-        .map_err(env_failure)?;
-    Ok(Json(serde_json::json!({"removed": path})))
+    door.remove(&path, query.recursive, &cancel).await?;
+    Ok(Json(serde_json::json!({"removed": door.absolute(&path)})))
 }
 
 #[derive(Debug, Deserialize)]
@@ -1280,13 +1201,10 @@ pub(crate) async fn ls(
 ) -> Result<Response, Failure> {
     let session = state.sessions.get(&tenant, &id)?;
     session.touch();
-    let path = workspace_path(query.path.as_deref().unwrap_or(""), "path")?;
+    let door = state.runner.workspace(session.env.as_ref());
+    let path = door.parse(query.path.as_deref().unwrap_or(""), "path")?;
     let cancel = session.ending.child_token();
-    let listed = session
-        .env
-        .list_dir(&path, &cancel)
-        .await
-        .map_err(env_failure)?;
+    let listed = door.list(&path, &cancel).await?;
     // A listing of many long names is megabytes (a control byte in a name is six in
     // JSON): held within the budget of bytes in memory, as a file read is, from before
     // its JSON is made until it is sent; one larger than the whole budget is refused.
@@ -1294,7 +1212,7 @@ pub(crate) async fn ls(
     let held = hold_answer(&state, &tenant, size, |budget| {
         format!(
             "list {}: its answer takes about {size} bytes, more than the {budget} this server holds in memory at once (--max-body-bytes-in-flight); list a directory beneath it",
-            path.display()
+            door.absolute(&path).display()
         )
     })?;
     // The sizes come with the listing: no look per file (on a container backend, a
@@ -1307,12 +1225,8 @@ pub(crate) async fn ls(
             size: entry.size,
         })
         .collect::<Vec<_>>();
-    let shown = path
-        .strip_prefix(WORKSPACE)
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
     let body = serde_json::to_vec(&SessionListing {
-        path: shown,
+        path: path.as_str().to_string(),
         entries,
     })
     .map_err(|e| Failure::new(ErrorCode::Unknown, format!("listing: {e}")))?;

@@ -53,7 +53,7 @@ impl Default for ProjectionConfig {
         ProjectionConfig {
             roots: DEFAULT_ROOTS.iter().map(|r| r.to_string()).collect(),
             enabled: true,
-            sandbox_root: PathBuf::from("/workspace"),
+            sandbox_root: PathBuf::from(skillbox_env::DEFAULT_WORKSPACE_ROOT),
         }
     }
 }

@@ -837,7 +837,7 @@ fn mcp_read_file_hands_out_at_most_its_cap() {
         tool_error(&over).as_deref(),
         Some(
             "read_file failed (resource_exhausted): /workspace/over: 16777217 bytes, more than \
-             the 16777216 read_file hands out; \
+             the 16777216 a read hands out; list a directory with list_dir, \
              read a part with exec (head -c, tail -c)"
         ),
         "{over:.500}"
@@ -884,7 +884,7 @@ fn mcp_read_file_hands_out_at_most_its_cap() {
                     small += 1;
                 }
                 Some(e)
-                    if e.contains("20000000 bytes, more than the 16777216 read_file hands out") =>
+                    if e.contains("20000000 bytes, more than the 16777216 a read hands out") =>
                 {
                     by_look += 1
                 }
