@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::json;
+use skillbox_door::{Collection, Workspace};
 use skillbox_env::{
     CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits, SandboxPolicy,
     SandboxSpec,
@@ -17,10 +18,8 @@ use skillbox_protocol::{
     AgentStatus, ArtifactInfo, Attempt, ErrorInfo, Language, OutputSelection, SandboxedKind,
     SkillsPlaced, SnapshotReport, Usage, Verification, WorkspacePath, WorkspaceRoot,
 };
-use skillbox_run::{
-    PlannedSkills, RunError, Runner, Scope, Workspace, script_command, script_name,
-};
-use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts, store_all};
+use skillbox_run::{PlannedSkills, RunError, Runner, Scope, script_command, script_name};
+use skillbox_store::{CollectLimits, CollectedFile, store_all};
 
 use crate::correction::{Correction, CorrectionKind, Corrects, Streak};
 use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec};
@@ -647,7 +646,6 @@ impl Session<'_> {
         report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
     ) -> Result<String, AgentError> {
         let request = ExecRequest::argv(argv)
-            .cwd(self.door.root().as_path())
             // Never past the run's deadline.
             .timeout(
                 self.config
@@ -656,25 +654,22 @@ impl Session<'_> {
                     .min(self.deadline.saturating_duration_since(Instant::now()))
                     .max(Duration::from_millis(1)),
             );
-        let output = self
-            .env
-            .exec(request, self.cancel)
+        let outputs = OutputSelection::visible();
+        let collection = Collection {
+            inputs: &self.inputs,
+            outputs: &outputs,
+            limits: self.collect,
+        };
+        let (output, collected) = self
+            .door
+            .run_and_collect(Vec::new(), request, collection, self.cancel)
             .await
             .map_err(|e| match e.code {
                 ErrorCode::Aborted => AgentError::Cancelled,
                 _ => AgentError::Sandbox(e),
             })?;
         // Files over the collection limits fail the attempt, with the reason fed back.
-        let (files, collect_error) = match collect_artifacts(
-            self.env,
-            self.door.root().as_path(),
-            &self.inputs,
-            &OutputSelection::visible(),
-            self.collect,
-            self.cancel,
-        )
-        .await
-        {
+        let (files, collect_error) = match collected {
             Ok(files) => (files, None),
             Err(e) if e.code() == ErrorCode::Aborted => {
                 return Err(AgentError::Cancelled);

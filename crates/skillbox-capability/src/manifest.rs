@@ -42,7 +42,7 @@ impl Lifecycle {
 /// Where a volume may not go in any sandbox (besides `/` itself): the places the
 /// sandbox owns or the kernel fills, and the system's own directories.
 const VOLUME_RESERVED: &[&str] = &[
-    "/workspace",
+    skillbox_protocol::DEFAULT_WORKSPACE_ROOT,
     "/tmp",
     "/proc",
     "/dev",
@@ -453,8 +453,8 @@ impl Manifest {
                 ));
             }
             (Lifecycle::Persistent, _, Some(socket))
-                if !socket.starts_with("/workspace")
-                    || socket == Path::new("/workspace")
+                if !socket.starts_with(skillbox_protocol::DEFAULT_WORKSPACE_ROOT)
+                    || socket == Path::new(skillbox_protocol::DEFAULT_WORKSPACE_ROOT)
                     || socket
                         .components()
                         .any(|c| matches!(c, Component::ParentDir)) =>

@@ -15,13 +15,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
+use skillbox_door::{Collection, Workspace};
 use skillbox_env::{
     CancellationToken, EnvError, ErrorCode, ExecOutput, ExecRequest, ExecutionEnv, Limits, Mount,
     SandboxPolicy, SandboxSpec,
 };
-use skillbox_protocol::OutputSelection;
+use skillbox_protocol::{OutputSelection, WorkspaceRoot};
 use skillbox_registry::BackendRegistry;
-use skillbox_store::{CollectLimits, CollectedFile, collect_artifacts};
+use skillbox_store::{CollectLimits, CollectedFile};
 
 use crate::manifest::{Environment, Lifecycle, Permission};
 use crate::registry::Capability;
@@ -29,7 +30,6 @@ use crate::trust::{Scope, TrustStore};
 
 /// Where a capability's own directory is shown in its sandbox (read-only).
 pub const CAPABILITY_DIR: &str = "/capability";
-const WORKSPACE: &str = "/workspace";
 
 /// One call of a capability.
 #[derive(Debug, Clone, Default)]
@@ -339,13 +339,15 @@ pub(crate) fn entry_argv(capability: &Capability, kind: skillbox_env::BackendKin
     argv
 }
 
-/// Runs `capability` once for `call`, in `project`, if trust allows it.
+/// Runs `capability` once for `call`, in `project`, if trust allows it; what it made is
+/// collected within `collect` (the caller's configured limits, as its runs').
 pub async fn run(
     capability: &Capability,
     call: CapabilityCall,
     project: &Path,
     trust: &TrustStore,
     backends: &BackendRegistry,
+    collect: CollectLimits,
     cancel: &CancellationToken,
 ) -> Result<CapabilityOutcome, EnvError> {
     let manifest = &capability.manifest;
@@ -378,7 +380,16 @@ pub async fn run(
             return Err(e);
         }
     };
-    let result = call_in(env.as_ref(), capability, call, host, &selection, cancel).await;
+    let result = call_in(
+        env.as_ref(),
+        capability,
+        call,
+        host,
+        &selection,
+        collect,
+        cancel,
+    )
+    .await;
     let egress = env.egress();
     if let Err(e) = env.cleanup().await {
         tracing::warn!(error = %e, capability = capability.name(), "capability: cleanup failed");
@@ -398,22 +409,11 @@ async fn call_in(
     call: CapabilityCall,
     host: bool,
     selection: &Option<OutputSelection>,
+    collect: CollectLimits,
     cancel: &CancellationToken,
 ) -> Result<(ExecOutput, Vec<CollectedFile>), EnvError> {
     let mut argv = entry_argv(capability, env.kind());
     argv.extend(call.args);
-    let mut inputs = BTreeMap::new();
-    if !host {
-        let workspace = Path::new(WORKSPACE);
-        for (path, bytes) in &call.inputs {
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                env.create_dir(&workspace.join(parent), true, cancel)
-                    .await?;
-            }
-            env.write(&workspace.join(path), bytes, cancel).await?;
-            inputs.insert(path.clone(), skillbox_store::sha256_hex(bytes));
-        }
-    }
     let mut request = ExecRequest::argv(argv);
     request.stdin = call.stdin;
     for name in &capability.manifest.env {
@@ -421,23 +421,31 @@ async fn call_in(
             request = request.env(name, value);
         }
     }
-    if !host {
-        request = request.cwd(WORKSPACE);
+    if host {
+        // The project directory itself, as the user: nothing is placed or collected.
+        return Ok((env.exec(request, cancel).await?, Vec::new()));
     }
-    let output = env.exec(request, cancel).await?;
-    let Some(selection) = selection.as_ref().filter(|_| !host) else {
-        return Ok((output, Vec::new()));
+    // A manifest names its paths under the default root (its sockets, its volumes'
+    // places), so a capability's sandbox always has it.
+    let root = WorkspaceRoot::default();
+    let door = Workspace::new(env, &root);
+    let mut inputs = BTreeMap::new();
+    door.place_inputs(&call.inputs, &mut inputs, cancel)
+        .await
+        .map_err(|(_, e)| e)?;
+    let Some(outputs) = selection.as_ref() else {
+        let request = request.cwd(root.as_path());
+        return Ok((env.exec(request, cancel).await?, Vec::new()));
     };
-    let files = collect_artifacts(
-        env,
-        Path::new(WORKSPACE),
-        &inputs,
-        selection,
-        CollectLimits::default(),
-        cancel,
-    )
-    .await
-    .map_err(|e| EnvError::new(e.code(), e.to_string()))?;
+    let collection = Collection {
+        inputs: &inputs,
+        outputs,
+        limits: collect,
+    };
+    let (output, files) = door
+        .run_and_collect(Vec::new(), request, collection, cancel)
+        .await?;
+    let files = files.map_err(|e| EnvError::new(e.code(), e.to_string()))?;
     Ok((output, files))
 }
 

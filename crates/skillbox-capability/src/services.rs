@@ -722,7 +722,7 @@ impl ServiceTable {
         };
         let exec_cancel = CancellationToken::new();
         let mut request = ExecRequest::argv(crate::router::entry_argv(capability, kind))
-            .cwd("/workspace")
+            .cwd(skillbox_protocol::DEFAULT_WORKSPACE_ROOT)
             .timeout(skillbox_env::MAX_TIMEOUT);
         for variable in &manifest.env {
             if let Ok(value) = std::env::var(variable) {

@@ -22,11 +22,12 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde::Serialize;
 use serde_json::json;
+use skillbox_door::parse_path;
 use skillbox_env::{CancellationToken, ErrorCode, ExecOutput, ExecRequest, json_string_len};
 use skillbox_protocol::{
     ArtifactInfo, CapabilityRunRequest, MAX_TIMEOUT_MS, RunRequest, SandboxedKind,
 };
-use skillbox_run::{Runner, parse_path};
+use skillbox_run::Runner;
 use skillbox_skills::{SkillSet, Sources};
 use skillbox_store::is_sha256_hex;
 

@@ -19,7 +19,7 @@ mod tools;
 pub use door::{Admitted, Door, Held, LocalDoor, ToolError};
 pub use handler::{Caller, SkillboxMcp};
 pub use http::{AnswerDeadline, ArmedDeadline, DeadlineSlot, HttpService, Paced, SessionBounds};
-pub use sandboxes::{SandboxBounds, Sandboxes};
+pub use sandboxes::Sandboxes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,14 +39,14 @@ use crate::handler::Shared;
 pub struct McpConfig {
     /// A session's sandbox backend when its first call names none.
     pub default_backend: SandboxedKind,
-    pub sandboxes: SandboxBounds,
+    pub sandboxes: skillbox_door::SessionBounds,
 }
 
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
             default_backend: SandboxedKind::Native,
-            sandboxes: SandboxBounds::default(),
+            sandboxes: skillbox_door::SessionBounds::default(),
         }
     }
 }

@@ -3,14 +3,11 @@
 //! `/workspace` and answers with a `RunResult`. The CLI's `run` and the server's
 //! `POST /v1/run` are both this.
 
-mod door;
 mod runner;
 mod runtime;
 
-pub use door::{ReadCaps, Workspace, parse_path};
 pub use runner::{
     NODE_MODULES, PlannedSkills, RunError, Runner, RunnerConfig, Scope, check_files,
-    check_skill_names, object_url, registry_config, sandboxed, script_command, script_name,
-    tighter,
+    check_skill_names, object_url, registry_config, script_command, script_name, tighter,
 };
 pub use runtime::{NodeRuntime, RuntimeError};

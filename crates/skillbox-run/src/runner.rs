@@ -8,20 +8,18 @@ use std::sync::Arc;
 use base64::Engine;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use skillbox_door::DoorConfig;
 use skillbox_env::{
     BackendKind, CancellationToken, EnvError, ErrorCode, ExecRequest, ExecutionEnv, Limits, Mount,
     SandboxPolicy, SandboxSpec,
 };
 use skillbox_protocol::{
     ArtifactInfo, Encoding, FileInput, Language, MAX_TIMEOUT_MS, OutputSelection, PlacedSkill,
-    RunRequest, RunResult, SandboxedKind, SkillsPlaced, SnapshotReport, WorkspacePath,
-    WorkspaceRoot,
+    RunRequest, RunResult, SkillsPlaced, SnapshotReport, WorkspacePath, WorkspaceRoot,
 };
 use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_skills::{HashCache, Projection, ProjectionConfig, Skill, SkillSet, Sources};
-use skillbox_store::{
-    ArtifactStore, CollectLimits, SnapshotLimits, Snapshots, collect_artifacts, store_all,
-};
+use skillbox_store::{ArtifactStore, CollectLimits, SnapshotLimits, Snapshots, store_all};
 
 use crate::runtime::NodeRuntime;
 
@@ -81,10 +79,9 @@ pub struct RunnerConfig {
     pub data_dir: PathBuf,
     /// Limits of every run; `timeoutMs` of a request replaces `limits.timeout_ms`.
     pub limits: Limits,
-    /// What one collection may hold: a run's, an agent attempt's, a capability call's.
-    pub collect: CollectLimits,
-    /// The most one read hands out, by door.
-    pub read_caps: crate::ReadCaps,
+    /// Where the workspace is, what a collection may hold, the most a read hands out:
+    /// the door's bounds, for runs, agent attempts, capability calls, sessions and MCP.
+    pub door: DoorConfig,
     /// Started containers the docker and gvisor backends keep ready, each (once that
     /// backend has been used), so a run skips the container's create and start. 0: none.
     pub warm_containers: usize,
@@ -116,12 +113,7 @@ impl RunnerConfig {
         RunnerConfig {
             data_dir: data_dir.into(),
             limits: Limits::default(),
-            collect: CollectLimits {
-                max_files: 1000,
-                max_total_bytes: 256 * 1024 * 1024,
-                max_file_bytes: 128 * 1024 * 1024,
-            },
-            read_caps: crate::ReadCaps::default(),
+            door: DoorConfig::default(),
             warm_containers: 0,
             warm_native: 0,
             skills_workspace: None,
@@ -183,8 +175,6 @@ pub struct Runner {
     /// Removals of sandboxes whose runs have answered ([`RunnerConfig::detach_cleanup`]).
     cleanups: tokio_util::task::TaskTracker,
     cleanup_slots: Arc<tokio::sync::Semaphore>,
-    /// Where every sandbox's workspace is.
-    root: WorkspaceRoot,
 }
 
 /// A request that passed validation.
@@ -246,13 +236,6 @@ fn check_path(index: usize, path: &str) -> Result<PathBuf, RunError> {
         )));
     }
     Ok(PathBuf::from(parsed.as_str()))
-}
-
-/// The sandbox a caller asked for (`backend`; native when it names none), never `host`:
-/// the one place every door (runs, sessions, agent runs, MCP) refuses it.
-pub fn sandboxed(backend: Option<BackendKind>) -> Result<SandboxedKind, RunError> {
-    SandboxedKind::try_from(backend.unwrap_or_default())
-        .map_err(|e| RunError::Invalid(format!("backend: {e}")))
 }
 
 /// A bound the request asks for: within the server's (`None` there: no bound to stay
@@ -456,7 +439,6 @@ impl Runner {
             snapshots: std::sync::OnceLock::new(),
             cleanups: tokio_util::task::TaskTracker::new(),
             cleanup_slots: Arc::new(tokio::sync::Semaphore::new(DETACHED_CLEANUPS)),
-            root: WorkspaceRoot::default(),
         }
     }
 
@@ -537,7 +519,7 @@ impl Runner {
     ) -> Result<(SnapshotReport, BTreeMap<PathBuf, String>), RunError> {
         let restored = skillbox_store::restore_snapshot(
             env,
-            self.root.as_path(),
+            self.root().as_path(),
             &self.store,
             &scope.snapshots,
             &scope.id,
@@ -569,7 +551,7 @@ impl Runner {
     ) -> Result<(), RunError> {
         match skillbox_store::save_snapshot(
             env,
-            self.root.as_path(),
+            self.root().as_path(),
             &self.store,
             &scope.snapshots,
             &scope.id,
@@ -599,14 +581,14 @@ impl Runner {
         cancel: &CancellationToken,
     ) -> Result<SkillsPlaced, RunError> {
         let config = ProjectionConfig {
-            sandbox_root: self.root.as_path().to_path_buf(),
+            sandbox_root: self.root().as_path().to_path_buf(),
             ..ProjectionConfig::default()
         };
         let applied = skillbox_skills::apply(env, &skills.projection, &config, cancel)
             .await
             .map_err(RunError::from_env)?;
         Ok(SkillsPlaced {
-            skills: skills.placed(&self.root),
+            skills: skills.placed(self.root()),
             files: applied.files,
             bytes: applied.bytes,
             copied: applied.copied,
@@ -666,24 +648,30 @@ impl Runner {
         &self.config.limits
     }
 
+    /// The door's bounds: where the workspace is, what a collection may hold, the most
+    /// a read hands out.
+    pub fn door(&self) -> &DoorConfig {
+        &self.config.door
+    }
+
     /// What one collection may hold (runs, agent attempts, capability calls).
     pub fn collect_limits(&self) -> CollectLimits {
-        self.config.collect
+        self.config.door.collect
     }
 
     /// The most one read hands out, by door.
-    pub fn read_caps(&self) -> crate::ReadCaps {
-        self.config.read_caps
+    pub fn read_caps(&self) -> skillbox_door::ReadCaps {
+        self.config.door.read_caps
     }
 
     /// Where the workspace is in every sandbox.
     pub fn root(&self) -> &WorkspaceRoot {
-        &self.root
+        &self.config.door.root
     }
 
     /// `env` through its door: paths parsed against this runner's root.
-    pub fn workspace<'a>(&'a self, env: &'a dyn ExecutionEnv) -> crate::Workspace<'a> {
-        crate::Workspace::new(env, &self.root)
+    pub fn workspace<'a>(&'a self, env: &'a dyn ExecutionEnv) -> skillbox_door::Workspace<'a> {
+        skillbox_door::Workspace::new(env, self.root())
     }
 
     /// The workspace whose skills runs may name, if any.
@@ -724,7 +712,9 @@ impl Runner {
         tenant: &str,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
-        let kind = sandboxed(request.backend)?.kind();
+        let kind = skillbox_door::sandboxed(request.backend)
+            .map_err(RunError::from_env)?
+            .kind();
         let checked = check(request)?;
         if kind == BackendKind::Wasm && checked.language == Language::Sh {
             return Err(RunError::Invalid(
@@ -806,7 +796,7 @@ impl Runner {
         scope: Option<Scope>,
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
-        let workspace = self.root.as_path();
+        let workspace = self.root().as_path();
         let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
         let mut snapshot = None;
         // The scope's last workspace first, then the skills over it: changed skill code
@@ -824,39 +814,31 @@ impl Runner {
             }
             None => None,
         };
-        for (index, (path, bytes)) in checked.files.iter().enumerate() {
-            // A clash between inputs (`a` and `a/b`, a file over a dir) is the request's fault.
-            let input_error = |e: EnvError| match e.code {
+        let door = self.workspace(env);
+        door.place_inputs(&checked.files, &mut inputs, cancel)
+            .await
+            .map_err(|(index, e)| match e.code {
+                // A clash between inputs (`a` and `a/b`, a file over a dir) is the
+                // request's fault.
                 ErrorCode::NotDirectory
                 | ErrorCode::IsDirectory
                 | ErrorCode::AlreadyExists
                 | ErrorCode::Invalid => RunError::Invalid(format!(
                     "files[{index}].path: {}: {}",
-                    path.display(),
+                    checked.files[index].0.display(),
                     e.message
                 )),
                 _ => RunError::from_env(e),
-            };
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                env.create_dir(&workspace.join(parent), true, cancel)
-                    .await
-                    .map_err(input_error)?;
-            }
-            env.write(&workspace.join(path), bytes, cancel)
-                .await
-                .map_err(input_error)?;
-            inputs.insert(path.clone(), sha256_hex(bytes));
-        }
+            })?;
         let script = script_name(checked.language);
         inputs.insert(PathBuf::from(script), sha256_hex(checked.script.as_bytes()));
 
         let mut request = ExecRequest::argv(script_command(
             env.kind(),
-            &self.root,
+            self.root(),
             checked.language,
-            &self.root.join_str(script).display().to_string(),
+            &self.root().join_str(script).display().to_string(),
         ))
-        .cwd(workspace)
         .timeout(std::time::Duration::from_millis(checked.timeout_ms));
         // Nothing execs after the script, and its files are collected as they are: what
         // it leaves in the background may go with the sandbox. A scope's snapshot wants
@@ -864,28 +846,22 @@ impl Runner {
         if scope.is_none() {
             request = request.last();
         }
-        // The collection's walk may come back with the exec.
-        request = request.walk_after(skillbox_store::collection_walk(&env.absolute(workspace)));
         // The script is written in the same round trip as it runs.
-        let output = env
-            .write_and_exec(
+        let collection = skillbox_door::Collection {
+            inputs: &inputs,
+            outputs: &checked.outputs,
+            limits: self.config.door.collect,
+        };
+        let (output, collected) = door
+            .run_and_collect(
                 vec![(workspace.join(script), checked.script.into_bytes())],
                 request,
+                collection,
                 cancel,
             )
             .await
             .map_err(RunError::from_env)?;
-
-        let collected = collect_artifacts(
-            env,
-            workspace,
-            &inputs,
-            &checked.outputs,
-            self.config.collect,
-            cancel,
-        )
-        .await
-        .map_err(|e| match e.code() {
+        let collected = collected.map_err(|e| match e.code() {
             ErrorCode::ResourceExhausted => RunError::TooLarge(e.to_string()),
             ErrorCode::Aborted => RunError::Aborted,
             _ => RunError::Internal(e.to_string()),

@@ -92,7 +92,7 @@ pub(crate) async fn create(
             format!("maxAttempts: {max_attempts} is out of range 1..=10"),
         ));
     }
-    let backend = skillbox_run::sandboxed(request.backend)?;
+    let backend = skillbox_door::sandboxed(request.backend)?;
     // The tenant's skills and scope, as POST /v1/run's: a name that is not there is 400
     // now, naming those that are, rather than a failed record later.
     state

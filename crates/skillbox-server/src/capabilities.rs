@@ -304,6 +304,7 @@ async fn call(
             &project,
             &trust,
             runner.backends(),
+            runner.collect_limits(),
             &cancel,
         )
         .await;

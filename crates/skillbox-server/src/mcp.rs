@@ -14,8 +14,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use skillbox_env::CancellationToken;
 use skillbox_mcp::{
-    Admitted, Caller, Door, Held, HttpConfig, HttpService, McpConfig, McpServer, SandboxBounds,
-    ToolError,
+    Admitted, Caller, Door, Held, HttpConfig, HttpService, McpConfig, McpServer, ToolError,
 };
 use skillbox_protocol::{ArtifactInfo, CapabilityRun, CapabilityRunRequest, ErrorCode};
 
@@ -148,10 +147,7 @@ fn server(state: &AppState) -> McpServer {
             state: state.clone(),
         }),
         McpConfig {
-            sandboxes: SandboxBounds {
-                max_total: sessions.max_total,
-                max_per_tenant: sessions.max_per_tenant,
-            },
+            sandboxes: sessions.bounds,
             ..McpConfig::default()
         },
     )

@@ -50,10 +50,11 @@ const MAX_PNG_BYTES: u64 = 64 << 20;
 /// How every PNG file starts.
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 
-/// Where the deck, its PDF and its pages are in the render's sandbox.
-const DECK: &str = "/workspace/deck.pptx";
-const PDF: &str = "/workspace/deck.pdf";
-const PAGES: &str = "/workspace/pages";
+/// Where the deck, its PDF and its pages are in the render's sandbox: relative, so in
+/// its workspace, which is every file operation's and the tools' working directory.
+const DECK: &str = "deck.pptx";
+const PDF: &str = "deck.pdf";
+const PAGES: &str = "pages";
 
 /// The render's sandbox: a run's layers, with room for LibreOffice, and the host's font
 /// cache read-only.
@@ -488,7 +489,7 @@ async fn render(
             // Hidden slides too: one page a slide.
             r#"pdf:impress_pdf_Export:{"ExportHiddenSlides":{"type":"boolean","value":"true"}}"#,
             "--outdir",
-            "/workspace",
+            ".",
             DECK,
         ],
         deadline,
@@ -585,7 +586,7 @@ fn listed_pages(
         .collect())
 }
 
-/// One of the render's programs, run in `/workspace` with a HOME of its own on the
+/// One of the render's programs, run in the sandbox's workspace with a HOME of its own on the
 /// sandbox's `/tmp`, until `deadline`.
 fn tool(
     program: &Path,
@@ -602,7 +603,6 @@ fn tool(
     let mut argv = vec![program.display().to_string()];
     argv.extend(args.iter().map(|a| (*a).to_string()));
     let mut request = ExecRequest::argv(argv);
-    request.cwd = Some(PathBuf::from("/workspace"));
     request.timeout = Some(left);
     request.env = [
         ("HOME", "/tmp"),
@@ -823,8 +823,8 @@ mod tests {
             file("page-3.png", 9),
         ];
         let pages = listed_pages(&three, 3).expect("three pages");
-        assert_eq!(pages[0], (1, PathBuf::from("/workspace/pages/page-1.png")));
-        assert_eq!(pages[2], (3, PathBuf::from("/workspace/pages/page-3.png")));
+        assert_eq!(pages[0], (1, PathBuf::from("pages/page-1.png")));
+        assert_eq!(pages[2], (3, PathBuf::from("pages/page-3.png")));
         // Padded to the width of the last: page-01.png of twelve.
         let twelve: Vec<_> = (1..=12)
             .map(|n| file(&format!("page-{n:02}.png"), 9))

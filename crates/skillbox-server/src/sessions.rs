@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use base64::Engine;
 use serde::Deserialize;
+use skillbox_door::{Refusal, Reservation, SessionBounds, SessionTable};
 use skillbox_env::{
     BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, Limits,
     SandboxPolicy, SandboxSpec,
@@ -49,8 +50,8 @@ const REAP_EVERY: Duration = Duration::from_secs(2);
 /// How many sessions a server keeps open, and for how long.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionConfig {
-    pub max_total: usize,
-    pub max_per_tenant: usize,
+    /// How many are open at once, in all and per tenant.
+    pub bounds: SessionBounds,
     pub default_idle: Duration,
     pub max_idle: Duration,
     pub default_lifetime: Duration,
@@ -60,8 +61,7 @@ pub struct SessionConfig {
 impl Default for SessionConfig {
     fn default() -> Self {
         SessionConfig {
-            max_total: 64,
-            max_per_tenant: 8,
+            bounds: SessionBounds::default(),
             default_idle: Duration::from_secs(600),
             max_idle: Duration::from_secs(3600),
             default_lifetime: Duration::from_secs(3600),
@@ -157,124 +157,59 @@ impl Session {
     }
 }
 
-/// The open sessions of a server.
+/// The open sessions of a server: the door's one table of kept sandboxes, bounded by
+/// `config.bounds`.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    table: Mutex<HashMap<String, Arc<Session>>>,
-    /// Sessions being opened, by tenant (counted against the bounds).
-    opening: Mutex<HashMap<Arc<str>, usize>>,
+    table: SessionTable<String, Session>,
     config: SessionConfig,
-}
-
-struct Opening<'a> {
-    sessions: &'a Sessions,
-    tenant: Arc<str>,
-}
-
-impl Drop for Opening<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut opening) = self.sessions.opening.lock()
-            && let Some(n) = opening.get_mut(&self.tenant)
-        {
-            *n = n.saturating_sub(1);
-        }
-    }
 }
 
 impl Sessions {
     pub fn new(config: SessionConfig) -> Sessions {
         Sessions {
-            table: Mutex::new(HashMap::new()),
-            opening: Mutex::new(HashMap::new()),
+            table: SessionTable::new(config.bounds),
             config,
         }
     }
 
     fn get(&self, tenant: &Tenant, id: &str) -> Result<Arc<Session>, Failure> {
-        let session = self
-            .table
-            .lock()
-            .ok()
-            .and_then(|table| table.get(id).cloned())
-            .filter(|s| *s.tenant == *tenant.as_str());
-        session.ok_or_else(|| {
-            Failure::new(
-                ErrorCode::NotFound,
-                format!("no session {id} (it ended, or it never was yours)"),
-            )
-        })
+        self.table
+            .get(tenant.as_str(), &id.to_string())
+            .ok_or_else(|| {
+                Failure::new(
+                    ErrorCode::NotFound,
+                    format!("no session {id} (it ended, or it never was yours)"),
+                )
+            })
     }
 
-    /// Takes a place for a new session of `tenant`, or says why there is none.
-    fn reserve(&self, tenant: &Tenant) -> Result<Opening<'_>, Failure> {
-        let (total, theirs) = self
-            .table
-            .lock()
-            .map(|table| {
-                let theirs = table
-                    .values()
-                    .filter(|s| *s.tenant == *tenant.as_str())
-                    .count();
-                (table.len(), theirs)
+    /// Takes a place for session `id` of `tenant`, or says why there is none.
+    fn reserve(
+        &self,
+        id: &str,
+        tenant: &Tenant,
+    ) -> Result<Reservation<'_, String, Session>, Failure> {
+        self.table
+            .reserve(id.to_string(), &tenant.0)
+            .map_err(|refused| match refused {
+                Refusal::Closed => shutting_down(),
+                refused => Failure::overloaded(refused.message("sessions", "delete one"), 5),
             })
-            .unwrap_or((0, 0));
-        let mut opening = self
-            .opening
-            .lock()
-            .map_err(|_| Failure::new(ErrorCode::Unknown, "the session table is poisoned"))?;
-        let opening_all: usize = opening.values().sum();
-        let opening_theirs = opening.get(tenant.as_str()).copied().unwrap_or(0);
-        if total + opening_all >= self.config.max_total {
-            return Err(Failure::overloaded(
-                format!(
-                    "{} sessions are open on this server, as many as it takes; delete one or retry later",
-                    self.config.max_total
-                ),
-                5,
-            ));
-        }
-        if theirs + opening_theirs >= self.config.max_per_tenant {
-            return Err(Failure::overloaded(
-                format!(
-                    "tenant {} has {} sessions open, as many as one tenant may; delete one first",
-                    tenant.as_str(),
-                    self.config.max_per_tenant
-                ),
-                5,
-            ));
-        }
-        *opening.entry(tenant.0.clone()).or_insert(0) += 1;
-        Ok(Opening {
-            sessions: self,
-            tenant: tenant.0.clone(),
-        })
     }
 
     fn remove(&self, id: &str) -> Option<Arc<Session>> {
-        self.table.lock().ok().and_then(|mut t| t.remove(id))
+        self.table.remove(&id.to_string())
     }
 
     /// Every session past its idle timeout or lifetime, taken out of the table.
     fn expired(&self) -> Vec<(Arc<Session>, &'static str)> {
-        let Ok(mut table) = self.table.lock() else {
-            return Vec::new();
-        };
-        let ended: Vec<(String, &'static str)> = table
-            .iter()
-            .filter_map(|(id, s)| s.expired().map(|why| (id.clone(), why)))
-            .collect();
-        ended
-            .into_iter()
-            .filter_map(|(id, why)| table.remove(&id).map(|s| (s, why)))
-            .collect()
+        self.table.take_ended(Session::expired)
     }
 
-    /// Takes every session out (the server shutting down).
+    /// Takes every session out, and opens none from now on (the server shutting down).
     fn drain(&self) -> Vec<Arc<Session>> {
-        self.table
-            .lock()
-            .map(|mut t| t.drain().map(|(_, s)| s).collect())
-            .unwrap_or_default()
+        self.table.drain()
     }
 }
 
@@ -412,7 +347,7 @@ pub(crate) async fn create(
     if state.runs_cancel().is_cancelled() {
         return Err(shutting_down());
     }
-    let kind = skillbox_run::sandboxed(request.backend)?.kind();
+    let kind = skillbox_door::sandboxed(request.backend)?.kind();
     let config = state.sessions.config;
     let idle = duration_field(
         "idleTimeoutMs",
@@ -467,7 +402,8 @@ pub(crate) async fn create(
         )?,
         ..base
     };
-    let opening = state.sessions.reserve(&tenant)?;
+    let id = new_id("ses_", 16)?;
+    let place = state.sessions.reserve(&id, &tenant)?;
     let skills = state
         .runner
         .plan_skills(&request.skills, tenant.as_str())
@@ -534,7 +470,7 @@ pub(crate) async fn create(
     };
     let created_ms = now_ms();
     let session = Arc::new(Session {
-        id: new_id("ses_", 16)?,
+        id,
         tenant: tenant.0.clone(),
         backend: kind,
         env,
@@ -552,26 +488,18 @@ pub(crate) async fn create(
         snapshot: Mutex::new(snapshot),
     });
     let info = session.info();
-    // Checked under the table's lock, which the shutdown takes to close every session
-    // after it cancels: a session opened meanwhile is either closed with the others or
-    // not opened.
-    let refused = match state.sessions.table.lock() {
-        Err(_) => Some(Failure::new(
-            ErrorCode::Unknown,
-            "the session table is poisoned",
-        )),
-        Ok(_) if state.runs_cancel().is_cancelled() => Some(shutting_down()),
-        Ok(mut table) => {
-            table.insert(session.id.clone(), session.clone());
-            None
-        }
+    // The shutdown drains the table (closing it) after it cancels: a session opened
+    // meanwhile is either drained with the others or, once it is closed, not opened.
+    let kept = if state.runs_cancel().is_cancelled() {
+        Err(session)
+    } else {
+        place.fill(session)
     };
-    drop(opening);
-    if let Some(failure) = refused {
+    if let Err(session) = kept {
         if let Err(e) = session.env.cleanup().await {
             tracing::warn!(session = %session.id, error = %e, "sessions: cleanup failed");
         }
-        return Err(failure);
+        return Err(shutting_down());
     }
     tracing::info!(session = %info.id, backend = %kind.as_str(), open_ms = info.open_ms, "sessions: opened");
     Ok((StatusCode::CREATED, Json(info)))
@@ -590,15 +518,10 @@ pub(crate) async fn list(
     let mut sessions: Vec<SessionInfo> = state
         .sessions
         .table
-        .lock()
-        .map(|table| {
-            table
-                .values()
-                .filter(|s| *s.tenant == *tenant.as_str())
-                .map(|s| s.info())
-                .collect()
-        })
-        .unwrap_or_default();
+        .of_tenant(tenant.as_str())
+        .iter()
+        .map(|s| s.info())
+        .collect();
     sessions.sort_by_key(|s| s.created_at_ms);
     Json(SessionList { sessions })
 }

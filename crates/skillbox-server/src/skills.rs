@@ -78,7 +78,7 @@ pub(crate) async fn list(
             }
             .to_string(),
             path: skill
-                .sandbox_dir(std::path::Path::new("/workspace"))
+                .sandbox_dir(state.runner.root().as_path())
                 .display()
                 .to_string(),
         })

@@ -391,13 +391,16 @@ async fn call(
         inputs,
         stdin,
     };
-    let outcome =
-        match skillbox_capability::run(capability, request, project, trust, &backends, &cancel)
-            .await
-        {
-            Ok(outcome) => outcome,
-            Err(e) => return failed(&format!("{}: {e}", capability.name())),
-        };
+    // Collected within the limits of the CLI's own runs.
+    let collect = skillbox_run::RunnerConfig::new(data_dir).door.collect;
+    let outcome = match skillbox_capability::run(
+        capability, request, project, trust, &backends, collect, &cancel,
+    )
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(e) => return failed(&format!("{}: {e}", capability.name())),
+    };
     let mut undelivered = false;
     let mut written = Vec::new();
     for file in &outcome.files {

@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use skillbox_env::{
     BackendKind, CancellationToken, ExecEvent, ExecRequest, ExecutionEnv, Limits, SandboxSpec,
 };
+use skillbox_protocol::DEFAULT_WORKSPACE_ROOT;
 use skillbox_registry::BackendRegistry;
 use skillbox_skills::{
     Archive, HashCache, ProjectionConfig, SkillSet, Sources, StageLimits, apply, plan, stage,
@@ -172,7 +173,7 @@ pub async fn run(args: SkillsArgs, data_dir: &Path) -> ExitCode {
                     println!(
                         "{:<24} {:<32} {}",
                         escaped(&skill.meta.name),
-                        escaped_path(&Path::new("/workspace").join(&skill.projected)),
+                        escaped_path(&Path::new(DEFAULT_WORKSPACE_ROOT).join(&skill.projected)),
                         escaped(&description)
                     );
                 }
@@ -194,7 +195,7 @@ pub async fn run(args: SkillsArgs, data_dir: &Path) -> ExitCode {
             if json {
                 print_json(&serde_json::json!({
                     "skill": skill,
-                    "sandboxDir": skill.sandbox_dir(Path::new("/workspace")),
+                    "sandboxDir": skill.sandbox_dir(Path::new(DEFAULT_WORKSPACE_ROOT)),
                     "scripts": skill.scripts(),
                     "body": doc.body,
                 }));
@@ -204,7 +205,7 @@ pub async fn run(args: SkillsArgs, data_dir: &Path) -> ExitCode {
                 println!("host:        {}", escaped_path(&skill.dir));
                 println!(
                     "sandbox:     {}",
-                    escaped_path(&skill.sandbox_dir(Path::new("/workspace")))
+                    escaped_path(&skill.sandbox_dir(Path::new(DEFAULT_WORKSPACE_ROOT)))
                 );
                 println!("scripts:     {}", escaped(&skill.scripts().join(", ")));
                 println!();
@@ -259,7 +260,11 @@ pub async fn run(args: SkillsArgs, data_dir: &Path) -> ExitCode {
             let Some(skill) = set.get(&name) else {
                 return usage(&set.missing(&name));
             };
-            let argv = match skill.script_command(&script, &script_args, Path::new("/workspace")) {
+            let argv = match skill.script_command(
+                &script,
+                &script_args,
+                Path::new(DEFAULT_WORKSPACE_ROOT),
+            ) {
                 Ok(argv) => argv,
                 Err(e) => return usage(&e),
             };
@@ -284,7 +289,7 @@ pub async fn run(args: SkillsArgs, data_dir: &Path) -> ExitCode {
                 Ok(made) => made,
                 Err(e) => return failed(&e),
             };
-            let request = ExecRequest::argv(argv.clone()).cwd("/workspace");
+            let request = ExecRequest::argv(argv.clone()).cwd(DEFAULT_WORKSPACE_ROOT);
             let code = run_script(env.as_ref(), request, json, &argv, &cancel).await;
             let _ = env.cleanup().await;
             code

@@ -562,7 +562,10 @@ async fn a_shutdown_ends_session_execs_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_session_is_reaped_and_the_bounds_answer_429() {
     let config = SessionConfig {
-        max_per_tenant: 2,
+        bounds: skillbox_door::SessionBounds {
+            max_per_tenant: 2,
+            ..skillbox_door::SessionBounds::default()
+        },
         ..SessionConfig::default()
     };
     let Some(served) = serve(config).await else {

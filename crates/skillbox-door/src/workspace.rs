@@ -1,18 +1,65 @@
-//! The door layer: what crosses a sandbox's edge for every caller. The server's sessions,
-//! MCP's file tools and the agent's tools are adapters over [`Workspace`]: a path a
+//! A sandbox's workspace through its door. The server's runs and sessions, MCP's tools,
+//! the agent's tools and the capability router are adapters over [`Workspace`]: a path a
 //! caller gives is parsed by one rule ([`WorkspacePath`], against the sandbox's
-//! [`WorkspaceRoot`]), a read is bounded by a cap from one table ([`ReadCaps`]), and
-//! writes, listings and removals go through the sandbox's own file view, never a host
-//! path. What each adapter adds is its own: the HTTP budget of bytes in memory, MCP's
-//! answer holds, the agent's budget of model context.
+//! [`WorkspaceRoot`]), a read is bounded by a cap from one table ([`ReadCaps`]), writes,
+//! listings and removals go through the sandbox's own file view (never a host path), and
+//! a run's inputs, command and collection are one sequence ([`Workspace::place_inputs`],
+//! [`Workspace::run_and_collect`]) bounded by the caller's configured [`CollectLimits`].
+//! What each adapter adds is its own: the HTTP budget of bytes in memory, MCP's answer
+//! holds, the agent's budget of model context.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use bytes::Bytes;
 use skillbox_env::{
-    CancellationToken, DirEntry, EnvError, ErrorCode, ExecutionEnv, FileKind, Tree,
+    BackendKind, CancellationToken, DirEntry, EnvError, ErrorCode, ExecOutput, ExecRequest,
+    ExecutionEnv, FileKind, Tree,
 };
-use skillbox_protocol::{WorkspacePath, WorkspaceRoot};
+use skillbox_protocol::{OutputSelection, SandboxedKind, WorkspacePath, WorkspaceRoot};
+use skillbox_store::{CollectLimits, CollectedFile, StoreError, collect_artifacts};
+
+/// The sandbox a caller asked for (`backend`; native when it names none), never `host`:
+/// the one place every door (runs, sessions, agent runs, MCP) refuses it.
+pub fn sandboxed(backend: Option<BackendKind>) -> Result<SandboxedKind, EnvError> {
+    SandboxedKind::try_from(backend.unwrap_or_default())
+        .map_err(|e| EnvError::invalid(format!("backend: {e}")))
+}
+
+/// What a run's files are collected by: the files placed before it ran (inputs, a
+/// restored snapshot, skills), by path and SHA-256, which come back only when changed;
+/// which files to keep; and the caller's configured limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Collection<'a> {
+    pub inputs: &'a BTreeMap<PathBuf, String>,
+    pub outputs: &'a OutputSelection,
+    pub limits: CollectLimits,
+}
+
+/// The door's bounds, from one config: where the workspace is in every sandbox, what one
+/// collection may hold (a run's, an agent attempt's, a capability call's) and the most
+/// one read hands out. The server's flags and the CLI's defaults set it once; every door
+/// reads it from here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorConfig {
+    pub root: WorkspaceRoot,
+    pub collect: CollectLimits,
+    pub read_caps: ReadCaps,
+}
+
+impl Default for DoorConfig {
+    fn default() -> Self {
+        DoorConfig {
+            root: WorkspaceRoot::default(),
+            collect: CollectLimits {
+                max_files: 1000,
+                max_total_bytes: 256 << 20,
+                max_file_bytes: 128 << 20,
+            },
+            read_caps: ReadCaps::default(),
+        }
+    }
+}
 
 /// The most one read hands out, by who it is handed to: one table, so that a change is
 /// made once and each door's figure is in sight of the others.
@@ -180,6 +227,72 @@ impl<'a> Workspace<'a> {
         cancel: &CancellationToken,
     ) -> Result<Vec<DirEntry>, EnvError> {
         self.env.list_dir(&self.absolute(path), cancel).await
+    }
+
+    /// Writes each input file (`files`, by path relative to the workspace; their
+    /// directories made) and records its SHA-256 in `inputs`. The error says which file
+    /// (its index) failed, for the caller to name its field.
+    pub async fn place_inputs(
+        &self,
+        files: &[(PathBuf, Bytes)],
+        inputs: &mut BTreeMap<PathBuf, String>,
+        cancel: &CancellationToken,
+    ) -> Result<(), (usize, EnvError)> {
+        let root = self.root.as_path();
+        for (index, (path, bytes)) in files.iter().enumerate() {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                self.env
+                    .create_dir(&root.join(parent), true, cancel)
+                    .await
+                    .map_err(|e| (index, e))?;
+            }
+            self.env
+                .write(&root.join(path), bytes, cancel)
+                .await
+                .map_err(|e| (index, e))?;
+            inputs.insert(path.clone(), skillbox_store::sha256_hex(bytes));
+        }
+        Ok(())
+    }
+
+    /// Runs `request` (in the workspace unless it names another cwd), with `files` (by
+    /// absolute path) written in the same round trip, then collects what it made: the
+    /// exec's output, and the files or why they were not collected (past a limit, which
+    /// a run reports as its error and an agent feeds back to its model). The
+    /// collection's listing comes back with the exec where the backend can do that.
+    pub async fn run_and_collect(
+        &self,
+        files: Vec<(PathBuf, Vec<u8>)>,
+        request: ExecRequest,
+        collection: Collection<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<(ExecOutput, Result<Vec<CollectedFile>, StoreError>), EnvError> {
+        let root = self.root.as_path();
+        let mut request =
+            request.walk_after(skillbox_store::collection_walk(&self.env.absolute(root)));
+        if request.cwd.is_none() {
+            request = request.cwd(root);
+        }
+        let output = self.env.write_and_exec(files, request, cancel).await?;
+        let collected = self.collect(collection, cancel).await;
+        Ok((output, collected))
+    }
+
+    /// What the workspace holds now that `collection` keeps.
+    pub async fn collect(
+        &self,
+        collection: Collection<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<CollectedFile>, StoreError> {
+        collect_artifacts(
+            self.env,
+            self.root.as_path(),
+            collection.inputs,
+            collection.outputs,
+            collection.limits,
+            cancel,
+        )
+        .await
     }
 
     /// Removes the file at `path`, or with `recursive` a directory tree; never the root.
