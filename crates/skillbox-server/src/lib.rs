@@ -8,6 +8,7 @@ mod agent_runs;
 mod agents;
 mod auth;
 mod capabilities;
+mod download;
 mod error;
 mod listen;
 mod mcp;
