@@ -412,7 +412,8 @@ pub fn script_name(language: Language) -> &'static str {
 
 /// The command that runs the script in a sandbox of `kind`. Node runs under its
 /// permission model too (a second layer inside the sandbox, never instead of it): reads
-/// only the runtime and `/workspace`, writes only `/workspace` and `/tmp`, no child
+/// only the runtime and `/workspace`, writes only `/workspace` (not `/tmp`, and so not
+/// `$HOME`, which is `/tmp`: pptxgenjs writes only the deck it is given), no child
 /// processes, no workers. On wasm, `node` is QuickJS and `python3` CPython for WASI.
 pub fn script_command(kind: BackendKind, language: Language, script: &str) -> Vec<String> {
     if kind == BackendKind::Wasm {
@@ -431,7 +432,6 @@ pub fn script_command(kind: BackendKind, language: Language, script: &str) -> Ve
             format!("--allow-fs-read={WORKSPACE}/*"),
             format!("--allow-fs-read={NODE_MODULES}/*"),
             format!("--allow-fs-write={WORKSPACE}/*"),
-            "--allow-fs-write=/tmp/*".into(),
             "--disable-warning=ExperimentalWarning".into(),
             "--experimental-detect-module".into(),
             script.into(),

@@ -365,6 +365,66 @@ fetch("http://127.0.0.1:{port}/").then(() => console.log("fetch ALLOWED"), (e) =
     assert!(listener.accept().is_err(), "the host listener was reached");
 }
 
+/// Node's permission model, the second layer inside the sandbox, against the attack
+/// table of the skill-sandbox design (run there with `--allow-fs-write=` empty), over
+/// `POST /v1/run` on every backend that runs Node: a write to `$HOME`
+/// (`os.homedir()`, `/tmp`, outside the workspace) and to `/tmp`, `child_process` and
+/// a read of `/etc/passwd` are each `ERR_ACCESS_DENIED`, while a write to the
+/// workspace and `require("pptxgenjs")` work, and the run hands back only what the
+/// workspace holds. Before, `/tmp/*` was writable, and with it `$HOME`. On wasm,
+/// `node` is QuickJS with no Node APIs: none of these calls exists there, and the
+/// guest sees only `/workspace` (`crates/skillbox/tests/wasm.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_denies_the_attack_table_on_every_backend() {
+    let test = "node_denies_the_attack_table_on_every_backend";
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let script = r#"
+const fs = require("fs"), os = require("os");
+const attempt = (name, f) => { try { f(); console.log(name + " ALLOWED"); } catch (e) { console.log(name + " denied " + (e.code || e.message)); } };
+console.log("home " + os.homedir());
+attempt("home", () => fs.writeFileSync(os.homedir() + "/PWNED.txt", "x"));
+attempt("tmp", () => fs.writeFileSync("/tmp/PWNED.txt", "x"));
+attempt("exec", () => require("child_process").execSync("id"));
+attempt("passwd", () => fs.readFileSync("/etc/passwd", "utf8"));
+attempt("workspace", () => fs.writeFileSync("/workspace/ok.txt", "ok"));
+attempt("pptxgenjs", () => new (require("pptxgenjs"))());
+"#;
+    for backend in ["native", "docker", "gvisor"] {
+        let (status, result) = server
+            .post(
+                "/v1/run",
+                &json!({"script": script, "language": "node", "backend": backend}),
+            )
+            .await;
+        if status == 503 && backend != "native" {
+            skillbox_env::testkit::skip(test, &format!("{backend}: {result}"));
+            continue;
+        }
+        assert_eq!(status, 200, "{backend}: {result}");
+        let stdout = result["stdout"].as_str().unwrap_or_default();
+        assert_eq!(
+            stdout,
+            "home /tmp\n\
+             home denied ERR_ACCESS_DENIED\n\
+             tmp denied ERR_ACCESS_DENIED\n\
+             exec denied ERR_ACCESS_DENIED\n\
+             passwd denied ERR_ACCESS_DENIED\n\
+             workspace ALLOWED\n\
+             pptxgenjs ALLOWED\n",
+            "{backend}: {result}"
+        );
+        let files: Vec<&str> = result["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["path"].as_str())
+            .collect();
+        assert_eq!(files, ["ok.txt"], "{backend}: {result}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_out_skips_symlinks_and_special_files_and_never_leaves_the_workspace() {
     let Some(server) = default_server().await else {
@@ -781,8 +841,9 @@ async fn wait_done(server: &Server, id: &str) -> Value {
     panic!("agent run {id} did not finish");
 }
 
-/// Agent runs take the server's disk bound (`serve --disk`): a script that writes 3 MB
-/// to /tmp fails under a 2 MB bound and succeeds with none.
+/// Agent runs take the server's disk bound (`serve --disk`): a script that writes a
+/// 3 MB scratch file (in the workspace: a Node script writes nowhere else) fails under
+/// a 2 MB bound and succeeds with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_runs_take_the_servers_disk_bound() {
     let pptx = skillbox_agent::builtin_skill("pptx").unwrap();
@@ -793,7 +854,7 @@ async fn agent_runs_take_the_servers_disk_bound() {
     let transcript = json!({"turns": [
         {"text": "A big scratch file, then the deck.", "toolCalls": [{"name": "run_script", "arguments": {
             "language": "node",
-            "script": format!("require('fs').writeFileSync('/tmp/big', Buffer.alloc(3000000));\n{deck}"),
+            "script": format!("require('fs').writeFileSync('/workspace/.big', Buffer.alloc(3000000));\n{deck}"),
         }}]},
         {"expect": {"exitCode": 0, "filesInclude": "workspacex.pptx"}, "text": "Done."},
     ]});
