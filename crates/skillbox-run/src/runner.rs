@@ -22,7 +22,7 @@ use skillbox_store::{
     ArtifactStore, CollectLimits, SnapshotLimits, Snapshots, collect_artifacts, store_all,
 };
 
-use crate::runtime::NodeRuntime;
+use crate::runtime::{NodeRuntime, RuntimeError};
 
 const WORKSPACE: &str = "/workspace";
 /// Where the preinstalled Node packages appear (Node walks up to it from /workspace).
@@ -723,8 +723,12 @@ impl Runner {
             ));
         }
         let mut policy = SandboxPolicy::default();
+        // Whatever the script's language: a Python or shell script that calls `node`
+        // finds pptxgenjs as a Node script does.
         if checked.language == Language::Node {
             self.runtime_mount(kind, &mut policy).await?;
+        } else {
+            self.runtime_mount_where_node_is(kind, &mut policy).await?;
         }
         let skills = self.plan_skills(&checked.skills, tenant).await?;
         let scope = match &checked.scope_key {
@@ -776,11 +780,39 @@ impl Runner {
         kind: BackendKind,
         policy: &mut SandboxPolicy,
     ) -> Result<(), RunError> {
+        self.mount_runtime(kind, policy, true).await
+    }
+
+    /// [`runtime_mount`](Self::runtime_mount) for a sandbox whose script is not Node's:
+    /// the same, except on a host without Node or npm, where the sandbox has no `node`
+    /// to call and gets no runtime (rather than the run failing for what it never
+    /// asked).
+    pub async fn runtime_mount_where_node_is(
+        &self,
+        kind: BackendKind,
+        policy: &mut SandboxPolicy,
+    ) -> Result<(), RunError> {
+        self.mount_runtime(kind, policy, false).await
+    }
+
+    async fn mount_runtime(
+        &self,
+        kind: BackendKind,
+        policy: &mut SandboxPolicy,
+        required: bool,
+    ) -> Result<(), RunError> {
         if kind != BackendKind::Native {
             return Ok(());
         }
         if !self.node.is_installed() {
-            self.prepare(&|line| tracing::info!("{line}")).await?;
+            match self.node.ensure(&|line| tracing::info!("{line}")).await {
+                Ok(()) => {}
+                Err(RuntimeError::Missing(what)) if !required => {
+                    tracing::debug!(what, "run: no Node on this host; no runtime shown");
+                    return Ok(());
+                }
+                Err(e) => return Err(RunError::Unavailable(e.to_string())),
+            }
         }
         policy.read_only_mounts.push(Mount {
             host: self.node.node_modules(),

@@ -425,6 +425,56 @@ attempt("pptxgenjs", () => new (require("pptxgenjs"))());
     }
 }
 
+/// The skill says pptxgenjs is preinstalled: a Python or shell run that calls `node`
+/// finds it as a Node run does, from the workspace and from anywhere else (`/tmp`), on
+/// every backend that has Node. Before, on native, only a Node run had it
+/// (`MODULE_NOT_FOUND`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_in_any_language_finds_pptxgenjs_with_node() {
+    let test = "a_run_in_any_language_finds_pptxgenjs_with_node";
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let node = r#"new (require("pptxgenjs"))(); console.log("pptxgenjs ok")"#;
+    let python = format!(
+        "import subprocess\n\
+         for cwd in ('/workspace', '/tmp'):\n\
+         \x20   done = subprocess.run(['node', '-e', '{node}'], cwd=cwd, capture_output=True, text=True)\n\
+         \x20   print(cwd, done.returncode, done.stdout.strip() or done.stderr[-300:])\n"
+    );
+    let sh = format!(
+        "cd /workspace && printf '/workspace ' && node -e '{node}'\n\
+         cd /tmp && printf '/tmp ' && node -e '{node}'\n"
+    );
+    for backend in ["native", "docker", "gvisor"] {
+        for (language, script, said) in [
+            (
+                "python",
+                &python,
+                "/workspace 0 pptxgenjs ok\n/tmp 0 pptxgenjs ok\n",
+            ),
+            ("sh", &sh, "/workspace pptxgenjs ok\n/tmp pptxgenjs ok\n"),
+        ] {
+            let (status, result) = server
+                .post(
+                    "/v1/run",
+                    &json!({"script": script, "language": language, "backend": backend}),
+                )
+                .await;
+            if status == 503 && backend != "native" {
+                skillbox_env::testkit::skip(test, &format!("{backend}: {result}"));
+                break;
+            }
+            assert_eq!(status, 200, "{backend} {language}: {result}");
+            assert_eq!(
+                (result["exitCode"].as_i64(), result["stdout"].as_str()),
+                (Some(0), Some(said)),
+                "{backend} {language}: {result}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_out_skips_symlinks_and_special_files_and_never_leaves_the_workspace() {
     let Some(server) = default_server().await else {

@@ -546,6 +546,53 @@ async fn a_session_file_is_a_download_as_an_object_is() {
     served.shutdown.cancel();
 }
 
+/// pptxgenjs is there for every exec of a session that has Node, whatever runs it (a
+/// shell here, from `/tmp`), on native and on docker, whose image carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_s_execs_find_pptxgenjs() {
+    let Some(served) = serve(SessionConfig::default()).await else {
+        return;
+    };
+    for backend in ["native", "docker"] {
+        let (status, session) = served.create(ANA, json!({"backend": backend})).await;
+        if status == 503 && backend != "native" {
+            skillbox_env::testkit::skip("a_session_s_execs_find_pptxgenjs", &session.to_string());
+            continue;
+        }
+        assert_eq!(status, 201, "{backend}: {session}");
+        let id = session["id"].as_str().unwrap().to_string();
+        let events = served
+            .exec(
+                ANA,
+                &id,
+                json!({"shell": "cd /tmp && node -e 'new (require(\"pptxgenjs\"))(); console.log(\"pptxgenjs ok\")'"}),
+            )
+            .await
+            .rest()
+            .await;
+        assert!(
+            events
+                .iter()
+                .any(|e| e["type"] == "stdout" && e["data"] == "pptxgenjs ok\n"),
+            "{backend}: {events:?}"
+        );
+        assert_eq!(
+            events.last().unwrap()["exitCode"],
+            0,
+            "{backend}: {events:?}"
+        );
+        let ended = served
+            .http
+            .delete(format!("{}/v1/sessions/{id}", served.base))
+            .bearer_auth(ANA)
+            .send()
+            .await
+            .unwrap();
+        assert!(ended.status().is_success(), "{backend}");
+    }
+    served.shutdown.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_cancels_an_exec_that_writes_nothing() {
     let Some(served) = serve(SessionConfig::default()).await else {
