@@ -224,9 +224,10 @@ enum Intercepted {
         back: u64,
         cut: Option<String>,
     },
-    /// The real host could not be had over verified TLS: the sandbox was answered
-    /// `502` and the host got no request. Why.
-    Unverified(String),
+    /// The sandbox was answered with a refusal and the host got no request: the real
+    /// host could not be had over verified TLS (`502`), or the request was not for the
+    /// tunnel's host (`421`, `400`). Why.
+    Refused(String),
 }
 
 impl Proxy {
@@ -385,7 +386,7 @@ impl Proxy {
         if !bindings.is_empty() {
             record.address = Some(address.to_string());
             match self
-                .intercept(client, server, door, &target.host, &bindings, &rest)
+                .intercept(client, server, door, &target, &bindings, &rest)
                 .await
             {
                 Intercepted::Through { out, back, cut } => {
@@ -394,7 +395,7 @@ impl Proxy {
                     record.bytes_in += back;
                     record.reason = cut;
                 }
-                Intercepted::Unverified(why) => record.reason = Some(why),
+                Intercepted::Refused(why) => record.reason = Some(why),
             }
             inner.audit.record(record);
             return;
@@ -436,16 +437,18 @@ impl Proxy {
     }
 
     /// A `CONNECT` to a host secrets are bound to: TLS with the sandbox (as `host`, the
-    /// sandbox's CA) and with the real host, then the first request's head with the
-    /// values in place of the placeholders and `Connection: close`, then the rest both
-    /// ways. When the real host cannot be had over verified TLS, the sandbox's request
-    /// is answered `502` saying why, and the host gets nothing.
+    /// sandbox's CA), its first request's head read and checked to be for the target
+    /// ([`rewrite_head`](crate::secrets::rewrite_head)), TLS with the real host, then
+    /// that head with the values in place of the placeholders and `Connection: close`,
+    /// then the rest both ways. A request for another host is answered `421` and the
+    /// host gets nothing; so when the real host cannot be had over verified TLS (`502`,
+    /// saying why).
     async fn intercept<S>(
         &self,
         mut client: S,
         server: TcpStream,
         door: Door,
-        host: &str,
+        target: &Target,
         bindings: &[(String, String)],
         early: &[u8],
     ) -> Intercepted
@@ -460,6 +463,7 @@ impl Proxy {
         let Some((_, interceptor)) = &self.inner.secrets else {
             return cut(None);
         };
+        let host = target.host.as_str();
         if client.write_all(door.established()).await.is_err() {
             return cut(None);
         }
@@ -478,6 +482,21 @@ impl Proxy {
             Ok(client) => client,
             Err(why) => return cut(Some(why)),
         };
+        let head = tokio::time::timeout(limits.head_timeout, read_head(&mut client)).await;
+        let (head, rest) = match head {
+            Ok(Ok(read)) => read,
+            Ok(Err(why)) => return cut(Some(why)),
+            Err(_) => return cut(Some("no request in the tunnel in time".into())),
+        };
+        // Checked before anything goes to the host: a request for another site gets
+        // neither the values nor a connection that carries them.
+        let head = match crate::secrets::rewrite_head(&head, host, target.port, bindings) {
+            Ok(head) => head,
+            Err(misdirected) => {
+                refuse(&mut client, misdirected.status, &misdirected.reason).await;
+                return Intercepted::Refused(misdirected.reason);
+            }
+        };
         let connected =
             tokio::time::timeout(limits.connect_timeout, interceptor.connect(server, host))
                 .await
@@ -487,21 +506,10 @@ impl Proxy {
             Err(why) => {
                 // The sandbox's TLS is up already: it is told in its own request's
                 // answer, which a client shows, rather than by a connection that ends.
-                let _ = tokio::time::timeout(limits.head_timeout, read_head(&mut client)).await;
                 let body = format!("{why}: the request was not sent to {host}");
                 answer(&mut client, "502 Bad Gateway", UPSTREAM_TLS_FAILED, &body).await;
-                return Intercepted::Unverified(why);
+                return Intercepted::Refused(why);
             }
-        };
-        let head = tokio::time::timeout(limits.head_timeout, read_head(&mut client)).await;
-        let (head, rest) = match head {
-            Ok(Ok(read)) => read,
-            Ok(Err(why)) => return cut(Some(why)),
-            Err(_) => return cut(Some("no request in the tunnel in time".into())),
-        };
-        let head = match crate::secrets::rewrite_head(&head, bindings) {
-            Ok(head) => head,
-            Err(why) => return cut(Some(why)),
         };
         let sent = (head.len() + rest.len()) as u64;
         if let Err(why) = self.inner.charge(sent) {
@@ -1001,7 +1009,10 @@ fn parse_head(head: &[u8]) -> Result<Target, String> {
 }
 
 /// `host:port`, `[v6]:port`, or a host alone when a default port is given.
-fn split_host_port(authority: &str, default: Option<u16>) -> Result<(String, u16), String> {
+pub(crate) fn split_host_port(
+    authority: &str,
+    default: Option<u16>,
+) -> Result<(String, u16), String> {
     let bad = || format!("{:?}: not host:port", cut(authority));
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let (host, after) = v6.split_once(']').ok_or_else(bad)?;
@@ -1026,7 +1037,7 @@ fn split_host_port(authority: &str, default: Option<u16>) -> Result<(String, u16
     Ok((host.trim_end_matches('.').to_ascii_lowercase(), port))
 }
 
-fn cut(text: &str) -> &str {
+pub(crate) fn cut(text: &str) -> &str {
     match text.char_indices().nth(200) {
         Some((i, _)) => &text[..i],
         None => text,

@@ -283,21 +283,92 @@ impl Interceptor {
     }
 }
 
-/// `head` with every placeholder in its header lines replaced by its value, and
-/// `Connection: close` (one request a connection: a later request on it goes without
-/// the values).
-pub(crate) fn rewrite_head(head: &[u8], bindings: &[(String, String)]) -> Result<Vec<u8>, String> {
+/// Why a request head in a tunnel to a secret's host is not sent: the status the
+/// sandbox is answered with, and the reason (answered and recorded).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Misdirected {
+    pub(crate) status: &'static str,
+    pub(crate) reason: String,
+}
+
+fn bad_head(reason: impl Into<String>) -> Misdirected {
+    Misdirected {
+        status: "400 Bad Request",
+        reason: reason.into(),
+    }
+}
+
+/// `head`, the first request in a tunnel to `host:port` (the `CONNECT`'s), with every
+/// placeholder in its header lines but `Host` replaced by its value, and `Connection:
+/// close` (one request a connection: a later request on it goes without the values).
+///
+/// The request must be for the tunnel's own host: its target in origin-form (`/…`),
+/// and exactly one `Host`, equal to `host:port` (`:443` may be left out). A bound host
+/// that serves other sites by their `Host` or an absolute URL (a CDN's, a gateway's)
+/// would otherwise carry the value to a site it is not bound to. The request line and
+/// `Host` never get a value: a server logs and routes by them.
+pub(crate) fn rewrite_head(
+    head: &[u8],
+    host: &str,
+    port: u16,
+    bindings: &[(String, String)],
+) -> Result<Vec<u8>, Misdirected> {
     let text =
-        std::str::from_utf8(head).map_err(|_| "a request head that is not UTF-8".to_string())?;
+        std::str::from_utf8(head).map_err(|_| bad_head("a request head that is not UTF-8"))?;
     let mut lines = text.split("\r\n");
     let request = lines.next().unwrap_or_default();
+    let parts: Vec<&str> = request.split(' ').collect();
+    let [_, target, version] = parts[..] else {
+        return Err(bad_head(format!(
+            "not an HTTP request line: {:?}",
+            crate::proxy::cut(request)
+        )));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Err(bad_head(format!("{version:?}: the tunnel speaks HTTP/1.x")));
+    }
+    let tunnel = if port == 443 {
+        host.to_string()
+    } else {
+        format!("{host}:{port}")
+    };
+    if !target.starts_with('/') {
+        return Err(Misdirected {
+            status: "421 Misdirected Request",
+            reason: format!(
+                "{:?}: a request in the tunnel to {tunnel} names a path (/…), never a URL, and has Host: {tunnel}",
+                crate::proxy::cut(target)
+            ),
+        });
+    }
     let mut out = format!("{request}\r\n");
+    let mut hosts = Vec::new();
     for line in lines.filter(|l| !l.is_empty()) {
-        let name = line.split(':').next().unwrap_or_default().trim();
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(bad_head(format!(
+                "a header line without a colon: {:?}",
+                crate::proxy::cut(line)
+            )));
+        };
+        // A name of token characters only: no folded line, no space before the colon,
+        // so the host reads the same headers as checked here (RFC 9112 §5.1).
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if name.is_empty() || !name.bytes().all(token) {
+            return Err(bad_head(format!(
+                "not a header name: {:?}",
+                crate::proxy::cut(name)
+            )));
+        }
         if ["connection", "keep-alive", "proxy-connection"]
             .iter()
             .any(|d| name.eq_ignore_ascii_case(d))
         {
+            continue;
+        }
+        if name.eq_ignore_ascii_case("host") {
+            hosts.push(value.trim_matches([' ', '\t']));
+            out.push_str(line);
+            out.push_str("\r\n");
             continue;
         }
         let mut line = line.to_string();
@@ -306,6 +377,24 @@ pub(crate) fn rewrite_head(head: &[u8], bindings: &[(String, String)]) -> Result
         }
         out.push_str(&line);
         out.push_str("\r\n");
+    }
+    let named = match hosts[..] {
+        [one] => crate::proxy::split_host_port(one, Some(443)).ok(),
+        _ => None,
+    };
+    if named
+        .as_ref()
+        .is_none_or(|(h, p)| (h.as_str(), *p) != (host, port))
+    {
+        let said = match hosts[..] {
+            [] => "no Host".to_string(),
+            [one] => format!("Host {:?}", crate::proxy::cut(one)),
+            _ => format!("{} Host headers", hosts.len()),
+        };
+        return Err(Misdirected {
+            status: "421 Misdirected Request",
+            reason: format!("{said}: a request in the tunnel to {tunnel} has Host: {tunnel}"),
+        });
     }
     out.push_str("Connection: close\r\n\r\n");
     Ok(out.into_bytes())
@@ -446,10 +535,135 @@ mod tests {
     fn heads_get_values_in_headers_only_and_close() {
         let bindings = vec![("skillbox-secret-ab".to_string(), "REAL".to_string())];
         let head = b"GET /skillbox-secret-ab HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer skillbox-secret-ab\r\nConnection: keep-alive\r\n\r\n";
-        let out = String::from_utf8(rewrite_head(head, &bindings).unwrap()).unwrap();
+        let out = String::from_utf8(rewrite_head(head, "api.example.com", 443, &bindings).unwrap())
+            .unwrap();
         assert_eq!(
             out,
-            "GET /skillbox-secret-ab HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer REAL\r\nConnection: close\r\n\r\n"
+            "GET /skillbox-secret-ab HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: Bearer skillbox-secret-ab\r\n"
+                .replace("Bearer skillbox-secret-ab", "Bearer REAL")
+                + "Connection: close\r\n\r\n"
+        );
+        // The tunnel's host in the forms a client writes it.
+        for (host, port, named) in [
+            ("api.example.com", 443, "API.example.com:443"),
+            ("api.example.com", 443, "api.example.com."),
+            ("api.example.com", 8443, "api.example.com:8443"),
+            ("2001:db8::1", 443, "[2001:db8::1]"),
+        ] {
+            let head = format!(
+                "POST /v1 HTTP/1.1\r\nhost:\t{named} \r\nX-Key: skillbox-secret-ab\r\n\r\n"
+            );
+            let out = rewrite_head(head.as_bytes(), host, port, &bindings).unwrap();
+            assert!(
+                String::from_utf8(out).unwrap().contains("X-Key: REAL\r\n"),
+                "{named}"
+            );
+        }
+        // A Host that is the tunnel's and holds a placeholder (a wildcard binding) keeps
+        // the placeholder: Host never gets a value.
+        let placeholder_host = "skillbox-secret-ab.api.example.com";
+        let head = format!("GET / HTTP/1.1\r\nHost: {placeholder_host}\r\n\r\n");
+        let out = String::from_utf8(
+            rewrite_head(head.as_bytes(), placeholder_host, 443, &bindings).unwrap(),
+        )
+        .unwrap();
+        assert!(!out.contains("REAL"), "{out}");
+    }
+
+    /// A request in a tunnel to a secret's host that names another site, by its URL or
+    /// its `Host`, or that a host could read otherwise than checked here, is refused:
+    /// the value goes to no site the secret is not bound to.
+    #[test]
+    fn heads_for_another_host_are_refused() {
+        let bindings = vec![("skillbox-secret-ab".to_string(), "REAL".to_string())];
+        for (head, status, said) in [
+            (
+                "GET https://evil.test/C HTTP/1.1\r\nHost: evil.test\r\nAuthorization: Bearer skillbox-secret-ab\r\n\r\n",
+                "421",
+                "\"https://evil.test/C\": a request in the tunnel to api.example.com names a path (/…), never a URL",
+            ),
+            (
+                "GET https://api.example.com/C HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                "421",
+                "never a URL",
+            ),
+            (
+                "OPTIONS * HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                "421",
+                "never a URL",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost: evil.test\r\nAuthorization: Bearer skillbox-secret-ab\r\n\r\n",
+                "421",
+                "Host \"evil.test\": a request in the tunnel to api.example.com has Host: api.example.com",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost: skillbox-secret-ab.evil.test\r\n\r\n",
+                "421",
+                "Host \"skillbox-secret-ab.evil.test\"",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost: api.example.com:8443\r\n\r\n",
+                "421",
+                "has Host: api.example.com",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost: user@api.example.com\r\n\r\n",
+                "421",
+                "has Host",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nX-Key: skillbox-secret-ab\r\n\r\n",
+                "421",
+                "no Host",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost: api.example.com\r\nHost: evil.test\r\n\r\n",
+                "421",
+                "2 Host headers",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost : evil.test\r\nHost: api.example.com\r\n\r\n",
+                "400",
+                "not a header name",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost: api.example.com\r\n evil.test\r\n\r\n",
+                "400",
+                "without a colon",
+            ),
+            (
+                "GET /C HTTP/1.1\r\nHost: api.example.com\r\nno colon\r\n\r\n",
+                "400",
+                "without a colon",
+            ),
+            (
+                "GET /C HTTP/2\r\nHost: api.example.com\r\n\r\n",
+                "400",
+                "HTTP/1.x",
+            ),
+            (
+                "GET  /C HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                "400",
+                "not an HTTP request line",
+            ),
+        ] {
+            let err = rewrite_head(head.as_bytes(), "api.example.com", 443, &bindings).unwrap_err();
+            assert!(err.status.starts_with(status), "{head:?}: {err:?}");
+            assert!(err.reason.contains(said), "{head:?}: {err:?}");
+            assert!(!err.reason.contains("REAL"), "{err:?}");
+        }
+        // Another port than the tunnel's.
+        let err = rewrite_head(
+            b"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+            "api.example.com",
+            8443,
+            &bindings,
+        )
+        .unwrap_err();
+        assert!(
+            err.reason.contains("has Host: api.example.com:8443"),
+            "{err:?}"
         );
     }
 

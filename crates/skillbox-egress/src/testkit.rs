@@ -268,11 +268,16 @@ pub async fn https_server_on(
 /// A Python script that fetches `https://HOST:port/` for each of `hosts` with the
 /// header `Authorization: Bearer $API_KEY`, trusting `test_ca` too (a host reached
 /// through a plain tunnel shows its own certificate: the test CA's), and first prints
-/// whether `$API_KEY` is a placeholder and its length.
+/// whether `$API_KEY` is a placeholder and its length. Then the attack on a secret's
+/// tunnel: through `HTTPS_PROXY`, `CONNECT` to the first host (the secret's), and
+/// inside the TLS a request for the second by its absolute URL with `Host` naming it
+/// and the placeholder in `Authorization`, then one with `Host: $API_KEY.<second>`;
+/// each prints `smuggled`, the status and `X-Skillbox-Egress`.
 pub fn secret_script(hosts: &[&str], port: u16, test_ca: &str) -> String {
+    let (bound, other) = (hosts[0], hosts[hosts.len() - 1]);
     format!(
         r#"
-import os, ssl, urllib.request
+import http.client, os, ssl, urllib.parse, urllib.request
 key = os.environ["API_KEY"]
 print(key.startswith("skillbox-secret-"), len(key))
 context = ssl.create_default_context()
@@ -280,6 +285,19 @@ context.load_verify_locations(cadata="""{test_ca}""")
 for host in {hosts:?}:
     request = urllib.request.Request("https://" + host + ":{port}/", headers={{"Authorization": "Bearer " + key}})
     print(host, urllib.request.urlopen(request, timeout=10, context=context).read().decode())
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+for target, headers in [
+    ("https://{other}/C", {{"Host": "{other}", "Authorization": "Bearer " + key}}),
+    ("/C", {{"Host": key + ".{other}"}}),
+]:
+    tunnel = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=10)
+    tunnel.set_tunnel("{bound}", {port})
+    tunnel.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
+    for name, value in headers.items():
+        tunnel.putheader(name, value)
+    tunnel.endheaders()
+    answer = tunnel.getresponse()
+    print("smuggled", answer.status, answer.getheader("X-Skillbox-Egress"))
 "#
     )
 }
@@ -287,11 +305,16 @@ for host in {hosts:?}:
 /// Checks what [`secret_script`] for `api.test` and `other.test` printed (`code`,
 /// `out`, `err`) and what the HTTPS server saw, for a secret `value` bound to
 /// `api.test` only: the script saw a placeholder and reached both hosts; `api.test` got
-/// the value in its header, `other.test` the placeholder; the value is in no output.
+/// the value in its header, `other.test` the placeholder; both requests for
+/// `other.test` smuggled into `api.test`'s tunnel were refused `421` and reached no
+/// server; the value is in no output.
 pub fn assert_secret_only_for_its_host(value: &str, code: i32, out: &str, err: &str, seen: &Seen) {
     assert_eq!(
         (code, out),
-        (0, "True 48\napi.test ok\nother.test ok\n"),
+        (
+            0,
+            "True 48\napi.test ok\nother.test ok\nsmuggled 421 refused\nsmuggled 421 refused\n"
+        ),
         "{err}"
     );
     assert!(!out.contains(value) && !err.contains(value));

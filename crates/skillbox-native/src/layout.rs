@@ -147,27 +147,39 @@ fn etc_files() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The synthesized `/etc` a sandbox is shown: its directory, and the host's `/etc`
-/// directories shown in it beyond [`ETC_PASSTHROUGH`] (a backend's own, e.g. LibreOffice's
-/// configuration for the slide previews' renders; never every sandbox's).
+/// A directory a backend shows at `/etc/NAME` beyond [`ETC_PASSTHROUGH`]: the host's own
+/// `/etc/NAME`, or a directory the caller made in its place (a filtered copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcDir {
+    /// Where the sandbox sees it: a directory right under `/etc`.
+    pub sandbox: &'static str,
+    /// What it shows there, read-only; left out when it is not a directory.
+    pub host: PathBuf,
+}
+
+/// The synthesized `/etc` a sandbox is shown: its directory, and the directories shown
+/// in it beyond [`ETC_PASSTHROUGH`] (a backend's own, e.g. fontconfig's and a filtered
+/// copy of LibreOffice's for the slide previews' renders; never every sandbox's).
 #[derive(Debug, Clone)]
 pub struct Etc {
     pub dir: PathBuf,
-    pub extra: &'static [&'static str],
+    pub extra: Arc<[EtcDir]>,
 }
 
 /// The synthesized `/etc`, shared read-only by every sandbox with the same `extra`
 /// host directories: built once under `native_dir`, named by a hash of its content so
 /// a new version never reuses an old one.
-pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io::Result<Etc> {
+pub fn ensure_etc(native_dir: &Path, extra: &Arc<[EtcDir]>) -> std::io::Result<Etc> {
+    let extra_names = || extra.iter().map(|e| e.sandbox);
     let files = etc_files();
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     // The mount points are made in it too: a new one is a new `/etc`.
     let mount_points = ETC_FILES
         .iter()
-        .chain(ETC_PASSTHROUGH)
-        .chain(extra)
-        .map(|p| (*p, ""));
+        .copied()
+        .chain(ETC_PASSTHROUGH.iter().copied())
+        .chain(extra_names())
+        .map(|p| (p, ""));
     for (name, content) in files
         .iter()
         .map(|(n, c)| (*n, c.as_str()))
@@ -179,7 +191,10 @@ pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io:
     }
     let dir = native_dir.join(format!("etc-{hash:016x}"));
     if dir.is_dir() {
-        return Ok(Etc { dir, extra });
+        return Ok(Etc {
+            dir,
+            extra: extra.clone(),
+        });
     }
     skillbox_env::owner::claim(native_dir)?;
     let staging = native_dir.join(skillbox_env::path::temp_name(&format!(
@@ -198,8 +213,8 @@ pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io:
             }
             fs::write(target, "")?;
         }
-        for host in ETC_PASSTHROUGH.iter().chain(extra) {
-            fs::create_dir_all(staging.join(host.trim_start_matches("/etc/")))?;
+        for name in ETC_PASSTHROUGH.iter().copied().chain(extra_names()) {
+            fs::create_dir_all(staging.join(name.trim_start_matches("/etc/")))?;
         }
         if let Ok(target) = fs::read_link("/etc/localtime") {
             std::os::unix::fs::symlink(target, staging.join("localtime"))?;
@@ -212,10 +227,16 @@ pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io:
         let _ = fs::remove_dir_all(&staging);
         // Another process may have built it first.
         if dir.is_dir() {
-            return Ok(Etc { dir, extra });
+            return Ok(Etc {
+                dir,
+                extra: extra.clone(),
+            });
         }
     }
-    built.map(|()| Etc { dir, extra })
+    built.map(|()| Etc {
+        dir,
+        extra: extra.clone(),
+    })
 }
 
 /// What is shown as `/workspace`.
@@ -287,19 +308,28 @@ pub fn plan(
 
     bind_dir(&mut ops, &etc.dir, Path::new("/etc"), ro, false)?;
     if let Some(odd) = etc.extra.iter().find(|dir| {
-        !Path::new(dir).strip_prefix("/etc").is_ok_and(|name| {
-            name.components().count() == 1
-                && name.to_str() == name.file_name().and_then(|n| n.to_str())
-        })
+        !Path::new(dir.sandbox)
+            .strip_prefix("/etc")
+            .is_ok_and(|name| {
+                name.components().count() == 1
+                    && name.to_str() == name.file_name().and_then(|n| n.to_str())
+            })
     }) {
         return Err(EnvError::invalid(format!(
-            "native: {odd}: only a directory right under /etc is shown from the host's /etc"
+            "native: {}: only a directory right under /etc is shown there",
+            odd.sandbox
         )));
     }
-    for host in ETC_PASSTHROUGH.iter().chain(etc.extra) {
-        let host = Path::new(host);
+    let passthrough = ETC_PASSTHROUGH
+        .iter()
+        .map(|dir| (Path::new(dir), Path::new(dir)));
+    let extra = etc
+        .extra
+        .iter()
+        .map(|dir| (dir.host.as_path(), Path::new(dir.sandbox)));
+    for (host, sandbox) in passthrough.chain(extra) {
         if host.is_dir() {
-            bind_dir(&mut ops, host, host, ro, false)?;
+            bind_dir(&mut ops, host, sandbox, ro, false)?;
         }
     }
     for host in ETC_FILES {
@@ -712,6 +742,13 @@ mod tests {
         policy: &SandboxPolicy,
         extra: &'static [&'static str],
     ) -> (tempfile::TempDir, Result<Root, EnvError>) {
+        let extra: Arc<[EtcDir]> = extra
+            .iter()
+            .map(|dir| EtcDir {
+                sandbox: dir,
+                host: PathBuf::from(dir),
+            })
+            .collect();
         let dir = tempfile::tempdir().unwrap();
         let etc = dir.path().join("etc");
         let workspace = dir.path().join("ws");
@@ -749,6 +786,39 @@ mod tests {
             shown
                 .iter()
                 .any(|(s, t, a)| s == "/etc/ssl" && t == "/etc/ssl" && *a == ro),
+            "{shown:?}"
+        );
+        // A directory the caller made, shown in place of the host's own.
+        let made = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("etc")).unwrap();
+        fs::create_dir(dir.path().join("ws")).unwrap();
+        let etc = Etc {
+            dir: dir.path().join("etc"),
+            extra: Arc::new([EtcDir {
+                sandbox: "/etc/libreoffice",
+                host: made.path().to_path_buf(),
+            }]),
+        };
+        let root = plan(
+            &etc,
+            WorkspaceSource::Host(&dir.path().join("ws")),
+            &Limits::default(),
+            &SandboxPolicy::default(),
+            1,
+            Vec::new(),
+            Vec::new(),
+        );
+        let shown = binds(&root.unwrap());
+        let made = made.path().display().to_string();
+        assert!(
+            shown
+                .iter()
+                .any(|(s, t, a)| s == &made && t == "/etc/libreoffice" && *a == ro),
+            "{shown:?}"
+        );
+        assert!(
+            !shown.iter().any(|(s, _, _)| s == "/etc/libreoffice"),
             "{shown:?}"
         );
         for odd in [

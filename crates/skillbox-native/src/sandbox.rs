@@ -40,8 +40,9 @@ pub struct NativeBackend {
     upstream_roots: Arc<Vec<rustls_pki_types::CertificateDer<'static>>>,
     /// Sandboxes made ahead, with their first exec prepared (`with_warm`).
     warm: Option<Arc<crate::warm::Warm>>,
-    /// Host `/etc` directories shown beyond the usual ones (`with_etc`).
-    etc: &'static [&'static str],
+    /// Directories shown at `/etc/NAME` beyond the usual ones (`with_etc`,
+    /// `with_etc_from`).
+    etc: Arc<[layout::EtcDir]>,
 }
 
 impl NativeBackend {
@@ -55,7 +56,7 @@ impl NativeBackend {
             resolver: Arc::new(skillbox_egress::SystemResolver),
             upstream_roots: Arc::default(),
             warm: None,
-            etc: &[],
+            etc: Arc::new([]),
         }
     }
 
@@ -64,7 +65,22 @@ impl NativeBackend {
     /// caller's needs (LibreOffice's, for the slide previews' renders), never in a run's
     /// sandbox. Missing ones are left out.
     pub fn with_etc(mut self, dirs: &'static [&'static str]) -> Self {
-        self.etc = dirs;
+        let mut etc = self.etc.to_vec();
+        etc.extend(dirs.iter().map(|dir| layout::EtcDir {
+            sandbox: dir,
+            host: PathBuf::from(dir),
+        }));
+        self.etc = etc.into();
+        self
+    }
+
+    /// Also shows `host`, read-only, at `sandbox` (`/etc/NAME`) in every sandbox this
+    /// backend makes: a directory the caller made in place of the host's own (a
+    /// filtered copy of it), never in a run's sandbox. A missing one is left out.
+    pub fn with_etc_from(mut self, sandbox: &'static str, host: PathBuf) -> Self {
+        let mut etc = self.etc.to_vec();
+        etc.push(layout::EtcDir { sandbox, host });
+        self.etc = etc.into();
         self
     }
 
@@ -140,7 +156,7 @@ impl NativeBackend {
         NativeSandbox::prepare(
             &self.data_dir,
             spec,
-            self.etc,
+            self.etc.clone(),
             true,
             &self.resolver,
             &self.upstream_roots,
@@ -171,9 +187,10 @@ impl NativeBackend {
         let data_dir = self.data_dir.clone();
         let resolver = self.resolver.clone();
         let roots = self.upstream_roots.clone();
-        let etc = self.etc;
+        let etc = self.etc.clone();
         Arc::new(move |spec| {
             let (data_dir, resolver, roots) = (data_dir.clone(), resolver.clone(), roots.clone());
+            let etc = etc.clone();
             Box::pin(async move {
                 crate::spawn::warm_up();
                 tokio::task::spawn_blocking(move || {
@@ -436,7 +453,7 @@ impl NativeSandbox {
     fn prepare(
         data_dir: &Path,
         spec: SandboxSpec,
-        etc_extra: &'static [&'static str],
+        etc_extra: Arc<[layout::EtcDir]>,
         one_shot: bool,
         resolver: &Arc<dyn skillbox_egress::Resolve>,
         upstream_roots: &[rustls_pki_types::CertificateDer<'static>],
@@ -540,7 +557,7 @@ impl NativeSandbox {
             });
             egress_dir = Some(ca_dir);
         }
-        let result = Self::prepare_in(&dir, spec, etc_extra, abi, ids, chown_to, cgroup_host).map(
+        let result = Self::prepare_in(&dir, spec, &etc_extra, abi, ids, chown_to, cgroup_host).map(
             |mut sandbox| {
                 sandbox.idmapped = idmapped;
                 sandbox.one_shot = one_shot;
@@ -563,7 +580,7 @@ impl NativeSandbox {
     fn prepare_in(
         dir: &Path,
         spec: SandboxSpec,
-        etc_extra: &'static [&'static str],
+        etc_extra: &Arc<[layout::EtcDir]>,
         abi: u32,
         ids: HostIds,
         chown_to: Option<HostIds>,

@@ -291,7 +291,12 @@ fn secrets_are_added_at_egress_for_their_hosts_only() {
             let (code, out, err) = python(env.as_ref(), &script).await;
             testkit::assert_secret_only_for_its_host(SECRET, code, &out, &err, &seen);
             let connections = env.egress();
-            assert_eq!(connections.len(), 2, "{connections:#?}");
+            // Both hosts, and the two requests smuggled into api.test's tunnel, refused.
+            assert_eq!(connections.len(), 4, "{connections:#?}");
+            let refused = connections
+                .iter()
+                .filter(|c| c.verdict == skillbox_egress::Verdict::Refused);
+            assert_eq!(refused.count(), 2, "{connections:#?}");
             assert!(!format!("{connections:?}").contains(SECRET));
             env.cleanup().await.unwrap();
             // Nothing skillbox kept holds the value.

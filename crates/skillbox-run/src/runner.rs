@@ -21,7 +21,7 @@ use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_skills::{HashCache, Projection, ProjectionConfig, Skill, SkillSet, Sources};
 use skillbox_store::{ArtifactStore, CollectLimits, SnapshotLimits, Snapshots, store_all};
 
-use crate::runtime::NodeRuntime;
+use crate::runtime::{NodeRuntime, RuntimeError};
 
 /// Where the preinstalled Node packages appear (Node walks up to it from /workspace).
 pub const NODE_MODULES: &str = "/node_modules";
@@ -385,7 +385,8 @@ pub fn script_name(language: Language) -> &'static str {
 /// The command that runs the script in a sandbox of `kind` whose workspace is at
 /// `root`. Node runs under its permission model too (a second layer inside the sandbox,
 /// never instead of it): reads only the runtime and the workspace, writes only the
-/// workspace and `/tmp`, no child processes, no workers. On wasm, `node` is QuickJS and
+/// workspace (not `/tmp`, and so not `$HOME`, which is `/tmp`: pptxgenjs writes only the
+/// deck it is given), no child processes, no workers. On wasm, `node` is QuickJS and
 /// `python3` CPython for WASI.
 pub fn script_command(
     kind: BackendKind,
@@ -409,7 +410,6 @@ pub fn script_command(
             format!("--allow-fs-read={root}/*"),
             format!("--allow-fs-read={NODE_MODULES}/*"),
             format!("--allow-fs-write={root}/*"),
-            "--allow-fs-write=/tmp/*".into(),
             "--disable-warning=ExperimentalWarning".into(),
             "--experimental-detect-module".into(),
             script.into(),
@@ -722,8 +722,12 @@ impl Runner {
             ));
         }
         let mut policy = SandboxPolicy::default();
+        // Whatever the script's language: a Python or shell script that calls `node`
+        // finds pptxgenjs as a Node script does.
         if checked.language == Language::Node {
             self.runtime_mount(kind, &mut policy).await?;
+        } else {
+            self.runtime_mount_where_node_is(kind, &mut policy).await?;
         }
         let skills = self.plan_skills(&checked.skills, tenant).await?;
         let scope = match &checked.scope_key {
@@ -775,11 +779,39 @@ impl Runner {
         kind: BackendKind,
         policy: &mut SandboxPolicy,
     ) -> Result<(), RunError> {
+        self.mount_runtime(kind, policy, true).await
+    }
+
+    /// [`runtime_mount`](Self::runtime_mount) for a sandbox whose script is not Node's:
+    /// the same, except on a host without Node or npm, where the sandbox has no `node`
+    /// to call and gets no runtime (rather than the run failing for what it never
+    /// asked).
+    pub async fn runtime_mount_where_node_is(
+        &self,
+        kind: BackendKind,
+        policy: &mut SandboxPolicy,
+    ) -> Result<(), RunError> {
+        self.mount_runtime(kind, policy, false).await
+    }
+
+    async fn mount_runtime(
+        &self,
+        kind: BackendKind,
+        policy: &mut SandboxPolicy,
+        required: bool,
+    ) -> Result<(), RunError> {
         if kind != BackendKind::Native {
             return Ok(());
         }
         if !self.node.is_installed() {
-            self.prepare(&|line| tracing::info!("{line}")).await?;
+            match self.node.ensure(&|line| tracing::info!("{line}")).await {
+                Ok(()) => {}
+                Err(RuntimeError::Missing(what)) if !required => {
+                    tracing::debug!(what, "run: no Node on this host; no runtime shown");
+                    return Ok(());
+                }
+                Err(e) => return Err(RunError::Unavailable(e.to_string())),
+            }
         }
         policy.read_only_mounts.push(Mount {
             host: self.node.node_modules(),

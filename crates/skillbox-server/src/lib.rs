@@ -8,6 +8,7 @@ mod agent_runs;
 mod agents;
 mod auth;
 mod capabilities;
+mod download;
 mod error;
 mod listen;
 mod mcp;
@@ -96,11 +97,13 @@ pub async fn serve_on(
     let owners = ObjectOwners::open(&runner.data_dir().join("object-owners.sqlite"))
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let config_agents = config.agents.clone();
-    let (header_timeout, body_timeout, max_connections) = (
-        config.header_timeout,
-        config.body_timeout,
-        config.max_connections,
-    );
+    let limits = listen::ConnectionLimits {
+        header_timeout: config.header_timeout,
+        answer_timeout: config.body_timeout,
+        write_timeout: config.write_timeout,
+        max_connections: config.max_connections,
+        max_per_peer: config.connections_per_peer(),
+    };
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
     tokio::spawn(keep_within_retention(state.clone(), shutdown.clone()));
     state.hosts = hosts;
@@ -130,16 +133,7 @@ pub async fn serve_on(
         }
         sessions::close_all(&ending).await;
     });
-    listen::accept_loop(
-        listener,
-        app,
-        header_timeout,
-        body_timeout,
-        max_connections,
-        state.metrics.clone(),
-        shutdown,
-    )
-    .await;
+    listen::accept_loop(listener, app, limits, state.metrics.clone(), shutdown).await;
     state.runs_cancel().cancel();
     // Every session ends with it (one made during the drain too): nothing of one is
     // left behind.

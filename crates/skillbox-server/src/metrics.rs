@@ -17,7 +17,9 @@ pub struct Metrics {
     pub artifact_bytes_total: AtomicU64,
     pub connections_open: AtomicU64,
     pub connections_refused: AtomicU64,
+    pub connections_refused_per_peer: AtomicU64,
     pub answers_abandoned: AtomicU64,
+    pub writes_timed_out: AtomicU64,
 }
 
 impl Metrics {
@@ -88,6 +90,18 @@ impl Metrics {
             "counter",
             "Connections closed at once because max_connections were open.",
             &[("", get(&self.connections_refused))],
+        );
+        line(
+            "skillbox_connections_refused_per_peer_total",
+            "counter",
+            "Connections closed at once because their peer had max_connections_per_peer open.",
+            &[("", get(&self.connections_refused_per_peer))],
+        );
+        line(
+            "skillbox_writes_timed_out_total",
+            "counter",
+            "Connections closed because the client took nothing of an answer within the write timeout.",
+            &[("", get(&self.writes_timed_out))],
         );
         line(
             "skillbox_answers_abandoned_total",

@@ -161,26 +161,181 @@ impl Drop for TenantRender {
     }
 }
 
-/// What LibreOffice and fontconfig read from `/etc`: shown in the renders' sandboxes
-/// only, never in a run's (an admin may keep credentials in LibreOffice's registry).
-const RENDER_ETC: &[&str] = &["/etc/fonts", "/etc/libreoffice"];
+/// What fontconfig reads from `/etc`: shown in the renders' sandboxes only.
+const RENDER_ETC: &[&str] = &["/etc/fonts"];
+/// LibreOffice's configuration. A render's sandbox sees, there, a copy of what a render
+/// reads of the host's (`libreoffice_etc`), never the host's own: an admin may keep an
+/// LDAP password in an `.xcd` of its registry. Never in a run's sandbox.
+const LIBREOFFICE_ETC: &str = "/etc/libreoffice";
+/// The registry modules of LibreOffice's own that a render reads: the core and Impress
+/// (a deck renders with these and a language pack; measured with Debian's 7.4 by
+/// rendering with each left out), Draw and the graphic filters for the shapes and
+/// pictures of a slide.
+const RENDER_MODULES: &[&str] = &["main.xcd", "impress.xcd", "draw.xcd", "graphicfilter.xcd"];
+/// The most bytes of one registry file copied.
+const MAX_REGISTRY_FILE: u64 = 32 << 20;
+
+/// Whether `registry/<relative>` is one a render reads: a module of [`RENDER_MODULES`],
+/// or a language pack LibreOffice ships (`Langpack-<lang>.xcd`, and under `res/`
+/// `fcfg_langpack_<lang>.xcd` and `registry_<lang>.xcd`). Nothing else an admin may
+/// have added (`oo-ldap.xcd`, another name) is.
+fn admitted(relative: &Path) -> bool {
+    let lang = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    let names: Vec<&str> = relative.iter().filter_map(|c| c.to_str()).collect();
+    match names[..] {
+        [name] => {
+            RENDER_MODULES.contains(&name)
+                || name
+                    .strip_prefix("Langpack-")
+                    .and_then(|n| n.strip_suffix(".xcd"))
+                    .is_some_and(lang)
+        }
+        ["res", name] => ["fcfg_langpack_", "registry_"].iter().any(|prefix| {
+            name.strip_prefix(prefix)
+                .and_then(|n| n.strip_suffix(".xcd"))
+                .is_some_and(lang)
+        }),
+        _ => false,
+    }
+}
+
+/// A copy under `under` of what a render reads of `source` (the host's
+/// `/etc/libreoffice`): of its `registry/`, the [`admitted`] files that are regular
+/// files (a link is not followed), each at most [`MAX_REGISTRY_FILE`]; nothing else.
+/// Named by a hash of what it holds, made once (files 0644, directories 0755); its
+/// path, or `None` when `source` has no `registry/`.
+fn libreoffice_etc(source: &Path, under: &Path) -> std::io::Result<Option<PathBuf>> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let registry = source.join("registry");
+    if !registry.is_dir() {
+        return Ok(None);
+    }
+    let mut files = Vec::new();
+    for sub in [Path::new(""), Path::new("res")] {
+        let Ok(entries) = std::fs::read_dir(registry.join(sub)) else {
+            continue;
+        };
+        for entry in entries {
+            let entry = entry?;
+            let relative = sub.join(entry.file_name());
+            let meta = entry.metadata()?;
+            if !admitted(&relative) || !meta.file_type().is_file() {
+                continue;
+            }
+            let mut file = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(entry.path())?;
+            let mut bytes = Vec::new();
+            (&mut file)
+                .take(MAX_REGISTRY_FILE + 1)
+                .read_to_end(&mut bytes)?;
+            if bytes.len() as u64 > MAX_REGISTRY_FILE || !file.metadata()?.is_file() {
+                return Err(std::io::Error::other(format!(
+                    "{}: not a regular file of at most {MAX_REGISTRY_FILE} bytes",
+                    entry.path().display()
+                )));
+            }
+            files.push((relative, bytes));
+        }
+    }
+    files.sort();
+    let mut hash = Sha256::new();
+    for (relative, bytes) in &files {
+        hash.update(relative.as_os_str().as_encoded_bytes());
+        hash.update([0]);
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(bytes);
+    }
+    let digest: String = hash.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = under.join(format!("libreoffice-{digest}"));
+    if dir.is_dir() {
+        return Ok(Some(dir));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(under)?;
+    let staging = under.join(format!(".staging-{}-{digest}", std::process::id()));
+    let build = || -> std::io::Result<()> {
+        let _ = std::fs::remove_dir_all(&staging);
+        let mut dirs = std::fs::DirBuilder::new();
+        dirs.mode(0o755);
+        dirs.create(&staging)?;
+        dirs.create(staging.join("registry"))?;
+        dirs.create(staging.join("registry/res"))?;
+        for (relative, bytes) in &files {
+            let target = staging.join("registry").join(relative);
+            std::fs::write(&target, bytes)?;
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644))?;
+        }
+        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))
+    };
+    let built = build().and_then(|()| std::fs::rename(&staging, &dir));
+    if let Err(e) = built {
+        let _ = std::fs::remove_dir_all(&staging);
+        // Another server on this data dir may have made it first.
+        if !dir.is_dir() {
+            return Err(e);
+        }
+    }
+    Ok(Some(dir))
+}
 /// fontconfig's cache of the host's fonts, shown read-only so a render does not build
 /// its own (where it is).
 const FONT_CACHE: &str = "/var/cache/fontconfig";
 
+/// The native backend renders run in: fontconfig's `/etc` dir, and at
+/// `/etc/libreoffice` a copy under `copies` of what a render reads of `libreoffice`
+/// (the host's; taken when the server starts), none when there is none or it cannot
+/// be copied (then LibreOffice fails to start and previews are outlines saying so).
+fn render_backend(
+    data_dir: &Path,
+    libreoffice: Option<&Path>,
+    copies: &Path,
+) -> skillbox_native::NativeBackend {
+    let native = skillbox_native::NativeBackend::new(data_dir).with_etc(RENDER_ETC);
+    let Some(source) = libreoffice else {
+        return native;
+    };
+    match libreoffice_etc(source, copies) {
+        Ok(Some(copy)) => native.with_etc_from(LIBREOFFICE_ETC, copy),
+        Ok(None) => native,
+        Err(e) => {
+            tracing::warn!(error = %e, "previews: cannot copy LibreOffice's configuration; renders go without it");
+            native
+        }
+    }
+}
+
 impl Previews {
     pub(crate) fn new(data_dir: &Path, png: bool) -> Previews {
+        let renderer = if png {
+            Renderer::find()
+        } else {
+            Err("PNG previews are off on this server".into())
+        };
+        let dir = data_dir.join("previews");
         let previews = Previews {
             // Its own backend, not the runs' registry's: no pool of sandboxes made ahead
             // for runs is taken from or reshaped by a render, and only its sandboxes show
             // LibreOffice's configuration.
-            native: skillbox_native::NativeBackend::new(data_dir).with_etc(RENDER_ETC),
-            dir: data_dir.join("previews"),
-            renderer: if png {
-                Renderer::find()
-            } else {
-                Err("PNG previews are off on this server".into())
-            },
+            native: render_backend(
+                data_dir,
+                renderer.is_ok().then_some(Path::new(LIBREOFFICE_ETC)),
+                &dir.join("etc"),
+            ),
+            dir,
+            renderer,
             renders: Semaphore::new(1),
             rendering: Arc::default(),
         };
@@ -725,6 +880,7 @@ pub fn preview_report() -> (bool, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skillbox_env::Shell;
 
     /// A render with `soffice` standing in for LibreOffice, in a native sandbox of its
     /// own, until `limit`; `None` where the native sandbox does not run.
@@ -738,8 +894,7 @@ mod tests {
             return None;
         }
         let data = tempfile::tempdir().expect("tempdir");
-        let env = skillbox_native::NativeBackend::new(data.path())
-            .with_etc(RENDER_ETC)
+        let env = render_backend(data.path(), Some(Path::new(LIBREOFFICE_ETC)), data.path())
             .create(render_spec())
             .await
             .expect("a render's sandbox");
@@ -752,6 +907,127 @@ mod tests {
         let rendered = render(&env, &renderer, b"deck".to_vec(), 1, deadline, &cancel).await;
         env.cleanup().await.expect("cleanup");
         Some(rendered.map(drop))
+    }
+
+    #[test]
+    fn only_the_registry_files_a_render_reads_are_admitted() {
+        for name in [
+            "main.xcd",
+            "impress.xcd",
+            "draw.xcd",
+            "graphicfilter.xcd",
+            "Langpack-en-US.xcd",
+            "res/fcfg_langpack_en-US.xcd",
+            "res/registry_pt-BR.xcd",
+        ] {
+            assert!(admitted(Path::new(name)), "{name}");
+        }
+        for name in [
+            "oo-ldap.xcd",
+            "oo-ad-ldap.xcd.sample",
+            "company.xcd",
+            "main.xcd.bak",
+            "Langpack-.xcd",
+            "Langpack-../x.xcd",
+            "res/main.xcd",
+            "res/sub/registry_en.xcd",
+            "writer.xcd",
+            "../main.xcd",
+        ] {
+            assert!(!admitted(Path::new(name)), "{name}");
+        }
+    }
+
+    /// Runs `script` with `sh` in a render's sandbox of `native`: its stdout.
+    async fn in_a_render_sandbox(native: &skillbox_native::NativeBackend, script: &str) -> String {
+        let env = native
+            .create(render_spec())
+            .await
+            .expect("a render's sandbox");
+        let out = env
+            .exec(
+                ExecRequest::argv(["sh", "-c", script]),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("exec");
+        env.cleanup().await.expect("cleanup");
+        assert_eq!(out.exit_code, Some(0), "{}", out.stderr_text());
+        out.stdout_text()
+    }
+
+    /// The attack: an admin keeps an LDAP password in LibreOffice's registry (an
+    /// `oo-ldap.xcd` beside the modules, another `.xcd`, a link to a file elsewhere, a
+    /// file beside the registry), and a deck exploits LibreOffice to read what its
+    /// sandbox shows. A render's sandbox shows, at `/etc/libreoffice`, only the modules a
+    /// render reads: no byte of the secret anywhere in its `/etc`. (Made from a stand-in
+    /// for `/etc/libreoffice`: the host's is not changed.) On this host's own, the
+    /// render's sandbox shows the admitted files only (before, the whole directory,
+    /// its `sofficerc`, `psprint.conf` and `.sample` links with it).
+    #[tokio::test]
+    async fn a_secret_in_libreoffice_s_config_is_not_in_a_render_s_sandbox() {
+        if !skillbox_native::probe().available {
+            assert!(
+                !skillbox_env::testkit::require_all(),
+                "native sandbox unavailable"
+            );
+            return;
+        }
+        const SECRET: &str = "ldap-password-7f3a91";
+        let host = tempfile::tempdir().expect("tempdir");
+        let source = host.path().join("libreoffice");
+        std::fs::create_dir_all(source.join("registry/res")).expect("mkdir");
+        let write = |name: &str, body: &str| {
+            std::fs::write(source.join(name), body).expect("write");
+        };
+        write("registry/main.xcd", "<oor:data/>");
+        write("registry/impress.xcd", "<oor:data/>");
+        write("registry/Langpack-en-US.xcd", "<oor:data/>");
+        write("registry/res/fcfg_langpack_en-US.xcd", "<oor:data/>");
+        let ldap = format!(
+            "<oor:data><oor:component-data oor:package=\"org.openoffice\" oor:name=\"LDAP\">\
+             <prop oor:name=\"SearchPassword\"><value>{SECRET}</value></prop></oor:component-data></oor:data>"
+        );
+        write("registry/oo-ldap.xcd", &ldap);
+        write("registry/company.xcd", &ldap);
+        write("registry/res/registry_en-US.xcd.orig", &ldap);
+        write("psprint.conf", SECRET);
+        std::fs::write(host.path().join("elsewhere.xcd"), &ldap).expect("write");
+        std::os::unix::fs::symlink(
+            host.path().join("elsewhere.xcd"),
+            source.join("registry/draw.xcd"),
+        )
+        .expect("symlink");
+        let data = tempfile::tempdir().expect("tempdir");
+        let native = render_backend(data.path(), Some(&source), &data.path().join("etc"));
+        let shown = in_a_render_sandbox(
+            &native,
+            &format!("cd /etc/libreoffice && find . | sort; grep -rl {SECRET} /etc || true"),
+        )
+        .await;
+        assert_eq!(
+            shown,
+            ".\n./registry\n./registry/Langpack-en-US.xcd\n./registry/impress.xcd\n\
+             ./registry/main.xcd\n./registry/res\n./registry/res/fcfg_langpack_en-US.xcd\n"
+        );
+
+        // This host's own configuration, as a render's sandbox sees it.
+        let host_etc = Path::new(LIBREOFFICE_ETC);
+        if !host_etc.join("registry").is_dir() {
+            return;
+        }
+        let native = render_backend(data.path(), Some(host_etc), &data.path().join("etc"));
+        let shown =
+            in_a_render_sandbox(&native, "cd /etc/libreoffice && find . -type f -o -type l").await;
+        let files: Vec<&str> = shown.lines().collect();
+        assert!(files.contains(&"./registry/main.xcd"), "{shown}");
+        for file in &files {
+            let relative = Path::new(file.trim_start_matches("./registry/"));
+            assert!(
+                file.starts_with("./registry/") && admitted(relative),
+                "{file} is shown: {shown}"
+            );
+        }
     }
 
     #[tokio::test]

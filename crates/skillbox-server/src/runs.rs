@@ -545,22 +545,12 @@ pub(crate) async fn get_object(
         .get(tenant.as_str(), &sha256)?
         .ok_or_else(missing)?;
     let size = store.head(&sha256).await?.ok_or_else(missing)?;
-    let name: String = query
-        .name
-        .as_deref()
-        .unwrap_or(&sha256)
-        .chars()
-        .filter(|c| !c.is_control() && *c != '"' && *c != '\\' && *c != '/' && *c != ';')
-        .collect();
-    let builder = Response::builder()
+    let mut builder = Response::builder().header(header::ACCEPT_RANGES, "bytes");
+    if let Some(headers) = builder.headers_mut() {
         // The type it was stored as: never one a query can choose.
-        .header(header::CONTENT_TYPE, &owned.content_type)
-        .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
-        .header(
-            header::CONTENT_DISPOSITION,
-            format!("attachment; filename=\"{name}\""),
-        )
-        .header(header::ACCEPT_RANGES, "bytes");
+        let name = query.name.as_deref().unwrap_or(&sha256);
+        headers.extend(crate::download::download_headers(&owned.content_type, name));
+    }
     let range = headers
         .get(header::RANGE)
         .and_then(|v| v.to_str().ok())

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use base64::Engine;
@@ -926,12 +926,10 @@ pub(crate) async fn read_file(
         },
     )?;
     let bytes = door.read(&path, size, &cancel).await?;
-    Ok(held_response(
-        "application/octet-stream",
-        bytes,
-        held,
-        deadline,
-    ))
+    // A download, as a stored object is: never rendered as this origin's page.
+    let name = path.file_name().unwrap_or_default();
+    let headers = crate::download::download_headers("application/octet-stream", name);
+    Ok(held_response(headers, bytes, held, deadline))
 }
 
 /// Holds `size` bytes of an answer in the budget of bytes in memory that request bodies
@@ -961,13 +959,13 @@ fn hold_answer(
     hold_body_bytes(state, tenant, size)
 }
 
-/// A 200 of `bytes` as `content_type`, which gives their place in the budget (`held`)
+/// A 200 of `bytes` with `headers`, which gives their place in the budget (`held`)
 /// back when the response is done with them. With the connection's `deadline` the
 /// body goes in pieces, each arming it again: a client that takes nothing for the body
 /// timeout has its connection closed, which gives the bytes back; one that reads
 /// steadily is served however slowly.
 fn held_response(
-    content_type: &'static str,
+    headers: HeaderMap,
     bytes: Vec<u8>,
     held: BodyHold,
     deadline: Option<Extension<AnswerDeadline>>,
@@ -983,11 +981,7 @@ fn held_response(
         Some(Extension(deadline)) => Body::new(Paced::new(body, deadline, slot, Box::new(|| true))),
         None => Body::new(body),
     };
-    (
-        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
-        body,
-    )
-        .into_response()
+    (headers, body).into_response()
 }
 
 /// An answer's bytes with their place in the budget of bytes in memory, given back when
@@ -1153,5 +1147,9 @@ pub(crate) async fn ls(
         entries,
     })
     .map_err(|e| Failure::new(ErrorCode::Unknown, format!("listing: {e}")))?;
-    Ok(held_response("application/json", body, held, deadline))
+    let headers = HeaderMap::from_iter([(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )]);
+    Ok(held_response(headers, body, held, deadline))
 }

@@ -41,8 +41,15 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// ... and this long to send a request's body.
     pub body_timeout: Duration,
+    /// A client that takes no byte of an answer the server is writing for this long
+    /// has its connection closed (every answer, whatever it holds).
+    pub write_timeout: Duration,
     /// Open connections at most; further ones are closed at once.
     pub max_connections: usize,
+    /// Open connections of one peer (an IPv4 address, an IPv6 /64) at most; further
+    /// ones are closed at once. `None`: [`ServerConfig::connections_per_peer`]'s
+    /// default.
+    pub max_connections_per_peer: Option<usize>,
     /// Request bodies held in memory at once, in bytes, across all requests; a request
     /// whose body would pass it is refused with 429 before its body is read.
     pub max_body_bytes_in_flight: usize,
@@ -62,6 +69,20 @@ pub struct ServerConfig {
     /// Render slide previews as PNG when LibreOffice and pdftoppm are installed (else,
     /// or when false, previews are text outlines).
     pub png_previews: bool,
+}
+
+/// The most connections one peer may hold by default.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
+
+impl ServerConfig {
+    /// Open connections one peer may hold: `max_connections_per_peer`, or by default
+    /// half of `max_connections` (so one peer never holds them all) and at most
+    /// [`MAX_CONNECTIONS_PER_PEER`]; at least 1.
+    pub fn connections_per_peer(&self) -> usize {
+        self.max_connections_per_peer
+            .unwrap_or_else(|| (self.max_connections / 2).min(MAX_CONNECTIONS_PER_PEER))
+            .max(1)
+    }
 }
 
 impl Default for ServerConfig {
@@ -85,7 +106,9 @@ impl Default for ServerConfig {
             allowed_hosts: Vec::new(),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            max_connections_per_peer: None,
             max_body_bytes_in_flight: 256 * 1024 * 1024,
             tenant_max_runs: cores * 4,
             retention: skillbox_store::Retention {

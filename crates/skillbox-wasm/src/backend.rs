@@ -609,12 +609,14 @@ impl Shell for WasmSandbox {
             Ok(spec) => spec,
             Err(message) => return Ok(not_found(message)),
         };
-        let spec = serde_json::to_string(&spec)
+        // The spec (the guest's environment among it: a capability's `env`, a token)
+        // goes first on the runner's stdin, never on its command line, which any user
+        // of the host reads in `/proc/<pid>/cmdline`; the guest reads the rest.
+        let stdin = crate::runner::framed_stdin(&spec, request.stdin.as_deref())
             .map_err(|e| EnvError::invalid(format!("wasm: runner spec: {e}")))?;
         let mut runner_argv = vec![
             format!("{BIN}/skillbox"),
             crate::runner::SUBCOMMAND.to_string(),
-            spec,
             "--".to_string(),
         ];
         runner_argv.extend(argv);
@@ -626,7 +628,7 @@ impl Shell for WasmSandbox {
             .cwd(WORKSPACE)
             .env("TOKIO_WORKER_THREADS", "2")
             .env("RAYON_NUM_THREADS", "2");
-        inner_request.stdin = request.stdin.clone();
+        inner_request.stdin = Some(stdin);
         let mut events = self.inner.exec_stream(inner_request, cancel).await?;
 
         let (tx, stream) = ExecStream::channel();

@@ -1,6 +1,9 @@
 //! The guest runner: the process that runs one WASI module under wasmtime, inside the
-//! native sandbox. skillbox starts it as `skillbox __wasm-guest SPEC -- ARGV…`; SPEC (JSON)
-//! says which module, which directories to preopen, the memory bound and the deadline.
+//! native sandbox. skillbox starts it as `skillbox __wasm-guest -- ARGV…`, with the spec
+//! first on its stdin ([`framed_stdin`]): which module, which directories to preopen, the
+//! guest's environment, the memory bound and the deadline. The rest of stdin is the
+//! guest's. The spec is never an argument: any user of the host can read a process's
+//! command line, and the guest's environment holds what the caller gave it (a token).
 //!
 //! The guest sees only the preopened directories and its stdio: no sockets (WASI
 //! preview 1 has none to open), no other files, no processes. When it ends, the runner
@@ -173,10 +176,70 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-/// `skillbox __wasm-guest SPEC -- ARGV…`: runs the guest and returns the exit code,
-/// or ends the process by [`DEADLINE_SIGNAL`] or [`MEMORY_SIGNAL`].
+/// The most bytes a spec may take on stdin.
+const MAX_SPEC_BYTES: usize = 64 * 1024 * 1024;
+
+/// What the runner reads on stdin: the length of `spec` as JSON in decimal and a
+/// newline, the JSON, then `input` (the guest's stdin). The runner reads exactly the
+/// spec, so the guest's stdin starts where it ends.
+pub fn framed_stdin(spec: &RunnerSpec, input: Option<&[u8]>) -> Result<Vec<u8>, String> {
+    let json = serde_json::to_vec(spec).map_err(|e| e.to_string())?;
+    if json.len() > MAX_SPEC_BYTES {
+        return Err(format!(
+            "{} bytes, at most {MAX_SPEC_BYTES} (the environment is too large)",
+            json.len()
+        ));
+    }
+    let input = input.unwrap_or_default();
+    let mut framed = Vec::with_capacity(24 + json.len() + input.len());
+    framed.extend_from_slice(format!("{}\n", json.len()).as_bytes());
+    framed.extend_from_slice(&json);
+    framed.extend_from_slice(input);
+    Ok(framed)
+}
+
+/// Reads the spec [`framed_stdin`] put on `from`, not a byte past it (`from` is read
+/// unbuffered: what follows is the guest's).
+fn read_spec(from: &mut impl std::io::Read) -> Result<RunnerSpec, String> {
+    let mut length = Vec::new();
+    loop {
+        let mut byte = [0u8; 1];
+        from.read_exact(&mut byte)
+            .map_err(|e| format!("spec on stdin: its length: {e}"))?;
+        if byte[0] == b'\n' {
+            break;
+        }
+        if !byte[0].is_ascii_digit() || length.len() >= 20 {
+            return Err("spec on stdin: its length is not a decimal number and a newline".into());
+        }
+        length.push(byte[0]);
+    }
+    let length: usize = std::str::from_utf8(&length)
+        .ok()
+        .and_then(|l| l.parse().ok())
+        .filter(|&l| l <= MAX_SPEC_BYTES)
+        .ok_or_else(|| format!("spec on stdin: a length of 0 to {MAX_SPEC_BYTES} bytes"))?;
+    let mut json = vec![0u8; length];
+    from.read_exact(&mut json)
+        .map_err(|e| format!("spec on stdin: {length} bytes: {e}"))?;
+    serde_json::from_slice(&json).map_err(|e| format!("spec: {e}"))
+}
+
+/// This process's stdin, read without a buffer (the guest inherits what is left).
+struct RawStdin;
+
+impl std::io::Read for RawStdin {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // SAFETY: reads into a buffer of exactly `buf.len()` bytes that `buf` owns.
+        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+        usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+    }
+}
+
+/// `skillbox __wasm-guest -- ARGV…`, the spec on stdin: runs the guest and returns the
+/// exit code, or ends the process by [`DEADLINE_SIGNAL`] or [`MEMORY_SIGNAL`].
 pub fn main(args: &[String]) -> i32 {
-    let (spec, argv) = match parse(args) {
+    let (spec, argv) = match parse(args, &mut RawStdin) {
         Ok(parsed) => parsed,
         Err(message) => {
             eprintln!("skillbox wasm: {message}");
@@ -197,15 +260,18 @@ pub fn main(args: &[String]) -> i32 {
     EXIT_TRAP
 }
 
-fn parse(args: &[String]) -> Result<(RunnerSpec, Vec<String>), String> {
-    let [spec, dashes, argv @ ..] = args else {
-        return Err("usage: skillbox __wasm-guest SPEC -- ARGV…".into());
+fn parse(
+    args: &[String],
+    stdin: &mut impl std::io::Read,
+) -> Result<(RunnerSpec, Vec<String>), String> {
+    let usage = || "usage: skillbox __wasm-guest -- ARGV… (the spec on stdin)".to_string();
+    let [dashes, argv @ ..] = args else {
+        return Err(usage());
     };
     if dashes != "--" || argv.is_empty() {
-        return Err("usage: skillbox __wasm-guest SPEC -- ARGV…".into());
+        return Err(usage());
     }
-    let spec: RunnerSpec = serde_json::from_str(spec).map_err(|e| format!("spec: {e}"))?;
-    Ok((spec, argv.to_vec()))
+    Ok((read_spec(stdin)?, argv.to_vec()))
 }
 
 fn run(spec: &RunnerSpec, argv: &[String]) -> Outcome {
@@ -391,4 +457,56 @@ fn wasi_ctx(spec: &RunnerSpec, argv: &[String]) -> Result<WasiP1Ctx, String> {
 
 fn display(path: &Path) -> String {
     path.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> RunnerSpec {
+        RunnerSpec {
+            module: ModuleSource::Source(PathBuf::from("/workspace/a.wasm")),
+            dirs: vec![],
+            env: vec![("MYTOKEN".into(), "t0k3n\nwith a newline".into())],
+            memory_bytes: Some(1 << 20),
+            timeout_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn the_spec_comes_on_stdin_and_the_rest_is_the_guest_s() {
+        let framed = framed_stdin(&spec(), Some(b"guest input\n")).unwrap();
+        let mut stdin = &framed[..];
+        let args = ["--".to_string(), "a.wasm".to_string()];
+        let (read, argv) = parse(&args, &mut stdin).unwrap();
+        assert_eq!(read.env, spec().env);
+        assert_eq!(argv, ["a.wasm"]);
+        assert_eq!(stdin, b"guest input\n", "not a byte of the guest's read");
+
+        let framed = framed_stdin(&spec(), None).unwrap();
+        let mut stdin = &framed[..];
+        parse(&args, &mut stdin).unwrap();
+        assert!(stdin.is_empty());
+
+        for (bad, said) in [
+            (&b""[..], "its length"),
+            (b"12x\n{}", "not a decimal number"),
+            (b"99999999999\n{}", "a length of 0 to"),
+            (b"10\n{}", "10 bytes"),
+            (b"2\n{}", "spec: missing field"),
+        ] {
+            let err = parse(&args, &mut &bad[..]).unwrap_err();
+            assert!(
+                err.contains(said),
+                "{:?}: {err}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let err = parse(
+            &["{}".to_string(), "--".to_string(), "a".to_string()],
+            &mut &b""[..],
+        )
+        .unwrap_err();
+        assert!(err.contains("the spec on stdin"), "{err}");
+    }
 }

@@ -55,9 +55,17 @@ pub struct ServeArgs {
     /// Time a client gets to send a request's body.
     #[arg(long, value_parser = crate::units::parse_duration, default_value = "60s")]
     body_timeout: std::time::Duration,
+    /// Time a client may take no byte of an answer the server is writing before its
+    /// connection is closed (every answer).
+    #[arg(long, value_parser = crate::units::parse_duration, default_value = "30s")]
+    write_timeout: std::time::Duration,
     /// Open connections at most; more are closed at once.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_connections: usize,
+    /// Open connections of one peer (an IPv4 address, an IPv6 /64) at most; more are
+    /// closed at once [default: half of --max-connections, at most 64]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_peer: Option<u32>,
     /// Bytes of request bodies, session file reads and listings, and MCP `read_file` and
     /// `list_dir` answers held in memory at once; past it a request is refused (429, or an MCP tool error) until
     /// some are sent. At least the 48M body limit.
@@ -209,7 +217,9 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         allowed_hosts: args.allowed_hosts.clone(),
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
+        write_timeout: args.write_timeout,
         max_connections: args.max_connections,
+        max_connections_per_peer: args.max_connections_per_peer.map(|n| n as usize),
         ..ServerConfig::default()
     };
     let least = config.body_limit;

@@ -1033,8 +1033,8 @@ fn run_agent_and_serve_take_disk_none() {
     assert_eq!(result.status.code(), Some(2), "{}", text(&result.stderr));
     assert!(text(&result.stderr).contains("--disk none"));
 
-    // `agent`: the demo's good script, after a 3 MB write to /tmp (which shares the
-    // bound): a scripted model that gives up if that fails.
+    // `agent`: the demo's good script, after a 3 MB scratch file in the workspace (a
+    // Node script writes nowhere else): a scripted model that gives up if that fails.
     let pptx = skillbox_agent::builtin_skill("pptx").unwrap();
     let demo: Value = serde_json::from_str(pptx.transcript.unwrap()).unwrap();
     let deck = demo["turns"][1]["toolCalls"][0]["arguments"]["script"]
@@ -1043,7 +1043,7 @@ fn run_agent_and_serve_take_disk_none() {
     let transcript = serde_json::json!({"turns": [
         {"text": "A big scratch file, then the deck.", "toolCalls": [{"name": "run_script", "arguments": {
             "language": "node",
-            "script": format!("require('fs').writeFileSync('/tmp/big', Buffer.alloc(3000000));\n{deck}"),
+            "script": format!("require('fs').writeFileSync('/workspace/.big', Buffer.alloc(3000000));\n{deck}"),
         }}]},
         {"expect": {"exitCode": 0, "filesInclude": "workspacex.pptx"}, "text": "Done."},
     ]});

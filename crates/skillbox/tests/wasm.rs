@@ -331,6 +331,145 @@ async fn cancel_ends_a_running_guest_and_its_runner() {
     env.cleanup().await.unwrap();
 }
 
+/// Prints its environment (`NAME=value`, each ended by a NUL) to stdout, then spins
+/// until it is stopped.
+const PRINT_ENV_THEN_SPIN: &str = r#"(module
+  (import "wasi_snapshot_preview1" "environ_sizes_get" (func $sizes (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "environ_get" (func $get (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 4)
+  (func (export "_start")
+    (drop (call $sizes (i32.const 0) (i32.const 4)))
+    (drop (call $get (i32.const 1024) (i32.const 65536)))
+    (i32.store (i32.const 16) (i32.const 65536))
+    (i32.store (i32.const 20) (i32.load (i32.const 4)))
+    (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))
+    (loop $l (br $l))))"#;
+
+/// The attack: a guest's environment (a capability's `env: [MYTOKEN]`, a session
+/// exec's `env`) holds a token, and any user of the host can read every process's
+/// command line. While the guest runs (it has printed the token, so it has it), its
+/// runner's `/proc/<pid>/cmdline` and `environ` hold no byte of it. Before, the
+/// runner's argv carried the whole spec, the token in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_s_environment_is_never_on_its_runner_s_command_line() {
+    let test = "a_guest_s_environment_is_never_on_its_runner_s_command_line";
+    let Some(env) = env_or_skip(test, skillbox_env::testkit::spec()).await else {
+        return;
+    };
+    env.write(
+        Path::new("env.wat"),
+        PRINT_ENV_THEN_SPIN.as_bytes(),
+        &live(),
+    )
+    .await
+    .unwrap();
+    let marker = format!("wasm-env-{}", std::process::id());
+    let token = format!("tok3n-{}-9f1c2e", std::process::id());
+    let cancel = CancellationToken::new();
+    let mut stream = env
+        .exec_stream(
+            ExecRequest::argv(["env.wat", marker.as_str()])
+                .env("MYTOKEN", token.as_str())
+                .timeout(Duration::from_secs(300)),
+            &cancel,
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    while !String::from_utf8_lossy(&out).contains(&format!("MYTOKEN={token}")) {
+        let event = tokio::time::timeout(Duration::from_secs(120), stream.next())
+            .await
+            .expect("the guest prints its environment within 120 s");
+        match event {
+            Some(Ok(skillbox_env::ExecEvent::Stdout(chunk))) => out.extend_from_slice(&chunk),
+            Some(Ok(skillbox_env::ExecEvent::Stderr(chunk))) => err.extend_from_slice(&chunk),
+            other => panic!(
+                "{other:?} before the guest printed its environment: {} {}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            ),
+        }
+    }
+    // The guest spins now: its runner is there to be read.
+    let runners: Vec<String> = skillbox_env::testkit::host_processes_with(&marker)
+        .into_iter()
+        .filter(|p| p.contains(skillbox_wasm::runner::SUBCOMMAND))
+        .collect();
+    assert_eq!(runners.len(), 1, "{runners:?}");
+    let pid = runners[0].split(':').next().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    cancel.cancel();
+    for (what, bytes) in [("cmdline", &cmdline), ("environ", &environ)] {
+        assert!(
+            !String::from_utf8_lossy(bytes).contains(&token),
+            "the runner's {what} holds the token: {}",
+            String::from_utf8_lossy(bytes).replace('\0', " ")
+        );
+    }
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains(&marker),
+        "the runner read is this guest's"
+    );
+    while stream.next().await.is_some() {}
+    skillbox_env::testkit::assert_processes_gone(&marker, "a cancelled wasm exec").await;
+    env.cleanup().await.unwrap();
+}
+
+/// Copies stdin to stdout until end of file.
+const CAT: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (loop $l
+      (i32.store (i32.const 0) (i32.const 64))
+      (i32.store (i32.const 4) (i32.const 4096))
+      (i32.store (i32.const 8) (i32.const 0))
+      (drop (call $read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (if (i32.gt_u (i32.load (i32.const 8)) (i32.const 0))
+        (then
+          (i32.store (i32.const 16) (i32.const 64))
+          (i32.store (i32.const 20) (i32.load (i32.const 8)))
+          (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))
+          (br $l))))))"#;
+
+/// The runner reads its spec off stdin first: the guest's stdin is exactly what the
+/// caller sent, not a byte of the spec, and empty when the caller sent none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_s_stdin_is_what_the_caller_sent() {
+    let Some(env) = env_or_skip("wasm_stdin", skillbox_env::testkit::spec()).await else {
+        return;
+    };
+    env.write(Path::new("cat.wat"), CAT.as_bytes(), &live())
+        .await
+        .unwrap();
+    let input = "line one\n{\"module\": 1}\n".repeat(2500); // 57,500 bytes, under the output cap
+    let output = env
+        .exec(
+            ExecRequest::argv(["cat.wat"])
+                .env("MYTOKEN", "x")
+                .stdin(input.as_str()),
+            &live(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(output.exit_code, Some(0), "{}", output.stderr_text());
+    assert!(
+        output.stdout_text() == input,
+        "{} bytes back",
+        output.stdout.len()
+    );
+    let output = run(env.as_ref(), &["cat.wat"]).await;
+    assert_eq!(
+        (output.exit_code, output.stdout_text()),
+        (Some(0), String::new())
+    );
+    env.cleanup().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------
 // The installed guests.
 

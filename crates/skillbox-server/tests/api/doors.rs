@@ -520,6 +520,8 @@ async fn connections_past_the_cap_are_closed_at_once() {
     let Some(server) = start(ServerConfig {
         addr: local(),
         max_connections: 2,
+        // All from one peer: the server's bound, not the peer's, is tested here.
+        max_connections_per_peer: Some(2),
         ..ServerConfig::default()
     })
     .await
@@ -556,6 +558,197 @@ async fn connections_past_the_cap_are_closed_at_once() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(served);
+}
+
+/// `GET path` as `key` on a connection of its own, opened from `from` (a loopback
+/// address: each is another peer), within 10 s: the status, or `None` when the
+/// connection was refused, closed or not answered.
+async fn status_from(
+    server: &Server,
+    from: std::net::Ipv4Addr,
+    path: &str,
+    key: &str,
+) -> Option<u16> {
+    let attempt = async {
+        let socket = tokio::net::TcpSocket::new_v4().ok()?;
+        socket.bind((from, 0).into()).ok()?;
+        let mut stream = socket.connect(server.addr().parse().ok()?).await.ok()?;
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\nConnection: close\r\n\r\n",
+            server.addr()
+        );
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.ok()?;
+        String::from_utf8_lossy(&answer)
+            .strip_prefix("HTTP/1.1 ")?
+            .get(..3)?
+            .parse()
+            .ok()
+    };
+    tokio::time::timeout(Duration::from_secs(10), attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The attack: with keys and `max_connections 8`, eight sockets with a 1 KiB receive
+/// buffer pipeline 200 `GET /ui/app.js` (no key needed) and never read, so the
+/// server's writes stall with every connection held. Before, `/healthz` was refused
+/// for as long as the attacker kept them (70 s and more, past every timeout). Now every
+/// answer has a write deadline: each stalled connection is closed once it took nothing
+/// for `write_timeout`, and `/healthz` answers. The per-peer bound is set out of the
+/// way (8), so this is the deadline's doing alone. The wait for `/healthz` is bounded
+/// at the deadline plus 30 s, generous on a loaded machine: without the deadline it
+/// never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_that_take_nothing_are_closed_at_the_write_deadline() {
+    let write_timeout = Duration::from_secs(1);
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        keys: keys(),
+        max_connections: 8,
+        max_connections_per_peer: Some(8),
+        write_timeout,
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let one = format!("GET /ui/app.js HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr());
+    let mut attackers = Vec::new();
+    for _ in 0..8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(1024).unwrap();
+        let mut stream = socket
+            .connect(server.addr().parse().unwrap())
+            .await
+            .unwrap();
+        stream.write_all(one.repeat(200).as_bytes()).await.unwrap();
+        attackers.push(stream);
+    }
+    let started = std::time::Instant::now();
+    let bound = write_timeout + Duration::from_secs(30);
+    loop {
+        if status_from(&server, std::net::Ipv4Addr::LOCALHOST, "/healthz", KEY_A).await == Some(200)
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "/healthz did not answer within {bound:?} of the attack"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each attacker's connection was closed by the server long before its 200 answers
+    // were sent (what the socket still holds is read, then the end).
+    let mut got = Vec::new();
+    for mut attacker in attackers {
+        let read = read_to_close(&mut attacker, Duration::from_secs(30))
+            .await
+            .expect("the server closed the attacker's connection");
+        got.push(read.len());
+    }
+    // One answer's size, asked once the attackers' places are free.
+    let whole = {
+        let mut stream = TcpStream::connect(server.addr()).await.unwrap();
+        let close = one.replace("\r\n\r\n", "\r\nConnection: close\r\n\r\n");
+        stream.write_all(close.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        answer.len()
+    };
+    assert!(
+        got.iter().all(|&n| n < 200 * whole),
+        "{got:?} of {}",
+        200 * whole
+    );
+    let metrics = metrics_text_as(&server, KEY_A).await;
+    assert!(
+        metrics.lines().any(|l| l
+            .strip_prefix("skillbox_writes_timed_out_total ")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 8)),
+        "{metrics}"
+    );
+}
+
+/// `GET /metrics` as `key`.
+async fn metrics_text_as(server: &Server, key: &str) -> String {
+    server
+        .send(reqwest::Method::GET, "/metrics", Some(key), None)
+        .await
+        .text()
+        .await
+        .unwrap()
+}
+
+/// One peer holds at most `max_connections_per_peer` connections: past it its next is
+/// closed at once, while another peer (127.0.0.2) is still served, and a place comes
+/// back when one of its connections closes. The default is half of
+/// `max_connections`, at most 64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_hold_every_connection() {
+    let config = ServerConfig {
+        max_connections: 8,
+        ..ServerConfig::default()
+    };
+    assert_eq!(config.connections_per_peer(), 4);
+    assert_eq!(ServerConfig::default().connections_per_peer(), 64);
+    let Some(server) = start(ServerConfig {
+        addr: local(),
+        keys: keys(),
+        max_connections: 4,
+        max_connections_per_peer: Some(2),
+        // Past the reads' bound below: a connection closed within it was refused, not
+        // timed out idle.
+        header_timeout: Duration::from_secs(60),
+        ..ServerConfig::default()
+    })
+    .await
+    else {
+        return;
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(server.addr()).await.unwrap();
+        // A full request proves the connection was taken in, then it stays open.
+        let request = format!("GET /healthz HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr());
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        held.push(stream);
+    }
+    let mut third = TcpStream::connect(server.addr()).await.unwrap();
+    let answer = read_to_close(&mut third, Duration::from_secs(20))
+        .await
+        .expect("the peer's third connection was closed");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    let other = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    let metrics = status_from(&server, other, "/metrics", KEY_A).await;
+    assert_eq!(metrics, Some(200), "another peer is served");
+    drop(held);
+    let mut served = false;
+    for _ in 0..100 {
+        if status_from(&server, std::net::Ipv4Addr::LOCALHOST, "/healthz", KEY_A).await == Some(200)
+        {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served, "the peer's places came back");
+    let metrics = metrics_text_as(&server, KEY_A).await;
+    // The third, and any of the polls above that came before the places were back.
+    assert!(
+        metrics.lines().any(|l| l
+            .strip_prefix("skillbox_connections_refused_per_peer_total ")
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n >= 1)),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

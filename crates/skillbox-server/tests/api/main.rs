@@ -365,6 +365,116 @@ fetch("http://127.0.0.1:{port}/").then(() => console.log("fetch ALLOWED"), (e) =
     assert!(listener.accept().is_err(), "the host listener was reached");
 }
 
+/// Node's permission model, the second layer inside the sandbox, against the attack
+/// table of the skill-sandbox design (run there with `--allow-fs-write=` empty), over
+/// `POST /v1/run` on every backend that runs Node: a write to `$HOME`
+/// (`os.homedir()`, `/tmp`, outside the workspace) and to `/tmp`, `child_process` and
+/// a read of `/etc/passwd` are each `ERR_ACCESS_DENIED`, while a write to the
+/// workspace and `require("pptxgenjs")` work, and the run hands back only what the
+/// workspace holds. Before, `/tmp/*` was writable, and with it `$HOME`. On wasm,
+/// `node` is QuickJS with no Node APIs: none of these calls exists there, and the
+/// guest sees only `/workspace` (`crates/skillbox/tests/wasm.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_denies_the_attack_table_on_every_backend() {
+    let test = "node_denies_the_attack_table_on_every_backend";
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let script = r#"
+const fs = require("fs"), os = require("os");
+const attempt = (name, f) => { try { f(); console.log(name + " ALLOWED"); } catch (e) { console.log(name + " denied " + (e.code || e.message)); } };
+console.log("home " + os.homedir());
+attempt("home", () => fs.writeFileSync(os.homedir() + "/PWNED.txt", "x"));
+attempt("tmp", () => fs.writeFileSync("/tmp/PWNED.txt", "x"));
+attempt("exec", () => require("child_process").execSync("id"));
+attempt("passwd", () => fs.readFileSync("/etc/passwd", "utf8"));
+attempt("workspace", () => fs.writeFileSync("/workspace/ok.txt", "ok"));
+attempt("pptxgenjs", () => new (require("pptxgenjs"))());
+"#;
+    for backend in ["native", "docker", "gvisor"] {
+        let (status, result) = server
+            .post(
+                "/v1/run",
+                &json!({"script": script, "language": "node", "backend": backend}),
+            )
+            .await;
+        if status == 503 && backend != "native" {
+            skillbox_env::testkit::skip(test, &format!("{backend}: {result}"));
+            continue;
+        }
+        assert_eq!(status, 200, "{backend}: {result}");
+        let stdout = result["stdout"].as_str().unwrap_or_default();
+        assert_eq!(
+            stdout,
+            "home /tmp\n\
+             home denied ERR_ACCESS_DENIED\n\
+             tmp denied ERR_ACCESS_DENIED\n\
+             exec denied ERR_ACCESS_DENIED\n\
+             passwd denied ERR_ACCESS_DENIED\n\
+             workspace ALLOWED\n\
+             pptxgenjs ALLOWED\n",
+            "{backend}: {result}"
+        );
+        let files: Vec<&str> = result["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["path"].as_str())
+            .collect();
+        assert_eq!(files, ["ok.txt"], "{backend}: {result}");
+    }
+}
+
+/// The skill says pptxgenjs is preinstalled: a Python or shell run that calls `node`
+/// finds it as a Node run does, from the workspace and from anywhere else (`/tmp`), on
+/// every backend that has Node. Before, on native, only a Node run had it
+/// (`MODULE_NOT_FOUND`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_in_any_language_finds_pptxgenjs_with_node() {
+    let test = "a_run_in_any_language_finds_pptxgenjs_with_node";
+    let Some(server) = default_server().await else {
+        return;
+    };
+    let node = r#"new (require("pptxgenjs"))(); console.log("pptxgenjs ok")"#;
+    let python = format!(
+        "import subprocess\n\
+         for cwd in ('/workspace', '/tmp'):\n\
+         \x20   done = subprocess.run(['node', '-e', '{node}'], cwd=cwd, capture_output=True, text=True)\n\
+         \x20   print(cwd, done.returncode, done.stdout.strip() or done.stderr[-300:])\n"
+    );
+    let sh = format!(
+        "cd /workspace && printf '/workspace ' && node -e '{node}'\n\
+         cd /tmp && printf '/tmp ' && node -e '{node}'\n"
+    );
+    for backend in ["native", "docker", "gvisor"] {
+        for (language, script, said) in [
+            (
+                "python",
+                &python,
+                "/workspace 0 pptxgenjs ok\n/tmp 0 pptxgenjs ok\n",
+            ),
+            ("sh", &sh, "/workspace pptxgenjs ok\n/tmp pptxgenjs ok\n"),
+        ] {
+            let (status, result) = server
+                .post(
+                    "/v1/run",
+                    &json!({"script": script, "language": language, "backend": backend}),
+                )
+                .await;
+            if status == 503 && backend != "native" {
+                skillbox_env::testkit::skip(test, &format!("{backend}: {result}"));
+                break;
+            }
+            assert_eq!(status, 200, "{backend} {language}: {result}");
+            assert_eq!(
+                (result["exitCode"].as_i64(), result["stdout"].as_str()),
+                (Some(0), Some(said)),
+                "{backend} {language}: {result}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copy_out_skips_symlinks_and_special_files_and_never_leaves_the_workspace() {
     let Some(server) = default_server().await else {
@@ -781,8 +891,9 @@ async fn wait_done(server: &Server, id: &str) -> Value {
     panic!("agent run {id} did not finish");
 }
 
-/// Agent runs take the server's disk bound (`serve --disk`): a script that writes 3 MB
-/// to /tmp fails under a 2 MB bound and succeeds with none.
+/// Agent runs take the server's disk bound (`serve --disk`): a script that writes a
+/// 3 MB scratch file (in the workspace: a Node script writes nowhere else) fails under
+/// a 2 MB bound and succeeds with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_runs_take_the_servers_disk_bound() {
     let pptx = skillbox_agent::builtin_skill("pptx").unwrap();
@@ -793,7 +904,7 @@ async fn agent_runs_take_the_servers_disk_bound() {
     let transcript = json!({"turns": [
         {"text": "A big scratch file, then the deck.", "toolCalls": [{"name": "run_script", "arguments": {
             "language": "node",
-            "script": format!("require('fs').writeFileSync('/tmp/big', Buffer.alloc(3000000));\n{deck}"),
+            "script": format!("require('fs').writeFileSync('/workspace/.big', Buffer.alloc(3000000));\n{deck}"),
         }}]},
         {"expect": {"exitCode": 0, "filesInclude": "workspacex.pptx"}, "text": "Done."},
     ]});

@@ -478,6 +478,121 @@ async fn a_session_streams_cancels_reads_and_ends_leaving_nothing() {
     served.shutdown.cancel();
 }
 
+/// The attack: code in a session writes `evil.html` (a page with a script) and the
+/// tenant's browser is sent to `GET /v1/sessions/{id}/files/evil.html` on the server's
+/// origin. It comes back as a download, as a stored object does: `nosniff`, an
+/// `attachment` named after the file, and a policy that runs nothing, the same headers
+/// as the object of a run that wrote the same file. Before, it was
+/// `application/octet-stream` alone, which a browser may sniff as HTML.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_file_is_a_download_as_an_object_is() {
+    let Some(served) = serve(SessionConfig::default()).await else {
+        return;
+    };
+    let page: &[u8] = b"<html><script>fetch(\"/v1/runs\")</script></html>";
+    let (status, session) = served.create(ANA, json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap();
+    let written = served
+        .put(ANA, &format!("/v1/sessions/{id}/files/evil.html"), page)
+        .await;
+    assert_eq!(written.status(), 200);
+    let file = served
+        .get(ANA, &format!("/v1/sessions/{id}/files/evil.html"))
+        .await;
+    assert_eq!(file.status(), 200);
+    let headers = file.headers().clone();
+    assert_eq!(file.bytes().await.unwrap(), page);
+    assert_eq!(headers["content-type"], "application/octet-stream");
+    assert_eq!(headers["x-content-type-options"], "nosniff");
+    assert_eq!(
+        headers["content-disposition"],
+        "attachment; filename=\"evil.html\""
+    );
+    assert_eq!(
+        headers["content-security-policy"],
+        "default-src 'none'; sandbox"
+    );
+
+    // A run's object of the same file: the same three, from the same place.
+    let ran: Value = served
+        .http
+        .post(format!("{}/v1/run", served.base))
+        .bearer_auth(ANA)
+        .json(&json!({
+            "language": "sh",
+            "script": format!("printf '%s' '{}' > evil.html", String::from_utf8_lossy(page)),
+        }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sha = ran["files"][0]["sha256"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{ran}"));
+    let object = served
+        .get(ANA, &format!("/v1/objects/{sha}?name=evil.html"))
+        .await;
+    assert_eq!(object.status(), 200);
+    for name in [
+        "x-content-type-options",
+        "content-disposition",
+        "content-security-policy",
+    ] {
+        assert_eq!(object.headers()[name], headers[name], "{name}");
+    }
+    served.shutdown.cancel();
+}
+
+/// pptxgenjs is there for every exec of a session that has Node, whatever runs it (a
+/// shell here, from `/tmp`), on native and on docker, whose image carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_s_execs_find_pptxgenjs() {
+    let Some(served) = serve(SessionConfig::default()).await else {
+        return;
+    };
+    for backend in ["native", "docker"] {
+        let (status, session) = served.create(ANA, json!({"backend": backend})).await;
+        if status == 503 && backend != "native" {
+            skillbox_env::testkit::skip("a_session_s_execs_find_pptxgenjs", &session.to_string());
+            continue;
+        }
+        assert_eq!(status, 201, "{backend}: {session}");
+        let id = session["id"].as_str().unwrap().to_string();
+        let events = served
+            .exec(
+                ANA,
+                &id,
+                json!({"shell": "cd /tmp && node -e 'new (require(\"pptxgenjs\"))(); console.log(\"pptxgenjs ok\")'"}),
+            )
+            .await
+            .rest()
+            .await;
+        assert!(
+            events
+                .iter()
+                .any(|e| e["type"] == "stdout" && e["data"] == "pptxgenjs ok\n"),
+            "{backend}: {events:?}"
+        );
+        assert_eq!(
+            events.last().unwrap()["exitCode"],
+            0,
+            "{backend}: {events:?}"
+        );
+        let ended = served
+            .http
+            .delete(format!("{}/v1/sessions/{id}", served.base))
+            .bearer_auth(ANA)
+            .send()
+            .await
+            .unwrap();
+        assert!(ended.status().is_success(), "{backend}");
+    }
+    served.shutdown.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_cancels_an_exec_that_writes_nothing() {
     let Some(served) = serve(SessionConfig::default()).await else {
