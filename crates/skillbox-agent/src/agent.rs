@@ -779,6 +779,7 @@ impl Agent {
             })?;
         let spec = SandboxSpec {
             workspace: None,
+            root: self.runner.root().clone(),
             limits: config.limits.clone(),
             policy,
         };

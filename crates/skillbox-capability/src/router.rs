@@ -305,6 +305,8 @@ pub(crate) fn sandbox_spec(
     Ok(SandboxSpec {
         // The host runs in the project itself; a sandbox gets a workspace of its own.
         workspace: host.then(|| project.to_path_buf()),
+        // A manifest names its paths under the default root (see `call_in`).
+        root: WorkspaceRoot::default(),
         limits: Limits {
             disk_bytes: if host {
                 None

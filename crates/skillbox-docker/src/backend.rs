@@ -158,19 +158,19 @@ impl DockerBackend {
             Some(pool) => match pool.take(&self.launcher, &config).await {
                 Some(warm) => {
                     tracing::debug!(container = %warm.id(), "docker: sandbox from the pool");
-                    warm.into_sandbox(spec.limits.clone())
+                    warm.into_sandbox(spec.limits.clone(), &spec.root)
                 }
                 None => self
                     .launcher
                     .start(config)
                     .await?
-                    .into_sandbox(spec.limits.clone()),
+                    .into_sandbox(spec.limits.clone(), &spec.root),
             },
             None => self
                 .launcher
                 .start(config)
                 .await?
-                .into_sandbox(spec.limits.clone()),
+                .into_sandbox(spec.limits.clone(), &spec.root),
         };
         if let Some(pool) = &self.pool {
             let (pool, launcher) = (pool.clone(), self.launcher.clone());

@@ -8,14 +8,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, ResourcesUlimits};
-use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec};
+use skillbox_env::{EnvError, EnvResult, ErrorCode, SandboxSpec, WorkspaceRoot};
 
 use crate::daemon::unavailable;
 use crate::runtime::{NR_PRCTL, Runtime};
 use crate::{LABEL_OWNER, LABEL_SANDBOX, SANDBOX_UID};
 
 const INIT_PL: &str = include_str!("helpers/init.pl");
-pub(crate) const WORKSPACE: &str = "/workspace";
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// The workspace tmpfs; its pages count against the container's memory limit too.
 const WORKSPACE_BYTES: u64 = 1024 * 1024 * 1024;
@@ -94,7 +93,7 @@ pub(crate) fn container_config(
     match &spec.workspace {
         None => {
             tmpfs.insert(
-                WORKSPACE.into(),
+                spec.root.as_str().into(),
                 format!(
                     "rw,exec,nosuid,nodev,size={workspace_bytes}{workspace_inodes},mode=0755,uid={},gid={}",
                     ids.0,
@@ -103,7 +102,7 @@ pub(crate) fn container_config(
             );
         }
         Some(dir) => mounts.push(Mount {
-            target: Some(WORKSPACE.into()),
+            target: Some(spec.root.as_str().into()),
             source: Some(dir.display().to_string()),
             typ: Some(MountType::BIND),
             read_only: Some(false),
@@ -127,7 +126,7 @@ pub(crate) fn container_config(
             )));
         }
         if target == Path::new("/")
-            || target.starts_with(WORKSPACE)
+            || target.starts_with(spec.root.as_path())
             || target.starts_with("/tmp")
             || target.starts_with("/proc")
             || target.starts_with("/dev")
@@ -147,7 +146,7 @@ pub(crate) fn container_config(
         });
     }
     for volume in &spec.policy.volumes {
-        let target = volume_target(volume, &mounts)?;
+        let target = volume_target(volume, &spec.root, &mounts)?;
         mounts.push(Mount {
             target: Some(target.display().to_string()),
             source: Some(volume.host.display().to_string()),
@@ -231,7 +230,7 @@ pub(crate) fn container_config(
             NR_PRCTL.to_string(),
         ]),
         cmd: Some(vec![]),
-        working_dir: Some(WORKSPACE.into()),
+        working_dir: Some(spec.root.as_str().into()),
         env: Some(env),
         network_disabled: Some(true),
         labels: Some(HashMap::from([
@@ -246,7 +245,11 @@ pub(crate) fn container_config(
 /// Where a volume goes in the container: an absolute path that shares its place with no
 /// other mount, never a place the sandbox owns, and a source reached without a symlink
 /// on its path (the daemon follows one, after this check: a known limit).
-fn volume_target(mount: &skillbox_env::Volume, mounts: &[Mount]) -> EnvResult<PathBuf> {
+fn volume_target(
+    mount: &skillbox_env::Volume,
+    root: &WorkspaceRoot,
+    mounts: &[Mount],
+) -> EnvResult<PathBuf> {
     let invalid = |why: String| {
         EnvError::invalid(format!(
             "policy.volumes: {} -> {}: {why}",
@@ -260,7 +263,7 @@ fn volume_target(mount: &skillbox_env::Volume, mounts: &[Mount]) -> EnvResult<Pa
         return Err(invalid("both paths must be absolute".into()));
     }
     if target == Path::new("/")
-        || ["/workspace", "/tmp", "/proc", "/dev", "/etc", "/usr"]
+        || [root.as_str(), "/tmp", "/proc", "/dev", "/etc", "/usr"]
             .iter()
             .any(|r| target.starts_with(r))
     {

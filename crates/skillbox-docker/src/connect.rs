@@ -92,7 +92,12 @@ fn relay_argv(container: &Container, endpoint: &Endpoint) -> EnvResult<Vec<Strin
         Endpoint::Port(port) => ("port", port.to_string()),
         Endpoint::Socket(path) => {
             let relative = Endpoint::socket_in_workspace(path)?;
-            let whereto = format!("{}/{}", crate::config::WORKSPACE, relative.display());
+            // A service's socket is in a capability's workspace, always at the default root.
+            let whereto = format!(
+                "{}/{}",
+                skillbox_env::DEFAULT_WORKSPACE_ROOT,
+                relative.display()
+            );
             if whereto.len() > MAX_SOCKET_PATH {
                 return Err(EnvError::invalid(format!(
                     "socket {}: longer than a unix socket address holds ({MAX_SOCKET_PATH} bytes)",

@@ -631,7 +631,7 @@ async fn temp_entry(
             "temp prefix {prefix:?}: must not contain '/'"
         )));
     }
-    let path = Path::new("/workspace/.tmp");
+    let path = &sandbox.default_cwd().join(".tmp");
     let v = sandbox
         .fs_json("mktemp", &[kind.into(), prefix.into()], path, cancel)
         .await?;

@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 use bollard::Docker;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptions, StartContainerOptions};
-use skillbox_env::{EnvResult, Limits};
+use skillbox_env::{EnvResult, Limits, WorkspaceRoot};
 use tokio_util::task::TaskTracker;
 
-use crate::config::WORKSPACE;
 use crate::container::Container;
 use crate::daemon::{Live, image_missing, is_running, op_error, remove_container, unavailable};
 use crate::reset::init_pid;
@@ -100,7 +99,7 @@ impl Launcher {
             Err(e) => {
                 remove_container(&docker, &id).await;
                 forget(&live, &id);
-                return Err(e.with_path(WORKSPACE));
+                return Err(e);
             }
         };
         tracing::debug!(container = %id, %backend, "docker: sandbox started");
@@ -168,7 +167,7 @@ impl Warm {
 
     /// The sandbox, with `limits` for its execs (its container's limits were set at
     /// create).
-    pub(crate) fn into_sandbox(mut self, limits: Limits) -> DockerSandbox {
+    pub(crate) fn into_sandbox(mut self, limits: Limits, root: &WorkspaceRoot) -> DockerSandbox {
         let container = Container::started(
             self.docker.clone(),
             self.id.clone(),
@@ -179,7 +178,7 @@ impl Warm {
             self.created_at,
         );
         self.pending.docker = None;
-        DockerSandbox::new(container)
+        DockerSandbox::new(container, root)
     }
 }
 

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use skillbox_env::{
     BackendKind, CancellationToken, EnvError, EnvResult, ExecutionEnv, FileRead, FileSystem,
+    WorkspaceRoot,
 };
 use tokio::sync::OwnedMutexGuard;
 
-use crate::config::WORKSPACE;
 use crate::container::Container;
 
 /// What a sandbox's cleanup does after removing its container.
@@ -29,6 +29,7 @@ impl std::fmt::Debug for AfterCleanup {
 #[derive(Debug)]
 pub struct DockerSandbox {
     container: Arc<Container>,
+    /// Where the workspace is (the spec's root): the default working directory.
     cwd: PathBuf,
     /// Counts every exec and helper run begun: what a walk read ahead is good only
     /// while nothing else has begun since.
@@ -70,10 +71,10 @@ pub(crate) struct ReadAhead {
 }
 
 impl DockerSandbox {
-    pub(crate) fn new(container: Arc<Container>) -> DockerSandbox {
+    pub(crate) fn new(container: Arc<Container>, root: &WorkspaceRoot) -> DockerSandbox {
         DockerSandbox {
             container,
-            cwd: PathBuf::from(WORKSPACE),
+            cwd: root.as_path().to_path_buf(),
             generation: AtomicU64::new(0),
             read_ahead: Mutex::new(None),
             unsettled: std::sync::atomic::AtomicBool::new(false),

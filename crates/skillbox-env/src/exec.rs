@@ -166,8 +166,8 @@ pub enum Endpoint {
     Socket(PathBuf),
 }
 
-/// Where a sandbox shows its workspace, on every backend that has one.
-const WORKSPACE: &str = "/workspace";
+/// A service's socket is in a capability's workspace, which is at the default root.
+const WORKSPACE: &str = skillbox_protocol::DEFAULT_WORKSPACE_ROOT;
 
 impl Endpoint {
     /// A socket's `path` as a plain relative path below [`WORKSPACE`] (no `..`, no

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use skillbox_protocol::WorkspaceRoot;
 
 const MIB: u64 = 1024 * 1024;
 const GIB: u64 = 1024 * MIB;
@@ -245,9 +246,13 @@ impl SandboxPolicy {
 /// Everything a backend needs to create a sandbox.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxSpec {
-    /// Host directory shown read-write as `/workspace`; `None` makes a temporary one
+    /// Host directory shown read-write as the workspace; `None` makes a temporary one
     /// that `cleanup` removes.
     pub workspace: Option<PathBuf>,
+    /// Where the workspace is in the sandbox (`/workspace` unless configured): its
+    /// mount, the default working directory and the writable place a file operation
+    /// may write. Every backend puts it there or refuses the spec.
+    pub root: WorkspaceRoot,
     pub limits: Limits,
     pub policy: SandboxPolicy,
 }

@@ -118,6 +118,7 @@ impl Sandboxes {
         runner.runtime_mount(backend.kind(), &mut policy).await?;
         let spec = SandboxSpec {
             workspace: None,
+            root: runner.root().clone(),
             limits: runner.limits().clone(),
             policy,
         };

@@ -18,11 +18,11 @@ use skillbox_env::{
     MAX_LIST_ENTRIES, TextLines, Tree, TreeKind, blocking,
 };
 
-use crate::layout::WORKSPACE;
 use crate::sandbox::NativeSandbox;
 use crate::spawn::HostIds;
 
-const TEMP_DIR: &str = "/workspace/.tmp";
+/// The env's own temp entries, beneath the workspace (never collected).
+const TEMP_DIR: &str = ".tmp";
 
 /// A path resolved to a mount: the mount's dir fd and the path below it.
 #[derive(Debug, Clone)]
@@ -34,6 +34,8 @@ struct Located {
     writable: bool,
     /// In a read-write volume: the sandbox writes there, the file view does not.
     volume: bool,
+    /// Where the workspace is (for messages).
+    workspace: PathBuf,
     chown_to: Option<HostIds>,
     /// The path as the caller gave it (for messages).
     shown: PathBuf,
@@ -122,8 +124,9 @@ impl Located {
                 ErrorCode::PermissionDenied,
                 format!(
                     "{op} {}: a read-write volume is written by the sandbox's own code only; \
-                     skillbox's file operations write under {WORKSPACE}",
-                    self.shown.display()
+                     skillbox's file operations write under {}",
+                    self.shown.display(),
+                    self.workspace.display()
                 ),
             )
             .with_path(&self.shown))
@@ -133,8 +136,9 @@ impl Located {
             Err(EnvError::new(
                 ErrorCode::PermissionDenied,
                 format!(
-                    "{op} {}: read-only in this sandbox (only {WORKSPACE} is writable)",
-                    self.shown.display()
+                    "{op} {}: read-only in this sandbox (only {} is writable)",
+                    self.shown.display(),
+                    self.workspace.display()
                 ),
             )
             .with_path(&self.shown))
@@ -222,6 +226,7 @@ impl NativeSandbox {
                     relative: rest.to_path_buf(),
                     writable: mount.writable,
                     volume: mount.volume,
+                    workspace: self.root.workspace.clone(),
                     chown_to: self.chown_to,
                     shown: abs.clone(),
                 });
@@ -230,8 +235,9 @@ impl NativeSandbox {
         let private = ["/tmp", "/proc", "/dev"].iter().any(|p| abs.starts_with(p));
         let message = if private {
             format!(
-                "{}: private to each exec; only {WORKSPACE} and the read-only system directories are shared",
-                abs.display()
+                "{}: private to each exec; only {} and the read-only system directories are shared",
+                abs.display(),
+                self.root.workspace.display()
             )
         } else {
             format!("{}: not visible in this sandbox", abs.display())
@@ -677,12 +683,17 @@ impl FileSystem for NativeSandbox {
         prefix: &str,
         cancel: &CancellationToken,
     ) -> EnvResult<PathBuf> {
-        self.create_dir(Path::new(TEMP_DIR), true, cancel).await?;
-        let path =
-            Path::new(TEMP_DIR)
-                .join(skillbox_env::path::temp_name(prefix).map_err(|e| {
-                    EnvError::io(&e, "create a temp entry in", Path::new(TEMP_DIR))
-                })?);
+        self.create_dir(&self.root.workspace.join(TEMP_DIR), true, cancel)
+            .await?;
+        let path = self.root.workspace.join(TEMP_DIR).join(
+            skillbox_env::path::temp_name(prefix).map_err(|e| {
+                EnvError::io(
+                    &e,
+                    "create a temp entry in",
+                    self.root.workspace.join(TEMP_DIR),
+                )
+            })?,
+        );
         self.create_dir(&path, false, cancel).await?;
         self.remember(&path);
         Ok(path)
@@ -693,12 +704,17 @@ impl FileSystem for NativeSandbox {
         prefix: &str,
         cancel: &CancellationToken,
     ) -> EnvResult<PathBuf> {
-        self.create_dir(Path::new(TEMP_DIR), true, cancel).await?;
-        let path =
-            Path::new(TEMP_DIR)
-                .join(skillbox_env::path::temp_name(prefix).map_err(|e| {
-                    EnvError::io(&e, "create a temp entry in", Path::new(TEMP_DIR))
-                })?);
+        self.create_dir(&self.root.workspace.join(TEMP_DIR), true, cancel)
+            .await?;
+        let path = self.root.workspace.join(TEMP_DIR).join(
+            skillbox_env::path::temp_name(prefix).map_err(|e| {
+                EnvError::io(
+                    &e,
+                    "create a temp entry in",
+                    self.root.workspace.join(TEMP_DIR),
+                )
+            })?,
+        );
         let loc = self.locate(&path)?;
         blocking(cancel, "create_temp_file", move || {
             let (dir, name) = loc.parent("create_temp_file")?;
@@ -749,7 +765,9 @@ impl FileSystem for NativeSandbox {
                     _ => {}
                 }
             }
-            let _ = self.remove(Path::new(TEMP_DIR), false, &never).await;
+            let _ = self
+                .remove(&self.root.workspace.join(TEMP_DIR), false, &never)
+                .await;
         }
         let dir = self.dir.clone();
         let remove = move || match skillbox_env::remove::remove_tree(&dir) {

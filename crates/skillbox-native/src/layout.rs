@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustix::fs::{Mode, OFlags};
-use skillbox_env::{EnvError, Limits, SandboxPolicy};
+use skillbox_env::{EnvError, Limits, SandboxPolicy, WorkspaceRoot};
 
 use crate::child::{
     Layout, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountOp,
@@ -47,11 +47,10 @@ pub const DEVICES: &[&str] = &[
     "/dev/random",
     "/dev/urandom",
 ];
-/// Where the sandbox may write.
 /// Directories of terminal devices (ptys) the sandbox may open and ioctl.
 pub const TTYS: &[&str] = &["/dev/pts"];
-pub const WRITABLE: &[&str] = &["/workspace", "/tmp", "/dev/shm"];
-pub const WORKSPACE: &str = "/workspace";
+/// Where the sandbox may write besides its workspace.
+pub const WRITABLE: &[&str] = &["/tmp", "/dev/shm"];
 
 /// A directory of the host shown in the sandbox, as the host-side file view uses it.
 #[derive(Debug)]
@@ -70,6 +69,8 @@ pub struct MountEntry {
 #[derive(Debug)]
 pub struct Root {
     pub layout: Arc<Layout>,
+    /// Where the workspace is in the sandbox (the spec's root).
+    pub workspace: PathBuf,
     /// Directory mounts, for the host-side file view (longest prefix wins).
     pub mounts: Vec<MountEntry>,
     /// `/bin` → `/usr/bin` style top-level symlinks.
@@ -239,7 +240,14 @@ pub fn ensure_etc(native_dir: &Path, extra: &Arc<[EtcDir]>) -> std::io::Result<E
     })
 }
 
-/// What is shown as `/workspace`.
+/// The workspace: what is shown, and where.
+#[derive(Debug, Clone, Copy)]
+pub struct Workspace<'a> {
+    pub at: &'a WorkspaceRoot,
+    pub source: WorkspaceSource<'a>,
+}
+
+/// What is shown as the workspace.
 #[derive(Debug, Clone, Copy)]
 pub enum WorkspaceSource<'a> {
     /// A host directory (the caller's workdir, or a temp one without a disk bound).
@@ -248,11 +256,11 @@ pub enum WorkspaceSource<'a> {
     Scratch(&'a Scratch),
 }
 
-/// Plans the root: system dirs, `etc` as `/etc`, `/proc`, `/dev`, `/tmp`,
-/// `workspace` as `/workspace`, and the policy's read-only mounts.
+/// Plans the root: system dirs, `etc` as `/etc`, `/proc`, `/dev`, `/tmp`, the
+/// workspace at its root, and the policy's read-only mounts.
 pub fn plan(
     etc: &Etc,
-    workspace: WorkspaceSource<'_>,
+    workspace: Workspace<'_>,
     limits: &Limits,
     policy: &SandboxPolicy,
     landlock_abi: u32,
@@ -404,12 +412,14 @@ pub fn plan(
 
     let workspace_attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     let mut scratch_entry = None;
-    match workspace {
+    let root = workspace.at;
+    match workspace.source {
         WorkspaceSource::Host(host) => {
-            bind_dir(&mut ops, host, Path::new(WORKSPACE), workspace_attrs, true)?;
+            bind_dir(&mut ops, host, root.as_path(), workspace_attrs, true)?;
         }
         WorkspaceSource::Scratch(scratch) => {
-            let sandbox = Path::new(WORKSPACE);
+            let sandbox = root.as_path();
+            ancestors(&mut ops, sandbox);
             ops.push(MountOp::Dir {
                 path: staged(sandbox),
             });
@@ -446,10 +456,10 @@ pub fn plan(
         }
         // Never at or under a directory the sandbox writes or the kernel fills: init
         // would build the mount point through paths the payload controls.
-        let reserved = ["/proc", "/dev", "/tmp", WORKSPACE];
+        let reserved = ["/proc", "/dev", "/tmp", root.as_str()];
         if sandbox == Path::new("/") || reserved.iter().any(|r| sandbox.starts_with(r)) {
             return Err(EnvError::invalid(format!(
-                "policy.readOnlyMounts: {} is at or under a directory the sandbox owns (/, /proc, /dev, /tmp, /workspace)",
+                "policy.readOnlyMounts: {} is at or under a directory the sandbox owns (/, /proc, /dev, /tmp, {root})",
                 sandbox.display()
             )));
         }
@@ -463,10 +473,13 @@ pub fn plan(
         bind_dir(&mut ops, &mount.host, &sandbox, ro, false)?;
     }
 
-    let mut writable: Vec<String> = WRITABLE.iter().map(|w| w.to_string()).collect();
+    let mut writable: Vec<String> = std::iter::once(root.as_str())
+        .chain(WRITABLE.iter().copied())
+        .map(str::to_string)
+        .collect();
     let mut volumes = Vec::new();
     for volume in &policy.volumes {
-        let sandbox = volume_target(volume, &mounts, &aliases)?;
+        let sandbox = volume_target(volume, root, &mounts, &aliases)?;
         let fd = Arc::new(open_volume(volume)?);
         ancestors(&mut ops, &sandbox);
         ops.push(MountOp::Dir {
@@ -531,6 +544,7 @@ pub fn plan(
     mounts.sort_by_key(|m| std::cmp::Reverse(m.sandbox.as_os_str().len()));
     Ok(Root {
         layout: Arc::new(layout),
+        workspace: root.as_path().to_path_buf(),
         mounts,
         aliases,
         volumes,
@@ -543,6 +557,7 @@ pub fn plan(
 /// fills, and never through one of the root's symlinks.
 fn volume_target(
     mount: &skillbox_env::Volume,
+    root: &WorkspaceRoot,
     mounts: &[MountEntry],
     aliases: &[(PathBuf, PathBuf)],
 ) -> Result<PathBuf, EnvError> {
@@ -557,12 +572,11 @@ fn volume_target(
         return Err(invalid("both paths must be absolute".into()));
     }
     let sandbox = skillbox_env::path::normalize(&mount.sandbox);
-    let reserved = ["/proc", "/dev", "/tmp", WORKSPACE, "/etc"];
+    let reserved = ["/proc", "/dev", "/tmp", root.as_str(), "/etc"];
     if sandbox == Path::new("/") || reserved.iter().any(|r| sandbox.starts_with(r)) {
-        return Err(invalid(
-            "at or under a directory the sandbox owns (/, /proc, /dev, /tmp, /workspace, /etc)"
-                .into(),
-        ));
+        return Err(invalid(format!(
+            "at or under a directory the sandbox owns (/, /proc, /dev, /tmp, {root}, /etc)"
+        )));
     }
     let nested = |other: &Path| sandbox.starts_with(other) || other.starts_with(&sandbox);
     if let Some(other) = mounts.iter().find(|m| nested(&m.sandbox)) {
@@ -757,7 +771,10 @@ mod tests {
         let etc = Etc { dir: etc, extra };
         let root = plan(
             &etc,
-            WorkspaceSource::Host(&workspace),
+            Workspace {
+                at: &WorkspaceRoot::default(),
+                source: WorkspaceSource::Host(&workspace),
+            },
             limits,
             policy,
             1,
@@ -802,7 +819,10 @@ mod tests {
         };
         let root = plan(
             &etc,
-            WorkspaceSource::Host(&dir.path().join("ws")),
+            Workspace {
+                at: &WorkspaceRoot::default(),
+                source: WorkspaceSource::Host(&dir.path().join("ws")),
+            },
             &Limits::default(),
             &SandboxPolicy::default(),
             1,
@@ -846,7 +866,8 @@ mod tests {
         // The workspace, and the device nodes (which are files, not directories).
         for (source, target, attrs) in &writable {
             assert!(
-                (source == &workspace && target == WORKSPACE) || DEVICES.contains(&target.as_str()),
+                (source == &workspace && target == "/workspace")
+                    || DEVICES.contains(&target.as_str()),
                 "{source} -> {target} is writable"
             );
             assert_ne!(attrs & MOUNT_ATTR_NOSUID, 0, "{target} without nosuid");
@@ -859,7 +880,7 @@ mod tests {
         );
         assert!(matches!(
             &root.layout.mounts[root.layout.workspace_op],
-            MountOp::Bind { target, .. } if shown(target) == WORKSPACE
+            MountOp::Bind { target, .. } if shown(target) == "/workspace"
         ));
         // Nothing of the host's /etc, /root or /home.
         for (source, _, _) in &binds {
@@ -868,6 +889,61 @@ mod tests {
                 "{source} is shown"
             );
         }
+    }
+
+    /// Another root: the workspace is bound there, its parents made on the sandbox's
+    /// own root, and it is the writable place; nothing is at `/workspace`.
+    #[test]
+    fn another_root_is_where_the_workspace_is_bound_and_written() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("etc")).unwrap();
+        fs::create_dir(dir.path().join("ws")).unwrap();
+        let etc = Etc {
+            dir: dir.path().join("etc"),
+            extra: Arc::new([]),
+        };
+        let root = WorkspaceRoot::new("/home/agentscope/workspace").unwrap();
+        let plan = plan(
+            &etc,
+            Workspace {
+                at: &root,
+                source: WorkspaceSource::Host(&dir.path().join("ws")),
+            },
+            &Limits::default(),
+            &SandboxPolicy::default(),
+            1,
+            Vec::new(),
+            Vec::new(),
+        )
+        .unwrap();
+        assert!(matches!(
+            &plan.layout.mounts[plan.layout.workspace_op],
+            MountOp::Bind { target, .. } if shown(target) == "/home/agentscope/workspace"
+        ));
+        let dirs: Vec<String> = plan
+            .layout
+            .mounts
+            .iter()
+            .filter_map(|op| match op {
+                MountOp::Dir { path } => Some(shown(path)),
+                _ => None,
+            })
+            .collect();
+        for made in ["/home", "/home/agentscope", "/home/agentscope/workspace"] {
+            assert!(dirs.iter().any(|d| d == made), "{made}: {dirs:?}");
+        }
+        assert!(!binds(&plan).iter().any(|(_, t, _)| t == "/workspace"));
+        let writable: Vec<String> = plan
+            .layout
+            .landlock
+            .rules
+            .iter()
+            .filter(|r| r.access & landlock::ACCESS_FS_WRITE_FILE != 0)
+            .map(|r| r.path.to_string_lossy().into_owned())
+            .filter(|p| !DEVICES.contains(&p.as_str()) && !TTYS.contains(&p.as_str()))
+            .collect();
+        assert_eq!(writable, ["/home/agentscope/workspace", "/tmp", "/dev/shm"]);
+        assert_eq!(plan.workspace, Path::new("/home/agentscope/workspace"));
     }
 
     #[test]
@@ -952,7 +1028,10 @@ mod tests {
             .map(|r| r.path.to_string_lossy().into_owned())
             .filter(|p| !DEVICES.contains(&p.as_str()) && !TTYS.contains(&p.as_str()))
             .collect();
-        let mut expected: Vec<String> = WRITABLE.iter().map(|w| w.to_string()).collect();
+        let mut expected: Vec<String> = std::iter::once("/workspace")
+            .chain(WRITABLE.iter().copied())
+            .map(str::to_string)
+            .collect();
         expected.push("/data".into());
         assert_eq!(writable, expected);
         let entry = plan

@@ -24,7 +24,7 @@ use crate::cgroup::{self, ExecCgroup};
 use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC, read_record};
 use crate::child::{MAX_ARGS, MAX_ENV, MAX_PROGRAMS};
 use crate::landlock;
-use crate::layout::{self, Root, WORKSPACE};
+use crate::layout::{self, Root};
 use crate::spawn::{self, HostIds, InitProcess, Started};
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -641,7 +641,10 @@ impl NativeSandbox {
         };
         let root = layout::plan(
             &etc,
-            source,
+            layout::Workspace {
+                at: &spec.root,
+                source,
+            },
             &spec.limits,
             &spec.policy,
             abi,
@@ -697,7 +700,7 @@ impl NativeSandbox {
             ids,
             chown_to,
             limits: spec.limits,
-            cwd: PathBuf::from(WORKSPACE),
+            cwd: spec.root.as_path().to_path_buf(),
             temps: Mutex::new(Vec::new()),
             shutdown: CancellationToken::new(),
             running: TaskTracker::new(),
@@ -1183,7 +1186,7 @@ impl Shell for NativeSandbox {
                     .root
                     .mounts
                     .iter()
-                    .find(|m| m.sandbox == Path::new(WORKSPACE))
+                    .find(|m| m.sandbox == self.root.workspace)
                     .map(|m| m.fd.clone());
                 // Root joins the exec's network namespace directly; anyone else through
                 // the user namespace their sandbox runs in.

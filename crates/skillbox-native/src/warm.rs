@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use skillbox_env::{EnvResult, Limits, SandboxPolicy, SandboxSpec};
+use skillbox_env::{EnvResult, Limits, SandboxPolicy, SandboxSpec, WorkspaceRoot};
 
 use crate::sandbox::NativeSandbox;
 
@@ -23,6 +23,7 @@ const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// (the timeout is not part of it: it is the exec's, given when one is handed out).
 #[derive(Debug, Clone, PartialEq)]
 struct Shape {
+    root: WorkspaceRoot,
     limits: Limits,
     policy: SandboxPolicy,
 }
@@ -36,6 +37,7 @@ impl Shape {
             && spec.policy.network.is_none()
             && spec.policy.secrets.is_empty();
         own.then(|| Shape {
+            root: spec.root.clone(),
             limits: Limits {
                 timeout_ms: 0,
                 ..spec.limits.clone()
@@ -49,6 +51,7 @@ impl Shape {
     fn spec(&self) -> SandboxSpec {
         SandboxSpec {
             workspace: None,
+            root: self.root.clone(),
             limits: Limits {
                 timeout_ms: Limits::default().timeout_ms,
                 ..self.limits.clone()

@@ -55,5 +55,6 @@ pub use run::{
     RunRequest, RunResult, SkillsPlaced, SnapshotReport,
 };
 pub use workspace::{
-    DEFAULT_WORKSPACE_ROOT, InvalidPath, NAME_MAX, PATH_MAX, WorkspacePath, WorkspaceRoot,
+    DEFAULT_WORKSPACE_ROOT, InvalidPath, NAME_MAX, PATH_MAX, ROOT_PLACES, WorkspacePath,
+    WorkspaceRoot,
 };

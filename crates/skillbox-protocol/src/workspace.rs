@@ -15,6 +15,11 @@ use std::path::{Path, PathBuf};
 
 /// Where the workspace is in a sandbox unless configured otherwise.
 pub const DEFAULT_WORKSPACE_ROOT: &str = "/workspace";
+/// The top-level directories a workspace root may be beneath: places no backend puts
+/// anything of its own (its system directories, `/tmp`, `/proc`, `/dev`, the runtime's
+/// `/node_modules`, a capability's `/capability` are all elsewhere).
+pub const ROOT_PLACES: &[&str] = &["workspace", "home", "srv", "work", "mnt"];
+
 /// Longest name of one path component.
 pub const NAME_MAX: usize = 255;
 /// Longest whole path.
@@ -47,6 +52,13 @@ impl WorkspaceRoot {
             .collect::<Result<Vec<_>, _>>()?;
         if parts.is_empty() {
             return Err(invalid("the workspace root cannot be / itself"));
+        }
+        if !ROOT_PLACES.contains(&parts[0]) {
+            let places: Vec<String> = ROOT_PLACES.iter().map(|p| format!("/{p}")).collect();
+            return Err(invalid(&format!(
+                "the workspace root must be beneath one of {} (where no backend keeps anything of its own)",
+                places.join(", ")
+            )));
         }
         Ok(WorkspaceRoot(format!("/{}", parts.join("/"))))
     }
@@ -315,9 +327,19 @@ mod tests {
                 .reason
                 .contains("outside /home")
         );
-        for bad in ["workspace", "/", "/a/../b", ""] {
+        for bad in [
+            "workspace",
+            "/",
+            "/a/../b",
+            "",
+            "/usr/w",
+            "/tmp/w",
+            "/etc",
+            "/node_modules",
+        ] {
             assert!(WorkspaceRoot::new(bad).is_err(), "{bad:?}");
         }
+        assert!(WorkspaceRoot::new("/srv/agent").is_ok());
     }
 
     #[test]

@@ -428,6 +428,7 @@ impl Runner {
         // The spec of every container run (see `run`): no workdir, no mounts.
         registry.warm_spec = SandboxSpec {
             workspace: None,
+            root: config.door.root.clone(),
             limits: config.limits.clone(),
             policy: SandboxPolicy::default(),
         };
@@ -757,6 +758,7 @@ impl Runner {
         policy.egress_bytes = asked.egress_bytes;
         let spec = SandboxSpec {
             workspace: None,
+            root: self.root().clone(),
             limits,
             policy,
         };

@@ -430,6 +430,7 @@ pub(crate) async fn create(
         .map_err(run_failure)?;
     let spec = SandboxSpec {
         workspace: None,
+        root: state.runner.root().clone(),
         limits,
         policy,
     };

@@ -27,7 +27,6 @@ const BIN: &str = "/skillbox-wasm/bin";
 const GUESTS: &str = "/skillbox-wasm/guests";
 const CACHE: &str = crate::runner::SANDBOX_CACHE;
 const ROOT: &str = "/skillbox-wasm";
-const WORKSPACE: &str = "/workspace";
 /// Memory the runner itself needs beside the guest's linear memory (wasmtime, the WASI
 /// host, the compiled code's pages); the native sandbox's bound is the guest's plus this.
 const RUNTIME_MEMORY: u64 = 128 * 1024 * 1024;
@@ -401,6 +400,7 @@ impl Backend for WasmBackend {
                 "policy.listenPorts: a WASI guest has no sockets to listen on",
             ));
         }
+        let workspace = spec.root.as_path().to_path_buf();
         let mut native = spec;
         for (host, sandbox) in [(runner, BIN), (guests_dir, GUESTS), (cache, CACHE)] {
             native.policy.read_only_mounts.push(Mount {
@@ -416,6 +416,7 @@ impl Backend for WasmBackend {
             shared: self.shared.clone(),
             guests: Arc::new(guests),
             limits,
+            workspace,
             read_only,
             read_write,
         }))
@@ -428,6 +429,8 @@ pub struct WasmSandbox {
     shared: Arc<Shared>,
     guests: Arc<Guests>,
     limits: skillbox_env::Limits,
+    /// Where the workspace is (the spec's root), preopened read-write at its own path.
+    workspace: PathBuf,
     /// Preopened read-only at their own paths.
     read_only: Vec<PathBuf>,
     /// Read-write volumes, preopened writable at their paths.
@@ -456,13 +459,13 @@ impl WasmSandbox {
     ) -> EnvResult<Result<RunnerSpec, String>> {
         let program = &argv[0];
         let mut dirs = vec![Preopen {
-            dir: PathBuf::from(WORKSPACE),
-            guest: WORKSPACE.into(),
+            dir: self.workspace.clone(),
+            guest: self.workspace.display().to_string(),
             writable: true,
         }];
         // Relative paths resolve against the working directory when it is inside the
         // workspace (WASI has no cwd of its own).
-        if cwd.starts_with(WORKSPACE) {
+        if cwd.starts_with(&self.workspace) {
             dirs.push(Preopen {
                 dir: cwd.to_path_buf(),
                 guest: ".".into(),
@@ -484,8 +487,8 @@ impl WasmSandbox {
         // The guest's environment: a home and a temp dir it can reach (the workspace's
         // scratch dir, never collected), the guest's own, then the caller's.
         let mut env: std::collections::BTreeMap<String, String> = [
-            ("HOME", WORKSPACE.to_string()),
-            ("TMPDIR", format!("{WORKSPACE}/.tmp")),
+            ("HOME", self.workspace.display().to_string()),
+            ("TMPDIR", self.workspace.join(".tmp").display().to_string()),
             ("LANG", "C.UTF-8".to_string()),
             ("PWD", cwd.display().to_string()),
         ]
@@ -590,16 +593,17 @@ impl Shell for WasmSandbox {
         // The working directory becomes the guest's `.`, read-write: it must be a
         // directory of the workspace as the sandbox resolves it, not a link elsewhere.
         let resolved = self.inner.canonical(&cwd, cancel).await?;
-        if !resolved.starts_with(WORKSPACE) {
+        if !resolved.starts_with(&self.workspace) {
             return Err(EnvError::invalid(format!(
-                "cwd: {} resolves to {}, outside /workspace; a wasm guest runs in the workspace",
+                "cwd: {} resolves to {}, outside {}; a wasm guest runs in the workspace",
                 cwd.display(),
-                resolved.display()
+                resolved.display(),
+                self.workspace.display()
             )));
         }
         // The guest's TMPDIR (the workspace's scratch dir, as native's temp entries use).
         self.inner
-            .create_dir(&Path::new(WORKSPACE).join(".tmp"), true, cancel)
+            .create_dir(&self.workspace.join(".tmp"), true, cancel)
             .await?;
         let timeout = request.timeout.unwrap_or_else(|| self.limits.timeout());
         let spec = match self
@@ -625,7 +629,7 @@ impl Shell for WasmSandbox {
         // Its thread pools stay small whatever the host's core count.
         let mut inner_request = ExecRequest::argv(runner_argv)
             .timeout(timeout + DEADLINE_GRACE)
-            .cwd(WORKSPACE)
+            .cwd(&self.workspace)
             .env("TOKIO_WORKER_THREADS", "2")
             .env("RAYON_NUM_THREADS", "2");
         inner_request.stdin = Some(stdin);

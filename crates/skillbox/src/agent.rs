@@ -17,7 +17,7 @@ use skillbox_run::RunnerConfig;
 use skillbox_store::LOCAL_TENANT;
 
 use crate::terminal::{escaped, escaped_path};
-use crate::units::sandboxed_parser;
+use crate::units::{parse_root, sandboxed_parser};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Model {
@@ -66,6 +66,12 @@ pub struct AgentArgs {
     /// Which boundary the scripts run behind.
     #[arg(long, value_parser = sandboxed_parser(), default_value_t = SandboxedKind::Native)]
     backend: SandboxedKind,
+    /// Where the workspace is in every sandbox [default: /workspace]: the code's working
+    /// directory, the paths the model and MCP clients are told, collection and
+    /// snapshots follow it (beneath /workspace, /home, /srv, /work or /mnt).
+    #[arg(long, value_name = "PATH", value_parser = parse_root)]
+    workspace_root: Option<skillbox_protocol::WorkspaceRoot>,
+
     /// Disk for each script's /workspace and /tmp together (512M, 2G), or none for no
     /// bound.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "1G")]
@@ -156,6 +162,9 @@ pub async fn run(args: AgentArgs, data_dir: &Path) -> ExitCode {
         return usage("--max-attempts: must be at least 1");
     }
     let mut runner_config = RunnerConfig::new(data_dir);
+    if let Some(root) = &args.workspace_root {
+        runner_config.door.root = root.clone();
+    }
     runner_config.limits.disk_bytes = args.disk.0;
     runner_config.skills_workspace = match &args.workspace {
         Some(dir) => Some(dir.clone()),

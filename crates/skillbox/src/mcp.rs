@@ -10,7 +10,7 @@ use clap::Args;
 use skillbox_mcp::{McpConfig, McpServer};
 use skillbox_protocol::SandboxedKind;
 
-use crate::units::sandboxed_parser;
+use crate::units::{parse_root, sandboxed_parser};
 
 #[derive(Debug, Args)]
 pub struct McpArgs {
@@ -22,10 +22,18 @@ pub struct McpArgs {
     /// directory]
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
+    /// Where the workspace is in every sandbox [default: /workspace]: the code's working
+    /// directory, the paths the model and MCP clients are told, collection and
+    /// snapshots follow it (beneath /workspace, /home, /srv, /work or /mnt).
+    #[arg(long, value_name = "PATH", value_parser = parse_root)]
+    workspace_root: Option<skillbox_protocol::WorkspaceRoot>,
 }
 
 pub async fn run(args: McpArgs, data_dir: &Path) -> ExitCode {
     let mut config = skillbox_run::RunnerConfig::new(data_dir);
+    if let Some(root) = &args.workspace_root {
+        config.door.root = root.clone();
+    }
     config.skills_workspace = match args.workspace {
         Some(dir) => Some(dir),
         None => std::env::current_dir().ok(),

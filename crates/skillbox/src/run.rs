@@ -14,7 +14,9 @@ use skillbox_env::CancellationToken;
 use skillbox_protocol::SandboxedKind;
 
 use crate::terminal::{escaped, escaped_path};
-use crate::units::{Bound, parse_duration, parse_size, parse_size_bound, sandboxed_parser};
+use crate::units::{
+    Bound, parse_duration, parse_root, parse_size, parse_size_bound, sandboxed_parser,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -33,6 +35,12 @@ pub struct RunArgs {
     /// Which boundary to run behind.
     #[arg(long, value_parser = sandboxed_parser(), default_value_t = SandboxedKind::Native)]
     backend: SandboxedKind,
+    /// Where the workspace is in every sandbox [default: /workspace; not with --remote, whose server sets its own]: the code's working
+    /// directory, the paths the model and MCP clients are told, collection and
+    /// snapshots follow it (beneath /workspace, /home, /srv, /work or /mnt).
+    #[arg(long, value_name = "PATH", value_parser = parse_root)]
+    workspace_root: Option<skillbox_protocol::WorkspaceRoot>,
+
     /// Wall-clock limit (500ms, 30s, 2m).
     #[arg(long, value_parser = parse_duration, default_value = "60s")]
     timeout: Duration,
@@ -175,6 +183,11 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
     request.outputs = args.outputs.clone();
     request.skills = args.skills.clone();
     request.scope_key = args.scope.clone();
+    if args.remote.is_some() && args.workspace_root.is_some() {
+        return usage(
+            "--workspace-root: a --remote server sets its own (skillbox serve --workspace-root); leave it out",
+        );
+    }
     if args.remote.is_some() && args.disk == Some(Bound(None)) {
         return usage(
             "--disk none: a --remote server bounds every run's disk itself (skillbox serve --disk); ask for a size or leave --disk out",
@@ -244,6 +257,9 @@ pub async fn run(args: RunArgs, data_dir: &Path) -> ExitCode {
                     None => std::env::current_dir().ok(),
                 };
                 config.upstream_roots = upstream_roots;
+                if let Some(root) = &args.workspace_root {
+                    config.door.root = root.clone();
+                }
             },
             CancellationToken::new(),
         )

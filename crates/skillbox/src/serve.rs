@@ -14,6 +14,12 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: SocketAddr,
+    /// Where the workspace is in every sandbox [default: /workspace]: the code's working
+    /// directory, the paths the model and MCP clients are told, collection and
+    /// snapshots follow it (beneath /workspace, /home, /srv, /work or /mnt).
+    #[arg(long, value_name = "PATH", value_parser = crate::units::parse_root)]
+    workspace_root: Option<skillbox_protocol::WorkspaceRoot>,
+
     /// Runs at once [default: 2 × the number of cores]
     #[arg(long)]
     max_concurrency: Option<usize>,
@@ -280,6 +286,9 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         ..skillbox_run::RunnerConfig::new(data_dir)
     };
     runner_config.limits.disk_bytes = args.disk.0;
+    if let Some(root) = &args.workspace_root {
+        runner_config.door.root = root.clone();
+    }
     if let Some(project) = &args.project {
         match project.canonicalize() {
             Ok(dir) if dir.is_dir() => runner_config.skills_workspace = Some(dir),

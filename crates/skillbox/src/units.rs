@@ -35,6 +35,11 @@ pub fn backend_parser() -> impl clap::builder::TypedValueParser<Value = skillbox
     PossibleValuesParser::new(kinds).try_map(|name| name.parse::<skillbox_env::BackendKind>())
 }
 
+/// `--workspace-root PATH`: where the workspace is in every sandbox.
+pub fn parse_root(text: &str) -> Result<skillbox_protocol::WorkspaceRoot, String> {
+    skillbox_protocol::WorkspaceRoot::new(text).map_err(|e| e.to_string())
+}
+
 /// `--backend NAME` where code needs a boundary: a kind other than `host`, which is
 /// refused with the message every door gives.
 pub fn sandboxed_parser()
