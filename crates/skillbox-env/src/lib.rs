@@ -29,7 +29,7 @@ pub use exec::{
 pub use exit::{Ended, Ending};
 pub use fs::{
     DirEntry, FileInfo, FileKind, FileRead, FileSystem, MAX_LIST_ENTRIES, MAX_TREE_BYTES,
-    MAX_TREE_ENTRIES, TextLines, Tree, TreeEntry, TreeKind, WalkEntry, first_lines,
+    MAX_TREE_DEPTH, MAX_TREE_ENTRIES, TextLines, Tree, TreeEntry, TreeKind, WalkEntry, first_lines,
     json_string_len, listing_json_len, read_at_most, regular_file, symlink_not_read,
     too_large_to_read, too_many_entries, too_many_to_list,
 };

@@ -46,6 +46,10 @@ pub enum RunError {
     /// The run made more than may be kept.
     #[error("{0}")]
     TooLarge(String),
+    /// The run's time went by before its script could start (restoring its scope,
+    /// placing its skills).
+    #[error("{0}")]
+    Timeout(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -58,6 +62,7 @@ impl RunError {
             RunError::Unavailable(_) => ErrorCode::Unavailable,
             RunError::Aborted => ErrorCode::Aborted,
             RunError::TooLarge(_) => ErrorCode::ResourceExhausted,
+            RunError::Timeout(_) => ErrorCode::Timeout,
             RunError::Internal(_) => ErrorCode::Unknown,
         }
     }
@@ -798,23 +803,51 @@ impl Runner {
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
         let workspace = Path::new(WORKSPACE);
-        let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
-        let mut snapshot = None;
-        // The scope's last workspace first, then the skills over it: changed skill code
-        // wins, what the earlier runs installed stays.
-        if let Some(scope) = &scope {
-            let (report, restored) = self.restore_scope(env, scope, cancel).await?;
-            snapshot = Some(report);
-            inputs.extend(restored);
-        }
-        let placed = match &skills {
-            Some(skills) => {
-                let placed = self.place_skills(env, skills, cancel).await?;
-                inputs.extend(skills.projection.inputs());
-                Some(placed)
+        // Restoring the scope and placing the skills is work skillbox does outside the
+        // sandbox for the run: it is counted against the run's own timeout, and the
+        // script gets what is left.
+        let timeout = std::time::Duration::from_millis(checked.timeout_ms);
+        let started = tokio::time::Instant::now();
+        let preparing = cancel.child_token();
+        let prepared = tokio::time::timeout(timeout, async {
+            let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
+            let mut snapshot = None;
+            // The scope's last workspace first, then the skills over it: changed skill
+            // code wins, what the earlier runs installed stays.
+            if let Some(scope) = &scope {
+                let (report, restored) = self.restore_scope(env, scope, &preparing).await?;
+                snapshot = Some(report);
+                inputs.extend(restored);
             }
-            None => None,
+            let placed = match &skills {
+                Some(skills) => {
+                    let placed = self.place_skills(env, skills, &preparing).await?;
+                    inputs.extend(skills.projection.inputs());
+                    Some(placed)
+                }
+                None => None,
+            };
+            Ok::<_, RunError>((inputs, snapshot, placed))
+        })
+        .await;
+        let out_of_time = || {
+            RunError::Timeout(format!(
+                "timeoutMs: the run's {} ms went by restoring its scope's snapshot and placing its skills, before its script started",
+                checked.timeout_ms
+            ))
         };
+        let (mut inputs, mut snapshot, placed) = match prepared {
+            Ok(prepared) => prepared?,
+            Err(_) => {
+                // The placing stops at its next entry.
+                preparing.cancel();
+                return Err(out_of_time());
+            }
+        };
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(out_of_time());
+        }
         for (index, (path, bytes)) in checked.files.iter().enumerate() {
             // A clash between inputs (`a` and `a/b`, a file over a dir) is the request's fault.
             let input_error = |e: EnvError| match e.code {
@@ -847,7 +880,7 @@ impl Runner {
             &format!("{WORKSPACE}/{script}"),
         ))
         .cwd(WORKSPACE)
-        .timeout(std::time::Duration::from_millis(checked.timeout_ms));
+        .timeout(left);
         // Nothing execs after the script, and its files are collected as they are: what
         // it leaves in the background may go with the sandbox. A scope's snapshot wants
         // the workspace still.

@@ -21,7 +21,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use skillbox_env::{
     CancellationToken, EnvError, EnvResult, ErrorCode, ExecutionEnv, MAX_TREE_BYTES,
-    MAX_TREE_ENTRIES, Tree,
+    MAX_TREE_DEPTH, MAX_TREE_ENTRIES, Tree,
 };
 
 use crate::catalog::{SKILLS_CACHE, USER_SOURCE};
@@ -484,6 +484,16 @@ impl Planner<'_> {
         meta: &std::fs::Metadata,
         to: PathBuf,
     ) -> EnvResult<()> {
+        if to.components().count() > MAX_TREE_DEPTH {
+            return Err(EnvError::new(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "projection of {}: {}...: more than the {MAX_TREE_DEPTH} names deep a projection holds; project fewer roots",
+                    root_host.display(),
+                    to.iter().take(4).collect::<PathBuf>().display()
+                ),
+            ));
+        }
         let file_type = meta.file_type();
         if file_type.is_symlink() {
             // A link to a file inside the same root is projected as that file: resolved

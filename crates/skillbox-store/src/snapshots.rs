@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
-use skillbox_env::{CancellationToken, ExecutionEnv, FileKind, FileRead, Tree};
+use skillbox_env::{CancellationToken, ExecutionEnv, FileKind, FileRead, MAX_TREE_DEPTH, Tree};
 
 use crate::error::StoreError;
 use crate::records::{db_error, now_ms};
@@ -56,6 +56,15 @@ pub enum SnapshotEntry {
         size: u64,
         executable: bool,
     },
+}
+
+impl SnapshotEntry {
+    /// Its path, relative to the snapshot's root.
+    pub fn path(&self) -> &str {
+        match self {
+            SnapshotEntry::Dir { path } | SnapshotEntry::File { path, .. } => path,
+        }
+    }
 }
 
 /// What a snapshot holds.
@@ -273,6 +282,17 @@ pub async fn save(
     let mut files: Vec<(String, u64, bool)> = Vec::new();
     let mut total = 0u64;
     for entry in walked {
+        // A restore places the manifest as one tree, which holds no deeper path: refused
+        // here, before anything is stored, it never becomes a snapshot to restore.
+        let depth = entry.path.split('/').count();
+        if depth > MAX_TREE_DEPTH {
+            let start: Vec<&str> = entry.path.split('/').take(4).collect();
+            return Err(snapshot_error(format!(
+                "{}/{}/...: {depth} directories deep, more than the {MAX_TREE_DEPTH} a snapshot keeps: not saved (the previous snapshot stays the latest)",
+                root.display(),
+                start.join("/")
+            )));
+        }
         match entry.kind {
             FileKind::Dir => manifest
                 .entries
@@ -392,7 +412,11 @@ pub async fn restore(
     let mut tree = Tree::new();
     let mut files = BTreeMap::new();
     let mut contents: BTreeMap<String, Bytes> = BTreeMap::new();
-    for entry in &manifest.entries {
+    // In path order (a save lists a level at a time), so each directory's entries come
+    // together and the env places each directory once.
+    let mut entries: Vec<&SnapshotEntry> = manifest.entries.iter().collect();
+    entries.sort_by(|a, b| Path::new(a.path()).cmp(Path::new(b.path())));
+    for entry in entries {
         match entry {
             SnapshotEntry::Dir { path } => tree.dir(plain(path)?),
             SnapshotEntry::File {

@@ -1072,3 +1072,70 @@ async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
     assert_eq!(std::fs::read(fresh.root.join("a.txt")).unwrap(), b"one");
     assert!(!fresh.root.join("b.txt").exists());
 }
+
+/// Issue 38, row 3: a run made 1,900 nested directories in its scope's workspace, and
+/// the next run's restore spent 103 s of skillbox's own CPU placing them. A workspace
+/// deeper than a tree holds (`MAX_TREE_DEPTH`) is never saved, the previous snapshot
+/// staying the latest; one saved before that bound (planted here as a row) is refused
+/// at restore, at once, naming the bound, with nothing placed.
+#[tokio::test]
+async fn a_workspace_deeper_than_a_tree_holds_is_neither_saved_nor_restored() {
+    use skillbox_store::{SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
+    let bound = skillbox_env::MAX_TREE_DEPTH.to_string();
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let never = CancellationToken::new();
+    let deep: PathBuf = std::iter::repeat_n("d", 1900).collect();
+    let ws = Workspace::new();
+    std::fs::create_dir_all(ws.root.join(&deep)).unwrap();
+    let refused = save_snapshot(
+        &ws.env,
+        &ws.root,
+        &store,
+        &snapshots,
+        
+        "s",
+        SnapshotLimits::default(),
+        &never,
+    )
+    .await
+    .expect_err("a workspace 1,900 deep is not saved");
+    assert!(refused.to_string().contains(&bound), "{refused}");
+    assert_eq!(snapshots.latest("s").unwrap(), None);
+
+    // A snapshot of that tree saved before the bound: its manifest, and its row.
+    let entries: Vec<serde_json::Value> = deep
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| serde_json::json!({"kind": "dir", "path": p.to_str().unwrap()}))
+        .collect();
+    let manifest = serde_json::json!({"version": 1, "entries": entries});
+    let id = store
+        .put_once(Bytes::from(serde_json::to_vec(&manifest).unwrap()))
+        .await
+        .unwrap();
+    let db = rusqlite::Connection::open(data.path().join("snapshots.sqlite")).unwrap();
+    db.execute(
+        "INSERT INTO snapshots (scope, seq, manifest, files, bytes, created_ms) VALUES ('s', 1, ?1, 0, 0, 0)",
+        [&id],
+    )
+    .unwrap();
+    let fresh = Workspace::new();
+    let started = std::time::Instant::now();
+    let refused = restore_snapshot(&fresh.env, &fresh.root, &store, &snapshots, "s", &never)
+        .await
+        .expect_err("a snapshot 1,900 deep is not restored");
+    assert!(refused.to_string().contains(&bound), "{refused}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        std::fs::read_dir(&fresh.root).unwrap().count(),
+        0,
+        "nothing placed"
+    );
+}
