@@ -21,7 +21,9 @@ pub mod remove;
 pub mod testkit;
 
 pub use backend::Backend;
-pub use data_dir::{default_data_dir, own_data_dir};
+pub use data_dir::{
+    PRIVATE_UMASK, default_data_dir, own_data_dir, readable_by_sandboxes, with_sandbox_umask,
+};
 pub use error::{EnvError, EnvResult, ErrorCode, errno_code};
 pub use exec::{
     Command, Duplex, Endpoint, ExecConnector, ExecEvent, ExecRequest, ExecStream, WalkAfter,

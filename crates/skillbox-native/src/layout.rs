@@ -204,8 +204,8 @@ pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io:
         if let Ok(target) = fs::read_link("/etc/localtime") {
             std::os::unix::fs::symlink(target, staging.join("localtime"))?;
         }
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+        // The sandbox's user reads it: 0755 and 0644 whatever skillbox's umask.
+        readable_tree(&staging)
     };
     let built = build().and_then(|()| fs::rename(&staging, &dir));
     if built.is_err() {
@@ -216,6 +216,23 @@ pub fn ensure_etc(native_dir: &Path, extra: &'static [&'static str]) -> std::io:
         }
     }
     built.map(|()| Etc { dir, extra })
+}
+
+/// Gives `dir` and everything in it (symlinks aside) modes a sandbox's user can read:
+/// directories 0755, files 0644.
+fn readable_tree(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            readable_tree(&entry.path())?;
+        } else if kind.is_file() {
+            fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    Ok(())
 }
 
 /// What is shown as `/workspace`.

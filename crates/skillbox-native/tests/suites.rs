@@ -10,6 +10,10 @@ use skillbox_native::NativeBackend;
 
 /// Each test gets its own data dir, removed with the env's cleanup.
 async fn make_env(spec: SandboxSpec) -> Made {
+    // As the skillbox binary runs: what it makes is its user's alone (main.rs). The
+    // sandbox must work all the same: what it reads is given its mode explicitly.
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(skillbox_env::PRIVATE_UMASK) };
     let data = common::data_dir()?;
     let sandbox = NativeBackend::new(&data)
         .create(spec)
