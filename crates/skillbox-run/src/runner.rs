@@ -50,6 +50,10 @@ pub enum RunError {
     /// placing its skills).
     #[error("{0}")]
     Timeout(String),
+    /// What the run made would take the artifact store past its budget; none of it
+    /// was kept.
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -63,6 +67,7 @@ impl RunError {
             RunError::Aborted => ErrorCode::Aborted,
             RunError::TooLarge(_) => ErrorCode::ResourceExhausted,
             RunError::Timeout(_) => ErrorCode::Timeout,
+            RunError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
             RunError::Internal(_) => ErrorCode::Unknown,
         }
     }
@@ -96,8 +101,12 @@ pub struct RunnerConfig {
     /// The host directory whose `skills/` and `.skills-cache/` a run's `skills` name
     /// (the server's `--project`, the CLI's current directory); none: runs name none.
     pub skills_workspace: Option<PathBuf>,
-    /// What one scope's snapshot may hold, and how many are kept.
+    /// What one scope's snapshot may hold, how many are kept, and how many scopes a
+    /// tenant keeps.
     pub snapshots: SnapshotLimits,
+    /// Bytes the artifact store may hold (the server's `--store-budget`), given to the
+    /// store when the binary opens it for this runner; none: not bounded by puts.
+    pub store_budget: Option<u64>,
     /// A container run's sandbox is removed after the run has answered, not before
     /// (up to [`DETACHED_CLEANUPS`] at once; beyond that, before). Only for a process
     /// that calls [`Runner::shutdown`] before it exits (a server), which waits for them.
@@ -127,6 +136,7 @@ impl RunnerConfig {
             warm_native: 0,
             skills_workspace: None,
             snapshots: SnapshotLimits::default(),
+            store_budget: None,
             detach_cleanup: false,
             upstream_roots: skillbox_egress::UpstreamRoots::default(),
         }
@@ -233,6 +243,7 @@ impl PlannedSkills {
 #[derive(Debug, Clone)]
 pub struct Scope {
     snapshots: Snapshots,
+    tenant: String,
     id: String,
 }
 
@@ -531,6 +542,7 @@ impl Runner {
         skillbox_store::check_scope_key(key).map_err(RunError::Invalid)?;
         Ok(Scope {
             snapshots: self.snapshots()?.clone(),
+            tenant: tenant.to_string(),
             id: skillbox_store::scope_id(tenant, key),
         })
     }
@@ -581,6 +593,7 @@ impl Runner {
             Path::new(WORKSPACE),
             &self.store,
             &scope.snapshots,
+            &scope.tenant,
             &scope.id,
             self.config.snapshots,
             cancel,
@@ -915,7 +928,10 @@ impl Runner {
         })?;
         let stored = store_all(&self.store, collected)
             .await
-            .map_err(|e| RunError::Internal(e.to_string()))?;
+            .map_err(|e| match e.code() {
+                ErrorCode::QuotaExceeded => RunError::QuotaExceeded(e.to_string()),
+                _ => RunError::Internal(e.to_string()),
+            })?;
         if let (Some(scope), Some(report)) = (&scope, snapshot.as_mut()) {
             self.save_scope(env, scope, report, cancel).await?;
         }
