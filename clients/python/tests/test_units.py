@@ -11,6 +11,7 @@ from skillbox import (
     InvalidRequest,
     NotFound,
     Overloaded,
+    QuotaExceeded,
     SkillboxError,
     Unavailable,
 )
@@ -23,6 +24,8 @@ def test_errors_by_code_then_status() -> None:
     assert type(error_for("not_directory", "x", 400)) is InvalidRequest
     assert type(error_for("unauthenticated", "x", 401)) is AuthenticationError
     assert type(error_for("aborted", "x", 503)) is Unavailable
+    assert type(error_for("quota_exceeded", "x", 507)) is QuotaExceeded
+    assert type(error_for("something_new", "x", 507)) is QuotaExceeded
     overloaded = error_for("overloaded", "too many", 429, retry_after=5.0)
     assert isinstance(overloaded, Overloaded) and overloaded.retry_after == 5.0
     # A code this client does not know yet falls back to the status, then the base.

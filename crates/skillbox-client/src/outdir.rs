@@ -32,12 +32,34 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags};
 use rustix::io::Errno;
 use skillbox_protocol::{ArtifactInfo, ErrorCode, OutputSelection, WorkspacePath};
 
 use crate::{ClientError, SkillSandbox};
+
+/// The umask of whoever ran this process, for the modes copy-out gives: the binary
+/// runs under a private umask of its own (what it keeps is its user's alone), but the
+/// files it writes for its caller are the caller's, as the caller's own files are.
+static CALLER_UMASK: AtomicU32 = AtomicU32::new(0o022);
+
+/// Records the umask the caller ran this process with (before it set its own).
+pub fn set_caller_umask(mask: u32) {
+    CALLER_UMASK.store(mask & 0o777, Ordering::Relaxed);
+}
+
+/// `mode` less the caller's umask.
+fn caller_mode(mode: u32) -> Mode {
+    Mode::from_raw_mode(mode & !CALLER_UMASK.load(Ordering::Relaxed))
+}
+
+/// Gives `fd` (a file or directory this export made) `mode` less the caller's umask,
+/// whatever this process's own umask took off at its creation.
+fn set_mode(fd: BorrowedFd<'_>, mode: u32, target: &Path) -> Result<(), ClientError> {
+    rustix::fs::fchmod(fd, caller_mode(mode)).map_err(|e| failed(target, e, "set its mode"))
+}
 
 /// Most files one export writes.
 pub const DEFAULT_MAX_FILES: usize = 1000;
@@ -252,6 +274,7 @@ fn make_own_dir(
             Mode::empty(),
         )
         .map_err(|e| failed(&path, e, "open the directory it made"))?;
+        set_mode(fd.as_fd(), 0o755, &path)?;
         return Ok((fd, path));
     }
     Err(err(
@@ -414,15 +437,16 @@ fn open_parent(
                 ),
             ));
         }
-        match rustix::fs::mkdirat(at, *name, Mode::from_raw_mode(0o755)) {
-            Ok(()) | Err(Errno::EXIST) => {}
+        let made = match rustix::fs::mkdirat(at, *name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => true,
+            Err(Errno::EXIST) => false,
             Err(e) => {
                 return Err(err(
                     errno_code(e),
                     format!("{}: cannot create the directory: {e}", shown().display()),
                 ));
             }
-        }
+        };
         let next = open_beneath(at, name, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
             .map_err(|e| {
                 // O_NOFOLLOW | O_DIRECTORY on a symlink is ENOTDIR: look at what it is.
@@ -445,6 +469,9 @@ fn open_parent(
                     format!("{}: {why}; nothing written beneath it", shown().display()),
                 )
             })?;
+        if made {
+            set_mode(next.as_fd(), 0o755, &shown())?;
+        }
         current = Some(next);
     }
     Ok(current)
@@ -532,6 +559,7 @@ fn write_unnamed(
         Err(Errno::OPNOTSUPP | Errno::ISDIR | Errno::INVAL) => return Ok(false),
         Err(e) => return Err(failed(target, e, "create it")),
     };
+    set_mode(fd.as_fd(), 0o644, target)?;
     let mut file = std::fs::File::from(fd);
     file.write_all(bytes).map_err(|e| write_failed(target, e))?;
     Ok(link_unnamed(file.as_fd(), parent, temp).is_ok())
@@ -570,9 +598,14 @@ fn write_named(
         Mode::from_raw_mode(0o644),
     )
     .map_err(|e| failed(target, e, "create it"))?;
-    if let Err(e) = std::fs::File::from(fd).write_all(bytes) {
+    let written = set_mode(fd.as_fd(), 0o644, target).and_then(|()| {
+        std::fs::File::from(fd)
+            .write_all(bytes)
+            .map_err(|e| write_failed(target, e))
+    });
+    if let Err(e) = written {
         let _ = rustix::fs::unlinkat(parent, temp, AtFlags::empty());
-        return Err(write_failed(target, e));
+        return Err(e);
     }
     Ok(())
 }

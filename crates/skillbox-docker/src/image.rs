@@ -197,7 +197,11 @@ impl ImageBuilder {
             "debootstrap {suite} (minbase + {PACKAGES}) from {} — about a minute",
             self.mirror
         ));
-        let mut child = tokio::process::Command::new("debootstrap")
+        let mut debootstrap = tokio::process::Command::new("debootstrap");
+        // The image's root: its files keep their modes in the image, where the sandbox
+        // user reads them; not skillbox's own umask.
+        skillbox_env::with_sandbox_umask(debootstrap.as_std_mut());
+        let mut child = debootstrap
             .args([
                 "--variant=minbase",
                 &format!("--include={PACKAGES}"),

@@ -94,6 +94,10 @@ pub enum FileRead {
 pub const MAX_TREE_ENTRIES: usize = 100_000;
 /// Most file bytes one [`Tree`] holds.
 pub const MAX_TREE_BYTES: u64 = 1 << 30;
+/// Most names in one path of a [`Tree`] (and of a snapshot or a projection, which become
+/// one): a tree of any depth is placed in time linear in its entries, but a deeper one
+/// is no workspace anyone needs, and every tool that walks it pays for its depth.
+pub const MAX_TREE_DEPTH: usize = 256;
 
 /// Directories and files to place beneath one directory in one operation
 /// ([`FileSystem::put_tree`]): what a skills projection or a snapshot restore hands over
@@ -140,6 +144,16 @@ impl Tree {
                 "tree entry {}: give a relative path of plain names (no `..`, `.` or `/` at the start)",
                 path.display()
             )));
+        }
+        let depth = path.components().count();
+        if depth > MAX_TREE_DEPTH {
+            return Err(EnvError::new(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "tree entry {}...: {depth} names deep, more than the {MAX_TREE_DEPTH} a tree holds",
+                    path.iter().take(8).collect::<PathBuf>().display()
+                ),
+            ));
         }
         if self.entries.len() >= MAX_TREE_ENTRIES {
             return Err(EnvError::new(

@@ -21,7 +21,9 @@ pub mod remove;
 pub mod testkit;
 
 pub use backend::Backend;
-pub use data_dir::{default_data_dir, own_data_dir};
+pub use data_dir::{
+    PRIVATE_UMASK, default_data_dir, own_data_dir, readable_by_sandboxes, with_sandbox_umask,
+};
 pub use error::{EnvError, EnvResult, ErrorCode, errno_code};
 pub use exec::{
     Command, Duplex, Endpoint, ExecConnector, ExecEvent, ExecRequest, ExecStream, WalkAfter,
@@ -29,7 +31,7 @@ pub use exec::{
 pub use exit::{Ended, Ending};
 pub use fs::{
     DirEntry, FileInfo, FileKind, FileRead, FileSystem, MAX_LIST_ENTRIES, MAX_TREE_BYTES,
-    MAX_TREE_ENTRIES, TextLines, Tree, TreeEntry, TreeKind, WalkEntry, first_lines,
+    MAX_TREE_DEPTH, MAX_TREE_ENTRIES, TextLines, Tree, TreeEntry, TreeKind, WalkEntry, first_lines,
     json_string_len, listing_json_len, read_at_most, regular_file, symlink_not_read,
     too_large_to_read, too_many_entries, too_many_to_list,
 };

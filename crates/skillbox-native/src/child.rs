@@ -391,6 +391,9 @@ pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
     // SAFETY: raw syscalls on plan data, as the module docs describe.
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        // The sandbox's root is made, and its code runs, with the usual umask, whatever
+        // skillbox's own (0077, for what it keeps in the data dir).
+        libc::umask(0o022);
         // Signal handlers came with the copy of the parent; none of them are ours.
         for sig in 1..libc::SIGRTMAX() {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {

@@ -3,7 +3,6 @@
 //! mount's directory fd with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, so no
 //! symlink or `..` can lead out; writes only where the sandbox may write.
 
-use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -320,20 +319,90 @@ fn list(dir: OwnedFd) -> Result<Option<Vec<DirEntry>>, Errno> {
     Ok(Some(entries))
 }
 
-/// The directory `loc` of a tree, made with its parents unless this `put_tree` made it
-/// already (`made`), opened beneath the mount. Something else there (a file, a symlink
-/// to one) is `not_directory`; a symlink out of the mount, `permission_denied`.
-fn tree_dir(loc: &Located, made: &mut HashSet<PathBuf>) -> EnvResult<OwnedFd> {
-    if !made.contains(&loc.relative) {
-        NativeSandbox::make_dirs(loc, &loc.relative)?;
-        made.extend(loc.relative.ancestors().map(Path::to_path_buf));
+/// The directories a `put_tree` has open, from its base down, each opened from its
+/// parent's fd. An entry's directory is reached from the deepest open one on its way,
+/// made (when missing) and opened one name at a time, so an entry of a tree in path
+/// order costs a few system calls whatever its depth. (Made again from the mount's fd for every entry, each
+/// component's path resolved anew, a tree 2,000 deep cost minutes of system time.)
+struct OpenDirs<'a> {
+    base: &'a Located,
+    /// The base's fd, then one for each of `names`.
+    fds: Vec<OwnedFd>,
+    names: Vec<std::ffi::OsString>,
+}
+
+impl<'a> OpenDirs<'a> {
+    /// The base, made with its parents, opened beneath the mount.
+    fn new(base: &'a Located) -> EnvResult<OpenDirs<'a>> {
+        NativeSandbox::make_dirs(base, &base.relative)?;
+        let fd = base.open(
+            &base.relative,
+            OFlags::PATH | OFlags::DIRECTORY,
+            Mode::empty(),
+            "put_tree",
+        )?;
+        Ok(OpenDirs {
+            base,
+            fds: vec![fd],
+            names: Vec::new(),
+        })
     }
-    loc.open(
-        &loc.relative,
-        OFlags::PATH | OFlags::DIRECTORY,
-        Mode::empty(),
-        "put_tree",
-    )
+
+    /// The directory `rel` beneath the base, made with its parents. Something else
+    /// there (a file, a symlink to one) is `not_directory`; a symlink out of the mount,
+    /// `permission_denied`.
+    fn dir(&mut self, rel: &Path) -> EnvResult<&OwnedFd> {
+        let wanted: Vec<&std::ffi::OsStr> = rel.iter().collect();
+        let kept = self
+            .names
+            .iter()
+            .zip(&wanted)
+            .take_while(|(open, name)| open.as_os_str() == **name)
+            .count();
+        self.names.truncate(kept);
+        self.fds.truncate(kept + 1);
+        for name in &wanted[kept..] {
+            let fd = self.child(name)?;
+            self.names.push(name.to_os_string());
+            self.fds.push(fd);
+        }
+        Ok(&self.fds[self.names.len()])
+    }
+
+    /// `name` in the deepest open directory, made if missing, and opened.
+    fn child(&self, name: &std::ffi::OsStr) -> EnvResult<OwnedFd> {
+        let parent = &self.fds[self.names.len()];
+        let here = || {
+            let rel: PathBuf = self.names.iter().collect();
+            self.base.below(&rel.join(name))
+        };
+        match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) => self.base.chown(parent, Path::new(name)),
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(here().err(e, "put_tree")),
+        }
+        match rustix::fs::openat2(
+            parent,
+            name,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => Ok(fd),
+            // A symlink there: resolved as every path of the file view is, beneath the
+            // mount's fd (one that leads out is refused there).
+            Err(Errno::LOOP) => {
+                let loc = here();
+                loc.open(
+                    &loc.relative,
+                    OFlags::PATH | OFlags::DIRECTORY,
+                    Mode::empty(),
+                    "put_tree",
+                )
+            }
+            Err(e) => Err(here().err(e, "put_tree")),
+        }
+    }
 }
 
 #[async_trait]
@@ -546,14 +615,15 @@ impl FileSystem for NativeSandbox {
         let tree = tree.clone();
         let stop = cancel.clone();
         blocking(cancel, "put_tree", move || {
-            let mut made = HashSet::new();
-            let mut open = (PathBuf::new(), tree_dir(&base, &mut made)?);
+            // In the tree's order: one built in path order (a projection, a snapshot's
+            // restore) opens each directory once.
+            let mut dirs = OpenDirs::new(&base)?;
             for entry in tree.entries() {
                 if stop.is_cancelled() {
                     return Err(EnvError::aborted("put_tree"));
                 }
                 let TreeKind::File { data, executable } = &entry.kind else {
-                    tree_dir(&base.below(&entry.path), &mut made)?;
+                    dirs.dir(&entry.path)?;
                     continue;
                 };
                 let (Some(parent), Some(name)) = (entry.path.parent(), entry.path.file_name())
@@ -563,15 +633,10 @@ impl FileSystem for NativeSandbox {
                         base.below(&entry.path).shown.display()
                     )));
                 };
-                if open.0 != parent {
-                    open = (
-                        parent.to_path_buf(),
-                        tree_dir(&base.below(parent), &mut made)?,
-                    );
-                }
+                let dir = dirs.dir(parent)?;
                 let mode = if *executable { 0o755 } else { 0o644 };
                 base.below(&entry.path)
-                    .replace_file(&open.1, Path::new(name), data, mode)?;
+                    .replace_file(dir, Path::new(name), data, mode)?;
             }
             Ok(())
         })

@@ -220,8 +220,8 @@ pub fn ensure_etc(native_dir: &Path, extra: &Arc<[EtcDir]>) -> std::io::Result<E
         if let Ok(target) = fs::read_link("/etc/localtime") {
             std::os::unix::fs::symlink(target, staging.join("localtime"))?;
         }
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+        // The sandbox's user reads it: 0755 and 0644 whatever skillbox's umask.
+        readable_tree(&staging)
     };
     let built = build().and_then(|()| fs::rename(&staging, &dir));
     if built.is_err() {
@@ -238,6 +238,23 @@ pub fn ensure_etc(native_dir: &Path, extra: &Arc<[EtcDir]>) -> std::io::Result<E
         dir,
         extra: extra.clone(),
     })
+}
+
+/// Gives `dir` and everything in it (symlinks aside) modes a sandbox's user can read:
+/// directories 0755, files 0644.
+fn readable_tree(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            readable_tree(&entry.path())?;
+        } else if kind.is_file() {
+            fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o644))?;
+        }
+    }
+    Ok(())
 }
 
 /// The workspace: what is shown, and where.

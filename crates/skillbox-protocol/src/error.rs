@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// A stable, portable error code, serialized snake_case. Most come from sandbox
 /// operations (`EnvError`); `payload_too_large` to `unauthenticated` name what an HTTP
-/// server may refuse. New
+/// server may refuse, `quota_exceeded` what the artifact store has no room for. New
 /// codes may be added: a client reads a code it does not know as `unknown`.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -34,6 +34,8 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// No API key, or one the server does not know.
     Unauthenticated,
+    /// Storing it would take the artifact store past its byte budget.
+    QuotaExceeded,
     /// Anything else; also what a code this version does not know reads as.
     #[serde(other)]
     Unknown,
@@ -41,7 +43,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::Aborted,
         ErrorCode::Timeout,
         ErrorCode::NotFound,
@@ -58,6 +60,7 @@ impl ErrorCode {
         ErrorCode::Overloaded,
         ErrorCode::MethodNotAllowed,
         ErrorCode::Unauthenticated,
+        ErrorCode::QuotaExceeded,
         ErrorCode::Unknown,
     ];
 
@@ -81,6 +84,7 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
         }
     }
 }

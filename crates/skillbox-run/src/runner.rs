@@ -44,6 +44,14 @@ pub enum RunError {
     /// The run made more than may be kept.
     #[error("{0}")]
     TooLarge(String),
+    /// The run's time went by before its script could start (restoring its scope,
+    /// placing its skills).
+    #[error("{0}")]
+    Timeout(String),
+    /// What the run made would take the artifact store past its budget; none of it
+    /// was kept.
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -56,6 +64,8 @@ impl RunError {
             RunError::Unavailable(_) => ErrorCode::Unavailable,
             RunError::Aborted => ErrorCode::Aborted,
             RunError::TooLarge(_) => ErrorCode::ResourceExhausted,
+            RunError::Timeout(_) => ErrorCode::Timeout,
+            RunError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
             RunError::Internal(_) => ErrorCode::Unknown,
         }
     }
@@ -91,8 +101,12 @@ pub struct RunnerConfig {
     /// The host directory whose `skills/` and `.skills-cache/` a run's `skills` name
     /// (the server's `--project`, the CLI's current directory); none: runs name none.
     pub skills_workspace: Option<PathBuf>,
-    /// What one scope's snapshot may hold, and how many are kept.
+    /// What one scope's snapshot may hold, how many are kept, and how many scopes a
+    /// tenant keeps.
     pub snapshots: SnapshotLimits,
+    /// Bytes the artifact store may hold (the server's `--store-budget`), given to the
+    /// store when the binary opens it for this runner; none: not bounded by puts.
+    pub store_budget: Option<u64>,
     /// A container run's sandbox is removed after the run has answered, not before
     /// (up to [`DETACHED_CLEANUPS`] at once; beyond that, before). Only for a process
     /// that calls [`Runner::shutdown`] before it exits (a server), which waits for them.
@@ -118,6 +132,7 @@ impl RunnerConfig {
             warm_native: 0,
             skills_workspace: None,
             snapshots: SnapshotLimits::default(),
+            store_budget: None,
             detach_cleanup: false,
             upstream_roots: skillbox_egress::UpstreamRoots::default(),
         }
@@ -221,6 +236,7 @@ impl PlannedSkills {
 #[derive(Debug, Clone)]
 pub struct Scope {
     snapshots: Snapshots,
+    tenant: String,
     id: String,
 }
 
@@ -505,6 +521,7 @@ impl Runner {
         skillbox_store::check_scope_key(key).map_err(RunError::Invalid)?;
         Ok(Scope {
             snapshots: self.snapshots()?.clone(),
+            tenant: tenant.to_string(),
             id: skillbox_store::scope_id(tenant, key),
         })
     }
@@ -555,6 +572,7 @@ impl Runner {
             self.root().as_path(),
             &self.store,
             &scope.snapshots,
+            &scope.tenant,
             &scope.id,
             self.config.snapshots,
             cancel,
@@ -831,23 +849,51 @@ impl Runner {
         cancel: &CancellationToken,
     ) -> Result<RunResult, RunError> {
         let workspace = self.root().as_path();
-        let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
-        let mut snapshot = None;
-        // The scope's last workspace first, then the skills over it: changed skill code
-        // wins, what the earlier runs installed stays.
-        if let Some(scope) = &scope {
-            let (report, restored) = self.restore_scope(env, scope, cancel).await?;
-            snapshot = Some(report);
-            inputs.extend(restored);
-        }
-        let placed = match &skills {
-            Some(skills) => {
-                let placed = self.place_skills(env, skills, cancel).await?;
-                inputs.extend(skills.projection.inputs());
-                Some(placed)
+        // Restoring the scope and placing the skills is work skillbox does outside the
+        // sandbox for the run: it is counted against the run's own timeout, and the
+        // script gets what is left.
+        let timeout = std::time::Duration::from_millis(checked.timeout_ms);
+        let started = tokio::time::Instant::now();
+        let preparing = cancel.child_token();
+        let prepared = tokio::time::timeout(timeout, async {
+            let mut inputs: BTreeMap<PathBuf, String> = BTreeMap::new();
+            let mut snapshot = None;
+            // The scope's last workspace first, then the skills over it: changed skill
+            // code wins, what the earlier runs installed stays.
+            if let Some(scope) = &scope {
+                let (report, restored) = self.restore_scope(env, scope, &preparing).await?;
+                snapshot = Some(report);
+                inputs.extend(restored);
             }
-            None => None,
+            let placed = match &skills {
+                Some(skills) => {
+                    let placed = self.place_skills(env, skills, &preparing).await?;
+                    inputs.extend(skills.projection.inputs());
+                    Some(placed)
+                }
+                None => None,
+            };
+            Ok::<_, RunError>((inputs, snapshot, placed))
+        })
+        .await;
+        let out_of_time = || {
+            RunError::Timeout(format!(
+                "timeoutMs: the run's {} ms went by restoring its scope's snapshot and placing its skills, before its script started",
+                checked.timeout_ms
+            ))
         };
+        let (mut inputs, mut snapshot, placed) = match prepared {
+            Ok(prepared) => prepared?,
+            Err(_) => {
+                // The placing stops at its next entry.
+                preparing.cancel();
+                return Err(out_of_time());
+            }
+        };
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(out_of_time());
+        }
         let door = self.workspace(env);
         door.place_inputs(&checked.files, &mut inputs, cancel)
             .await
@@ -873,7 +919,7 @@ impl Runner {
             checked.language,
             &self.root().join_str(script).display().to_string(),
         ))
-        .timeout(std::time::Duration::from_millis(checked.timeout_ms));
+        .timeout(left);
         // Nothing execs after the script, and its files are collected as they are: what
         // it leaves in the background may go with the sandbox. A scope's snapshot wants
         // the workspace still.
@@ -902,7 +948,10 @@ impl Runner {
         })?;
         let stored = store_all(&self.store, collected)
             .await
-            .map_err(|e| RunError::Internal(e.to_string()))?;
+            .map_err(|e| match e.code() {
+                ErrorCode::QuotaExceeded => RunError::QuotaExceeded(e.to_string()),
+                _ => RunError::Internal(e.to_string()),
+            })?;
         if let (Some(scope), Some(report)) = (&scope, snapshot.as_mut()) {
             self.save_scope(env, scope, report, cancel).await?;
         }

@@ -140,7 +140,11 @@ impl NodeRuntime {
             .await
             .map_err(io("write package-lock.json"))?;
         progress("installing the node runtime (npm ci: pptxgenjs and its dependencies)…");
-        let mut child = tokio::process::Command::new("npm")
+        let mut npm = tokio::process::Command::new("npm");
+        // Sandboxes read what it installs (through a read-only mount): not under
+        // skillbox's own umask.
+        skillbox_env::with_sandbox_umask(npm.as_std_mut());
+        let mut child = npm
             .args([
                 "ci",
                 "--omit=dev",

@@ -28,6 +28,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         // A cancelled run is the server going away.
         ErrorCode::Unavailable | ErrorCode::Aborted => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        // The store's budget is spent: the server has no room to keep it.
+        ErrorCode::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -148,6 +150,7 @@ mod tests {
             (ErrorCode::PayloadTooLarge, 413),
             (ErrorCode::UnsupportedMediaType, 415),
             (ErrorCode::ResourceExhausted, 422),
+            (ErrorCode::QuotaExceeded, 507),
             (ErrorCode::Overloaded, 429),
             (ErrorCode::Unavailable, 503),
         ] {

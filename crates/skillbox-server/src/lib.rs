@@ -161,6 +161,15 @@ async fn keep_within_retention(state: AppState, shutdown: CancellationToken) {
     let snapshots = state.runner.snapshots().ok().cloned();
     let (retention, records_max_age) = (state.config.retention, state.config.records_max_age);
     loop {
+        // A scope unused for the objects' age is forgotten: its snapshots are kept
+        // from retention no longer.
+        if let (Some(snapshots), Some(max_age)) = (&snapshots, retention.max_age) {
+            match snapshots.forget_unused(max_age) {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(scopes = n, "retention: unused scopes forgotten"),
+                Err(e) => tracing::warn!(error = %e, "retention: cannot forget unused scopes"),
+            }
+        }
         // What a kept workspace snapshot needs stays, whatever its age.
         let keep = match snapshots
             .as_ref()

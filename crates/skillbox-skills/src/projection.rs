@@ -21,7 +21,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use skillbox_env::{
     CancellationToken, EnvError, EnvResult, ErrorCode, ExecutionEnv, MAX_TREE_BYTES,
-    MAX_TREE_ENTRIES, Tree,
+    MAX_TREE_DEPTH, MAX_TREE_ENTRIES, Tree,
 };
 
 use crate::catalog::{SKILLS_CACHE, USER_SOURCE};
@@ -455,14 +455,25 @@ impl Planner<'_> {
         Ok(())
     }
 
-    /// `host` (a file or a folder) as `to`, within the projected root `root_host`.
-    fn walk(&mut self, root_host: &Path, host: &Path, to: PathBuf) -> EnvResult<()> {
-        let meta = match std::fs::symlink_metadata(host) {
+    /// The projected root `root` (a file or a folder) as `to`. A root that is a symlink
+    /// is left out, with a note: a link named `AGENTS.md` to the workspace's `.env` is
+    /// not the workspace's agents file, whatever its name says. A root that is a file
+    /// is then read with `O_NOFOLLOW` beneath its folder, so one swapped for a link
+    /// after this look is refused, not followed.
+    fn walk(&mut self, root: &Path, to: PathBuf) -> EnvResult<()> {
+        let meta = match std::fs::symlink_metadata(root) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io_error(&e, "stat", host)),
+            Err(e) => return Err(io_error(&e, "stat", root)),
         };
-        self.visit(root_host, host, &meta, to)
+        if meta.file_type().is_symlink() {
+            self.projection.notes.push(format!(
+                "{}: a projected root that is a symlink; left out",
+                root.display()
+            ));
+            return Ok(());
+        }
+        self.visit(root, root, &meta, to)
     }
 
     /// One entry whose `lstat` is `meta`.
@@ -473,6 +484,16 @@ impl Planner<'_> {
         meta: &std::fs::Metadata,
         to: PathBuf,
     ) -> EnvResult<()> {
+        if to.components().count() > MAX_TREE_DEPTH {
+            return Err(EnvError::new(
+                ErrorCode::ResourceExhausted,
+                format!(
+                    "projection of {}: {}...: more than the {MAX_TREE_DEPTH} names deep a projection holds; project fewer roots",
+                    root_host.display(),
+                    to.iter().take(4).collect::<PathBuf>().display()
+                ),
+            ));
+        }
         let file_type = meta.file_type();
         if file_type.is_symlink() {
             // A link to a file inside the same root is projected as that file: resolved
@@ -539,7 +560,7 @@ pub fn plan_skills(skills: &[&crate::Skill], cache: &mut HashCache) -> EnvResult
                 planner.projection.dirs.push(parent.to_path_buf());
             }
         }
-        planner.walk(&skill.dir, &skill.dir, skill.projected.clone())?;
+        planner.walk(&skill.dir, skill.projected.clone())?;
     }
     Ok(finish(planner.projection, cache))
 }
@@ -569,7 +590,7 @@ pub fn plan(
                     )));
                 }
                 let host = workspace.join(relative);
-                planner.walk(&host, &host, relative.to_path_buf())?;
+                planner.walk(&host, relative.to_path_buf())?;
             }
         }
         if let Some(user) = user_skills {
@@ -577,7 +598,7 @@ pub fn plan(
             if user.is_dir() {
                 planner.projection.dirs.push(PathBuf::from(SKILLS_CACHE));
             }
-            planner.walk(user, user, to)?;
+            planner.walk(user, to)?;
         }
     }
     Ok(finish(planner.projection, cache))

@@ -573,3 +573,65 @@ fn a_chain_of_links_out_of_a_skill_is_never_projected() {
     assert!(set.get("other").is_none(), "a SKILL.md read through a link");
     assert!(set.get("notes").is_some());
 }
+
+/// Issue 38, row 4: `echo AWS_SECRET=… > .env; ln -s .env AGENTS.md` in a workspace.
+/// The link stays inside the workspace, so a check that only refuses links *out* lets
+/// it through, and the sandbox's `/workspace/AGENTS.md` would hold the secret. A
+/// projected root that is a symlink (to a file or to a folder) is left out, named in a
+/// note, and nothing of `.env` is placed in the sandbox.
+#[test]
+fn a_projected_root_that_is_a_symlink_is_left_out() {
+    let workspace = tempfile::tempdir().unwrap();
+    let ws = workspace.path();
+    std::fs::write(ws.join(".env"), "AWS_SECRET=hunter2-from-the-host\n").unwrap();
+    std::os::unix::fs::symlink(".env", ws.join("AGENTS.md")).unwrap();
+    std::fs::create_dir_all(ws.join("notes")).unwrap();
+    std::fs::write(ws.join("notes/SKILL.md"), skill_md("notes")).unwrap();
+    std::os::unix::fs::symlink("notes", ws.join("skills")).unwrap();
+    std::os::unix::fs::symlink(".env", ws.join("knowledge")).unwrap();
+    let mut cache = skillbox_skills::HashCache::in_memory();
+    let projection =
+        skillbox_skills::plan(Some(ws), None, &ProjectionConfig::default(), &mut cache).unwrap();
+    assert!(projection.files.is_empty(), "{:?}", projection.files);
+    for root in ["AGENTS.md", "skills", "knowledge"] {
+        let named = format!(
+            "{}: a projected root that is a symlink; left out",
+            ws.join(root).display()
+        );
+        assert!(
+            projection.notes.contains(&named),
+            "{root}: {:?}",
+            projection.notes
+        );
+    }
+
+    // Placed into a sandbox's workspace (a host env's directory here): no AGENTS.md, and
+    // the secret nowhere in what was placed.
+    let sandbox = tempfile::tempdir().unwrap();
+    let env = skillbox_env::HostEnv::new(sandbox.path(), sandbox.path());
+    let config = ProjectionConfig {
+        sandbox_root: sandbox.path().to_path_buf(),
+        ..ProjectionConfig::default()
+    };
+    let never = skillbox_env::CancellationToken::new();
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(skillbox_skills::apply(&env, &projection, &config, &never))
+        .unwrap();
+    assert!(!sandbox.path().join("AGENTS.md").exists());
+    for (path, _) in tree(sandbox.path()) {
+        let content = std::fs::read(sandbox.path().join(&path)).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&content).contains("hunter2"),
+            "{path} holds the secret"
+        );
+    }
+
+    // A real file root is still projected, read without following a link.
+    std::fs::remove_file(ws.join("AGENTS.md")).unwrap();
+    std::fs::write(ws.join("AGENTS.md"), "# agents\n").unwrap();
+    let projection =
+        skillbox_skills::plan(Some(ws), None, &ProjectionConfig::default(), &mut cache).unwrap();
+    let paths: Vec<&Path> = projection.files.iter().map(|f| f.path.as_path()).collect();
+    assert_eq!(paths, [Path::new("AGENTS.md")]);
+}

@@ -279,6 +279,10 @@ pub async fn store_all(
     store: &ArtifactStore,
     files: Vec<CollectedFile>,
 ) -> Result<Vec<StoredArtifact>, StoreError> {
+    // All of it fits the store's budget, or none of it is written.
+    store
+        .check_room_for(files.iter().map(|file| &file.bytes))
+        .await?;
     futures_util::stream::iter(files)
         .map(|file| async move {
             let sha256 = store.put_once(file.bytes).await?;

@@ -109,6 +109,22 @@ pub enum StoreError {
     /// A workspace snapshot could not be saved or restored; the message says why.
     #[error("snapshot: {0}")]
     Snapshot(String),
+
+    /// Storing `needed` more bytes would take the store past its budget.
+    #[error(
+        "artifact store: {needed} more bytes would take it past its budget of {budget} \
+         ({used} in use; the server's --store-budget); nothing of it was kept: have the \
+         code write less, or wait for retention to remove old objects"
+    )]
+    QuotaExceeded { needed: u64, used: u64, budget: u64 },
+
+    /// A tenant has as many scopes as it may keep; a new one is not saved.
+    #[error(
+        "snapshot: scope limit: this tenant keeps {max} scopes already (the server's \
+         --tenant-max-scopes); reuse a scopeKey, or wait until one unused for the \
+         store's --retain is forgotten"
+    )]
+    TooManyScopes { max: usize },
 }
 
 impl StoreError {
@@ -126,6 +142,9 @@ impl StoreError {
             StoreError::Io { source, .. } => io_code(source),
             StoreError::Env(e) => e.code,
             StoreError::Records { .. } | StoreError::Snapshot(_) => ErrorCode::Unknown,
+            StoreError::QuotaExceeded { .. } | StoreError::TooManyScopes { .. } => {
+                ErrorCode::QuotaExceeded
+            }
         }
     }
 

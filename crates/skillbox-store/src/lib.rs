@@ -20,8 +20,8 @@ pub use owners::{ObjectOwners, OwnedObject};
 pub use records::{LOCAL_TENANT, PlainRunRecord, RunRecord, RunRecords};
 pub use retention::{GRACE, Pruned, Retention};
 pub use snapshots::{
-    Manifest as SnapshotManifest, Restored as RestoredSnapshot, SnapshotEntry, SnapshotLimits,
-    SnapshotSummary, Snapshots, check_scope_key, restore as restore_snapshot,
-    save as save_snapshot, scope_id,
+    DEFAULT_SCOPES_PER_TENANT, Manifest as SnapshotManifest, Restored as RestoredSnapshot,
+    SnapshotEntry, SnapshotLimits, SnapshotSummary, Snapshots, check_scope_key,
+    restore as restore_snapshot, save as save_snapshot, scope_id,
 };
 pub use store::{ArtifactStore, ArtifactStream, is_sha256_hex, sha256_hex};

@@ -94,6 +94,9 @@ impl ArtifactStore {
             if (over_age || over_budget) && !in_grace {
                 match self.inner().delete(&self.object_path(&sha256)).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                        if let Some(budget) = self.budget() {
+                            budget.give_back(size);
+                        }
                         total -= size;
                         pruned.removed_bytes += size;
                         pruned.removed.push(sha256);

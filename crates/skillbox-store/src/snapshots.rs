@@ -15,11 +15,14 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
-use skillbox_env::{CancellationToken, ExecutionEnv, FileKind, FileRead, Tree};
+use skillbox_env::{CancellationToken, ExecutionEnv, FileKind, FileRead, MAX_TREE_DEPTH, Tree};
 
 use crate::error::StoreError;
 use crate::records::{db_error, now_ms};
 use crate::store::{ArtifactStore, sha256_hex};
+
+/// Scopes one tenant keeps when nothing else is configured (`serve --tenant-max-scopes`).
+pub const DEFAULT_SCOPES_PER_TENANT: usize = 16;
 
 /// What one snapshot may hold.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +33,9 @@ pub struct SnapshotLimits {
     pub keep: usize,
     /// Bytes read from the sandbox in one batch.
     pub batch_bytes: u64,
+    /// Scopes one tenant keeps snapshots for: a save to a new scope past it is refused
+    /// (each keeps `keep` snapshots of up to `bytes`).
+    pub scopes_per_tenant: usize,
 }
 
 impl Default for SnapshotLimits {
@@ -39,6 +45,7 @@ impl Default for SnapshotLimits {
             bytes: 512 * 1024 * 1024,
             keep: 3,
             batch_bytes: 64 * 1024 * 1024,
+            scopes_per_tenant: DEFAULT_SCOPES_PER_TENANT,
         }
     }
 }
@@ -56,6 +63,15 @@ pub enum SnapshotEntry {
         size: u64,
         executable: bool,
     },
+}
+
+impl SnapshotEntry {
+    /// Its path, relative to the snapshot's root.
+    pub fn path(&self) -> &str {
+        match self {
+            SnapshotEntry::Dir { path } | SnapshotEntry::File { path, .. } => path,
+        }
+    }
 }
 
 /// What a snapshot holds.
@@ -130,6 +146,16 @@ impl Snapshots {
              );",
         )
         .map_err(db_error("create the snapshots tables"))?;
+        // Whose scope a snapshot is, so a tenant's scopes can be counted (a table made
+        // before that holds its rows under the tenant "").
+        let has_tenant = db
+            .prepare("SELECT 1 FROM pragma_table_info('snapshots') WHERE name = 'tenant'")
+            .and_then(|mut query| query.exists([]))
+            .map_err(db_error("read the snapshots table"))?;
+        if !has_tenant {
+            db.execute_batch("ALTER TABLE snapshots ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
+                .map_err(db_error("add the snapshots' tenant"))?;
+        }
         Ok(Snapshots {
             db: Arc::new(Mutex::new(db)),
         })
@@ -165,10 +191,56 @@ impl Snapshots {
         })
     }
 
+    /// Whether `tenant` may save a snapshot of `scope`: a scope it keeps already, or a
+    /// new one while it keeps fewer than `max` scopes.
+    fn may_save(&self, tenant: &str, scope: &str, max: usize) -> Result<(), StoreError> {
+        let (known, scopes) = self.with("count the tenant's scopes", |db| {
+            let known = db
+                .prepare("SELECT 1 FROM snapshots WHERE scope = ?1 LIMIT 1")?
+                .exists(params![scope])?;
+            let scopes: i64 = db.query_row(
+                "SELECT COUNT(DISTINCT scope) FROM snapshots WHERE tenant = ?1",
+                params![tenant],
+                |row| row.get(0),
+            )?;
+            Ok((known, scopes as usize))
+        })?;
+        if !known && scopes >= max {
+            return Err(StoreError::TooManyScopes { max });
+        }
+        Ok(())
+    }
+
+    /// Forgets every scope whose latest snapshot is older than `max_age` (retention):
+    /// its objects are then no longer kept. Returns how many scopes went.
+    pub fn forget_unused(&self, max_age: std::time::Duration) -> Result<usize, StoreError> {
+        let before = now_ms() - i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
+        self.with("forget unused scopes", |db| {
+            let tx = db.transaction()?;
+            let unused = "SELECT scope FROM snapshots GROUP BY scope HAVING MAX(created_ms) < ?1";
+            let scopes: i64 = tx.query_row(
+                &format!("SELECT COUNT(*) FROM ({unused})"),
+                params![before],
+                |row| row.get(0),
+            )?;
+            tx.execute(
+                &format!("DELETE FROM snapshots WHERE scope IN ({unused})"),
+                params![before],
+            )?;
+            tx.execute(
+                "DELETE FROM snapshot_objects WHERE manifest NOT IN (SELECT manifest FROM snapshots)",
+                [],
+            )?;
+            tx.commit()?;
+            Ok(scopes as usize)
+        })
+    }
+
     /// Makes `summary` (all of whose objects are stored) the scope's latest, in one
     /// transaction, and forgets all but its last `keep`.
     fn record(
         &self,
+        tenant: &str,
         scope: &str,
         summary: &SnapshotSummary,
         objects: &HashSet<String>,
@@ -188,14 +260,15 @@ impl Snapshots {
                 )?;
             }
             tx.execute(
-                "INSERT INTO snapshots (scope, seq, manifest, files, bytes, created_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO snapshots (scope, seq, manifest, files, bytes, created_ms, tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![
                     scope,
                     seq,
                     summary.id,
                     summary.files as i64,
                     summary.bytes as i64,
-                    now_ms()
+                    now_ms(),
+                    tenant
                 ],
             )?;
             tx.execute(
@@ -251,17 +324,26 @@ fn plain(path: &str) -> Result<PathBuf, StoreError> {
     Ok(p.to_path_buf())
 }
 
-/// Saves `root` of `env` as `scope`'s new latest snapshot. Symlinks and special files
-/// are left out (and named); more than `limits` is refused, and the latest stays.
+/// Saves `root` of `env` as `scope`'s new latest snapshot, a scope of `tenant`'s.
+/// Symlinks and special files are left out (and named); more than `limits` (a new
+/// scope past the tenant's `scopes_per_tenant` too) is refused, and the latest stays.
+/// Its objects count against the store's budget like any.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "where from, where to, whose and how much: each borrowed from the run"
+)]
 pub async fn save(
     env: &dyn ExecutionEnv,
     root: &Path,
     store: &ArtifactStore,
     snapshots: &Snapshots,
+    tenant: &str,
     scope: &str,
     limits: SnapshotLimits,
     cancel: &CancellationToken,
 ) -> Result<SnapshotSummary, StoreError> {
+    // Refused before anything is read or stored.
+    snapshots.may_save(tenant, scope, limits.scopes_per_tenant)?;
     let walked = env
         .walk(root, &[crate::collect::SCRATCH_DIR], limits.entries, cancel)
         .await
@@ -273,6 +355,17 @@ pub async fn save(
     let mut files: Vec<(String, u64, bool)> = Vec::new();
     let mut total = 0u64;
     for entry in walked {
+        // A restore places the manifest as one tree, which holds no deeper path: refused
+        // here, before anything is stored, it never becomes a snapshot to restore.
+        let depth = entry.path.split('/').count();
+        if depth > MAX_TREE_DEPTH {
+            let start: Vec<&str> = entry.path.split('/').take(4).collect();
+            return Err(snapshot_error(format!(
+                "{}/{}/...: {depth} directories deep, more than the {MAX_TREE_DEPTH} a snapshot keeps: not saved (the previous snapshot stays the latest)",
+                root.display(),
+                start.join("/")
+            )));
+        }
         match entry.kind {
             FileKind::Dir => manifest
                 .entries
@@ -361,7 +454,7 @@ pub async fn save(
     let id = store.put_once(Bytes::from(body)).await?;
     let summary = SnapshotSummary { id, files, bytes };
     // Only now, with every object stored, does it become the latest.
-    snapshots.record(scope, &summary, &objects, limits.keep)?;
+    snapshots.record(tenant, scope, &summary, &objects, limits.keep)?;
     Ok(summary)
 }
 
@@ -392,7 +485,11 @@ pub async fn restore(
     let mut tree = Tree::new();
     let mut files = BTreeMap::new();
     let mut contents: BTreeMap<String, Bytes> = BTreeMap::new();
-    for entry in &manifest.entries {
+    // In path order (a save lists a level at a time), so each directory's entries come
+    // together and the env places each directory once.
+    let mut entries: Vec<&SnapshotEntry> = manifest.entries.iter().collect();
+    entries.sort_by(|a, b| Path::new(a.path()).cmp(Path::new(b.path())));
+    for entry in entries {
         match entry {
             SnapshotEntry::Dir { path } => tree.dir(plain(path)?),
             SnapshotEntry::File {

@@ -45,6 +45,41 @@ pub struct ArtifactStore {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     recent: crate::retention::RecentPuts,
+    budget: Option<Arc<Budget>>,
+}
+
+/// The bytes all objects may take together, and what they take now (counted from a
+/// listing when the budget is set, then kept by every put and every removal).
+#[derive(Debug)]
+pub(crate) struct Budget {
+    max: u64,
+    used: std::sync::atomic::AtomicU64,
+}
+
+impl Budget {
+    /// Takes `bytes` of the budget, or none of it when they do not fit.
+    fn take(&self, bytes: u64) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(bytes).filter(|total| *total <= self.max)
+            })
+            .map(|_| ())
+            .map_err(|used| StoreError::QuotaExceeded {
+                needed: bytes,
+                used,
+                budget: self.max,
+            })
+    }
+
+    pub(crate) fn give_back(&self, bytes: u64) {
+        use std::sync::atomic::Ordering;
+        let _ = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
 }
 
 /// An object being read in chunks; the stream ends with [`StoreError::Corrupt`] instead
@@ -70,7 +105,63 @@ impl ArtifactStore {
             store,
             prefix,
             recent: Default::default(),
+            budget: None,
         }
+    }
+
+    /// This store with a budget of `max_bytes` for all objects together (the server's
+    /// `--store-budget`): a put of new bytes that would take it past is
+    /// [`StoreError::QuotaExceeded`], and nothing of it is written. What is stored now
+    /// is counted first, from a listing.
+    pub async fn with_budget(mut self, max_bytes: u64) -> Result<Self, StoreError> {
+        use futures_util::TryStreamExt;
+        let used: u64 = self
+            .store
+            .list(Some(&self.objects_prefix()))
+            .map_err(|e| StoreError::backend("list", e))
+            .try_fold(0u64, |total, meta| async move {
+                let name = meta.location.filename().unwrap_or_default();
+                Ok(if is_sha256_hex(name) {
+                    total + meta.size
+                } else {
+                    total
+                })
+            })
+            .await?;
+        self.budget = Some(Arc::new(Budget {
+            max: max_bytes,
+            used: used.into(),
+        }));
+        Ok(self)
+    }
+
+    /// Whether the contents not stored yet among `contents` would fit the budget now
+    /// (always, without one): a caller about to store several objects asks first, so a
+    /// set that cannot fit is refused before any of it is written.
+    pub async fn check_room_for(
+        &self,
+        contents: impl Iterator<Item = &Bytes>,
+    ) -> Result<(), StoreError> {
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        let mut bytes = 0u64;
+        let mut seen = std::collections::HashSet::new();
+        for content in contents {
+            let sha256 = sha256_hex(content);
+            if seen.insert(sha256.clone()) && self.head(&sha256).await?.is_none() {
+                bytes += content.len() as u64;
+            }
+        }
+        let used = budget.used.load(std::sync::atomic::Ordering::SeqCst);
+        if used.saturating_add(bytes) > budget.max {
+            return Err(StoreError::QuotaExceeded {
+                needed: bytes,
+                used,
+                budget: budget.max,
+            });
+        }
+        Ok(())
     }
 
     /// A store in the local directory `dir`, created if missing.
@@ -123,7 +214,11 @@ impl ArtifactStore {
     }
 
     /// Stores `bytes` under their sha256 and returns it (lowercase hex). Storing bytes
-    /// that are already there is a no-op; an existing object is never replaced.
+    /// that are already there is a no-op; an existing object is never replaced. With a
+    /// budget, new bytes that would take the store past it are
+    /// [`StoreError::QuotaExceeded`], and nothing is written. The budget counts what
+    /// this store's puts and prunes do: another process writing the same directory (a
+    /// CLI run on the server's data dir) is seen at the next open.
     pub async fn put_once(&self, bytes: Bytes) -> Result<String, StoreError> {
         let sha256 = sha256_hex(&bytes);
         // Before the put: retention never removes what a live run is storing.
@@ -134,11 +229,25 @@ impl ArtifactStore {
             mode: PutMode::Create,
             ..PutOptions::default()
         };
-        match self
+        // Taken before the put, so puts at once cannot go past the budget together;
+        // given back when the bytes were there already, or the put failed.
+        if let Some(budget) = &self.budget
+            && let Err(full) = budget.take(size)
+        {
+            // Bytes already stored cost nothing more: a put of them is no put.
+            return match self.store.head(&path).await {
+                Ok(meta) if meta.size == size => Ok(sha256),
+                _ => Err(full),
+            };
+        }
+        let put = self
             .store
             .put_opts(&path, PutPayload::from(bytes), create)
-            .await
-        {
+            .await;
+        if let (Some(budget), Err(_)) = (&self.budget, &put) {
+            budget.give_back(size);
+        }
+        match put {
             Ok(_) => {
                 tracing::debug!(%sha256, size, "artifact stored");
                 Ok(sha256)
@@ -261,6 +370,10 @@ impl ArtifactStore {
 
     pub(crate) fn recent(&self) -> &crate::retention::RecentPuts {
         &self.recent
+    }
+
+    pub(crate) fn budget(&self) -> Option<&Budget> {
+        self.budget.as_deref()
     }
 
     pub(crate) fn objects_prefix(&self) -> Path {

@@ -941,6 +941,7 @@ async fn a_snapshot_is_saved_restored_and_kept_from_retention() {
         &first.root,
         &store,
         &snapshots,
+        "tenant",
         "scope-a",
         limits,
         &never,
@@ -1009,6 +1010,7 @@ async fn a_snapshot_is_saved_restored_and_kept_from_retention() {
             &first.root,
             &store,
             &snapshots,
+            "tenant",
             "scope-a",
             keep_one,
             &never,
@@ -1037,6 +1039,7 @@ async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
         &ws.root,
         &store,
         &snapshots,
+        "tenant",
         "s",
         SnapshotLimits::default(),
         &never,
@@ -1051,9 +1054,11 @@ async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
         batch_bytes: 1,
         ..SnapshotLimits::default()
     };
-    let cut = save_snapshot(&ws.env, &ws.root, &store, &snapshots, "s", limits, &never)
-        .await
-        .expect_err("the read of c.txt fails");
+    let cut = save_snapshot(
+        &ws.env, &ws.root, &store, &snapshots, "tenant", "s", limits, &never,
+    )
+    .await
+    .expect_err("the read of c.txt fails");
     assert!(cut.to_string().contains("tripwire"), "{cut}");
     assert_eq!(ws.env.tripped(), [ws.root.join("c.txt")]);
     assert!(
@@ -1071,4 +1076,219 @@ async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
         .unwrap();
     assert_eq!(std::fs::read(fresh.root.join("a.txt")).unwrap(), b"one");
     assert!(!fresh.root.join("b.txt").exists());
+}
+
+/// Issue 38, row 3: a run made 1,900 nested directories in its scope's workspace, and
+/// the next run's restore spent 103 s of skillbox's own CPU placing them. A workspace
+/// deeper than a tree holds (`MAX_TREE_DEPTH`) is never saved, the previous snapshot
+/// staying the latest; one saved before that bound (planted here as a row) is refused
+/// at restore, at once, naming the bound, with nothing placed.
+#[tokio::test]
+async fn a_workspace_deeper_than_a_tree_holds_is_neither_saved_nor_restored() {
+    use skillbox_store::{SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
+    let bound = skillbox_env::MAX_TREE_DEPTH.to_string();
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let never = CancellationToken::new();
+    let deep: PathBuf = std::iter::repeat_n("d", 1900).collect();
+    let ws = Workspace::new();
+    std::fs::create_dir_all(ws.root.join(&deep)).unwrap();
+    let refused = save_snapshot(
+        &ws.env,
+        &ws.root,
+        &store,
+        &snapshots,
+        "tenant",
+        "s",
+        SnapshotLimits::default(),
+        &never,
+    )
+    .await
+    .expect_err("a workspace 1,900 deep is not saved");
+    assert!(refused.to_string().contains(&bound), "{refused}");
+    assert_eq!(snapshots.latest("s").unwrap(), None);
+
+    // A snapshot of that tree saved before the bound: its manifest, and its row.
+    let entries: Vec<serde_json::Value> = deep
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| serde_json::json!({"kind": "dir", "path": p.to_str().unwrap()}))
+        .collect();
+    let manifest = serde_json::json!({"version": 1, "entries": entries});
+    let id = store
+        .put_once(Bytes::from(serde_json::to_vec(&manifest).unwrap()))
+        .await
+        .unwrap();
+    let db = rusqlite::Connection::open(data.path().join("snapshots.sqlite")).unwrap();
+    db.execute(
+        "INSERT INTO snapshots (scope, seq, manifest, files, bytes, created_ms) VALUES ('s', 1, ?1, 0, 0, 0)",
+        [&id],
+    )
+    .unwrap();
+    let fresh = Workspace::new();
+    let started = std::time::Instant::now();
+    let refused = restore_snapshot(&fresh.env, &fresh.root, &store, &snapshots, "s", &never)
+        .await
+        .expect_err("a snapshot 1,900 deep is not restored");
+    assert!(refused.to_string().contains(&bound), "{refused}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        std::fs::read_dir(&fresh.root).unwrap().count(),
+        0,
+        "nothing placed"
+    );
+}
+
+/// Issue 38, row 6: a put past the store's budget is `quota_exceeded` and writes
+/// nothing; bytes already there cost nothing; a set that cannot fit is refused before
+/// any of it is written; what retention removes is given back.
+#[tokio::test]
+async fn puts_count_against_the_store_budget() {
+    let objects = tempfile::tempdir().unwrap();
+    let first = Bytes::from(vec![1u8; 600]);
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let kept = store.put_once(first.clone()).await.unwrap();
+    // Counted from what is there when the budget is set.
+    let store = store.with_budget(1000).await.unwrap();
+    let second = Bytes::from(vec![2u8; 600]);
+    let full = store.put_once(second.clone()).await.unwrap_err();
+    assert_eq!(full.code(), ErrorCode::QuotaExceeded, "{full}");
+    assert!(full.to_string().contains("1000"), "{full}");
+    let second_sha = skillbox_store::sha256_hex(&second);
+    assert_eq!(
+        store.head(&second_sha).await.unwrap(),
+        None,
+        "nothing written"
+    );
+    assert_eq!(
+        store.put_once(first.clone()).await.unwrap(),
+        kept,
+        "a dedup is free"
+    );
+    let small = Bytes::from(vec![3u8; 300]);
+    store.put_once(small.clone()).await.unwrap();
+
+    // Two files that fit alone but not together: refused before either is written.
+    let files = |contents: &[&Bytes]| {
+        contents
+            .iter()
+            .enumerate()
+            .map(|(i, bytes)| CollectedFile {
+                path: format!("f{i}"),
+                size: bytes.len() as u64,
+                sha256: skillbox_store::sha256_hex(bytes),
+                bytes: (*bytes).clone(),
+                content_type: "application/octet-stream".into(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let a = Bytes::from(vec![4u8; 60]);
+    let b = Bytes::from(vec![5u8; 60]);
+    let refused = skillbox_store::store_all(&store, files(&[&a, &b, &first]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::QuotaExceeded, "{refused}");
+    for content in [&a, &b] {
+        let sha = skillbox_store::sha256_hex(content);
+        assert_eq!(
+            store.head(&sha).await.unwrap(),
+            None,
+            "half of a set written"
+        );
+    }
+    // Retention gives back what it removes: then it fits. (Aged past the grace time,
+    // in a store of another process, which did not put them.)
+    let aged = ArtifactStore::local(objects.path())
+        .await
+        .unwrap()
+        .with_budget(1000)
+        .await
+        .unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for sha in [&kept, &skillbox_store::sha256_hex(&small)] {
+        let path = objects.path().join("objects").join(&sha[..2]).join(sha);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+    }
+    let pruned = aged
+        .prune(skillbox_store::Retention {
+            max_bytes: Some(0),
+            max_age: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(pruned.removed.len(), 2, "{pruned:?}");
+    aged.put_once(second).await.expect("room again");
+}
+
+/// Issue 38, row 6: scope keys per tenant were unbounded, each keeping 3 snapshots.
+/// A tenant keeps at most `scopes_per_tenant` scopes (a save to one more is refused,
+/// `quota_exceeded`, nothing stored, the other tenant unaffected); a scope unused for
+/// the retention age is forgotten, and then a new one may be saved.
+#[tokio::test]
+async fn a_tenant_keeps_a_bounded_number_of_scopes_and_unused_ones_are_forgotten() {
+    use skillbox_store::{SnapshotLimits, Snapshots, save_snapshot};
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let never = CancellationToken::new();
+    let ws = Workspace::new();
+    ws.write("deps/lib.py", b"VALUE = 1\n");
+    let limits = SnapshotLimits {
+        scopes_per_tenant: 2,
+        ..SnapshotLimits::default()
+    };
+    let save = |tenant: &'static str, scope: &'static str| {
+        save_snapshot(
+            &ws.env, &ws.root, &store, &snapshots, tenant, scope, limits, &never,
+        )
+    };
+    save("a", "a-one").await.unwrap();
+    save("a", "a-two").await.unwrap();
+    save("a", "a-one").await.expect("a scope it keeps, again");
+    ws.write("new.txt", b"only in the refused save");
+    let refused = save("a", "a-three").await.unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::QuotaExceeded, "{refused}");
+    assert!(
+        refused.to_string().contains("--tenant-max-scopes"),
+        "{refused}"
+    );
+    assert_eq!(snapshots.latest("a-three").unwrap(), None);
+    let new_sha = skillbox_store::sha256_hex(b"only in the refused save");
+    assert_eq!(store.head(&new_sha).await.unwrap(), None, "nothing stored");
+    save("b", "b-one")
+        .await
+        .expect("another tenant's own bound");
+
+    assert_eq!(
+        snapshots
+            .forget_unused(std::time::Duration::from_secs(3600))
+            .unwrap(),
+        0
+    );
+    let db = rusqlite::Connection::open(data.path().join("snapshots.sqlite")).unwrap();
+    db.execute(
+        "UPDATE snapshots SET created_ms = 0 WHERE scope = 'a-two'",
+        [],
+    )
+    .unwrap();
+    assert_eq!(
+        snapshots
+            .forget_unused(std::time::Duration::from_secs(3600))
+            .unwrap(),
+        1
+    );
+    assert_eq!(snapshots.latest("a-two").unwrap(), None);
+    save("a", "a-three").await.expect("room again");
 }

@@ -204,9 +204,11 @@ fn runner_dir(runner: &Path, runners: &Path) -> EnvResult<PathBuf> {
         .create(runners)
         .map_err(|e| EnvError::io(&e, "create", runners))?;
     let temp = runners.join(format!(".{}", crate::nonce()));
+    // Shown read-only to the sandbox's user: 0755 whatever the umask.
     std::fs::DirBuilder::new()
         .mode(0o755)
         .create(&temp)
+        .and_then(|()| skillbox_env::readable_by_sandboxes(&temp))
         .map_err(|e| EnvError::io(&e, "create", &temp))?;
     let staged = temp.join("skillbox");
     let placed = link_fd(source.as_raw_fd(), &staged).or_else(|_| {
@@ -355,10 +357,14 @@ impl Backend for WasmBackend {
         let runner = self.runner()?;
         let config = &self.shared.config;
         let guests = self.guests()?;
+        // Both are shown read-only to the sandbox's user: 0755 whatever the umask.
         let cache = config.cache_dir();
-        std::fs::create_dir_all(&cache).map_err(|e| EnvError::io(&e, "create", &cache))?;
+        std::fs::create_dir_all(&cache)
+            .and_then(|()| skillbox_env::readable_by_sandboxes(&cache))
+            .map_err(|e| EnvError::io(&e, "create", &cache))?;
         let guests_dir = config.guests_dir();
         std::fs::create_dir_all(&guests_dir)
+            .and_then(|()| skillbox_env::readable_by_sandboxes(&guests_dir))
             .map_err(|e| EnvError::io(&e, "create", &guests_dir))?;
 
         let limits = spec.limits.clone();

@@ -67,6 +67,7 @@ pub fn ensure_compiled(
             .recursive(true)
             .mode(0o755)
             .create(cache)
+            .and_then(|()| skillbox_env::readable_by_sandboxes(cache))
             .map_err(|e| EnvError::io(&e, "create", cache))?;
     }
     // One compile at a time across processes (parallel tests, a server and a CLI run):

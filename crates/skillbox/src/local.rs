@@ -24,9 +24,15 @@ pub async fn runner(data_dir: &Path, install_node: bool) -> Result<Runner, Clien
 
 /// [`runner`] with a config of the caller's.
 pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Runner, ClientError> {
-    let store = ArtifactStore::local(&config.data_dir.join("objects"))
+    let mut store = ArtifactStore::local(&config.data_dir.join("objects"))
         .await
         .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
+    if let Some(max) = config.store_budget {
+        store = store
+            .with_budget(max)
+            .await
+            .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
+    }
     let runner = Runner::new(config, store);
     if install_node {
         runner

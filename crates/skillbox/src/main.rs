@@ -135,6 +135,15 @@ fn main() -> ExitCode {
         let code = skillbox_wasm::runner::main(&args[2..]);
         return ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
     }
+    // Everything skillbox makes is its user's alone (files 0600, directories 0700):
+    // every sandbox runs as one host user, which must not read what others' runs
+    // stored. What sandboxes read through a mount gets its mode explicitly, and a
+    // sandbox's processes start from 022 again. (Not for the wasm runner above: it
+    // runs inside a sandbox, for its guest.)
+    // SAFETY: umask has no preconditions.
+    let caller_umask = unsafe { libc::umask(skillbox_env::PRIVATE_UMASK) };
+    // What copy-out writes is the caller's: its modes are theirs.
+    skillbox_client::outdir::set_caller_umask(caller_umask);
     // The server's spawner process: this binary again, cloning sandboxes for it.
     if std::env::args_os()
         .nth(1)

@@ -95,9 +95,15 @@ pub struct ServeArgs {
     /// 16K of --disk, where the backend can hold it (not gvisor)]
     #[arg(long, value_name = "N")]
     inodes: Option<u64>,
-    /// Bytes the artifact store keeps (or none); past it the oldest objects go.
+    /// Bytes the artifact store keeps (or none): a run whose files would take it past
+    /// fails (507 quota_exceeded), and retention removes the oldest objects past it.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "10G")]
     store_budget: crate::units::Bound,
+    /// Scopes (`scopeKey`) one tenant keeps snapshots of; a run's save to a new scope
+    /// past it is refused (the run stands, `snapshot.error` says why). A scope unused
+    /// for `--retain` is forgotten.
+    #[arg(long, value_name = "N", default_value_t = skillbox_store::DEFAULT_SCOPES_PER_TENANT)]
+    tenant_max_scopes: usize,
     /// How long an artifact is kept (7d, 12h, or none).
     #[arg(long, value_parser = parse_age, default_value = "7d")]
     retain: Age,
@@ -289,6 +295,8 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     if let Some(root) = &args.workspace_root {
         runner_config.door.root = root.clone();
     }
+    runner_config.store_budget = args.store_budget.0;
+    runner_config.snapshots.scopes_per_tenant = args.tenant_max_scopes.max(1);
     if let Some(project) = &args.project {
         match project.canonicalize() {
             Ok(dir) if dir.is_dir() => runner_config.skills_workspace = Some(dir),

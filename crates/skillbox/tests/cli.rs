@@ -557,6 +557,96 @@ fn the_data_dir_is_ours_alone() {
     );
 }
 
+/// Issue 38, row 7: a 0755 data dir was accepted and everything in it made 0644/0755,
+/// so host uid 65534 (the user every sandbox runs as, under root) read a stored
+/// artifact with `setpriv --reuid 65534 cat`. After a run in such a data dir, the dir is
+/// 0700, what skillbox stored is 0600 in 0700 directories, and the same `cat` fails.
+#[test]
+fn a_stored_artifact_is_not_readable_by_the_sandbox_s_host_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let test = "a_stored_artifact_is_not_readable_by_the_sandbox_s_host_user";
+    if !is_root() {
+        skillbox_env::testkit::skip(test, "needs root to read as uid 65534 (setpriv)");
+        return;
+    }
+    if !native_or_skip(test) {
+        return;
+    }
+    let place = tempfile::tempdir().unwrap();
+    let data = place.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(place.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = place.path().join("report.sh");
+    std::fs::write(
+        &script,
+        "echo 'quarterly numbers: 42' > /workspace/report.txt\n",
+    )
+    .unwrap();
+    let out = skillbox(&data, &["run", "--json", script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sha256 = result["files"][0]["sha256"].as_str().unwrap().to_string();
+    let object = data
+        .join("objects/objects")
+        .join(&sha256[..2])
+        .join(&sha256);
+    assert_eq!(
+        std::fs::read_to_string(&object).unwrap(),
+        "quarterly numbers: 42\n"
+    );
+
+    let as_nobody = |path: &Path| {
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                "cat",
+            ])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    let read = as_nobody(&object);
+    assert!(!read.status.success(), "uid 65534 read the artifact");
+    assert!(!text(&read.stdout).contains("quarterly"));
+    assert_eq!(std::fs::metadata(&data).unwrap().mode() & 0o7777, 0o700);
+    // Opened again (an operator's chmod): what is in it is private still, and the next
+    // command makes it 0700 again, saying so now that it holds something.
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut open_to_others = Vec::new();
+    let mut pending = vec![data.join("objects")];
+    pending.extend(
+        ["records.sqlite", "snapshots.sqlite", "object-owners.sqlite"]
+            .iter()
+            .map(|name| data.join(name))
+            .filter(|path| path.exists()),
+    );
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        if meta.mode() & 0o077 != 0 {
+            open_to_others.push(format!("{} {:o}", path.display(), meta.mode() & 0o7777));
+        }
+        if meta.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+    assert_eq!(open_to_others, Vec::<String>::new());
+    let read = as_nobody(&object);
+    assert!(!read.status.success(), "uid 65534 read the artifact");
+    let out = skillbox(&data, &["run", "--json", script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("made 0700"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::metadata(&data).unwrap().mode() & 0o7777, 0o700);
+}
+
 /// `skillbox` killed mid-run: the sandbox dies with it, and the next run sweeps what the
 /// dead process could not clean up (its sandbox dir and cgroups). Without a disk bound,
 /// so that there is a host dir to sweep: with one, the workspace is a tmpfs on no host

@@ -682,31 +682,53 @@ fn run_out_writes_plain_modes_whatever_the_sandbox_set() {
     if !native_or_skip("run_out_writes_plain_modes") {
         return;
     }
-    let out_dir = tempfile::tempdir().unwrap();
     let script = "mkdir -m 1777 bin && printf '#!/bin/sh\\necho owned\\n' > bin/tool && \
                   chmod 0755 bin/tool && { chmod 6755 bin/tool 2>/dev/null; true; } && \
                   ls -l bin/tool";
-    let out = run_in(
-        out_dir.path(),
-        "x.sh",
-        script,
-        &["--out", ".", "--outputs", "bin/*"],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        text(&out.stdout).starts_with("-rwx"),
-        "the sandbox did set an exec bit: {}",
-        text(&out.stdout)
-    );
-    let mode = |p: &str| {
-        std::fs::metadata(out_dir.path().join(p))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o7777
-    };
-    assert_eq!(mode("bin/tool") & !0o644, 0, "mode {:o}", mode("bin/tool"));
-    assert_eq!(mode("bin") & !0o755, 0, "mode {:o}", mode("bin"));
+    // The modes are 0644/0755 less the umask the user ran skillbox with (not the
+    // private one skillbox keeps its own files under).
+    for (umask, file, dir) in [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)] {
+        let out_dir = tempfile::tempdir().unwrap();
+        let scripts = tempfile::tempdir().unwrap();
+        let file_path = scripts.path().join("x.sh");
+        std::fs::write(&file_path, script).unwrap();
+        let mut command = Command::new(BIN);
+        command
+            .arg("--data-dir")
+            .arg(data_dir())
+            .arg("run")
+            .arg(&file_path)
+            .args(["--out", ".", "--outputs", "bin/*"])
+            .current_dir(out_dir.path());
+        // SAFETY: umask is async-signal-safe and touches only the child.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+                libc::umask(umask);
+                Ok(())
+            });
+        }
+        let out = command.output().unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).starts_with("-rwx"),
+            "the sandbox did set an exec bit: {}",
+            text(&out.stdout)
+        );
+        let mode = |p: &str| {
+            std::fs::metadata(out_dir.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(
+            mode("bin/tool"),
+            file,
+            "umask {umask:o}: mode {:o}",
+            mode("bin/tool")
+        );
+        assert_eq!(mode("bin"), dir, "umask {umask:o}: mode {:o}", mode("bin"));
+    }
 }
 
 /// `skillbox agent --out DIR` goes through the same door: an existing deck is kept, the

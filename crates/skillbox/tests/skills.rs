@@ -203,6 +203,49 @@ fn a_skill_script_runs_by_name_through_its_projected_path_and_a_staged_one_too()
     );
 }
 
+/// Issue 38, row 4, as reported: `echo AWS_SECRET=… > .env; ln -s .env AGENTS.md;
+/// skillbox skills run …`. The link stays inside the workspace, so it used to be
+/// projected as the file it points to, and the sandbox's `/workspace/AGENTS.md` held the
+/// secret. A projected root that is a symlink is left out (with a note).
+#[test]
+fn a_projected_root_linked_to_the_workspace_s_env_file_is_left_out() {
+    if !native_or_skip("a_projected_root_linked_to_the_workspace_s_env_file_is_left_out") {
+        return;
+    }
+    let data = tempfile::tempdir().unwrap();
+    let ws = workspace();
+    write(
+        &ws.path().join(".env"),
+        "AWS_SECRET=hunter2-from-the-host\n",
+    );
+    std::fs::remove_file(ws.path().join("AGENTS.md")).unwrap();
+    std::os::unix::fs::symlink(".env", ws.path().join("AGENTS.md")).unwrap();
+    write(
+        &ws.path().join("skills/report/scripts/agents.sh"),
+        "cat /workspace/AGENTS.md 2>/dev/null || echo 'no AGENTS.md'\n",
+    );
+    let ran = skills(
+        data.path(),
+        ws.path(),
+        &["run", "report", "scripts/agents.sh"],
+    );
+    assert!(ran.status.success(), "{}", text(&ran.stderr));
+    assert!(
+        !text(&ran.stdout).contains("hunter2"),
+        "{}",
+        text(&ran.stdout)
+    );
+    assert_eq!(text(&ran.stdout), "no AGENTS.md\n");
+    let projected = project_into(data.path(), ws.path(), ordinary_workdir().path());
+    assert!(
+        projected["notes"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .ends_with("AGENTS.md: a projected root that is a symlink; left out")),
+        "{projected}"
+    );
+}
+
 /// A kept workdir for projections: as root, it must belong to an ordinary user (the
 /// sandbox runs as it).
 fn ordinary_workdir() -> tempfile::TempDir {

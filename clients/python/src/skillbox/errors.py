@@ -85,6 +85,11 @@ class ResourceExhausted(SkillboxError):
     """422 ``resource_exhausted``: a file or a run's output over a bound."""
 
 
+class QuotaExceeded(SkillboxError):
+    """507 ``quota_exceeded``: what a run made would take the server's artifact store past
+    its budget (``--store-budget``); none of it was kept."""
+
+
 class Overloaded(SkillboxError):
     """429 ``overloaded``: too many sessions, execs or runs, for this tenant or the server.
 
@@ -163,6 +168,7 @@ _BY_CODE: dict[str, type[SkillboxError]] = {
     "payload_too_large": PayloadTooLarge,
     "resource_exhausted": ResourceExhausted,
     "overloaded": Overloaded,
+    "quota_exceeded": QuotaExceeded,
     "not_supported": NotSupported,
     "unavailable": Unavailable,
     "aborted": Unavailable,
@@ -181,6 +187,7 @@ _BY_STATUS: dict[int, type[SkillboxError]] = {
     501: NotSupported,
     503: Unavailable,
     504: ServerTimeout,
+    507: QuotaExceeded,
 }
 
 

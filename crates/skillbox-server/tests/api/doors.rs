@@ -835,3 +835,63 @@ async fn a_refusal_before_the_body_closes_the_connection_and_says_so() {
     assert_eq!(response.status(), 401);
     assert!(response.headers().get("connection").is_none());
 }
+
+/// Issue 38, row 6: puts never checked `--store-budget`, so one tenant could fill the
+/// disk between retention passes (and keep it full). A run whose files would take the
+/// store past its budget fails 507 `quota_exceeded`, and nothing of it is kept; a run
+/// within it, before, is stored as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_the_store_budget_fails_quota_exceeded_and_keeps_nothing() {
+    let objects = tempfile::tempdir().unwrap();
+    let objects_dir = objects.path().to_path_buf();
+    let store = ArtifactStore::local(objects.path())
+        .await
+        .unwrap()
+        .with_budget(1 << 20)
+        .await
+        .unwrap();
+    let config = ServerConfig {
+        addr: local(),
+        ..ServerConfig::default()
+    };
+    let Some(server) = start_with(config, store, objects).await else {
+        return;
+    };
+    let stored = || {
+        let mut files = Vec::new();
+        let mut pending = vec![objects_dir.clone()];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    pending.push(path);
+                } else {
+                    files.push(path);
+                }
+            }
+        }
+        files
+    };
+    let within = server
+        .run(json!({"language": "sh", "script": "head -c 100000 /dev/urandom > small.bin"}))
+        .await;
+    assert_eq!(within["files"].as_array().unwrap().len(), 1, "{within}");
+    assert_eq!(stored().len(), 1);
+    let (status, refused) = server
+        .post(
+            "/v1/run",
+            &json!({"language": "sh", "script":
+                "head -c 600000 /dev/urandom > a.bin && head -c 600000 /dev/urandom > b.bin"}),
+        )
+        .await;
+    assert_eq!(status, 507, "{refused}");
+    assert_eq!(refused["error"]["code"], "quota_exceeded", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget"),
+        "{refused}"
+    );
+    assert_eq!(stored().len(), 1, "nothing of the refused run is kept");
+}
