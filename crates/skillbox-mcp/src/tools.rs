@@ -350,6 +350,27 @@ mod tests {
         assert!(parse::<ListSkills>(LIST_SKILLS, None).is_ok());
     }
 
+    /// The tools tell the client where the workspace is, and the read cap, as
+    /// configured: another root leaves no `/workspace` in what a client reads.
+    #[test]
+    fn the_tools_name_the_configured_root_and_cap() {
+        let root = skillbox_protocol::WorkspaceRoot::new("/srv/agent").unwrap();
+        let tools = all(None, &root, 8 << 20);
+        for name in [RUN_SCRIPT, EXEC, READ_FILE, WRITE_FILE, LIST_DIR] {
+            let tool = tools.iter().find(|t| t.name == name).unwrap();
+            let said = tool.description.as_deref().unwrap_or_default();
+            assert!(said.contains("/srv/agent"), "{name}: {said}");
+            assert!(!said.contains("/workspace"), "{name}: {said}");
+        }
+        let read = tools.iter().find(|t| t.name == READ_FILE).unwrap();
+        assert!(
+            read.description
+                .as_deref()
+                .unwrap_or_default()
+                .contains("at most 8 MiB")
+        );
+    }
+
     #[test]
     fn schemas_are_objects_that_refuse_unknown_fields() {
         for tool in all(

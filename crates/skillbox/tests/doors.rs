@@ -760,3 +760,117 @@ fn agent_out_keeps_an_existing_file() {
     );
     assert_eq!(tree(out_dir.path()), ["workspacex.pptx"]);
 }
+
+/// Another workspace root, end to end: `run --workspace-root` runs the script there
+/// with the run's skill placed beneath it, a scope's snapshot comes back there, and the
+/// declared file is copied out; a `serve --workspace-root` session execs there, and its
+/// file routes take paths beneath it (or relative to it) and refuse `/workspace`.
+#[test]
+fn another_workspace_root_is_where_runs_and_sessions_work() {
+    if !native_or_skip("another_workspace_root_is_where_runs_and_sessions_work") {
+        return;
+    }
+    let project = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(project.path().join("skills/notes")).unwrap();
+    std::fs::write(
+        project.path().join("skills/notes/SKILL.md"),
+        "---\nname: notes\ndescription: Keeps notes.\n---\n# notes\n",
+    )
+    .unwrap();
+    let root = "/srv/agent";
+    let scope = format!(
+        "root-{}",
+        project.path().file_name().unwrap().to_str().unwrap()
+    );
+    let first = format!(
+        "test \"$PWD\" = {root} && test -f {root}/skills/notes/SKILL.md && test ! -e /workspace \
+         && echo kept > {root}/kept.txt && echo made > out.txt"
+    );
+    let second = format!("cat {root}/kept.txt > seen.txt");
+    for (script, declared, want) in [
+        (&first, "out.txt", "made\n"),
+        (&second, "seen.txt", "kept\n"),
+    ] {
+        let out = run_in(
+            project.path(),
+            "x.sh",
+            script,
+            &[
+                "--workspace-root",
+                root,
+                "--skill",
+                "notes",
+                "--scope",
+                &scope,
+                "--out",
+                ".",
+                "--outputs",
+                declared,
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(
+            std::fs::read_to_string(project.path().join(declared)).unwrap(),
+            want
+        );
+    }
+    // A root where backends keep their own things is refused, naming the places.
+    let out = run_in(
+        project.path(),
+        "x.sh",
+        "true",
+        &["--workspace-root", "/usr/w"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("/home"), "{}", text(&out.stderr));
+
+    let mut command = Command::new(BIN);
+    command.arg("--data-dir").arg(data_dir());
+    let (child, addr) =
+        common::start_serve(command, &["--workspace-root", "/home/agentscope/workspace"]);
+    let _server = Serve {
+        child,
+        url: format!("http://{addr}"),
+    };
+    let client = tempfile::tempdir().unwrap();
+    let session = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("--data-dir")
+            .arg(client.path())
+            .arg("session")
+            .args(["--remote", &format!("http://{addr}")])
+            .args(args)
+            .env_remove("SKILLBOX_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let created = session(&["create"]);
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    let id = text(&created.stdout).trim().to_string();
+    let note = client.path().join("note.txt");
+    std::fs::write(&note, "hello\n").unwrap();
+    let put = session(&[
+        "put",
+        &id,
+        note.to_str().unwrap(),
+        "/home/agentscope/workspace/in/note.txt",
+    ]);
+    assert!(put.status.success(), "{}", text(&put.stderr));
+    let pwd = session(&["exec", &id, "--", "sh", "-c", "pwd; cat in/note.txt"]);
+    assert_eq!(
+        text(&pwd.stdout),
+        "/home/agentscope/workspace\nhello\n",
+        "{}",
+        text(&pwd.stderr)
+    );
+    let got = session(&["get", &id, "in/note.txt"]);
+    assert_eq!(text(&got.stdout), "hello\n", "{}", text(&got.stderr));
+    let outside = session(&["ls", &id, "/workspace"]);
+    assert!(!outside.status.success());
+    assert!(
+        text(&outside.stderr).contains("outside /home/agentscope/workspace"),
+        "{}",
+        text(&outside.stderr)
+    );
+    assert!(session(&["delete", &id]).status.success());
+}

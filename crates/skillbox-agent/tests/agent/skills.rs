@@ -57,9 +57,18 @@ fn workspace() -> tempfile::TempDir {
     dir
 }
 
+/// Where the workspace is in the sandboxes of the tests that run with each root: the
+/// default, and another one that everything the model is told and collected follows.
+const ROOTS: [&str; 2] = ["/workspace", "/home/agentscope/workspace"];
+
 /// A runner whose runs name the skills of `workspace`, with a store of its own (where
 /// the scopes' snapshots are kept too); `None` without the native sandbox (skipped).
 async fn runner(workspace: &Path) -> Option<(Arc<Runner>, tempfile::TempDir)> {
+    runner_at(workspace, ROOTS[0]).await
+}
+
+/// [`runner`] with its sandboxes' workspace at `root`.
+async fn runner_at(workspace: &Path, root: &str) -> Option<(Arc<Runner>, tempfile::TempDir)> {
     let native = skillbox_native::probe();
     if !native.available {
         skillbox_env::testkit::skip("agent skills", &native.reason.unwrap_or_default());
@@ -67,13 +76,12 @@ async fn runner(workspace: &Path) -> Option<(Arc<Runner>, tempfile::TempDir)> {
     }
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();
-    let runner = Runner::new(
-        RunnerConfig {
-            skills_workspace: Some(workspace.to_path_buf()),
-            ..RunnerConfig::new(data_dir())
-        },
-        store,
-    );
+    let mut config = RunnerConfig {
+        skills_workspace: Some(workspace.to_path_buf()),
+        ..RunnerConfig::new(data_dir())
+    };
+    config.door.root = skillbox_protocol::WorkspaceRoot::new(root).unwrap();
+    let runner = Runner::new(config, store);
     Some((Arc::new(runner), objects))
 }
 
@@ -143,8 +151,16 @@ async fn artifact(runner: &Runner, outcome: &AgentOutcome, path: &str) -> String
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
+/// With each root: the prompt, the tools and the answers name the skills where they
+/// are, and what the skill makes there comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skill_is_listed_then_read_and_run_and_only_what_it_makes_comes_back() {
+    for root in ROOTS {
+        listed_read_and_run(root).await;
+    }
+}
+
+async fn listed_read_and_run(root: &str) {
     let ws = workspace();
     let server = Server::start(vec![
         calls(&[("call_read", "read_skill", json!({"name": "report"}))]),
@@ -156,7 +172,7 @@ async fn a_skill_is_listed_then_read_and_run_and_only_what_it_makes_comes_back()
         prose("Done: report.txt is in /workspace."),
     ])
     .await;
-    let Some((runner, _objects)) = runner(ws.path()).await else {
+    let Some((runner, _objects)) = runner_at(ws.path(), root).await else {
         return;
     };
     let agent = Agent::new(Arc::new(server.provider(0)), runner.clone());
@@ -169,7 +185,9 @@ async fn a_skill_is_listed_then_read_and_run_and_only_what_it_makes_comes_back()
     assert_eq!(attempt.language, Language::Sh);
     assert_eq!(
         attempt.script,
-        "# run_skill report scripts/make.sh\nsh /workspace/skills/report/scripts/make.sh 'Q3 sales' 'it'\\''s fine'\n"
+        format!(
+            "# run_skill report scripts/make.sh\nsh {root}/skills/report/scripts/make.sh 'Q3 sales' 'it'\\''s fine'\n"
+        )
     );
     assert_eq!(attempt.stdout, "made report.txt\n");
     let paths: Vec<&str> = outcome.artifacts.iter().map(|a| a.path.as_str()).collect();
@@ -187,8 +205,8 @@ async fn a_skill_is_listed_then_read_and_run_and_only_what_it_makes_comes_back()
     assert_eq!(
         folders,
         [
-            ("notes", "/workspace/skills/notes"),
-            ("report", "/workspace/skills/report")
+            ("notes", format!("{root}/skills/notes").as_str()),
+            ("report", format!("{root}/skills/report").as_str())
         ]
     );
     assert!(outcome.snapshot.is_none(), "no scope, no snapshot");
@@ -200,12 +218,13 @@ async fn a_skill_is_listed_then_read_and_run_and_only_what_it_makes_comes_back()
     let system = first[0]["content"].as_str().unwrap();
     assert!(system.starts_with(GENERIC.instructions), "{system}");
     assert!(
-        system.contains("\n- report (/workspace/skills/report): Writes a one-line report into report.txt. Use it when asked for a report.\n"),
+        system.contains(&format!("\n- report ({root}/skills/report): Writes a one-line report into report.txt. Use it when asked for a report.\n")),
         "{system}"
     );
     assert!(
-        system
-            .contains("\n- notes (/workspace/skills/notes): Keeps notes. Long words about notes."),
+        system.contains(&format!(
+            "\n- notes ({root}/skills/notes): Keeps notes. Long words about notes."
+        )),
         "{system}"
     );
     let notes_line = system.lines().find(|l| l.starts_with("- notes")).unwrap();
@@ -221,6 +240,8 @@ async fn a_skill_is_listed_then_read_and_run_and_only_what_it_makes_comes_back()
         assert!(system.contains(needle), "{needle:?} in {system}");
     }
     let tools = server.seen()[0].body["tools"].as_array().unwrap().clone();
+    let described = tools[0]["function"]["description"].as_str().unwrap();
+    assert!(described.contains(&format!("(cwd {root})")), "{described}");
     let names: Vec<&str> = tools
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
@@ -243,7 +264,7 @@ async fn a_skill_is_listed_then_read_and_run_and_only_what_it_makes_comes_back()
 
     // read_skill: the front matter, the body, the folder and the scripts.
     let read = answer_to(&messages(&server, 1), "call_read");
-    assert_eq!(read["folder"], "/workspace/skills/report", "{read}");
+    assert_eq!(read["folder"], format!("{root}/skills/report"), "{read}");
     assert_eq!(read["frontMatter"]["name"], "report", "{read}");
     assert!(
         read["body"].as_str().unwrap().contains(REPORT_BODY),
@@ -350,8 +371,15 @@ async fn an_unknown_skill_or_a_script_outside_its_folder_is_answered_and_the_run
     assert_eq!(answer_to(&last, "call_ok")["exitCode"], 0);
 }
 
+/// With each root: what one run left in the workspace is where the next finds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_run_with_the_scope_sees_what_the_first_left_in_workspace() {
+    for root in ROOTS {
+        scoped_runs(root).await;
+    }
+}
+
+async fn scoped_runs(root: &str) {
     let ws = workspace();
     // A key of this test's own: the snapshots live in the shared data dir.
     let key = format!("agent-{}", ws.path().file_name().unwrap().to_str().unwrap());
@@ -367,7 +395,7 @@ async fn a_second_run_with_the_scope_sees_what_the_first_left_in_workspace() {
         ..with_skills(&["report"])
     };
 
-    let Some((runner, _objects)) = runner(ws.path()).await else {
+    let Some((runner, _objects)) = runner_at(ws.path(), root).await else {
         return;
     };
     let made = scripted(
@@ -381,7 +409,10 @@ async fn a_second_run_with_the_scope_sees_what_the_first_left_in_workspace() {
     assert_eq!(snapshot.error, None, "{snapshot:?}");
     let saved = snapshot.saved.clone().expect("saved");
 
-    let look = "cat deps/installed.txt > seen.txt || echo fresh > seen.txt";
+    let look = format!(
+        "test \"$PWD\" = {root} && cat {root}/deps/installed.txt > seen.txt || echo fresh > seen.txt"
+    );
+    let look = look.as_str();
     let agent = Agent::new(scripted(look, "seen.txt"), runner.clone());
     let second = run(&agent, &scoped(&key)).await;
     assert_eq!(second.status, AgentStatus::Succeeded, "{second:#?}");
