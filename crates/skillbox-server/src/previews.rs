@@ -268,17 +268,23 @@ fn libreoffice_etc(source: &Path, under: &Path) -> std::io::Result<Option<PathBu
     let staging = under.join(format!(".staging-{}-{digest}", std::process::id()));
     let build = || -> std::io::Result<()> {
         let _ = std::fs::remove_dir_all(&staging);
-        let mut dirs = std::fs::DirBuilder::new();
-        dirs.mode(0o755);
-        dirs.create(&staging)?;
-        dirs.create(staging.join("registry"))?;
-        dirs.create(staging.join("registry/res"))?;
+        // Readable by the render's user, whatever the umask (skillbox's own is 077):
+        // a mode given at creation is masked by it, one set after is not.
+        let open = std::fs::Permissions::from_mode(0o755);
+        for dir in [
+            staging.clone(),
+            staging.join("registry"),
+            staging.join("registry/res"),
+        ] {
+            std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+            std::fs::set_permissions(&dir, open.clone())?;
+        }
         for (relative, bytes) in &files {
             let target = staging.join("registry").join(relative);
             std::fs::write(&target, bytes)?;
             std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644))?;
         }
-        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755))
+        Ok(())
     };
     let built = build().and_then(|()| std::fs::rename(&staging, &dir));
     if let Err(e) = built {
@@ -881,6 +887,39 @@ pub fn preview_report() -> (bool, String) {
 mod tests {
     use super::*;
     use skillbox_env::Shell;
+
+    /// The copy a render reads is readable by the render's user under skillbox's own
+    /// umask (077, set by the binary): the render runs as another uid, and a 0700
+    /// `registry/` left LibreOffice without its configuration (it hung, then the
+    /// previews were outlines).
+    #[test]
+    fn the_libreoffice_copy_is_readable_under_a_private_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        let host = tempfile::tempdir().expect("tempdir");
+        let source = host.path().join("libreoffice");
+        std::fs::create_dir_all(source.join("registry/res")).expect("mkdir");
+        std::fs::write(source.join("registry/main.xcd"), "<oor:data/>").expect("write");
+        std::fs::write(
+            source.join("registry/res/fcfg_langpack_en-US.xcd"),
+            "<oor:data/>",
+        )
+        .expect("write");
+        let data = tempfile::tempdir().expect("tempdir");
+        // SAFETY: umask has no preconditions; it is set back at once (each test is a
+        // process of its own under nextest).
+        let before = unsafe { libc::umask(skillbox_env::PRIVATE_UMASK) };
+        let made = libreoffice_etc(&source, &data.path().join("etc"));
+        // SAFETY: as above.
+        unsafe { libc::umask(before) };
+        let dir = made.expect("copied").expect("a copy");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        for d in [dir.clone(), dir.join("registry"), dir.join("registry/res")] {
+            assert_eq!(mode(&d), 0o755, "{}", d.display());
+        }
+        for f in ["registry/main.xcd", "registry/res/fcfg_langpack_en-US.xcd"] {
+            assert_eq!(mode(&dir.join(f)), 0o644, "{f}");
+        }
+    }
 
     /// A render with `soffice` standing in for LibreOffice, in a native sandbox of its
     /// own, until `limit`; `None` where the native sandbox does not run.
