@@ -165,6 +165,7 @@ impl AppState {
             sessions: Arc::new(crate::sessions::Sessions::new(config.sessions)),
             previews: Arc::new(crate::previews::Previews::new(
                 runner.data_dir(),
+                runner.backends(),
                 config.png_previews,
             )),
             services: Arc::new(ServiceTable::new(
