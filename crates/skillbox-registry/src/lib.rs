@@ -61,6 +61,12 @@ impl RegistryConfig {
             upstream_roots: UpstreamRoots::default(),
         }
     }
+
+    /// The backends on `data_dir` whose docker and gvisor sandboxes run the image made
+    /// for the Node runtime `runtime_id`, under the tag `skillbox image build` gives it.
+    pub fn for_node_runtime(data_dir: impl Into<PathBuf>, runtime_id: &str) -> Self {
+        RegistryConfig::new(data_dir, skillbox_docker::image_tag(runtime_id))
+    }
 }
 
 /// What a native sandbox of a caller's own shows under `/etc` beyond what every native
@@ -226,5 +232,21 @@ impl BackendRegistry {
                 backend.shutdown().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The image a runtime's sandboxes run is the one `skillbox image build` makes for
+    /// it: another runtime, another image.
+    #[test]
+    fn a_node_runtime_names_the_image_its_sandboxes_run() {
+        let config = RegistryConfig::for_node_runtime("/data", "node-runtime-a");
+        assert_eq!(config.image, skillbox_docker::image_tag("node-runtime-a"));
+        assert_eq!(config.data_dir, PathBuf::from("/data"));
+        let other = RegistryConfig::for_node_runtime("/data", "node-runtime-b");
+        assert_ne!(config.image, other.image);
     }
 }
