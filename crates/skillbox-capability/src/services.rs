@@ -14,428 +14,36 @@
 //! a record whose lock nobody holds is shown for what it is, and records from an
 //! earlier boot are dropped.
 
+mod listen;
+mod records;
+mod supervise;
+
 use std::collections::BTreeMap;
-use std::fmt;
-use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use skillbox_env::{
-    CancellationToken, Duplex, Endpoint, EnvError, ErrorCode, ExecConnector, ExecEvent, ExecOutput,
-    ExecRequest, ExecStream, ExecutionEnv,
-};
-use skillbox_protocol::{ServiceExit, ServiceInfo, ServiceState};
+use skillbox_env::{CancellationToken, Endpoint, EnvError, ErrorCode, ExecRequest};
+use skillbox_protocol::{ServiceInfo, ServiceState};
 use skillbox_registry::BackendRegistry;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use crate::manifest::{Environment, Lifecycle};
 use crate::registry::Capability;
 use crate::trust::TrustStore;
 
+pub use listen::Listen;
+use listen::{BIND_EXTRA, HostListener, SUN_PATH_MAX, SocketGuard, bind_unix, remove_socket};
+pub use records::{CAP_START, Owner, SERVE, services_dir};
+use records::{NameLock, boot_id, now_ms, read_record, try_lock};
+pub use supervise::MAX_CONNECTIONS;
+use supervise::{READY_POLL, Service, Supervised, supervise};
+
 /// How long a service may take to answer at its endpoint when its manifest gives no
 /// `limits.timeout` (for a persistent capability, the timeout is the time to be ready).
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Clients connected to one service at once; more wait for a place.
-pub const MAX_CONNECTIONS: usize = 256;
-/// What is kept of a service's stderr.
-const STDERR_TAIL: usize = 4096;
-/// How often readiness is checked while a service starts.
-const READY_POLL: Duration = Duration::from_millis(50);
-/// The pause after a failed accept (no fd left, say), so a supervisor never spins.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How long `stop` waits for another process's supervisor to let go.
 const STOP_WAIT: Duration = Duration::from_secs(20);
-/// The longest path a unix socket address holds (without its NUL).
-const SUN_PATH_MAX: usize = 107;
-
-/// Where clients reach a service on the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Listen {
-    /// A unix socket, made mode 0600: only its owner (and root) may connect.
-    Unix(PathBuf),
-    /// A TCP port on a loopback address: any local user may connect.
-    Tcp(SocketAddr),
-}
-
-impl fmt::Display for Listen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
-            Listen::Tcp(address) => write!(f, "tcp:{address}"),
-        }
-    }
-}
-
-impl FromStr for Listen {
-    type Err = String;
-
-    /// `unix:PATH`, an absolute `PATH`, or `tcp:ADDR:PORT` / `ADDR:PORT` on loopback.
-    fn from_str(text: &str) -> Result<Listen, String> {
-        if let Some(path) = text.strip_prefix("unix:") {
-            return unix_listen(Path::new(path));
-        }
-        if text.starts_with('/') {
-            return unix_listen(Path::new(text));
-        }
-        let address = text.strip_prefix("tcp:").unwrap_or(text);
-        let address: SocketAddr = address.parse().map_err(|_| {
-            format!(
-                "{text:?}: give unix:PATH (an absolute path) or a loopback ADDRESS:PORT such as 127.0.0.1:8080"
-            )
-        })?;
-        if !address.ip().is_loopback() {
-            return Err(format!(
-                "{text:?}: only a loopback address (127.0.0.1, ::1): anything wider would let the network reach the service without any check"
-            ));
-        }
-        Ok(Listen::Tcp(address))
-    }
-}
-
-/// Bytes the private directory a socket is bound in adds to its parent's path.
-const BIND_EXTRA: usize = "/.sbx-00000000/s".len();
-
-fn unix_listen(path: &Path) -> Result<Listen, String> {
-    if !path.is_absolute() {
-        return Err(format!("{}: give an absolute path", path.display()));
-    }
-    let parent = path.parent().map_or(0, |p| p.as_os_str().len());
-    if path.as_os_str().len() > SUN_PATH_MAX || parent + BIND_EXTRA > SUN_PATH_MAX {
-        return Err(format!(
-            "{}: too long for a unix socket here (at most {} bytes, and its directory at most {})",
-            path.display(),
-            SUN_PATH_MAX,
-            SUN_PATH_MAX - BIND_EXTRA
-        ));
-    }
-    Ok(Listen::Unix(path.to_path_buf()))
-}
-
-/// Who supervises a service: the process that holds its lock.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Owner {
-    pub pid: u32,
-    /// `skillbox serve` or `skillbox cap start`.
-    pub command: String,
-    /// When the process started (clock ticks after boot, `/proc/<pid>/stat`), so a pid
-    /// used again by another process is not taken for it.
-    #[serde(default)]
-    pub started: u64,
-}
-
-/// When `pid` started, in clock ticks after boot; none when there is no such process.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: count from the last `)`.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
-}
-
-impl Owner {
-    /// This process, as `command`.
-    pub fn this_process(command: &str) -> Owner {
-        let pid = std::process::id();
-        Owner {
-            pid,
-            command: command.to_string(),
-            started: start_time(pid).unwrap_or(0),
-        }
-    }
-
-    /// The owner is still the process that wrote the record.
-    fn alive(&self) -> bool {
-        self.started != 0 && start_time(self.pid) == Some(self.started)
-    }
-
-    /// Stopped by a signal (`cap start`'s supervisor), not by asking (`serve`).
-    fn answers_sigterm(&self) -> bool {
-        self.command == CAP_START
-    }
-}
-
-impl fmt::Display for Owner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (pid {})", self.command, self.pid)
-    }
-}
-
-/// The owner command of `skillbox cap start`'s supervisor.
-pub const CAP_START: &str = "skillbox cap start";
-/// The owner command of `skillbox serve`.
-pub const SERVE: &str = "skillbox serve";
-
-/// What `NAME.json` holds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Record {
-    info: ServiceInfo,
-    owner: Owner,
-    boot_id: String,
-    /// The host socket this service made (removed with it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    socket: Option<PathBuf>,
-}
-
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-fn io_error(e: &std::io::Error, op: &str, path: &Path) -> EnvError {
-    EnvError::io(e, op, path)
-}
-
-/// The services directory of `project` under `data_dir`.
-pub fn services_dir(data_dir: &Path, project: &Path) -> PathBuf {
-    let key = skillbox_store::sha256_hex(project.as_os_str().as_encoded_bytes());
-    data_dir.join("services").join(&key[..16])
-}
-
-/// An exclusive lock on `NAME.lock`, held for as long as the record is ours.
-#[derive(Debug)]
-struct NameLock {
-    _file: std::fs::File,
-}
-
-fn open_lock(path: &Path) -> Result<std::fs::File, EnvError> {
-    crate::trust::open_lock_file(path).map_err(|e| io_error(&e, "open", path))
-}
-
-/// Takes `path`'s lock if nobody holds it.
-fn try_lock(path: &Path, exclusive: bool) -> Result<Option<NameLock>, EnvError> {
-    let file = open_lock(path)?;
-    let how = if exclusive {
-        rustix::fs::FlockOperation::NonBlockingLockExclusive
-    } else {
-        rustix::fs::FlockOperation::NonBlockingLockShared
-    };
-    match rustix::fs::flock(file.as_fd(), how) {
-        Ok(()) => Ok(Some(NameLock { _file: file })),
-        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
-        Err(e) => Err(io_error(&e.into(), "lock", path)),
-    }
-}
-
-/// Writes `record` to `path` whole or not at all.
-fn write_record(path: &Path, record: &Record) -> Result<(), EnvError> {
-    let text = serde_json::to_vec_pretty(record)
-        .map_err(|e| EnvError::new(ErrorCode::Unknown, format!("service record: {e}")))?;
-    let temp = path.with_extension("json.tmp");
-    std::fs::write(&temp, text).map_err(|e| io_error(&e, "write", &temp))?;
-    std::fs::rename(&temp, path).map_err(|e| io_error(&e, "rename", path))
-}
-
-fn read_record(path: &Path) -> Option<Record> {
-    let text = std::fs::read(path).ok()?;
-    match serde_json::from_slice(&text) {
-        Ok(record) => Some(record),
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "services: unreadable record");
-            None
-        }
-    }
-}
-
-/// The host side of a service's endpoint.
-#[derive(Debug)]
-enum HostListener {
-    Unix(tokio::net::UnixListener),
-    Tcp(tokio::net::TcpListener),
-}
-
-impl HostListener {
-    async fn accept(&self) -> std::io::Result<Box<dyn Duplex>> {
-        Ok(match self {
-            HostListener::Unix(listener) => Box::new(listener.accept().await?.0),
-            HostListener::Tcp(listener) => Box::new(listener.accept().await?.0),
-        })
-    }
-}
-
-/// Binds `path` as a socket only its owner may open: made under a temporary name, set
-/// 0600, then renamed into place, so no client ever finds it open to all. A socket left
-/// at `path` by a supervisor that is gone is replaced; anything else there is kept.
-fn bind_unix(path: &Path) -> Result<std::os::unix::net::UnixListener, EnvError> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(EnvError::new(
-                    ErrorCode::AlreadyExists,
-                    format!(
-                        "{}: something already listens there; stop it or choose another --listen",
-                        path.display()
-                    ),
-                ));
-            }
-            std::fs::remove_file(path).map_err(|e| io_error(&e, "remove", path))?;
-        }
-        Ok(_) => {
-            return Err(EnvError::new(
-                ErrorCode::AlreadyExists,
-                format!(
-                    "{}: exists and is not a socket; choose another --listen",
-                    path.display()
-                ),
-            ));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_error(&e, "stat", path)),
-    }
-    // Bound in a directory only we can enter, set 0600 there, then moved into place: no
-    // client can reach it before its mode is set, and no link can be swapped in.
-    let parent = path.parent().unwrap_or(Path::new("/"));
-    let private = parent.join(format!(
-        ".sbx-{}",
-        skillbox_protocol::random::hex(4).map_err(|e| io_error(
-            &e,
-            "name a directory in",
-            parent
-        ))?
-    ));
-    {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&private)
-            .map_err(|e| io_error(&e, "create", &private))?;
-    }
-    let temp = private.join("s");
-    let bound = std::os::unix::net::UnixListener::bind(&temp)
-        .map_err(|e| io_error(&e, "bind", &temp))
-        .and_then(|listener| {
-            std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o600))
-                .and_then(|()| std::fs::rename(&temp, path))
-                .map_err(|e| io_error(&e, "place the socket at", path))
-                .map(|()| listener)
-        });
-    let _ = std::fs::remove_file(&temp);
-    let _ = std::fs::remove_dir(&private);
-    let listener = bound?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_error(&e, "bind", path))?;
-    Ok(listener)
-}
-
-/// Removes `path` if it is a socket (never anything else a record might name).
-fn remove_socket(path: &Path) {
-    use std::os::unix::fs::FileTypeExt;
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = std::fs::remove_file(path);
-    }
-}
-
-/// Removes a socket this process bound if what made it is dropped before handing it on.
-struct SocketGuard(Option<PathBuf>);
-
-impl SocketGuard {
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for SocketGuard {
-    fn drop(&mut self) {
-        if let Some(path) = &self.0 {
-            remove_socket(path);
-        }
-    }
-}
-
-/// The last bytes of a stream, cut at a line start when one is in reach.
-#[derive(Debug, Default)]
-struct Tail(Vec<u8>);
-
-impl Tail {
-    fn push(&mut self, chunk: &[u8]) {
-        self.0.extend_from_slice(chunk);
-        if self.0.len() > STDERR_TAIL {
-            let cut = self.0.len() - STDERR_TAIL;
-            let cut = self.0[cut..]
-                .iter()
-                .position(|&b| b == b'\n')
-                .map_or(cut, |at| cut + at + 1);
-            self.0.drain(..cut);
-        }
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0).into_owned()
-    }
-}
-
-/// How a supervised service came to an end.
-enum Ending {
-    Exited(ExecOutput),
-    NotReady(Duration),
-    Stopped,
-    Broken(EnvError),
-}
-
-/// One service this process supervises.
-#[derive(Debug)]
-struct Service {
-    info: Mutex<ServiceInfo>,
-    state: watch::Sender<ServiceState>,
-    stop: CancellationToken,
-    /// Set once the supervisor has cleaned up everything.
-    finished: watch::Sender<bool>,
-    record: PathBuf,
-    socket: Option<PathBuf>,
-    owner: Owner,
-    boot_id: String,
-    /// Held until the service is cleared from the table (a failed one keeps it).
-    lock: Mutex<Option<NameLock>>,
-}
-
-impl Service {
-    fn snapshot(&self) -> ServiceInfo {
-        self.info
-            .lock()
-            .map(|info| info.clone())
-            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
-    }
-
-    fn update(&self, change: impl FnOnce(&mut ServiceInfo)) {
-        let info = {
-            let mut info = self
-                .info
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            change(&mut info);
-            info.clone()
-        };
-        self.state.send_replace(info.state);
-        let record = Record {
-            info,
-            owner: self.owner.clone(),
-            boot_id: self.boot_id.clone(),
-            socket: self.socket.clone(),
-        };
-        if let Err(e) = write_record(&self.record, &record) {
-            tracing::warn!(error = %e, "services: cannot write the record");
-        }
-    }
-}
-
 /// The persistent capabilities of one project that this process started, and the
 /// records of those other processes started.
 #[derive(Debug)]
@@ -553,7 +161,7 @@ impl ServiceTable {
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)
-            .map_err(|e| io_error(&e, "create", &self.dir))
+            .map_err(|e| EnvError::io(&e, "create", &self.dir))
     }
 
     fn running(&self, name: &str) -> Option<Arc<Service>> {
@@ -678,7 +286,7 @@ impl ServiceTable {
             Listen::Unix(path) => {
                 let listener = bind_unix(path)?;
                 let listener = tokio::net::UnixListener::from_std(listener)
-                    .map_err(|e| io_error(&e, "listen", path))?;
+                    .map_err(|e| EnvError::io(&e, "listen", path))?;
                 (HostListener::Unix(listener), Some(path.clone()))
             }
             Listen::Tcp(address) => {
@@ -1057,7 +665,7 @@ fn stop_supervisor(owner: &Owner, lock_path: &Path) -> Result<(), EnvError> {
         Ok(fd) => fd,
         // Gone since it was checked.
         Err(rustix::io::Errno::SRCH) => return wait_for_lock(lock_path, STOP_WAIT).map(drop),
-        Err(e) => return Err(io_error(&e.into(), "pidfd_open", Path::new("/proc"))),
+        Err(e) => return Err(EnvError::io(&e.into(), "pidfd_open", Path::new("/proc"))),
     };
     // The pidfd names one process for good: check it is still the owner, then signal.
     if !owner.alive() {
@@ -1115,166 +723,10 @@ fn limit_name(limit: skillbox_protocol::LimitKind) -> String {
         .unwrap_or_else(|| format!("{limit:?}"))
 }
 
-struct Supervised {
-    service: Arc<Service>,
-    env: Box<dyn ExecutionEnv>,
-    stream: ExecStream,
-    connector: Arc<dyn ExecConnector>,
-    listener: HostListener,
-    serves: Endpoint,
-    ready_within: Duration,
-    exec_cancel: CancellationToken,
-}
-
-/// Watches one service from start to end: its output (a stderr tail), readiness, the
-/// clients it is sent, and how it ends; then cleans up everything it started.
-async fn supervise(supervised: Supervised) {
-    let Supervised {
-        service,
-        env,
-        mut stream,
-        connector,
-        listener,
-        serves,
-        ready_within,
-        exec_cancel,
-    } = supervised;
-    let relays_stop = CancellationToken::new();
-    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let mut tail = Tail::default();
-    let ready_by = tokio::time::Instant::now() + ready_within;
-    let mut ready = false;
-    let mut poll = tokio::time::interval(READY_POLL);
-    let mut accept_errors: u64 = 0;
-    let ending = loop {
-        tokio::select! {
-            event = stream.next() => match event {
-                Some(Ok(ExecEvent::Stderr(chunk))) => tail.push(&chunk),
-                Some(Ok(ExecEvent::Stdout(_))) => {}
-                Some(Ok(ExecEvent::Exit(output))) => break Ending::Exited(output),
-                Some(Err(e)) => break Ending::Broken(e),
-                None => break Ending::Broken(EnvError::new(
-                    ErrorCode::Unknown,
-                    "the exec's stream ended without an exit status",
-                )),
-            },
-            _ = poll.tick(), if !ready => {
-                // A stop cuts the probe short; each connect is bounded by the backend.
-                match connector.connect(&serves, &service.stop).await {
-                    Ok(_) => {
-                        ready = true;
-                        service.update(|info| info.state = ServiceState::Ready);
-                        tracing::info!(service = %service.snapshot().name, "services: ready");
-                    }
-                    Err(e) if tokio::time::Instant::now() >= ready_by => {
-                        tracing::info!(error = %e, "services: not ready in time");
-                        break Ending::NotReady(ready_within);
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "services: not ready yet");
-                        // The next try a period after this one ended, however long it
-                        // took (a relay started in a container), not at once.
-                        poll.reset();
-                    }
-                }
-            }
-            accepted = listener.accept(), if ready => match accepted {
-                Ok(client) => {
-                    let Ok(place) = places.clone().try_acquire_owned() else {
-                        tracing::warn!("services: {MAX_CONNECTIONS} clients already; one refused");
-                        continue;
-                    };
-                    tokio::spawn(relay(client, connector.clone(), serves.clone(), relays_stop.clone(), place));
-                }
-                Err(e) => {
-                    // Out of fds, say: back off rather than spin, and say so now and then.
-                    accept_errors += 1;
-                    if accept_errors.is_power_of_two() {
-                        tracing::warn!(error = %e, count = accept_errors, "services: accept failed");
-                    }
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                }
-            },
-            () = service.stop.cancelled() => break Ending::Stopped,
-        }
-    };
-    // Nothing new comes in; what runs is ended and cleaned up.
-    drop(listener);
-    if let Some(path) = &service.socket {
-        remove_socket(path);
-    }
-    relays_stop.cancel();
-    exec_cancel.cancel();
-    while let Some(event) = stream.next().await {
-        if let Ok(ExecEvent::Stderr(chunk)) = event {
-            tail.push(&chunk);
-        }
-    }
-    if let Err(e) = env.cleanup().await {
-        tracing::warn!(error = %e, "services: sandbox cleanup failed");
-    }
-    let stderr_tail = tail.text();
-    service.update(|info| {
-        info.stderr_tail = stderr_tail;
-        match ending {
-            Ending::Stopped => info.state = ServiceState::Stopped,
-            Ending::Exited(output) => {
-                info.state = ServiceState::Failed;
-                info.exit = Some(ServiceExit {
-                    exit_code: output.exit_code,
-                    signal: output.signal,
-                    timed_out: output.timed_out,
-                    limit_hit: output.limit_hit,
-                });
-                if !ready {
-                    info.error = Some("it ended before anything answered at its endpoint".into());
-                }
-            }
-            Ending::NotReady(within) => {
-                info.state = ServiceState::Failed;
-                info.error = Some(format!(
-                    "nothing answered at {} within {} s (limits.timeout is the time a persistent capability has to be ready)",
-                    info.serves,
-                    within.as_secs()
-                ));
-            }
-            Ending::Broken(e) => {
-                info.state = ServiceState::Failed;
-                info.error = Some(e.to_string());
-            }
-        }
-    });
-    tracing::info!(service = %service.snapshot().name, state = service.snapshot().state.as_str(), "services: ended");
-    service.finished.send_replace(true);
-}
-
-/// One client, relayed to a new connection into the sandbox until either side closes.
-async fn relay(
-    mut client: Box<dyn Duplex>,
-    connector: Arc<dyn ExecConnector>,
-    serves: Endpoint,
-    stop: CancellationToken,
-    _place: tokio::sync::OwnedSemaphorePermit,
-) {
-    let mut upstream = match connector.connect(&serves, &stop).await {
-        Ok(upstream) => upstream,
-        Err(e) => {
-            tracing::warn!(error = %e, "services: a client could not be forwarded");
-            return;
-        }
-    };
-    tokio::select! {
-        copied = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
-            if let Err(e) = copied {
-                tracing::debug!(error = %e, "services: a relay ended");
-            }
-        }
-        () = stop.cancelled() => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::records::{Record, write_record};
+    use super::supervise::{STDERR_TAIL, Tail};
     use super::*;
 
     #[test]

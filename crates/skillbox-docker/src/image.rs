@@ -617,13 +617,14 @@ async fn verify(tag: &str) -> EnvResult<()> {
         limits: Limits::default(),
         ..SandboxSpec::default()
     };
+    let root = spec.root.as_str().to_owned();
     let sandbox = backend.create(spec).await?;
     let check = ExecRequest::shell(
         "node -e \"require('pptxgenjs'); console.log('node ' + process.version)\" && \
          python3 -c 'import sys; print(\"python\", sys.version.split()[0])' && \
          python3 -m pip --version && { [ ! -e /usr/local/bin/npm ] || npm --version; }",
     )
-    .cwd("/workspace");
+    .cwd(root);
     let result = sandbox.exec(check, &CancellationToken::new()).await;
     let _ = sandbox.cleanup().await;
     let output = result?;

@@ -23,6 +23,7 @@ mod secrets;
 mod setup;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod wire;
 
 pub use addr::{forbidden, own_address};
 pub use proxy::{

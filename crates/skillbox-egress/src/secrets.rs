@@ -321,7 +321,7 @@ pub(crate) fn rewrite_head(
     let [_, target, version] = parts[..] else {
         return Err(bad_head(format!(
             "not an HTTP request line: {:?}",
-            crate::proxy::cut(request)
+            crate::wire::cut(request)
         )));
     };
     if !version.starts_with("HTTP/1.") {
@@ -337,7 +337,7 @@ pub(crate) fn rewrite_head(
             status: "421 Misdirected Request",
             reason: format!(
                 "{:?}: a request in the tunnel to {tunnel} names a path (/…), never a URL, and has Host: {tunnel}",
-                crate::proxy::cut(target)
+                crate::wire::cut(target)
             ),
         });
     }
@@ -347,7 +347,7 @@ pub(crate) fn rewrite_head(
         let Some((name, value)) = line.split_once(':') else {
             return Err(bad_head(format!(
                 "a header line without a colon: {:?}",
-                crate::proxy::cut(line)
+                crate::wire::cut(line)
             )));
         };
         // A name of token characters only: no folded line, no space before the colon,
@@ -356,7 +356,7 @@ pub(crate) fn rewrite_head(
         if name.is_empty() || !name.bytes().all(token) {
             return Err(bad_head(format!(
                 "not a header name: {:?}",
-                crate::proxy::cut(name)
+                crate::wire::cut(name)
             )));
         }
         if ["connection", "keep-alive", "proxy-connection"]
@@ -379,7 +379,7 @@ pub(crate) fn rewrite_head(
         out.push_str("\r\n");
     }
     let named = match hosts[..] {
-        [one] => crate::proxy::split_host_port(one, Some(443)).ok(),
+        [one] => crate::wire::split_host_port(one, Some(443)).ok(),
         _ => None,
     };
     if named
@@ -388,7 +388,7 @@ pub(crate) fn rewrite_head(
     {
         let said = match hosts[..] {
             [] => "no Host".to_string(),
-            [one] => format!("Host {:?}", crate::proxy::cut(one)),
+            [one] => format!("Host {:?}", crate::wire::cut(one)),
             _ => format!("{} Host headers", hosts.len()),
         };
         return Err(Misdirected {

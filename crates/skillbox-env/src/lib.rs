@@ -89,7 +89,7 @@ pub trait ExecutionEnv: FileSystem + Shell {
 
     /// The connections this env's egress proxy let through or refused so far (empty
     /// without a network policy).
-    fn egress(&self) -> Vec<skillbox_egress::Connection> {
+    fn egress(&self) -> Vec<skillbox_protocol::EgressConnection> {
         Vec::new()
     }
 

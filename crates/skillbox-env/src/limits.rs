@@ -206,7 +206,7 @@ pub struct SandboxPolicy {
     /// §8): the sandbox still has no interface but `lo`, where the proxy listens.
     /// `None`: no network at all. A backend without a proxy refuses it (`unavailable`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub network: Option<skillbox_egress::NetworkPolicy>,
+    pub network: Option<skillbox_protocol::NetworkPolicy>,
     /// Bytes through the proxy, both ways, over all connections (`limits.egressBytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_bytes: Option<u64>,

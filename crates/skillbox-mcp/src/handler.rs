@@ -32,7 +32,7 @@ use skillbox_skills::{SkillSet, Sources};
 use skillbox_store::is_sha256_hex;
 
 use crate::door::{Door, Held, ToolError};
-use crate::http::AnswerHolds;
+use crate::holds::AnswerHolds;
 use crate::progress::Reporter;
 use crate::sandboxes::{Running, Sandbox, Sandboxes};
 use crate::tools::{self, parse};
@@ -54,6 +54,10 @@ fn answer_bytes(copies: usize, in_json: usize) -> usize {
 fn base64_len(n: usize) -> usize {
     n.div_ceil(3).saturating_mul(4)
 }
+/// What a session that is not the caller's is answered, as JSON-RPC (here, and by
+/// `/mcp` before rmcp sees the request).
+pub(crate) const NO_SUCH_SESSION: &str = "no such MCP session for this API key";
+
 /// Where a made file's resource URI starts.
 pub(crate) const OBJECTS_URI: &str = "skillbox://objects/";
 
@@ -197,10 +201,7 @@ impl SkillboxMcp {
         };
         let bound = self.tenant.get_or_init(|| asked.clone());
         if *bound != asked {
-            return Err(ErrorData::invalid_request(
-                crate::http::NO_SUCH_SESSION,
-                None,
-            ));
+            return Err(ErrorData::invalid_request(NO_SUCH_SESSION, None));
         }
         Ok(asked)
     }

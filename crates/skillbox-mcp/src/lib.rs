@@ -11,6 +11,7 @@
 
 mod door;
 mod handler;
+mod holds;
 mod http;
 mod progress;
 mod sandboxes;
@@ -18,7 +19,7 @@ mod tools;
 
 pub use door::{Admitted, Door, Held, LocalDoor, ToolError};
 pub use handler::{Caller, SkillboxMcp};
-pub use http::{AnswerDeadline, ArmedDeadline, DeadlineSlot, HttpService, Paced, SessionBounds};
+pub use http::{HttpService, SessionBounds};
 pub use sandboxes::Sandboxes;
 
 use std::sync::Arc;

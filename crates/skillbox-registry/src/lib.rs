@@ -7,7 +7,7 @@
 //! kind that is not part of this build, or whose backend cannot be set up here, is
 //! `unavailable` with the reason; nothing ever falls back to another kind.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use skillbox_docker::{DockerBackend, Runtime};
@@ -61,6 +61,36 @@ impl RegistryConfig {
             upstream_roots: UpstreamRoots::default(),
         }
     }
+
+    /// The backends on `data_dir` whose docker and gvisor sandboxes run the image made
+    /// for the Node runtime `runtime_id`, under the tag `skillbox image build` gives it.
+    pub fn for_node_runtime(data_dir: impl Into<PathBuf>, runtime_id: &str) -> Self {
+        RegistryConfig::new(data_dir, skillbox_docker::image_tag(runtime_id))
+    }
+}
+
+/// What a native sandbox of a caller's own shows under `/etc` beyond what every native
+/// sandbox does (previews' renders: fontconfig's dir, a filtered copy of LibreOffice's
+/// configuration); never shown in a run's sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct NativeEtc {
+    /// Host dirs shown read-only at the same path (`/etc/fonts`).
+    pub host: &'static [&'static str],
+    /// `(path, dir)`: the host's `dir`, one the caller made in place of the host's own,
+    /// shown read-only at `path` (`/etc/NAME`). A missing one is left out.
+    pub made: Vec<(&'static str, PathBuf)>,
+}
+
+/// The native sandbox's report on this host (what [`BackendRegistry::probe`] gives for
+/// native), without a registry.
+pub fn native_probe() -> BackendReport {
+    skillbox_native::probe()
+}
+
+/// Whether a native sandbox shows host `path` read-only, where it is: inside the system
+/// directories (`/usr`, `/bin`, `/lib`…), so a program there runs in one.
+pub fn native_shows(path: &Path) -> bool {
+    skillbox_native::shown_read_only(path)
 }
 
 /// One backend per kind, made when first asked for.
@@ -146,6 +176,17 @@ impl BackendRegistry {
         self.backend(kind).await?.create_one_shot(spec).await
     }
 
+    /// A native backend of a caller's own, whose sandboxes also show `etc`: apart from
+    /// this registry's, so no sandbox it made ahead for runs is taken or reshaped, and
+    /// no run's sandbox shows `etc` (previews render in these).
+    pub fn native_with_etc(&self, etc: NativeEtc) -> Arc<dyn Backend> {
+        let mut native = NativeBackend::new(&self.config.data_dir).with_etc(etc.host);
+        for (path, dir) in etc.made {
+            native = native.with_etc_from(path, dir);
+        }
+        Arc::new(native)
+    }
+
     /// The wasm backend itself (`skillbox setup` compiles its guests).
     pub fn wasm(&self) -> &WasmBackend {
         &self.wasm
@@ -191,5 +232,21 @@ impl BackendRegistry {
                 backend.shutdown().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The image a runtime's sandboxes run is the one `skillbox image build` makes for
+    /// it: another runtime, another image.
+    #[test]
+    fn a_node_runtime_names_the_image_its_sandboxes_run() {
+        let config = RegistryConfig::for_node_runtime("/data", "node-runtime-a");
+        assert_eq!(config.image, skillbox_docker::image_tag("node-runtime-a"));
+        assert_eq!(config.data_dir, PathBuf::from("/data"));
+        let other = RegistryConfig::for_node_runtime("/data", "node-runtime-b");
+        assert_ne!(config.image, other.image);
     }
 }

@@ -172,8 +172,7 @@ impl RunnerConfig {
 /// The registry every sandbox of `data_dir` comes from: its backends run the image
 /// built from this build's Node runtime.
 pub fn registry_config(data_dir: &Path) -> RegistryConfig {
-    let image = skillbox_docker::image_tag(&NodeRuntime::new(data_dir).id());
-    RegistryConfig::new(data_dir, image)
+    RegistryConfig::for_node_runtime(data_dir, &NodeRuntime::new(data_dir).id())
 }
 
 /// Runs scripts; one per call, each in its own sandbox.

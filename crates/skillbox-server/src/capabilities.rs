@@ -231,8 +231,9 @@ pub(crate) async fn run(
     ))
 }
 
-/// The capabilities an MCP client may run: none without `--capabilities`, else those
-/// that load and could be run over HTTP (not `host`, not persistent).
+/// The capabilities an extension's call (MCP's `run_capability`) may run: none without
+/// `--capabilities`, else those that load and could be run over HTTP (not `host`, not
+/// persistent).
 pub(crate) async fn runnable(state: &AppState) -> Option<Vec<String>> {
     let roots = state.config.capabilities.roots.clone();
     if roots.is_empty() {
@@ -252,9 +253,9 @@ pub(crate) async fn runnable(state: &AppState) -> Option<Vec<String>> {
     .ok()
 }
 
-/// An MCP `run_capability`: the checks and admission of `POST
-/// /v1/capabilities/{name}/run`, with the input bytes the tool call carries.
-pub(crate) async fn run_for_mcp(
+/// An extension's call of a capability (MCP's `run_capability`): the checks and
+/// admission of `POST /v1/capabilities/{name}/run`, with the input bytes the call carries.
+pub(crate) async fn run_for_extension(
     state: &AppState,
     tenant: &Tenant,
     name: &str,

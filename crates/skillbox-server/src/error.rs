@@ -34,11 +34,12 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     }
 }
 
-/// An error answer.
+/// An error answer: what the server refused or failed, as a stable code and a message
+/// that says what to do.
 #[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) code: ErrorCode,
-    pub(crate) message: String,
+pub struct Failure {
+    pub code: ErrorCode,
+    pub message: String,
     /// Seconds for `Retry-After` (with `overloaded`).
     retry_after: Option<u32>,
 }

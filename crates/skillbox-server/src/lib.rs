@@ -10,8 +10,8 @@ mod auth;
 mod capabilities;
 mod download;
 mod error;
+mod extension;
 mod listen;
-mod mcp;
 mod metrics;
 mod previews;
 mod routes;
@@ -24,9 +24,11 @@ mod ui;
 pub use agent_runs::{AgentModel, AgentRuns};
 pub use auth::{ApiKeys, LOCAL_TENANT, Tenant};
 pub use capabilities::CapabilityConfig;
-pub use error::status_of;
+pub use error::{Failure, status_of};
+pub use extension::{Extension, Extensions};
 pub use previews::{Renderer, preview_report};
 pub use routes::{ApiDoc, router};
+pub use runs::{Admission, BodyHold};
 pub use sessions::SessionConfig;
 pub use state::{AppState, ServerConfig};
 
@@ -48,9 +50,20 @@ pub async fn serve(
     runner: Arc<Runner>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_with(config, runner, shutdown, Box::new(|_| Vec::new())).await
+}
+
+/// As [`serve`], with what `extensions` makes over the server's state mounted too
+/// (`skillbox serve`'s `/mcp`).
+pub async fn serve_with(
+    config: ServerConfig,
+    runner: Arc<Runner>,
+    shutdown: CancellationToken,
+    extensions: Extensions,
+) -> std::io::Result<()> {
     check_exposure(config.addr, &config)?;
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
-    serve_on(listener, config, runner, shutdown).await
+    serve_on_with(listener, config, runner, shutdown, extensions).await
 }
 
 /// Refuses to serve a non-loopback address without keys, unless told to.
@@ -83,6 +96,17 @@ pub async fn serve_on(
     runner: Arc<Runner>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_on_with(listener, config, runner, shutdown, Box::new(|_| Vec::new())).await
+}
+
+/// As [`serve_with`], on a listener the caller bound.
+pub async fn serve_on_with(
+    listener: tokio::net::TcpListener,
+    config: ServerConfig,
+    runner: Arc<Runner>,
+    shutdown: CancellationToken,
+    extensions: Extensions,
+) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     check_exposure(addr, &config)?;
     // Names a browser may reach a loopback server under, against DNS rebinding.
@@ -105,6 +129,7 @@ pub async fn serve_on(
         max_per_peer: config.connections_per_peer(),
     };
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
+    state.extensions = extensions(&state);
     tokio::spawn(keep_within_retention(state.clone(), shutdown.clone()));
     state.hosts = hosts;
     // A server starts with an empty table: what an earlier one started died with it.
@@ -127,9 +152,9 @@ pub async fn serve_on(
     tokio::spawn(async move {
         cancel_runs.cancelled().await;
         ending.runs_cancel().cancel();
-        // MCP calls end too, and the MCP sessions' streams with them.
-        if let Some(mcp) = &ending.mcp {
-            mcp.server.stop();
+        // An extension's calls end too (MCP's, and its sessions' streams with them).
+        for extension in &ending.extensions {
+            extension.stop();
         }
         sessions::close_all(&ending).await;
     });
@@ -138,8 +163,8 @@ pub async fn serve_on(
     // Every session ends with it (one made during the drain too): nothing of one is
     // left behind.
     sessions::close_all(&state).await;
-    if let Some(mcp) = &state.mcp {
-        mcp.server.close().await;
+    for extension in &state.extensions {
+        extension.close().await;
     }
     // The services it supervises end with it: nothing it started is left running.
     state.stop_services().await;

@@ -22,10 +22,9 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::header;
 use axum::response::Response;
 use axum::{Extension, Json};
-use skillbox_env::{
-    ExecRequest, ExecutionEnv, FileKind, FileRead, FileSystem, Limits, SandboxSpec,
-};
+use skillbox_env::{Backend, ExecRequest, ExecutionEnv, FileKind, FileRead, Limits, SandboxSpec};
 use skillbox_protocol::{ErrorCode, PreviewFormat, SlidePreview, SlidePreviews};
+use skillbox_registry::{BackendRegistry, NativeEtc};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -108,7 +107,7 @@ impl Renderer {
         )?;
         for program in [&soffice, &pdftoppm] {
             let real = std::fs::canonicalize(program).unwrap_or_else(|_| program.clone());
-            if !skillbox_native::shown_read_only(&real) {
+            if !skillbox_registry::native_shows(&real) {
                 return Err(format!(
                     "{} is {}, outside the system directories a native sandbox shows \
                      (/usr, /bin, /lib…), where previews render: slide previews are text \
@@ -136,7 +135,7 @@ fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// The preview cache, the one render slot, and the native backend the renders' sandboxes
-/// come from.
+/// come from (the registry's [`BackendRegistry::native_with_etc`]).
 #[derive(Debug)]
 pub(crate) struct Previews {
     dir: PathBuf,
@@ -144,7 +143,7 @@ pub(crate) struct Previews {
     renders: Semaphore,
     /// The tenants with a render waiting for the slot or running: one each.
     rendering: Arc<Mutex<HashSet<Arc<str>>>>,
-    native: skillbox_native::NativeBackend,
+    native: Arc<dyn Backend>,
 }
 
 /// A tenant's one render, waiting or running, until dropped.
@@ -300,31 +299,30 @@ fn libreoffice_etc(source: &Path, under: &Path) -> std::io::Result<Option<PathBu
 /// its own (where it is).
 const FONT_CACHE: &str = "/var/cache/fontconfig";
 
-/// The native backend renders run in: fontconfig's `/etc` dir, and at
+/// The `/etc` renders' native sandboxes show: fontconfig's dir, and at
 /// `/etc/libreoffice` a copy under `copies` of what a render reads of `libreoffice`
 /// (the host's; taken when the server starts), none when there is none or it cannot
 /// be copied (then LibreOffice fails to start and previews are outlines saying so).
-fn render_backend(
-    data_dir: &Path,
-    libreoffice: Option<&Path>,
-    copies: &Path,
-) -> skillbox_native::NativeBackend {
-    let native = skillbox_native::NativeBackend::new(data_dir).with_etc(RENDER_ETC);
+fn render_etc(libreoffice: Option<&Path>, copies: &Path) -> NativeEtc {
+    let mut etc = NativeEtc {
+        host: RENDER_ETC,
+        made: Vec::new(),
+    };
     let Some(source) = libreoffice else {
-        return native;
+        return etc;
     };
     match libreoffice_etc(source, copies) {
-        Ok(Some(copy)) => native.with_etc_from(LIBREOFFICE_ETC, copy),
-        Ok(None) => native,
+        Ok(Some(copy)) => etc.made.push((LIBREOFFICE_ETC, copy)),
+        Ok(None) => {}
         Err(e) => {
             tracing::warn!(error = %e, "previews: cannot copy LibreOffice's configuration; renders go without it");
-            native
         }
     }
+    etc
 }
 
 impl Previews {
-    pub(crate) fn new(data_dir: &Path, png: bool) -> Previews {
+    pub(crate) fn new(data_dir: &Path, backends: &BackendRegistry, png: bool) -> Previews {
         let renderer = if png {
             Renderer::find()
         } else {
@@ -335,11 +333,10 @@ impl Previews {
             // Its own backend, not the runs' registry's: no pool of sandboxes made ahead
             // for runs is taken from or reshaped by a render, and only its sandboxes show
             // LibreOffice's configuration.
-            native: render_backend(
-                data_dir,
+            native: backends.native_with_etc(render_etc(
                 renderer.is_ok().then_some(Path::new(LIBREOFFICE_ETC)),
                 &dir.join("etc"),
-            ),
+            )),
             dir,
             renderer,
             renders: Semaphore::new(1),
@@ -552,7 +549,7 @@ pub(crate) async fn slides(
     // A server shutting down ends the render with the runs.
     let cancel = state.runs_cancel().child_token();
     let rendered = render(
-        &env,
+        env.as_ref(),
         &renderer,
         bytes.into(),
         outline.len(),
@@ -863,7 +860,7 @@ pub fn preview_report() -> (bool, String) {
         Ok(renderer) => renderer,
         Err(why) => return (false, why),
     };
-    let native = skillbox_native::probe();
+    let native = skillbox_registry::native_probe();
     if !native.available {
         return (
             false,
@@ -886,7 +883,20 @@ pub fn preview_report() -> (bool, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skillbox_env::Shell;
+
+    /// The registry of a server on `data_dir`.
+    fn registry(data_dir: &Path) -> BackendRegistry {
+        BackendRegistry::new(skillbox_registry::RegistryConfig::new(data_dir, "unused"))
+    }
+
+    /// The backend renders run in on a server on `data_dir` (see [`render_etc`]).
+    fn render_backend(
+        data_dir: &Path,
+        libreoffice: Option<&Path>,
+        copies: &Path,
+    ) -> Arc<dyn Backend> {
+        registry(data_dir).native_with_etc(render_etc(libreoffice, copies))
+    }
 
     /// The copy a render reads is readable by the render's user under skillbox's own
     /// umask (077, set by the binary): the render runs as another uid, and a 0700
@@ -924,7 +934,7 @@ mod tests {
     /// A render with `soffice` standing in for LibreOffice, in a native sandbox of its
     /// own, until `limit`; `None` where the native sandbox does not run.
     async fn render_with(soffice: &str, limit: Duration) -> Option<Result<(), String>> {
-        let available = skillbox_native::probe().available;
+        let available = skillbox_registry::native_probe().available;
         assert!(
             available || !skillbox_env::testkit::require_all(),
             "native sandbox unavailable"
@@ -943,7 +953,15 @@ mod tests {
         };
         let deadline = tokio::time::Instant::now() + limit;
         let cancel = CancellationToken::new();
-        let rendered = render(&env, &renderer, b"deck".to_vec(), 1, deadline, &cancel).await;
+        let rendered = render(
+            env.as_ref(),
+            &renderer,
+            b"deck".to_vec(),
+            1,
+            deadline,
+            &cancel,
+        )
+        .await;
         env.cleanup().await.expect("cleanup");
         Some(rendered.map(drop))
     }
@@ -978,7 +996,7 @@ mod tests {
     }
 
     /// Runs `script` with `sh` in a render's sandbox of `native`: its stdout.
-    async fn in_a_render_sandbox(native: &skillbox_native::NativeBackend, script: &str) -> String {
+    async fn in_a_render_sandbox(native: &Arc<dyn Backend>, script: &str) -> String {
         let env = native
             .create(render_spec())
             .await
@@ -1005,7 +1023,7 @@ mod tests {
     /// its `sofficerc`, `psprint.conf` and `.sample` links with it).
     #[tokio::test]
     async fn a_secret_in_libreoffice_s_config_is_not_in_a_render_s_sandbox() {
-        if !skillbox_native::probe().available {
+        if !skillbox_registry::native_probe().available {
             assert!(
                 !skillbox_env::testkit::require_all(),
                 "native sandbox unavailable"
@@ -1114,7 +1132,7 @@ mod tests {
                 .and_then(|dir| dir.set_modified(hour_ago))
                 .expect("age it");
         }
-        let _ = Previews::new(data.path(), false);
+        let _ = Previews::new(data.path(), &registry(data.path()), false);
         let mut left: Vec<String> = std::fs::read_dir(&previews)
             .expect("read")
             .flatten()
@@ -1181,7 +1199,7 @@ mod tests {
     #[test]
     fn a_tenant_has_one_render_at_once() {
         let data = tempfile::tempdir().expect("tempdir");
-        let previews = Previews::new(data.path(), false);
+        let previews = Previews::new(data.path(), &registry(data.path()), false);
         let (a, b) = (Tenant("a".into()), Tenant("b".into()));
         let held = previews.hold_render(&a).expect("a's first");
         assert!(previews.hold_render(&a).is_none(), "a's second");
@@ -1196,14 +1214,14 @@ mod tests {
 
     #[test]
     fn a_renderer_outside_what_a_sandbox_shows_is_refused() {
-        assert!(skillbox_native::shown_read_only(Path::new(
+        assert!(skillbox_registry::native_shows(Path::new(
             "/usr/bin/soffice"
         )));
-        assert!(!skillbox_native::shown_read_only(Path::new(
+        assert!(!skillbox_registry::native_shows(Path::new(
             "/opt/libreoffice/program/soffice"
         )));
-        assert!(!skillbox_native::shown_read_only(Path::new("/usr")));
-        assert!(!skillbox_native::shown_read_only(Path::new(
+        assert!(!skillbox_registry::native_shows(Path::new("/usr")));
+        assert!(!skillbox_registry::native_shows(Path::new(
             "/usrx/bin/soffice"
         )));
     }

@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 
 use crate::error::{method_not_allowed, not_found};
 use crate::state::AppState;
-use crate::{agents, auth, capabilities, mcp, previews, runs, sessions, skills, ui};
+use crate::{agents, auth, capabilities, extension, previews, runs, sessions, skills, ui};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -102,13 +102,19 @@ pub struct ApiDoc;
 
 pub fn router(state: AppState) -> Router {
     let limit = state.config.body_limit;
-    // `/mcp` is rmcp's own service; the key check (the guard below) runs before it.
-    let mcp = match &state.mcp {
-        Some(served) => Router::new()
-            .route_service("/mcp", served.http.clone())
-            .layer(middleware::from_fn_with_state(state.clone(), mcp::caller)),
-        None => Router::new(),
-    };
+    // What is composed above the server (`/mcp`): the key check (the guard below) runs
+    // before it, and its bodies are read by the server's rule.
+    let extensions = state
+        .extensions
+        .iter()
+        .fold(Router::new(), |routes, extension| {
+            routes.merge(extension.routes())
+        })
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            extension::whole_body,
+        ))
+        .with_state::<AppState>(());
     Router::new()
         .route("/v1/run", post(runs::run))
         .route("/v1/runs", get(runs::list))
@@ -158,7 +164,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/services", get(capabilities::services))
         .route("/v1/services/{name}", get(capabilities::service))
         .route("/v1/services/{name}/stop", post(capabilities::stop))
-        .merge(mcp)
+        .merge(extensions)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

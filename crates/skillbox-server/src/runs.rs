@@ -220,7 +220,7 @@ pub(crate) async fn list(
 /// What a run holds from its admission until it ends: its place in its tenant's count,
 /// a run slot, and its body's bytes in the budget of bodies held in memory.
 #[derive(Debug)]
-pub(crate) struct Admission {
+pub struct Admission {
     _tenant_run: TenantRun,
     _slot: OwnedSemaphorePermit,
     _body_bytes: BodyHold,
@@ -240,8 +240,8 @@ pub(crate) async fn admit(
     admit_bytes(state, tenant, announced).await
 }
 
-/// Admits a run of `tenant` holding `announced` bytes of input in memory (an MCP tool
-/// call, whose body rmcp has read): the tenant's bound, a slot or a place in the queue,
+/// Admits a run of `tenant` holding `announced` bytes of input in memory (an
+/// extension's call, an MCP tool's, whose body is read): the tenant's bound, a slot or a place in the queue,
 /// and the body budget, else 429.
 pub(crate) async fn admit_bytes(
     state: &AppState,
@@ -357,7 +357,7 @@ pub(crate) fn hold_body_bytes(
 /// the server's budget and, with API keys, in their tenant's share of it; both given
 /// back when this drops.
 #[derive(Debug)]
-pub(crate) struct BodyHold {
+pub struct BodyHold {
     _permit: OwnedSemaphorePermit,
     _share: Option<ShareHold>,
 }
@@ -644,17 +644,8 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> impl IntoResponse 
             warm.ready, warm.taken, warm.missed
         ));
     }
-    if let Some(mcp) = &state.mcp {
-        text.push_str(&format!(
-            "# HELP skillbox_mcp_sessions_open MCP sessions (/mcp) open (or opening) now.\n\
-             # TYPE skillbox_mcp_sessions_open gauge\nskillbox_mcp_sessions_open {}\n",
-            mcp.http.sessions_open().await
-        ));
-        text.push_str(&format!(
-            "# HELP skillbox_mcp_sandboxes_open MCP sessions' sandboxes open (or opening) now.\n\
-             # TYPE skillbox_mcp_sandboxes_open gauge\nskillbox_mcp_sandboxes_open {}\n",
-            mcp.server.sandboxes_open()
-        ));
+    for extension in &state.extensions {
+        text.push_str(&extension.metrics().await);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

@@ -27,7 +27,7 @@ use skillbox_env::{
     BackendKind, CancellationToken, EnvError, ExecEvent, ExecRequest, ExecutionEnv, Limits,
     SandboxPolicy, SandboxSpec,
 };
-use skillbox_mcp::{AnswerDeadline, DeadlineSlot, Paced};
+use skillbox_pace::{AnswerDeadline, DeadlineSlot, Paced};
 use skillbox_protocol::{
     ApiError, Encoding, ErrorCode, MAX_TIMEOUT_MS, SessionCreateRequest, SessionExecEvent,
     SessionExecRequest, SessionFileEntry, SessionInfo, SessionList, SessionListing, SkillsPlaced,

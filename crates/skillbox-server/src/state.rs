@@ -63,9 +63,6 @@ pub struct ServerConfig {
     pub capabilities: CapabilityConfig,
     /// How many sessions stay open, and for how long.
     pub sessions: crate::sessions::SessionConfig,
-    /// How many MCP sessions (`/mcp`) stay open, in all and per tenant; their sandboxes
-    /// are bounded by `sessions`' bounds, apart.
-    pub mcp_sessions: skillbox_mcp::SessionBounds,
     /// Render slide previews as PNG when LibreOffice and pdftoppm are installed (else,
     /// or when false, previews are text outlines).
     pub png_previews: bool,
@@ -118,7 +115,6 @@ impl Default for ServerConfig {
             records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
             capabilities: CapabilityConfig::default(),
             sessions: crate::sessions::SessionConfig::default(),
-            mcp_sessions: skillbox_mcp::SessionBounds::default(),
             png_previews: true,
         }
     }
@@ -151,9 +147,9 @@ pub struct AppState {
     pub(crate) sessions: Arc<crate::sessions::Sessions>,
     /// The slide previews' cache and render slot.
     pub(crate) previews: Arc<crate::previews::Previews>,
-    /// The MCP tools served at `/mcp`, and their HTTP service (`None` only in the copy
-    /// their door holds).
-    pub(crate) mcp: Option<crate::mcp::Mcp>,
+    /// What is composed above the server (`/mcp`); none in the copies the extensions
+    /// hold.
+    pub(crate) extensions: Vec<Arc<dyn crate::Extension>>,
     runs: CancellationToken,
 }
 
@@ -164,11 +160,12 @@ impl AppState {
         owners: ObjectOwners,
         runs: CancellationToken,
     ) -> Self {
-        let mut state = AppState {
+        AppState {
             trust: Arc::new(TrustStore::open(runner.data_dir())),
             sessions: Arc::new(crate::sessions::Sessions::new(config.sessions)),
             previews: Arc::new(crate::previews::Previews::new(
                 runner.data_dir(),
+                runner.backends(),
                 config.png_previews,
             )),
             services: Arc::new(ServiceTable::new(
@@ -191,11 +188,9 @@ impl AppState {
             owners,
             tenant_runs: Arc::default(),
             hosts: None,
-            mcp: None,
+            extensions: Vec::new(),
             runs,
-        };
-        state.mcp = Some(crate::mcp::Mcp::of(&state));
-        state
+        }
     }
 
     /// Counts a run of `tenant` while the guard lives; `None` when the tenant is at

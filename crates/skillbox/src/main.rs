@@ -11,6 +11,7 @@ mod local;
 mod mcp;
 mod run;
 mod serve;
+mod serve_mcp;
 mod session;
 mod skills;
 mod terminal;

@@ -259,7 +259,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     if let Some(n) = args.tenant_max_runs {
         config.tenant_max_runs = n.max(1);
     }
-    config.mcp_sessions = skillbox_mcp::SessionBounds {
+    let mcp_sessions = skillbox_mcp::SessionBounds {
         max_total: args.max_mcp_sessions.max(1),
         max_per_tenant: args.tenant_max_mcp_sessions.max(1),
     };
@@ -426,7 +426,10 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     if !png {
         eprintln!("skillbox serve: slide previews are text outlines: {why}");
     }
-    let served = skillbox_server::serve(config, runner.clone(), shutdown).await;
+    let mcp = Box::new(move |state: &skillbox_server::AppState| {
+        vec![crate::serve_mcp::extension(state, mcp_sessions)]
+    });
+    let served = skillbox_server::serve_with(config, runner.clone(), shutdown, mcp).await;
     // Containers of runs that were still in flight go with the server.
     runner.shutdown().await;
     match served {

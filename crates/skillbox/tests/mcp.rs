@@ -719,6 +719,103 @@ fn initialize(serve: &Serve, token: &str) -> (u16, Vec<(String, String)>, String
     )
 }
 
+/// `serve`'s `/metrics`, read with alice's key.
+fn metrics_text(serve: &Serve) -> String {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(&serve.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {ALICE}\r\nConnection: close\r\n\r\n",
+        serve.addr
+    );
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = text(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default()
+}
+
+/// The gauges `/metrics` reads from `/mcp`'s own session table and sandboxes.
+fn mcp_gauges(serve: &Serve) -> (String, String) {
+    let metrics = metrics_text(serve);
+    let value = |name: &str| -> String {
+        let lines: Vec<&str> = metrics
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name} ")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{metrics}");
+        assert!(
+            metrics.contains(&format!("# TYPE {name} gauge\n")),
+            "{metrics}"
+        );
+        assert!(metrics.contains(&format!("# HELP {name} ")), "{metrics}");
+        lines[0][name.len() + 1..].to_string()
+    };
+    (
+        value("skillbox_mcp_sessions_open"),
+        value("skillbox_mcp_sandboxes_open"),
+    )
+}
+
+/// `skillbox_mcp_sessions_open` counts the MCP sessions open at `/mcp`: one after a
+/// client's handshake, none once it ends the session (DELETE); opening no sandbox.
+#[test]
+fn metrics_count_the_mcp_sessions_open() {
+    if !native_or_skip("metrics_count_the_mcp_sessions_open") {
+        return;
+    }
+    let serve = Serve::start();
+    assert_eq!(mcp_gauges(&serve), ("0".into(), "0".into()));
+    let (status, headers, answer) = initialize(&serve, ALICE);
+    assert_eq!(status, 200, "{answer}");
+    let session = header(&headers, "mcp-session-id").unwrap().to_string();
+    assert!(answer.contains("serverInfo"), "{answer}");
+    let bearer = format!("Bearer {ALICE}");
+    let (status, _, body) = http(
+        &serve,
+        "POST",
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+            ("Mcp-Session-Id", &session),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        Some(&serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
+    );
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(mcp_gauges(&serve), ("1".into(), "0".into()));
+
+    let (status, _, body) = http(
+        &serve,
+        "DELETE",
+        &[
+            ("Authorization", &bearer),
+            ("Mcp-Session-Id", &session),
+            ("MCP-Protocol-Version", "2025-11-25"),
+        ],
+        None,
+    );
+    assert_eq!(status, 202, "{body}");
+    // rmcp takes the session out of its table from the session's own task.
+    let mut gauges = mcp_gauges(&serve);
+    for _ in 0..200 {
+        if gauges.0 == "0" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+        gauges = mcp_gauges(&serve);
+    }
+    assert_eq!(gauges, ("0".into(), "0".into()));
+    assert!(serve.stop().success());
+}
+
 /// `initialize` past a bound on MCP sessions is 429, a JSON-RPC error naming the bound
 /// (with `Retry-After`): past a tenant's, while another tenant still opens one; past
 /// the server's, whoever asks. A session ended by DELETE gives its place back.

@@ -6,6 +6,7 @@
 
 mod capabilities;
 mod doors;
+mod extension;
 mod sessions;
 mod skills;
 mod ui;
@@ -697,90 +698,6 @@ async fn objects_health_metrics_and_openapi() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(json["stdout"], "alias\n");
-}
-
-/// The gauge `/metrics` reads from `/mcp`'s own session table.
-async fn mcp_gauges(server: &Server) -> (String, String) {
-    let metrics = metrics_text(server).await;
-    let value = |name: &str| -> String {
-        let lines: Vec<&str> = metrics
-            .lines()
-            .filter(|l| l.starts_with(&format!("{name} ")))
-            .collect();
-        assert_eq!(lines.len(), 1, "{metrics}");
-        assert!(
-            metrics.contains(&format!("# TYPE {name} gauge\n")),
-            "{metrics}"
-        );
-        assert!(metrics.contains(&format!("# HELP {name} ")), "{metrics}");
-        lines[0][name.len() + 1..].to_string()
-    };
-    (
-        value("skillbox_mcp_sessions_open"),
-        value("skillbox_mcp_sandboxes_open"),
-    )
-}
-
-/// `skillbox_mcp_sessions_open` counts the MCP sessions open at `/mcp`: one after a
-/// client's handshake, none once it ends the session (DELETE); opening no sandbox.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_count_the_mcp_sessions_open() {
-    let Some(server) = default_server().await else {
-        return;
-    };
-    let mcp = format!("{}/mcp", server.base);
-    assert_eq!(mcp_gauges(&server).await, ("0".into(), "0".into()));
-    let response = server
-        .http
-        .post(&mcp)
-        .header("accept", "application/json, text/event-stream")
-        .json(
-            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "metrics-test", "version": "0"}}}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let session = response.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    let answer = response.text().await.unwrap();
-    assert!(answer.contains("serverInfo"), "{answer}");
-    let response = server
-        .http
-        .post(&mcp)
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-session-id", &session)
-        .header("mcp-protocol-version", "2025-11-25")
-        .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
-    assert_eq!(mcp_gauges(&server).await, ("1".into(), "0".into()));
-
-    let response = server
-        .http
-        .delete(&mcp)
-        .header("mcp-session-id", &session)
-        .header("mcp-protocol-version", "2025-11-25")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 202);
-    // rmcp takes the session out of its table from the session's own task.
-    let mut gauges = mcp_gauges(&server).await;
-    for _ in 0..200 {
-        if gauges.0 == "0" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-        gauges = mcp_gauges(&server).await;
-    }
-    assert_eq!(gauges, ("0".into(), "0".into()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
