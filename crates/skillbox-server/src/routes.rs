@@ -39,12 +39,12 @@ use crate::{agents, auth, capabilities, extension, previews, runs, sessions, ski
         sessions::list,
         sessions::get,
         sessions::delete,
-        sessions::exec,
-        sessions::cancel,
-        sessions::read_file,
-        sessions::write_file,
-        sessions::remove_file,
-        sessions::ls
+        sessions::exec::exec,
+        sessions::exec::cancel,
+        sessions::files::read_file,
+        sessions::files::write_file,
+        sessions::files::remove_file,
+        sessions::files::ls
     ),
     components(schemas(
         // The backends a client may ask a sandbox of: its SDKs' own lists follow it.
@@ -149,18 +149,18 @@ pub fn router(state: AppState) -> Router {
             "/v1/sessions/{id}",
             get(sessions::get).delete(sessions::delete),
         )
-        .route("/v1/sessions/{id}/exec", post(sessions::exec))
+        .route("/v1/sessions/{id}/exec", post(sessions::exec::exec))
         .route(
             "/v1/sessions/{id}/execs/{exec_id}/cancel",
-            post(sessions::cancel),
+            post(sessions::exec::cancel),
         )
         .route(
             "/v1/sessions/{id}/files/{*path}",
-            get(sessions::read_file)
-                .put(sessions::write_file)
-                .delete(sessions::remove_file),
+            get(sessions::files::read_file)
+                .put(sessions::files::write_file)
+                .delete(sessions::files::remove_file),
         )
-        .route("/v1/sessions/{id}/ls", get(sessions::ls))
+        .route("/v1/sessions/{id}/ls", get(sessions::files::ls))
         .route("/v1/services", get(capabilities::services))
         .route("/v1/services/{name}", get(capabilities::service))
         .route("/v1/services/{name}/stop", post(capabilities::stop))
