@@ -6,10 +6,12 @@
 //! The rules at the top of `lib.rs` hold here: raw system calls only, buffers on the
 //! stack that are written before they are read, no panic.
 
-use core::arch::{asm, naked_asm};
+use core::arch::naked_asm;
 use core::marker::PhantomData;
 use core::mem::MaybeUninit;
 
+use crate::sys::{EINTR, Path, syscall};
+use crate::trust::Socket;
 use crate::{END, ERR, MAX_REQUEST, OTHER_VERSION, OUT, PlainExec, SOCKET};
 
 /// The process's first instruction. `rdx` is the dynamic loader's finaliser (zero in a
@@ -91,161 +93,20 @@ unsafe extern "C" fn warm_exec(stack: *const usize) {
         }
         (None, None, None) => return,
     }
-    let Some(dir) = path.terminated() else {
+    // The data dir, its socket and the server behind it, trusted as the Rust client
+    // and the server trust them: the same code (`crate::trust`).
+    let Some(socket) = path.terminated().and_then(crate::trust::server) else {
         return;
     };
-    // SAFETY: `terminated` ends it with a NUL.
-    let Some(dir) = (unsafe { DataDir::open(dir) }) else {
-        return;
-    };
-    let socket = Socket::connect(&dir);
-    dir.close();
-    let Some(socket) = socket else {
-        return;
-    };
-    if socket.is_my_users() {
-        // From here Ctrl-C ends this client (the server sees the connection close and
-        // ends the command), and a closed stdout does not: its writes fail and are
-        // dropped.
-        let signals = Signals::take();
-        if send_request(&socket, &exec, length32) {
-            relay(&socket, &path);
-        }
-        signals.restore();
+    // From here Ctrl-C ends this client (the server sees the connection close and ends
+    // the command), and a closed stdout does not: its writes fail and are dropped.
+    let signals = Signals::take();
+    if send_request(&socket, &exec, length32) {
+        relay(&socket, &path);
     }
+    signals.restore();
     socket.close();
 }
-
-/// The data dir, opened and trusted only as `skillbox_env::own_data_dir` trusts it:
-/// this user's and not writable by group or others, and so is each directory in it,
-/// with no symlink in it; and `warm.sock` a socket of this user's. The socket is then
-/// reached through this descriptor, so what was checked is what is used, whatever
-/// happens to the path in between.
-struct DataDir(Fd);
-
-const S_IFMT: u32 = 0o170000;
-const S_IFDIR: u32 = 0o040000;
-const S_IFLNK: u32 = 0o120000;
-const S_IFSOCK: u32 = 0o140000;
-const AT_SYMLINK_NOFOLLOW: usize = 0x100;
-
-impl DataDir {
-    /// # Safety
-    ///
-    /// `path` ends with a NUL (`Path::terminated`).
-    unsafe fn open(path: &[u8]) -> Option<DataDir> {
-        const O_DIRECTORY_CLOEXEC: usize = 0o200000 | 0o2000000;
-        const AT_EMPTY_PATH: usize = 0x1000;
-        // SAFETY: `path` is NUL-terminated (the caller's promise).
-        let fd = unsafe {
-            syscall(
-                SYS_OPENAT,
-                [AT_FDCWD, path.as_ptr() as usize, O_DIRECTORY_CLOEXEC],
-            )
-        };
-        let dir = DataDir(Fd::own(fd)?);
-        // SAFETY: both names are NUL-terminated.
-        let (stat_dir, stat_socket) = unsafe {
-            (
-                stat(dir.0.raw(), c"".as_ptr().cast(), AT_EMPTY_PATH),
-                stat(
-                    dir.0.raw(),
-                    SOCKET_NAME.as_ptr().cast(),
-                    AT_SYMLINK_NOFOLLOW,
-                ),
-            )
-        };
-        let me = euid();
-        let trusted = match (stat_dir, stat_socket) {
-            (Some(d), Some(s)) => {
-                private_dir(&d, me)
-                    && s.mode & S_IFMT == S_IFSOCK
-                    && s.uid == me
-                    && dir.entries_are_private(me)
-            }
-            _ => false,
-        };
-        if trusted {
-            return Some(dir);
-        }
-        dir.close();
-        None
-    }
-
-    /// No entry is a symlink, and each directory is [`private_dir`]; false when the
-    /// directory cannot be listed.
-    fn entries_are_private(&self, me: u32) -> bool {
-        const DT_DIR: u8 = 4;
-        const DT_REG: u8 = 8;
-        const DT_SOCK: u8 = 12;
-        let mut buffer = MaybeUninit::<[u8; 4096]>::uninit();
-        let at = buffer.as_mut_ptr().cast::<u8>();
-        loop {
-            // SAFETY: getdents64(2) writes at most 4096 bytes of entries into `buffer`.
-            let got = unsafe { syscall(SYS_GETDENTS64, [self.0.raw(), at as usize, 4096]) };
-            let Ok(got) = usize::try_from(got) else {
-                return false;
-            };
-            if got == 0 {
-                return true;
-            }
-            let mut offset = 0;
-            while offset + 19 < got {
-                // SAFETY: a `linux_dirent64` at `offset` (the kernel wrote `got` bytes of
-                // them): d_ino (8), d_off (8), d_reclen (2), d_type (1), the NUL-ended
-                // name.
-                let (len, kind, name) = unsafe {
-                    let entry = at.add(offset);
-                    (
-                        usize::from(entry.add(16).cast::<u16>().read_unaligned()),
-                        *entry.add(18),
-                        entry.add(19),
-                    )
-                };
-                if len <= 19 || offset + len > got {
-                    return false;
-                }
-                offset += len;
-                if kind == DT_REG || kind == DT_SOCK {
-                    continue;
-                }
-                // SAFETY: the name and its NUL fill the rest of the entry's `len` bytes.
-                let named = unsafe { core::slice::from_raw_parts(name, len - 19) };
-                let named = named.split(|&byte| byte == 0).next().unwrap_or(&[]);
-                if kind == DT_DIR && (crate::same(named, b".") || crate::same(named, b"..")) {
-                    continue;
-                }
-                // SAFETY: the name is NUL-terminated within the entry.
-                let Some(entry) = (unsafe { stat(self.0.raw(), name, AT_SYMLINK_NOFOLLOW) }) else {
-                    return false;
-                };
-                if entry.mode & S_IFMT == S_IFLNK
-                    || (entry.mode & S_IFMT == S_IFDIR && !private_dir(&entry, me))
-                {
-                    return false;
-                }
-            }
-        }
-    }
-
-    fn close(self) {
-        self.0.close();
-    }
-}
-
-/// This process's effective uid.
-fn euid() -> u32 {
-    // SAFETY: geteuid(2) takes nothing.
-    unsafe { syscall(SYS_GETEUID, [0; 0]) as u32 }
-}
-
-/// A directory of `me`'s that group and others cannot write.
-fn private_dir(stat: &Stat, me: u32) -> bool {
-    stat.mode & S_IFMT == S_IFDIR && stat.uid == me && stat.mode & 0o022 == 0
-}
-
-/// `warm.sock` (`crate::SOCKET`), NUL-terminated.
-const SOCKET_NAME: &core::ffi::CStr = c"warm.sock";
 
 /// The frames from the server, to stdout and stderr, until the exit status; ends the
 /// process, unless the first frame says the server is another version.
@@ -350,38 +211,7 @@ impl Chunk<'_> {
     }
 }
 
-/// A path built in a caller's buffer (the data dir's, a socket's, a `/proc` file's).
-struct Path {
-    bytes: *mut u8,
-    capacity: usize,
-    len: usize,
-    overflowed: bool,
-}
-
 impl Path {
-    /// A path in `buffer`; one that would not fit (with its NUL) is `overflowed`.
-    fn new<const N: usize>(buffer: &mut MaybeUninit<[u8; N]>) -> Path {
-        Path {
-            bytes: buffer.as_mut_ptr().cast(),
-            capacity: N,
-            len: 0,
-            overflowed: false,
-        }
-    }
-
-    fn push(&mut self, piece: &[u8]) {
-        for &byte in piece {
-            // One byte is kept for the NUL.
-            if self.len + 1 >= self.capacity || byte == 0 {
-                self.overflowed = true;
-                return;
-            }
-            // SAFETY: `len` is below the buffer's size, checked above.
-            unsafe { self.bytes.add(self.len).write(byte) };
-            self.len += 1;
-        }
-    }
-
     /// `dir` made absolute as `std::path::absolute` makes it: after the working
     /// directory when relative; `.` and empty components dropped, `..` kept, a
     /// leading `//` (exactly two) kept.
@@ -415,216 +245,10 @@ impl Path {
             _ => self.overflowed = true,
         }
     }
-
-    /// The path with a NUL after it, for a system call (`/` for the root).
-    fn terminated(&mut self) -> Option<&[u8]> {
-        if self.len == 0 {
-            self.push(b"/");
-        }
-        if self.overflowed {
-            return None;
-        }
-        // SAFETY: `push` keeps one byte of the buffer free for this.
-        unsafe {
-            self.bytes.add(self.len).write(0);
-            Some(core::slice::from_raw_parts(self.bytes, self.len + 1))
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the first `len` bytes were written by `push` or getcwd(2).
-        unsafe { core::slice::from_raw_parts(self.bytes, self.len) }
-    }
 }
 
-/// A descriptor this process opened; `close` closes it. Not `Drop`: the compiler
-/// exports a trait's methods, and so calls them through the GOT (see lib.rs).
-struct Fd(i32);
-
-impl Fd {
-    /// The descriptor in a system call's answer; `None` for an error, and for 0, 1
-    /// or 2 (closed): a closed stdout would make the socket fd 1, and the command's
-    /// output would go into it. The full client runs after Rust's start has put
-    /// `/dev/null` there.
-    fn own(answer: isize) -> Option<Fd> {
-        let fd = Fd(i32::try_from(answer).ok().filter(|&fd| fd >= 0)?);
-        if fd.0 < 3 {
-            fd.close();
-            return None;
-        }
-        Some(fd)
-    }
-
-    fn raw(&self) -> usize {
-        self.0 as usize
-    }
-
-    fn close(self) {
-        // SAFETY: closes the descriptor this value owns.
-        unsafe { syscall(SYS_CLOSE, [self.raw()]) };
-    }
-}
-
-/// What `newfstatat(2)` says of a file.
-struct Stat {
-    dev: u64,
-    ino: u64,
-    mode: u32,
-    uid: u32,
-}
-
-/// `newfstatat(dir, name, flags)`; `None` on failure.
-///
-/// # Safety
-///
-/// `name` is NUL-terminated.
-unsafe fn stat(dir: usize, name: *const u8, flags: usize) -> Option<Stat> {
-    let mut raw = MaybeUninit::<[u64; 18]>::uninit();
-    // SAFETY: newfstatat(2) writes one `struct stat` (144 bytes) into `raw`; `name` is
-    // the caller's promise.
-    let done = unsafe {
-        syscall(
-            SYS_NEWFSTATAT,
-            [dir, name as usize, raw.as_mut_ptr() as usize, flags],
-        )
-    };
-    if done != 0 {
-        return None;
-    }
-    let words = raw.as_ptr().cast::<u64>();
-    // SAFETY: filled by the kernel: st_dev, st_ino, st_nlink, then st_mode and st_uid
-    // (32 bits each) in the fourth word.
-    unsafe {
-        Some(Stat {
-            dev: *words,
-            ino: *words.add(1),
-            mode: *words.add(3) as u32,
-            uid: (*words.add(3) >> 32) as u32,
-        })
-    }
-}
-
-const AT_FDCWD: usize = -100isize as usize;
-
-/// A unix stream socket; `close` closes it.
-struct Socket(Fd);
-
+/// The entry point's own use of the socket `crate::trust` connected.
 impl Socket {
-    /// Connects to `warm.sock` in `dir`, through the descriptor (`/proc/self/fd/N`).
-    fn connect(dir: &DataDir) -> Option<Socket> {
-        const AF_UNIX: usize = 1;
-        const SOCK_STREAM_CLOEXEC: usize = 1 | 0o2000000;
-        // SAFETY: socket(2) takes no pointers.
-        let socket = Socket(Fd::own(unsafe {
-            syscall(SYS_SOCKET, [AF_UNIX, SOCK_STREAM_CLOEXEC, 0, 0])
-        })?);
-        // A `sockaddr_un`: the family, then the path and its NUL (108 bytes at most).
-        let mut name = MaybeUninit::<[u8; 108]>::uninit();
-        let mut path = Path::new(&mut name);
-        path.push(b"/proc/self/fd/");
-        decimal(&mut path, dir.0.raw());
-        path.push(b"/");
-        path.push(SOCKET.as_bytes());
-        let connected = match path.terminated() {
-            Some(name) => {
-                let mut address = MaybeUninit::<[u8; 110]>::uninit();
-                let at = address.as_mut_ptr().cast::<u8>();
-                // SAFETY: `address` holds the family's 2 bytes and 108 more, and
-                // `name` is at most 108; connect(2) reads `2 + name.len()` of them.
-                unsafe {
-                    at.cast::<u16>().write_unaligned(AF_UNIX as u16);
-                    for (i, &byte) in name.iter().enumerate() {
-                        at.add(2 + i).write(byte);
-                    }
-                    syscall(SYS_CONNECT, [socket.0.raw(), at as usize, 2 + name.len()]) == 0
-                }
-            }
-            None => false,
-        };
-        if connected {
-            return Some(socket);
-        }
-        socket.close();
-        None
-    }
-
-    /// The process at the other end is this user's, in this user namespace (the
-    /// kernel says so): a server of another user, or a process in a sandbox (whose
-    /// user may be this one's uid), is none of this client's business.
-    fn is_my_users(&self) -> bool {
-        const SO_PEERCRED: usize = 17;
-        const SO_PEERPIDFD: usize = 77;
-        let mut credentials = [0u32; 3];
-        // SAFETY: `credentials` holds the 12 bytes of a `ucred`: pid, uid, gid.
-        let got = unsafe { self.option(SO_PEERCRED, credentials.as_mut_ptr().cast(), 12) };
-        let [_, uid, _] = credentials;
-        if got != Some(12) || uid != euid() {
-            return false;
-        }
-        let mut pidfd = -1i32;
-        // SAFETY: `pidfd` holds the 4 bytes of a descriptor.
-        let got = unsafe { self.option(SO_PEERPIDFD, (&raw mut pidfd).cast(), 4) };
-        let Some(pidfd) = (got == Some(4)).then(|| Fd::own(pidfd as isize)).flatten() else {
-            return false;
-        };
-        // The peer's pid as this /proc numbers it (not as SO_PEERCRED does: in another
-        // pid namespace the two differ).
-        let Some(pid) = pid_of(&pidfd) else {
-            pidfd.close();
-            return false;
-        };
-        let mut buffer = MaybeUninit::<[u8; 32]>::uninit();
-        let mut theirs = Path::new(&mut buffer);
-        theirs.push(b"/proc/");
-        decimal(&mut theirs, pid);
-        theirs.push(b"/ns/user");
-        // SAFETY: both names are NUL-terminated.
-        let (theirs, mine) = unsafe {
-            (
-                theirs
-                    .terminated()
-                    .and_then(|name| stat(AT_FDCWD, name.as_ptr(), 0)),
-                stat(AT_FDCWD, c"/proc/self/ns/user".as_ptr().cast(), 0),
-            )
-        };
-        // Still alive after the lookup: the pid was not another process's by then.
-        // SAFETY: signal 0 through our own pidfd only checks that the process lives.
-        let alive = unsafe { syscall(SYS_PIDFD_SEND_SIGNAL, [pidfd.raw(), 0, 0, 0]) } == 0;
-        pidfd.close();
-        match (theirs, mine) {
-            (Some(theirs), Some(mine)) => alive && (theirs.dev, theirs.ino) == (mine.dev, mine.ino),
-            _ => false,
-        }
-    }
-
-    /// A `SOL_SOCKET` option of the socket into `to`; how many bytes the kernel wrote.
-    ///
-    /// # Safety
-    ///
-    /// `to` is valid for `len` bytes of writes.
-    unsafe fn option(&self, name: usize, to: *mut u8, len: u32) -> Option<u32> {
-        const SOL_SOCKET: usize = 1;
-        let mut len = len;
-        // SAFETY: getsockopt(2) writes at most `len` bytes to `to` (the caller's promise).
-        let done = unsafe {
-            syscall(
-                SYS_GETSOCKOPT,
-                [
-                    self.0.raw(),
-                    SOL_SOCKET,
-                    name,
-                    to as usize,
-                    (&raw mut len) as usize,
-                ],
-            )
-        };
-        (done == 0).then_some(len)
-    }
-
-    fn close(self) {
-        self.0.close();
-    }
-
     fn send_all(&self, mut bytes: &[u8]) -> bool {
         const MSG_NOSIGNAL: usize = 0x4000;
         while !bytes.is_empty() {
@@ -659,7 +283,7 @@ impl Socket {
     unsafe fn read(&self, to: *mut u8, len: usize) -> usize {
         loop {
             // SAFETY: the caller's promise.
-            let got = unsafe { syscall(SYS_READ, [self.0.raw(), to as usize, len]) };
+            let got = unsafe { syscall(crate::sys::READ, [self.0.raw(), to as usize, len]) };
             if got != -EINTR {
                 return usize::try_from(got).unwrap_or(0);
             }
@@ -816,112 +440,16 @@ impl<'a> Iterator for CStrs<'a> {
     }
 }
 
-/// The pid of `pidfd`'s process in this /proc (its `fdinfo`'s `Pid:`); `None` when it
-/// has exited or is not in this /proc's pid namespace.
-fn pid_of(pidfd: &Fd) -> Option<usize> {
-    const O_RDONLY_CLOEXEC: usize = 0o2000000;
-    let mut name = MaybeUninit::<[u8; 48]>::uninit();
-    let mut path = Path::new(&mut name);
-    path.push(b"/proc/self/fdinfo/");
-    decimal(&mut path, pidfd.raw());
-    let name = path.terminated()?;
-    // SAFETY: `name` is NUL-terminated.
-    let fd = Fd::own(unsafe {
-        syscall(
-            SYS_OPENAT,
-            [AT_FDCWD, name.as_ptr() as usize, O_RDONLY_CLOEXEC],
-        )
-    })?;
-    let mut buffer = MaybeUninit::<[u8; 1024]>::uninit();
-    let at = buffer.as_mut_ptr().cast::<u8>();
-    // SAFETY: read(2) writes at most 1024 bytes into `buffer`.
-    let got = unsafe { syscall(SYS_READ, [fd.raw(), at as usize, 1024]) };
-    fd.close();
-    // SAFETY: the kernel wrote `got` bytes there.
-    let text = unsafe { core::slice::from_raw_parts(at, usize::try_from(got).ok()?) };
-    let mut lines = text.split(|&byte| byte == b'\n');
-    let value = lines.find_map(|line| crate::after(line, b"Pid:\t"))?;
-    let mut pid = 0usize;
-    for &digit in value {
-        if !digit.is_ascii_digit() {
-            return None;
-        }
-        pid = pid
-            .checked_mul(10)?
-            .checked_add(usize::from(digit - b'0'))?;
-    }
-    (pid > 0).then_some(pid)
-}
-
-/// `n` in decimal, after what `path` holds.
-fn decimal(path: &mut Path, n: usize) {
-    let mut digits = [0u8; 20];
-    let (mut at, mut left) = (digits.len(), n);
-    loop {
-        at -= 1;
-        if let Some(digit) = digits.get_mut(at) {
-            *digit = b'0' + (left % 10) as u8;
-        }
-        left /= 10;
-        if left == 0 || at == 0 {
-            break;
-        }
-    }
-    path.push(digits.get(at..).unwrap_or(&[]));
-}
-
-const EINTR: isize = 4;
-const SYS_READ: usize = 0;
+// The system calls only the entry point makes (the rest are `crate::sys`'s).
 const SYS_WRITE: usize = 1;
-const SYS_CLOSE: usize = 3;
 const SYS_RT_SIGACTION: usize = 13;
-const SYS_SOCKET: usize = 41;
-const SYS_CONNECT: usize = 42;
 const SYS_SENDTO: usize = 44;
-const SYS_GETSOCKOPT: usize = 55;
 const SYS_GETCWD: usize = 79;
-const SYS_GETDENTS64: usize = 217;
-const SYS_GETEUID: usize = 107;
-const SYS_OPENAT: usize = 257;
-const SYS_NEWFSTATAT: usize = 262;
-const SYS_PIDFD_SEND_SIGNAL: usize = 424;
 const SYS_EXIT_GROUP: usize = 231;
-
-/// A system call with up to six arguments; the kernel's answer (`-errno` on failure).
-///
-/// # Safety
-///
-/// The call's own: any pointer among `args` must be valid for what it does with it.
-unsafe fn syscall<const N: usize>(number: usize, args: [usize; N]) -> isize {
-    let arg = |at: usize| args.get(at).copied().unwrap_or(0);
-    let answer: isize;
-    // SAFETY: the caller's promise; `syscall` clobbers rcx and r11 only.
-    unsafe {
-        asm!(
-            "syscall",
-            inlateout("rax") number as isize => answer,
-            in("rdi") arg(0),
-            in("rsi") arg(1),
-            in("rdx") arg(2),
-            in("r10") arg(3),
-            in("r8") arg(4),
-            in("r9") arg(5),
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        );
-    }
-    answer
-}
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_socket_s_name_is_the_protocol_s() {
-        assert_eq!(SOCKET_NAME.to_bytes(), SOCKET.as_bytes());
-    }
 
     /// The data dir's path, and so the socket's in a message, is the one `main` makes
     /// (`std::path::absolute`, then `join`).
@@ -942,16 +470,6 @@ mod tests {
             ours.push_str(SOCKET);
             let std = std::path::absolute(dir).unwrap().join(SOCKET);
             assert_eq!(ours, std.to_str().unwrap(), "{dir}");
-        }
-    }
-
-    #[test]
-    fn numbers_are_written_in_decimal() {
-        for n in [0, 7, 10, 1234, usize::MAX] {
-            let mut buffer = MaybeUninit::<[u8; 32]>::uninit();
-            let mut path = Path::new(&mut buffer);
-            decimal(&mut path, n);
-            assert_eq!(path.bytes(), n.to_string().as_bytes());
         }
     }
 }

@@ -9,10 +9,14 @@
 //! command line is parsed as usual.
 //!
 //! This file is the portable part: the protocol, which command lines are a plain exec,
-//! and the request's bytes. `entry` (x86-64 Linux) is the entry point itself. Only the
-//! protocol's constants are public: a function another crate could reach would be
-//! exported, and rustc calls exported functions through the GOT (it does not ask the
-//! linker to relax those calls), which is not filled in yet.
+//! and the request's bytes. `entry` (x86-64 Linux) is the entry point itself; `trust`
+//! (x86-64 and aarch64 Linux) is which server a client talks to and whom a server
+//! serves, the one copy of those checks, which skillbox's Rust client and server call
+//! too; `sys` is the raw system calls both make. Besides the protocol's constants only
+//! `trust`'s two doors are public, and the entry point does not call them: a function
+//! another crate could reach would be exported, and rustc calls exported functions
+//! through the GOT (it does not ask the linker to relax those calls), which is not
+//! filled in yet.
 //!
 //! # Nothing here may need the C library or a relocation
 //!
@@ -36,6 +40,16 @@
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod entry;
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+mod sys;
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+pub mod trust;
 
 /// The server's socket, in the data dir.
 pub const SOCKET: &str = "warm.sock";

@@ -11,10 +11,13 @@
 //!
 //! A plain `exec -- CMD` (default limits) is sent by the binary's entry point before
 //! glibc starts (`skillbox_entry`, same wire format); this client serves the rest
-//! (`exec` with limits of its own) and binaries without that entry point.
+//! (`exec` with limits of its own) and binaries without that entry point. Which server
+//! a client talks to, and whom the server serves, is decided by one piece of code that
+//! all three run, `skillbox_entry::trust`.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -37,6 +40,7 @@ pub struct WarmArgs {
     sandboxes: u16,
 }
 
+use skillbox_entry::trust::Refusal;
 use skillbox_entry::{END, ERR, MAX_REQUEST, OTHER_VERSION, OUT, SOCKET};
 
 /// What `exec` asks for: the sandbox's limits and the command.
@@ -60,20 +64,13 @@ fn socket_path(data_dir: &Path) -> PathBuf {
 // ---- The client: `skillbox exec` ----
 
 /// Runs `exec` in a sandbox the data dir's `skillbox warm` made ahead; `None` when no
-/// server answers there (or it is another version): the caller makes the sandbox.
+/// server this client trusts answers there (or it is another version): the caller makes
+/// the sandbox.
 ///
 /// Plain blocking I/O on the calling thread: a one-shot client has nothing else to
 /// do, and an async runtime would cost it more to start than the relay costs.
 pub fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
-    let mut stream = std::os::unix::net::UnixStream::connect(socket_path(data_dir)).ok()?;
-    // A server of another user, or a process in a sandbox (whose user may be this
-    // one's uid), is none of this client's business (as the entry point's).
-    // SAFETY: geteuid has no preconditions.
-    if peer_uid(&stream)? != unsafe { libc::geteuid() }
-        || !peer_in_my_user_namespace(&stream).ok()?
-    {
-        return None;
-    }
+    let mut stream = connect(data_dir)?;
     let request = serde_json::to_vec(&Request {
         version: env!("CARGO_PKG_VERSION").into(),
         exec: Exec {
@@ -120,22 +117,36 @@ pub fn exec(data_dir: &Path, exec: &Exec) -> Option<ExitCode> {
     }
 }
 
-/// The uid of the process at the other end of `stream`, from the kernel.
-fn peer_uid(stream: &impl AsRawFd) -> Option<u32> {
-    // SAFETY: an all-zero ucred is a valid value to overwrite.
-    let mut credentials: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `credentials`.
-    let done = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut credentials).cast(),
-            &mut len,
-        )
-    };
-    (done == 0).then_some(credentials.uid)
+/// `warm.sock` in the data dir, connected, when the data dir, the socket and the
+/// process listening there are trusted, as the entry point trusts them (the same code).
+fn connect(data_dir: &Path) -> Option<std::os::unix::net::UnixStream> {
+    let dir = std::ffi::CString::new(data_dir.as_os_str().as_bytes()).ok()?;
+    let fd = skillbox_entry::trust::connect(&dir)?;
+    // SAFETY: `connect` hands over a connected unix stream socket, ours to close.
+    Some(unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) })
+}
+
+/// Whether the process at the other end of `stream` is served: this user's, in this
+/// user namespace (the check a client makes of its server, the same code).
+fn check_peer(stream: &impl AsFd) -> Result<(), Refusal> {
+    // SAFETY: the descriptor stays open while `stream` is borrowed.
+    unsafe { skillbox_entry::trust::check_peer(stream.as_fd().as_raw_fd()) }
+}
+
+/// What a refusal says of the peer, for a message.
+fn why(refusal: Refusal) -> String {
+    match refusal {
+        Refusal::NoCredentials => "the kernel does not say who it is (SO_PEERCRED)".into(),
+        Refusal::OtherUser(uid) => format!("it is uid {uid}"),
+        Refusal::NoPidfd(0) => "no pidfd of it (SO_PEERPIDFD)".into(),
+        Refusal::NoPidfd(errno) => format!(
+            "no pidfd of it (SO_PEERPIDFD): {}",
+            std::io::Error::from_raw_os_error(errno)
+        ),
+        Refusal::Gone => "it has exited, or this /proc does not number it".into(),
+        Refusal::NoUserNamespace => "its user namespace cannot be read".into(),
+        Refusal::OtherUserNamespace => "it is in another user namespace".into(),
+    }
 }
 
 fn read_frame(stream: &mut impl Read) -> Option<(u8, Vec<u8>)> {
@@ -197,11 +208,10 @@ pub async fn serve(args: WarmArgs, data_dir: &Path) -> ExitCode {
     // The server tells a sandbox's process from the caller's by the peer's pidfd.
     let peer_check = std::os::unix::net::UnixStream::pair()
         .map_err(|e| e.to_string())
-        .and_then(|(a, _b)| peer_in_my_user_namespace(&a));
-    if peer_check != Ok(true) {
+        .and_then(|(a, _b)| check_peer(&a).map_err(why));
+    if let Err(reason) = peer_check {
         eprintln!(
-            "skillbox warm: unavailable: cannot check who connects ({}); it needs Linux 6.5 or later (SO_PEERPIDFD)",
-            peer_check.err().unwrap_or_default()
+            "skillbox warm: unavailable: cannot check who connects ({reason}); it needs Linux 6.5 or later (SO_PEERPIDFD)"
         );
         return ExitCode::from(crate::EXIT_SETUP_FAILED);
     }
@@ -285,65 +295,6 @@ async fn listen(path: &Path) -> Result<UnixListener, String> {
     Ok(listener)
 }
 
-/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the peer, which cannot be reused as a pid can.
-const SO_PEERPIDFD: libc::c_int = 77;
-
-/// A pidfd of the process at the other end of `stream`.
-fn peer_pidfd(stream: &impl AsRawFd) -> std::io::Result<OwnedFd> {
-    let mut fd: libc::c_int = -1;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `fd`.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_PEERPIDFD,
-            (&mut fd as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 || fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel gave us this fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Whether the peer is a process of this server's own user namespace. A sandbox's
-/// process never is, whatever host uid it maps to (without root the sandbox user is the
-/// caller's uid), so code in a sandbox that can see the socket is refused too.
-fn peer_in_my_user_namespace(stream: &impl AsRawFd) -> Result<bool, String> {
-    use std::os::unix::fs::MetadataExt;
-    let pidfd = peer_pidfd(stream).map_err(|e| format!("the peer's pidfd: {e}"))?;
-    let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))
-        .map_err(|e| format!("the peer's pid: {e}"))?;
-    let pid: i32 = fdinfo
-        .lines()
-        .find_map(|line| line.strip_prefix("Pid:"))
-        .and_then(|pid| pid.trim().parse().ok())
-        .filter(|pid| *pid > 0)
-        .ok_or("the peer has exited")?;
-    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/user"))
-        .map_err(|e| format!("the peer's user namespace: {e}"))?;
-    // Still alive after the lookup: the pid was not reused in between.
-    // SAFETY: signal 0 through our own pidfd only checks that the process lives.
-    let alive = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            0,
-            std::ptr::null::<libc::siginfo_t>(),
-            0u32,
-        )
-    } == 0;
-    if !alive {
-        return Err("the peer has exited".into());
-    }
-    let mine = std::fs::metadata("/proc/self/ns/user")
-        .map_err(|e| format!("this process's user namespace: {e}"))?;
-    Ok((theirs.dev(), theirs.ino()) == (mine.dev(), mine.ino()))
-}
-
 async fn send(stream: &mut tokio::net::unix::OwnedWriteHalf, kind: u8, bytes: &[u8]) -> bool {
     let mut frame = Vec::with_capacity(5 + bytes.len());
     frame.push(kind);
@@ -354,10 +305,7 @@ async fn send(stream: &mut tokio::net::unix::OwnedWriteHalf, kind: u8, bytes: &[
 
 /// One `exec`: checked to come from this server's own user, run, answered.
 async fn serve_one(stream: UnixStream, backend: Arc<NativeBackend>) {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    let peer = stream.peer_cred().map(|cred| cred.uid());
-    let own_namespace = peer_in_my_user_namespace(&stream);
+    let peer = check_peer(&stream);
     let (mut input, mut output) = stream.into_split();
     let request = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         let mut head = [0u8; 4];
@@ -375,13 +323,20 @@ async fn serve_one(stream: UnixStream, backend: Arc<NativeBackend>) {
         return;
     };
     // Read first: a socket closed on an unread request resets, and the refusal with it.
-    let refusal = match (peer.as_ref().ok() == Some(&me), own_namespace) {
-        (true, Ok(true)) => None,
-        (false, _) => Some(format!("skillbox warm serves uid {me} only, not {peer:?}")),
-        (true, Ok(false)) => {
+    let refusal = match peer {
+        Ok(()) => None,
+        Err(Refusal::OtherUser(uid)) => {
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            Some(format!("skillbox warm serves uid {me} only, not uid {uid}"))
+        }
+        Err(Refusal::OtherUserNamespace) => {
             Some("skillbox warm serves no process in another user namespace (a sandbox)".into())
         }
-        (true, Err(e)) => Some(format!("skillbox warm cannot tell who connected: {e}")),
+        Err(other) => Some(format!(
+            "skillbox warm cannot tell who connected: {}",
+            why(other)
+        )),
     };
     if let Some(refusal) = refusal {
         tracing::warn!(?peer, refusal, "warm: a connection refused");
@@ -492,5 +447,215 @@ mod tests {
         assert_eq!(skillbox_entry::VERSION, env!("CARGO_PKG_VERSION"));
         let limits: Limits = serde_json::from_str(skillbox_entry::LIMITS).unwrap();
         assert_eq!(limits, crate::exec::default_limits());
+    }
+
+    /// A client (the entry point's code, `skillbox_entry::trust`) trusts the data dirs
+    /// `own_data_dir` accepts, and no other, when a socket of this user's is in them:
+    /// the rule has a second copy there (it creates the dir and says what to fix), and
+    /// this holds the two to each other, row by row.
+    #[test]
+    fn a_client_trusts_the_data_dirs_own_data_dir_accepts() {
+        use std::fs::{Permissions, create_dir, set_permissions, write};
+        use std::os::unix::fs::{lchown, symlink};
+        fn chmod(path: &Path, mode: u32) {
+            set_permissions(path, Permissions::from_mode(mode)).unwrap();
+        }
+        fn dir_with(path: &Path, mode: u32) {
+            create_dir(path).unwrap();
+            chmod(path, mode);
+        }
+        fn files(dir: &Path) {
+            // Past one 4 KiB listing buffer.
+            for n in 0..200 {
+                write(dir.join(format!("{n:0>60}")), "").unwrap();
+            }
+        }
+        fn someone_else(path: &Path) {
+            lchown(path, Some(65534), Some(65534)).unwrap();
+        }
+        // SAFETY: geteuid has no preconditions.
+        let root_user = unsafe { libc::geteuid() } == 0;
+        let root = tempfile::tempdir().unwrap();
+        type Plant = Box<dyn Fn(&Path) -> PathBuf>;
+        let same = |plant: fn(&Path)| -> Plant {
+            Box::new(move |dir: &Path| {
+                plant(dir);
+                dir.to_path_buf()
+            })
+        };
+        // (what it is, what is done to a data dir with a listening warm.sock (the path
+        // to try), own_data_dir accepts it, a client trusts it)
+        let mut rows: Vec<(&str, Plant, bool, bool)> = vec![
+            ("as own_data_dir makes it", same(|_| {}), true, true),
+            ("0755", same(|d| chmod(d, 0o755)), true, true),
+            (
+                "0775: its group may write",
+                same(|d| chmod(d, 0o775)),
+                false,
+                false,
+            ),
+            (
+                "0757: others may write",
+                same(|d| chmod(d, 0o757)),
+                false,
+                false,
+            ),
+            ("1777", same(|d| chmod(d, 0o1777)), false, false),
+            (
+                "a file anyone may write in it",
+                same(|d| {
+                    write(d.join("f"), "").unwrap();
+                    chmod(&d.join("f"), 0o666);
+                }),
+                true,
+                true,
+            ),
+            (
+                "a fifo in it",
+                same(|d| {
+                    let fifo =
+                        std::ffi::CString::new(d.join("fifo").as_os_str().as_bytes()).unwrap();
+                    // SAFETY: a NUL-terminated path.
+                    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+                }),
+                true,
+                true,
+            ),
+            (
+                "a private directory in it",
+                same(|d| dir_with(&d.join("sub"), 0o755)),
+                true,
+                true,
+            ),
+            (
+                "a directory in it its group may write",
+                same(|d| dir_with(&d.join("sub"), 0o770)),
+                false,
+                false,
+            ),
+            (
+                "a directory in it anyone may write, sticky",
+                same(|d| dir_with(&d.join("sub"), 0o1777)),
+                false,
+                false,
+            ),
+            (
+                "a directory anyone may write, one further down",
+                same(|d| {
+                    dir_with(&d.join("sub"), 0o700);
+                    dir_with(&d.join("sub/deep"), 0o777);
+                }),
+                true,
+                true,
+            ),
+            (
+                "a symlink in it",
+                same(|d| symlink("/etc", d.join("link")).unwrap()),
+                false,
+                false,
+            ),
+            (
+                "a symlink to a directory of its own",
+                same(|d| {
+                    dir_with(&d.join("sub"), 0o700);
+                    symlink("sub", d.join("link")).unwrap();
+                }),
+                false,
+                false,
+            ),
+            (
+                "a dangling symlink in it",
+                same(|d| symlink("/nonexistent", d.join("link")).unwrap()),
+                false,
+                false,
+            ),
+            ("many files in it", same(files), true, true),
+            (
+                "many files and a directory anyone may write in it",
+                same(|d| {
+                    files(d);
+                    dir_with(&d.join("sub"), 0o777);
+                }),
+                false,
+                false,
+            ),
+            (
+                "warm.sock a link to the socket",
+                same(|d| {
+                    std::fs::rename(d.join(SOCKET), d.join("real.sock")).unwrap();
+                    symlink("real.sock", d.join(SOCKET)).unwrap();
+                }),
+                false,
+                false,
+            ),
+            // The client's own rule: own_data_dir knows nothing of sockets.
+            (
+                "warm.sock a file",
+                same(|d| {
+                    std::fs::remove_file(d.join(SOCKET)).unwrap();
+                    write(d.join(SOCKET), "").unwrap();
+                }),
+                true,
+                false,
+            ),
+            (
+                "reached through a symlink",
+                Box::new(|d: &Path| {
+                    let link = d.with_extension("link");
+                    symlink(d, &link).unwrap();
+                    link
+                }) as Plant,
+                true,
+                true,
+            ),
+            // Root reads what it may not.
+            (
+                "0300: it cannot be listed",
+                same(|d| chmod(d, 0o300)),
+                root_user,
+                root_user,
+            ),
+        ];
+        if root_user {
+            rows.extend::<[(&str, Plant, bool, bool); 4]>([
+                ("another user's", same(someone_else), false, false),
+                (
+                    "another user's directory in it",
+                    same(|d| {
+                        dir_with(&d.join("sub"), 0o700);
+                        someone_else(&d.join("sub"));
+                    }),
+                    false,
+                    false,
+                ),
+                (
+                    "another user's file in it",
+                    same(|d| {
+                        write(d.join("f"), "").unwrap();
+                        someone_else(&d.join("f"));
+                    }),
+                    true,
+                    true,
+                ),
+                // The client's own rule again.
+                (
+                    "warm.sock another user's",
+                    same(|d| someone_else(&d.join(SOCKET))),
+                    true,
+                    false,
+                ),
+            ]);
+        }
+        for (n, (what, plant, own, trusted)) in rows.iter().enumerate() {
+            let dir = root.path().join(n.to_string());
+            dir_with(&dir, 0o700);
+            let listener = std::os::unix::net::UnixListener::bind(dir.join(SOCKET)).unwrap();
+            let path = plant(&dir);
+            let client = connect(&path).is_some();
+            let accepted = skillbox_env::own_data_dir(&path).is_ok();
+            assert_eq!((accepted, client), (*own, *trusted), "{what}");
+            drop(listener);
+            chmod(&dir, 0o700);
+        }
     }
 }
