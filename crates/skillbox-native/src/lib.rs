@@ -12,6 +12,7 @@ mod connect;
 mod egress;
 mod fs;
 mod idmap;
+mod ids;
 mod landlock;
 mod layout;
 mod probe;

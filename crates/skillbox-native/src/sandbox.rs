@@ -23,9 +23,10 @@ use tokio_util::task::TaskTracker;
 use crate::cgroup::{self, ExecCgroup};
 use crate::child::{ChildFds, ChildPlan, STEP_CHDIR, STEP_EXEC, read_record};
 use crate::child::{MAX_ARGS, MAX_ENV, MAX_PROGRAMS};
+use crate::ids::HostIds;
 use crate::landlock;
 use crate::layout::{self, Root};
-use crate::spawn::{self, HostIds, InitProcess, Started};
+use crate::spawn::{self, InitProcess, Started};
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 

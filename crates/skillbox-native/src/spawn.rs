@@ -13,6 +13,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::cgroup::ExecCgroup;
 use crate::child::{self, ChildFds, ChildPlan};
+use crate::ids::{HostIds, SANDBOX_ID};
 
 /// The namespaces every sandbox is cloned into. Its cgroup namespace, the last, init
 /// makes itself once it is in the exec's cgroups (`child::init_main`), so that it is
@@ -26,9 +27,6 @@ const NAMESPACES: u64 = (libc::CLONE_NEWUSER
 
 /// `CLONE_INTO_CGROUP` (Linux 5.7); libc's constant is deprecated for overflowing.
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-
-/// The uid and gid of the sandbox's user, inside.
-pub const SANDBOX_ID: u32 = 1000;
 
 /// The sandbox's init, owned: dropping it before it was reaped kills it (and with it
 /// the whole pid namespace) and reaps it, so no path can leave a sandbox running
@@ -199,13 +197,6 @@ fn pipes() -> std::io::Result<Pipes> {
         sync: sync_w,
         child: [sync_r, error_w, status_w, stdin_r, stdout_w, stderr_w],
     })
-}
-
-/// Host ids the sandbox user maps to.
-#[derive(Debug, Clone, Copy)]
-pub struct HostIds {
-    pub uid: u32,
-    pub gid: u32,
 }
 
 enum Job {
