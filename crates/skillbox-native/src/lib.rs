@@ -8,6 +8,7 @@
 
 mod cgroup;
 mod child;
+mod clone;
 mod connect;
 mod egress;
 mod fs;
@@ -34,5 +35,6 @@ pub use warm::WarmStats;
 /// small copy of its program instead of by itself.
 pub mod spawner_process {
     pub use crate::spawn::use_spawner_process as start;
-    pub use crate::spawner::{SUBCOMMAND, main};
+    pub use crate::spawner::server::main;
+    pub use crate::spawner::wire::SUBCOMMAND;
 }
