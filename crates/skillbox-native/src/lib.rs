@@ -6,11 +6,14 @@
 //! If a layer cannot be applied the sandbox is refused with `unavailable` naming it;
 //! it never runs with less than asked.
 
+mod backend;
 mod cgroup;
 mod child;
 mod clone;
 mod connect;
+mod create;
 mod egress;
+mod exec;
 mod fs;
 mod idmap;
 mod ids;
@@ -24,9 +27,10 @@ mod spawner;
 mod trees;
 mod warm;
 
+pub use backend::NativeBackend;
 pub use layout::shown_read_only;
 pub use probe::probe;
-pub use sandbox::{NativeBackend, NativeSandbox};
+pub use sandbox::NativeSandbox;
 #[doc(hidden)]
 pub use scratch::keep_in_namespaces_for_tests;
 pub use warm::WarmStats;
