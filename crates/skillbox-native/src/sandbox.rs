@@ -193,11 +193,14 @@ impl Drop for PreparedExec {
     }
 }
 
+/// This process's next number for a name it makes unique: a sandbox's directory, an
+/// exec's cgroup.
 pub(crate) fn sandbox_counter() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// The error for a layer this host cannot give, named.
 pub(crate) fn unavailable(layer: &str, detail: impl std::fmt::Display) -> EnvError {
     EnvError::unavailable(format!("native: {layer}: {detail}"))
 }
