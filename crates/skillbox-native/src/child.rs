@@ -486,7 +486,7 @@ pub unsafe fn init_main(plan: &ChildPlan, memory: Writable) -> ! {
                 libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()),
             );
         }
-        let id = crate::spawn::SANDBOX_ID;
+        let id = crate::ids::SANDBOX_ID;
         check(
             fds,
             STEP_IDS,

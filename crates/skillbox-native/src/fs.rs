@@ -17,8 +17,8 @@ use skillbox_env::{
     MAX_LIST_ENTRIES, TextLines, Tree, TreeKind, blocking,
 };
 
+use crate::ids::HostIds;
 use crate::sandbox::NativeSandbox;
-use crate::spawn::HostIds;
 
 /// The env's own temp entries, beneath the workspace (never collected).
 const TEMP_DIR: &str = ".tmp";

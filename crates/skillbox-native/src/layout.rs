@@ -16,9 +16,9 @@ use crate::child::{
     Layout, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, MountOp,
     STAGE,
 };
+use crate::ids::SANDBOX_ID;
 use crate::landlock;
 use crate::scratch::Scratch;
-use crate::spawn::SANDBOX_ID;
 
 /// Top-level host directories shown read-only (or as the symlinks they are).
 const SYSTEM_DIRS: &[&str] = &[

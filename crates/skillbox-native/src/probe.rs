@@ -141,7 +141,7 @@ pub fn probe() -> BackendReport {
     // The same tmpfs a sandbox makes, made and dropped: proves the bound can be given.
     // SAFETY: geteuid/getegid have no preconditions.
     let owner = unsafe {
-        crate::spawn::HostIds {
+        crate::ids::HostIds {
             uid: libc::geteuid(),
             gid: libc::getegid(),
         }

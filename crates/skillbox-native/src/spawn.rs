@@ -13,22 +13,8 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::cgroup::ExecCgroup;
 use crate::child::{self, ChildFds, ChildPlan};
-
-/// The namespaces every sandbox is cloned into. Its cgroup namespace, the last, init
-/// makes itself once it is in the exec's cgroups (`child::init_main`), so that it is
-/// rooted there on v1 as on v2.
-const NAMESPACES: u64 = (libc::CLONE_NEWUSER
-    | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNS
-    | libc::CLONE_NEWNET
-    | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUTS) as u64;
-
-/// `CLONE_INTO_CGROUP` (Linux 5.7); libc's constant is deprecated for overflowing.
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
-
-/// The uid and gid of the sandbox's user, inside.
-pub const SANDBOX_ID: u32 = 1000;
+use crate::clone;
+use crate::ids::{HostIds, SANDBOX_ID};
 
 /// The sandbox's init, owned: dropping it before it was reaped kills it (and with it
 /// the whole pid namespace) and reaps it, so no path can leave a sandbox running
@@ -201,13 +187,6 @@ fn pipes() -> std::io::Result<Pipes> {
     })
 }
 
-/// Host ids the sandbox user maps to.
-#[derive(Debug, Clone, Copy)]
-pub struct HostIds {
-    pub uid: u32,
-    pub gid: u32,
-}
-
 enum Job {
     Start {
         plan: Box<ChildPlan>,
@@ -264,12 +243,12 @@ pub fn use_spawner_process(program: &std::path::Path, args: &[String]) -> std::i
         // On v2 the host's detection may move this process into a leaf of its own:
         // first, so that the spawner process starts there too.
         let _ = crate::cgroup::Host::get();
-        let started = if crate::spawner::running() {
+        let started = if crate::spawner::client::running() {
             Err(std::io::Error::other(
                 "a spawner process is already running",
             ))
         } else {
-            crate::spawner::start(&program, &args)
+            crate::spawner::client::start(&program, &args)
         };
         let _ = reply.send(started);
     }));
@@ -329,64 +308,6 @@ pub fn start_here(
     clone_sandbox(Box::new(plan), ids, cgroup, false)
 }
 
-/// Clones init from `plan` (on v2 straight into the cgroup `into`): its pid and pidfd.
-/// The child runs `init_main` and never returns here. `sibling` (the spawner process):
-/// init becomes this process's parent's child (`CLONE_PARENT`), so to the server it is
-/// its own child, as if cloned in process: reaped by it, and killed when its spawner
-/// thread exits.
-pub(crate) fn clone_init(
-    plan: &mut ChildPlan,
-    into: Option<std::os::fd::RawFd>,
-    sibling: bool,
-) -> std::io::Result<(i32, OwnedFd)> {
-    // Init starts the payload on this stack (and a prepared one reads its command into
-    // that buffer): never clone without them.
-    if plan.payload_stack.len() < child::PAYLOAD_STACK
-        || (plan.late && plan.late_buffer.len() < child::LATE_BYTES)
-    {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let memory = child::Writable {
-        stack: plan.payload_stack.as_mut_ptr(),
-        late: plan.late_buffer.as_mut_ptr(),
-    };
-    let plan = &*plan;
-    let mut pidfd: libc::c_int = -1;
-    // SAFETY: clone_args is plain data; zeroed is its documented default.
-    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
-    args.flags = NAMESPACES | libc::CLONE_PIDFD as u64;
-    args.pidfd = (&mut pidfd as *mut libc::c_int) as u64;
-    if sibling {
-        // clone3 wants no exit signal here: the child takes this process's (SIGCHLD).
-        args.flags |= libc::CLONE_PARENT as u64;
-    } else {
-        args.exit_signal = libc::SIGCHLD as u64;
-    }
-    if let Some(fd) = into {
-        args.flags |= CLONE_INTO_CGROUP;
-        args.cgroup = fd as u64;
-    }
-    // SAFETY: clone3 with no stack behaves like fork; the child only runs `init_main`,
-    // which never returns and uses raw syscalls only.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut libc::clone_args,
-            std::mem::size_of::<libc::clone_args>(),
-        )
-    };
-    if pid == 0 {
-        // SAFETY: we are the child; see above. The buffers are this process's copies,
-        // written only through these pointers.
-        unsafe { child::init_main(plan, memory) }
-    }
-    if pid < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel gave us this pidfd.
-    Ok((pid as i32, unsafe { OwnedFd::from_raw_fd(pidfd) }))
-}
-
 /// Starts a sandbox; `remote`: by the spawner process if one runs.
 fn clone_sandbox(
     plan: Box<ChildPlan>,
@@ -430,7 +351,7 @@ pub(crate) fn clone_into_cgroup(
     let into_fd = into.map(AsRawFd::as_raw_fd);
     plan.cgroup_join = join.iter().map(AsRawFd::as_raw_fd).collect();
     let by_spawner = if remote {
-        crate::spawner::clone_init(&plan, into_fd)?
+        crate::spawner::client::clone_init(&plan, into_fd)?
     } else {
         None
     };
@@ -441,7 +362,7 @@ pub(crate) fn clone_into_cgroup(
             if plan.late {
                 plan.late_buffer = vec![0; child::LATE_BYTES];
             }
-            clone_init(&mut plan, into_fd, false).map_err(|e| clone_error(&e))?
+            clone::clone_init(&mut plan, into_fd, false).map_err(|e| clone::clone_error(&e))?
         }
     };
     let plan_clear_groups = plan.clear_groups;
@@ -557,12 +478,6 @@ fn read_failure(error: &OwnedFd) -> Option<(u32, i32)> {
     // SAFETY: reading into a stack buffer from our own pipe, which has data.
     let got = unsafe { libc::read(error.as_raw_fd(), record.as_mut_ptr().cast(), 8) };
     child::read_record(&record[..got.clamp(0, 8) as usize])
-}
-
-pub(crate) fn clone_error(err: &std::io::Error) -> String {
-    format!(
-        "user_ns: cannot create the sandbox namespaces (clone3: {err}); check that unprivileged user namespaces are enabled (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)"
-    )
 }
 
 fn open_namespace(pid: i32, kind: &str) -> Option<OwnedFd> {

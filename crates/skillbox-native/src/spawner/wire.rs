@@ -1,45 +1,26 @@
-//! The spawner process: a small copy of this program that a long-lived caller (the
-//! server) starts once and asks to clone each sandbox's init.
-//!
-//! A clone copies the page tables of the process that makes it, and init's exit tears
-//! that copy down again. Cloned from the server, that is the server's heaps and its
-//! threads' stacks, twice per run; cloned from this process, a few MiB. Only the clone
-//! moves here: the server's spawner thread still writes the uid/gid maps, opens the
-//! exec's namespaces, makes the egress listener, opens the cgroup files (v2's leaf to
-//! be born in, v1's `tasks` files for init to join) and sends the go-ahead bytes,
-//! exactly as when it clones init itself.
-//!
-//! The two talk over a socketpair (this process's stdin). A request is the plan,
-//! encoded, with its fds attached (`SCM_RIGHTS`); the answer is init's pid with its
-//! pidfd, or what failed. Init is cloned with `CLONE_PARENT`: it is the server's child,
-//! exactly as when the server clones it, reaped by the server, holding its pid until
-//! then, and killed when the server's spawner thread exits (its parent-death signal).
-//! So this process's own death ends no sandbox.
-//!
-//! Lifetimes: this process gets `SIGKILL` when the server's spawner thread (which lives
-//! as long as the server) exits, and exits at its socket's end. Should it die, the
-//! start it was asked for fails and later ones are cloned in the server again (same
-//! isolation, slower), with a warning.
+//! The spawner process's wire: a request is the plan, encoded, with its fds attached
+//! (`SCM_RIGHTS`) and referred to by their index; the answer is init's pid with its
+//! pidfd, or what failed. Pure encoding and the socket calls that carry fds; neither
+//! side's logic.
 
 use std::ffi::{CStr, CString};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use crate::child::{ChildFds, ChildPlan, Layout, MountOp};
 use crate::landlock;
 
-/// The first argument that makes this program the spawner process (see [`main`]).
+/// The first argument that makes this program the spawner process (see
+/// [`main`](super::server::main)).
 pub const SUBCOMMAND: &str = "__skillbox-spawner";
 
 /// The most fds one request carries: the six pipe ends, the workspace's two trees,
 /// the bind trees, the v2 cgroup and the v1 leaves to join (`SCM_MAX_FD` is 253).
-const MAX_FDS: usize = 6 + 2 + crate::child::MAX_BINDS + 1 + MAX_CGROUP_LEAVES;
+pub(super) const MAX_FDS: usize = 6 + 2 + crate::child::MAX_BINDS + 1 + MAX_CGROUP_LEAVES;
 /// A request's encoded plan may not be larger (argv and env are bounded far below).
-const MAX_REQUEST: usize = 64 << 20;
+pub(super) const MAX_REQUEST: usize = 64 << 20;
 /// Linux's number of resource limits.
 const RLIM_NLIMITS: usize = 16;
 /// The kernel's limit on a seccomp filter's length.
@@ -48,12 +29,24 @@ const BPF_MAXINSNS: usize = 4096;
 const NO_FD: u32 = u32::MAX;
 /// An exec's cgroup v1 leaves: one per controller (memory, pids, cpu).
 const MAX_CGROUP_LEAVES: usize = 3;
+/// The byte the spawner process sends once it is ready for requests.
+pub(super) const READY: u8 = 0x5b;
+/// What failed, in an answer without a pid.
+pub(super) const CLONE_FAILED: i32 = 1;
+pub(super) const MALFORMED: i32 = 2;
 
-// ---- The plan on the wire ----
+/// An answer: init's pid (0 when none), what failed and its errno.
+pub(super) fn reply(pid: i32, what: i32, errno: i32) -> [u8; 12] {
+    let mut bytes = [0u8; 12];
+    bytes[..4].copy_from_slice(&pid.to_le_bytes());
+    bytes[4..8].copy_from_slice(&what.to_le_bytes());
+    bytes[8..].copy_from_slice(&errno.to_le_bytes());
+    bytes
+}
 
 /// Encodes `plan` (and the v2 cgroup to clone into); the fds travel beside the bytes,
 /// referred to by their index.
-fn encode(plan: &ChildPlan, into: Option<RawFd>) -> (Vec<u8>, Vec<RawFd>) {
+pub(super) fn encode(plan: &ChildPlan, into: Option<RawFd>) -> (Vec<u8>, Vec<RawFd>) {
     let mut w = Writer::default();
     let ChildFds {
         sync,
@@ -164,7 +157,7 @@ fn encode(plan: &ChildPlan, into: Option<RawFd>) -> (Vec<u8>, Vec<RawFd>) {
 
 /// The plan of a request, its fds now this process's (its payload stack still empty);
 /// and the cgroup fd, if any. `None` for anything malformed.
-fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
+pub(super) fn decode(bytes: &[u8], fds: &[OwnedFd]) -> Option<(ChildPlan, Option<RawFd>)> {
     let mut r = Reader { bytes, fds };
     let pipe_fds = ChildFds {
         sync: r.fd()?,
@@ -383,10 +376,8 @@ impl Reader<'_> {
     }
 }
 
-// ---- fds over the socket ----
-
 /// Sends `bytes` with `fds` attached to their first byte.
-fn send_with_fds(socket: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+pub(super) fn send_with_fds(socket: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut space = vec![0u8; cmsg_space(fds.len())];
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr().cast_mut().cast(),
@@ -431,7 +422,7 @@ fn cmsg_space(fds: usize) -> usize {
 
 /// Reads exactly `buf.len()` bytes, keeping any fds that came with them (close-on-exec).
 /// An end of stream before the first byte is `UnexpectedEof`.
-fn recv_with_fds(socket: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
+pub(super) fn recv_with_fds(socket: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>> {
     let mut space = vec![0u8; cmsg_space(MAX_FDS)];
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
@@ -479,248 +470,6 @@ fn recv_with_fds(socket: &UnixStream, buf: &mut [u8]) -> io::Result<Vec<OwnedFd>
     }
     (&*socket).read_exact(&mut buf[got..])?;
     Ok(fds)
-}
-
-// ---- This process ----
-
-/// The spawner process's body: answers requests on stdin until the server closes it.
-/// Returns the exit code; says why on stderr when it is not 0.
-pub fn main(args: &[String]) -> i32 {
-    let fail = |why: &str| {
-        eprintln!("skillbox spawner process: {why}");
-        1
-    };
-    // SAFETY: prctl, getppid, signal, close_range and chdir with no pointers but a
-    // static string.
-    unsafe {
-        // Set before exec by the server; set again in case, then make sure the server did
-        // not die before it was in place.
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-        let server = args.first().and_then(|p| p.parse::<i32>().ok());
-        if server != Some(libc::getppid()) {
-            return fail("not started by the server it names");
-        }
-        // The server stops it (its socket's end, its death); a terminal's or a service
-        // manager's signals to the server's group are the server's to handle.
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
-            libc::signal(signal, libc::SIG_IGN);
-        }
-        // Nothing of whoever started the server: no fd but stdio (the socket is 0), no
-        // directory held.
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
-        libc::chdir(c"/".as_ptr());
-    }
-    // SAFETY: stdin is the socketpair's end the server gave us, ours alone.
-    let socket = UnixStream::from(unsafe { OwnedFd::from_raw_fd(0) });
-    if (&socket).write_all(&[READY]).is_err() {
-        return fail("cannot greet the server");
-    }
-    // One payload stack for every init: each clone shares it copy-on-write and writes
-    // only the few pages it uses, and this process never writes it again. (A fresh one
-    // a request cost a memset of its every page here: glibc serves it from the heap
-    // once a freed large block has raised its mmap threshold.)
-    let mut stack: Vec<u8> = vec![0; crate::child::PAYLOAD_STACK];
-    // Likewise the buffer a prepared init reads its command into.
-    let mut late_buffer: Vec<u8> = vec![0; crate::child::LATE_BYTES];
-    loop {
-        let mut header = [0u8; 4];
-        let fds = match recv_with_fds(&socket, &mut header) {
-            Ok(fds) => fds,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return 0,
-            Err(e) => return fail(&format!("cannot read a request: {e}")),
-        };
-        let len = u32::from_le_bytes(header) as usize;
-        if len > MAX_REQUEST {
-            return fail(&format!("a request of {len} bytes"));
-        }
-        let mut body = vec![0u8; len];
-        if let Err(e) = (&socket).read_exact(&mut body) {
-            return fail(&format!("cannot read a request: {e}"));
-        }
-        let answer = match decode(&body, &fds) {
-            Some((mut plan, into)) => {
-                plan.payload_stack = std::mem::take(&mut stack);
-                if plan.late {
-                    plan.late_buffer = std::mem::take(&mut late_buffer);
-                }
-                let cloned = crate::spawn::clone_init(&mut plan, into, true);
-                stack = std::mem::take(&mut plan.payload_stack);
-                if plan.late {
-                    late_buffer = std::mem::take(&mut plan.late_buffer);
-                }
-                cloned.map_err(|e| (CLONE_FAILED, e.raw_os_error().unwrap_or(libc::EIO)))
-            }
-            None => Err((MALFORMED, libc::EINVAL)),
-        };
-        drop(fds);
-        let sent = match answer {
-            Ok((pid, pidfd)) => send_with_fds(&socket, &reply(pid, 0, 0), &[pidfd.as_raw_fd()]),
-            Err((what, errno)) => send_with_fds(&socket, &reply(0, what, errno), &[]),
-        };
-        if let Err(e) = sent {
-            return fail(&format!("cannot answer: {e}"));
-        }
-    }
-}
-
-/// The byte the spawner process sends once it is ready for requests.
-const READY: u8 = 0x5b;
-/// What failed, in an answer without a pid.
-const CLONE_FAILED: i32 = 1;
-const MALFORMED: i32 = 2;
-
-/// An answer: init's pid (0 when none), what failed and its errno.
-fn reply(pid: i32, what: i32, errno: i32) -> [u8; 12] {
-    let mut bytes = [0u8; 12];
-    bytes[..4].copy_from_slice(&pid.to_le_bytes());
-    bytes[4..8].copy_from_slice(&what.to_le_bytes());
-    bytes[8..].copy_from_slice(&errno.to_le_bytes());
-    bytes
-}
-
-// ---- The server's side ----
-
-/// The running spawner process, as the server's spawner thread sees it.
-struct Remote {
-    socket: UnixStream,
-    process: Child,
-}
-
-/// `None` until [`start`] succeeded, and again once the process failed.
-fn remote() -> &'static Mutex<Option<Remote>> {
-    static REMOTE: OnceLock<Mutex<Option<Remote>>> = OnceLock::new();
-    REMOTE.get_or_init(|| Mutex::new(None))
-}
-
-/// Starts the spawner process from `program` (this program, which must answer
-/// [`SUBCOMMAND`] by calling [`main`]), with `args` before the subcommand's own (a test
-/// binary's filter), and waits for it to say it is ready. Call once, on the thread that
-/// will clone (its exit kills the process, and every init it cloned), after the cgroup
-/// host was detected (on v2 that moves this process into its own leaf, where the
-/// spawner process must start too).
-pub(crate) fn start(program: &std::path::Path, args: &[String]) -> io::Result<u32> {
-    let (ours, theirs) = UnixStream::pair()?;
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .arg(SUBCOMMAND)
-        .arg(std::process::id().to_string())
-        .env_clear()
-        .current_dir("/")
-        // Out of the server's process group: a terminal's ^C is the server's to handle.
-        .process_group(0)
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
-    // SAFETY: prctl is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut process = command.spawn()?;
-    let ready = (|| {
-        ours.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-        let mut byte = [0u8];
-        (&ours).read_exact(&mut byte)?;
-        ours.set_read_timeout(None)?;
-        if byte[0] == READY {
-            Ok(())
-        } else {
-            Err(io::Error::other(
-                "it sent something other than its greeting",
-            ))
-        }
-    })();
-    if let Err(e) = ready {
-        let _ = process.kill();
-        let status = process.wait()?;
-        return Err(io::Error::other(format!(
-            "the spawner process did not start ({status}): {e}"
-        )));
-    }
-    let pid = process.id();
-    *remote().lock().map_err(|_| io::Error::other("poisoned"))? = Some(Remote {
-        socket: ours,
-        process,
-    });
-    Ok(pid)
-}
-
-/// Whether a spawner process is running to clone for us.
-pub(crate) fn running() -> bool {
-    remote().lock().is_ok_and(|r| r.is_some())
-}
-
-/// Has the spawner process clone init from `plan`: `Ok(None)` when there is no spawner
-/// process, and the caller clones itself. When the spawner process fails, this start
-/// fails (an init it may have cloned still holds this start's pipes) and later ones
-/// are cloned by the caller.
-pub(crate) fn clone_init(
-    plan: &ChildPlan,
-    into: Option<RawFd>,
-) -> Result<Option<(i32, OwnedFd)>, String> {
-    let Ok(mut guard) = remote().lock() else {
-        return Ok(None);
-    };
-    let Some(remote) = guard.as_mut() else {
-        return Ok(None);
-    };
-    // Found dead between starts: nothing was asked of it, so this start is cloned here.
-    if let Ok(Some(status)) = remote.process.try_wait() {
-        tracing::warn!(%status, "native: the spawner process exited; sandboxes are cloned by the server from now on");
-        *guard = None;
-        return Ok(None);
-    }
-    match ask(&remote.socket, plan, into) {
-        Ok(Ok(cloned)) => Ok(Some(cloned)),
-        Ok(Err(e)) => Err(e),
-        Err(e) => {
-            let _ = remote.process.kill();
-            let status = remote.process.wait();
-            tracing::warn!(error = %e, ?status, "native: the spawner process failed; sandboxes are cloned by the server from now on");
-            *guard = None;
-            Err(format!(
-                "native: the spawner process failed ({e}); run again (sandboxes are now cloned by the server)"
-            ))
-        }
-    }
-}
-
-/// One request and its answer. The outer error is the channel's, the inner the start's.
-fn ask(
-    socket: &UnixStream,
-    plan: &ChildPlan,
-    into: Option<RawFd>,
-) -> io::Result<Result<(i32, OwnedFd), String>> {
-    let (body, fds) = encode(plan, into);
-    if fds.len() > MAX_FDS || body.len() > MAX_REQUEST {
-        return Ok(Err(format!(
-            "native: this sandbox's plan is too large to send to the spawner process ({} fds, {} bytes)",
-            fds.len(),
-            body.len()
-        )));
-    }
-    send_with_fds(socket, &(body.len() as u32).to_le_bytes(), &fds)?;
-    (&*socket).write_all(&body)?;
-    let mut answer = [0u8; 12];
-    let mut fds = recv_with_fds(socket, &mut answer)?;
-    let word =
-        |i: usize| i32::from_le_bytes([answer[i], answer[i + 1], answer[i + 2], answer[i + 3]]);
-    let (pid, what, errno) = (word(0), word(4), word(8));
-    match (pid, what, fds.pop()) {
-        (1.., 0, Some(pidfd)) if fds.is_empty() => Ok(Ok((pid, pidfd))),
-        (0, CLONE_FAILED, None) if errno > 0 => Ok(Err(crate::spawn::clone_error(
-            &io::Error::from_raw_os_error(errno),
-        ))),
-        (0, MALFORMED, None) => Ok(Err(
-            "native: the spawner process refused this sandbox's plan as malformed".into(),
-        )),
-        _ => Err(io::Error::other("a malformed answer")),
-    }
 }
 
 #[cfg(test)]
