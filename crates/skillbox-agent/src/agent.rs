@@ -21,7 +21,9 @@ use skillbox_protocol::{
 use skillbox_run::{PlannedSkills, RunError, Runner, Scope, script_command, script_name};
 use skillbox_store::{CollectLimits, CollectedFile, store_all};
 
-use crate::correction::{Correction, CorrectionKind, Corrects, Streak};
+use crate::correction::{
+    Correction, CorrectionKind, Corrects, Echo, SAME_TURN_LIMIT, Streak, fingerprint,
+};
 use crate::provider::{Message, ModelProvider, ProviderError, ToolCall, ToolSpec};
 use crate::skills::Skill;
 
@@ -152,9 +154,11 @@ impl AgentError {
                 ErrorCode::Aborted
             }
             AgentError::Provider(ProviderError::Timeout(_)) => ErrorCode::Timeout,
-            AgentError::Provider(ProviderError::Config(_) | ProviderError::Transcript(_)) => {
-                ErrorCode::Invalid
-            }
+            AgentError::Provider(
+                ProviderError::Config(_)
+                | ProviderError::Transcript(_)
+                | ProviderError::Refused { .. },
+            ) => ErrorCode::Invalid,
             AgentError::Provider(_) => ErrorCode::Unavailable,
             AgentError::Sandbox(e) => e.code,
             AgentError::Runtime(_) => ErrorCode::Unavailable,
@@ -189,18 +193,18 @@ fn tools(skills: &[skillbox_skills::Skill], root: &WorkspaceRoot) -> Vec<ToolSpe
             ),
             parameters: json!({"type": "object", "properties": {
                 "language": {"type": "string", "enum": ["node", "python", "sh"]},
-                "script": {"type": "string"}
+                "script": {"type": "string", "minLength": 1}
             }, "required": ["language", "script"], "additionalProperties": false}),
         },
         ToolSpec {
             name: "read_file".into(),
             description: format!("Read a text file from {root}."),
-            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"], "additionalProperties": false}),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string", "minLength": 1}}, "required": ["path"], "additionalProperties": false}),
         },
         ToolSpec {
             name: "write_file".into(),
             description: format!("Write a text file in {root}."),
-            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"], "additionalProperties": false}),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string", "minLength": 1}, "content": {"type": "string"}}, "required": ["path", "content"], "additionalProperties": false}),
         },
         ToolSpec {
             name: "list_dir".into(),
@@ -224,7 +228,7 @@ fn tools(skills: &[skillbox_skills::Skill], root: &WorkspaceRoot) -> Vec<ToolSpe
             description: format!("Run one of a skill's scripts (its path inside the skill's folder, e.g. scripts/run.py) with arguments, cwd {root}. Returns what run_script returns."),
             parameters: json!({"type": "object", "properties": {
                 "skill": {"type": "string", "enum": names},
-                "script": {"type": "string"},
+                "script": {"type": "string", "minLength": 1},
                 "args": {"type": "array", "items": {"type": "string"}}
             }, "required": ["skill", "script"], "additionalProperties": false}),
         });
@@ -261,6 +265,13 @@ fn system_prompt(
         ));
     }
     prompt
+}
+
+/// Why a run ended on a model that sent the same corrected turn again and again.
+fn same_turn_reason(what: &str) -> String {
+    format!(
+        "stopped early: the model sent the same turn {SAME_TURN_LIMIT} times in a row ({what}), corrected each time"
+    )
 }
 
 /// The first `budget` characters of `text`, marked when cut.
@@ -378,6 +389,58 @@ struct Session<'a> {
     corrections: Vec<Correction>,
     failed_runs: u32,
     last_good: Option<Vec<CollectedFile>>,
+    /// The model turn being answered (for the corrections a tool makes).
+    turn: u32,
+    /// The last run, when it failed and nothing in the workspace changed since (no file
+    /// written, no other run): sent again unchanged, it would fail the same way.
+    unchanged_failure: Option<FailedRun>,
+    /// Failed scripts sent again unchanged since something last ran.
+    repeats: u32,
+}
+
+/// A run that failed, as the model sent it, and why in one line.
+struct FailedRun {
+    number: u32,
+    language: Language,
+    script: String,
+    why: String,
+}
+
+/// Why `attempt` failed, in one line: the limit or exit and the error line of stderr,
+/// else the collection or verification error.
+fn why_failed(attempt: &Attempt, collect_error: Option<&str>) -> String {
+    let ended = if attempt.timed_out {
+        "timed out".to_string()
+    } else if let Some(signal) = attempt.signal {
+        format!("killed by signal {signal}")
+    } else {
+        format!("exit {}", attempt.exit_code.unwrap_or(-1))
+    };
+    let detail = collect_error
+        .map(str::to_string)
+        .or_else(|| {
+            attempt
+                .verification
+                .iter()
+                .find_map(|v| v.error.as_ref().map(|e| format!("{}: {e}", v.path)))
+        })
+        .or_else(|| {
+            let lines = || {
+                attempt
+                    .stderr
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+            };
+            lines()
+                .find(|l| l.contains("Error") || l.contains("error"))
+                .or_else(|| lines().next_back())
+                .map(str::to_string)
+        });
+    match detail {
+        Some(detail) => format!("{ended}: {detail}"),
+        None => ended,
+    }
 }
 
 impl Session<'_> {
@@ -391,7 +454,13 @@ impl Session<'_> {
         let outcome = match call.name.as_str() {
             "run_script" => return self.run_script(call, usage, report).await,
             "read_file" => self.read_file(call).await,
-            "write_file" => self.write_file(call).await,
+            "write_file" => {
+                let written = self.write_file(call).await;
+                if written.is_ok() {
+                    self.unchanged_failure = None;
+                }
+                written
+            }
             "list_dir" => self.list_dir(call).await,
             "read_skill" if !self.skills.is_empty() => self.read_skill(call).await,
             "run_skill" if !self.skills.is_empty() => {
@@ -533,7 +602,8 @@ impl Session<'_> {
             language,
             &script_path.display().to_string(),
         );
-        self.attempt(argv, language, script, usage, report).await
+        self.attempt(call, argv, language, script, usage, report)
+            .await
     }
 
     /// The skill of a tool call's argument `field`, or an error naming the skills there are.
@@ -587,7 +657,10 @@ impl Session<'_> {
         report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
     ) -> Result<String, AgentError> {
         match self.skill_command(call).await {
-            Ok((argv, line)) => self.attempt(argv, Language::Sh, line, usage, report).await,
+            Ok((argv, line)) => {
+                self.attempt(call, argv, Language::Sh, line, usage, report)
+                    .await
+            }
             Err(message) => {
                 report(AgentEvent::ToolError {
                     tool: &call.name,
@@ -636,15 +709,39 @@ impl Session<'_> {
 
     /// Runs `argv` in `/workspace` as one attempt: the timeout rule, collection (inputs
     /// left out), verification and the count of failed runs. `script` is what the record
-    /// shows.
+    /// shows. The script of a failed attempt sent again with nothing changed since is
+    /// not run: it is answered with a correction.
     async fn attempt(
         &mut self,
+        call: &ToolCall,
         argv: Vec<String>,
         language: Language,
         script: String,
         usage: Option<Usage>,
         report: &(dyn Fn(AgentEvent<'_>) + Send + Sync),
     ) -> Result<String, AgentError> {
+        if let Some(failed) = self
+            .unchanged_failure
+            .as_ref()
+            .filter(|f| f.language == language && f.script == script)
+        {
+            let correction = Correction::repeated_script(
+                self.turn,
+                call,
+                &script,
+                failed.number,
+                &failed.why,
+                self.door.root().as_str(),
+            );
+            report(AgentEvent::ToolError {
+                tool: &call.name,
+                message: &correction.message,
+            });
+            let content = json!({"error": correction.message}).to_string();
+            self.corrections.push(correction);
+            self.repeats += 1;
+            return Ok(content);
+        }
         let request = ExecRequest::argv(argv)
             // Never past the run's deadline.
             .timeout(
@@ -722,6 +819,13 @@ impl Session<'_> {
             "collectError": collect_error,
         })
         .to_string();
+        self.repeats = 0;
+        self.unchanged_failure = (!succeeded).then(|| FailedRun {
+            number: attempt.number,
+            language,
+            script: attempt.script.clone(),
+            why: why_failed(&attempt, collect_error.as_deref()),
+        });
         if succeeded {
             if !files.is_empty() {
                 self.last_good = Some(files);
@@ -864,6 +968,9 @@ impl Agent {
             corrections: Vec::new(),
             failed_runs: 0,
             last_good: None,
+            turn: 0,
+            unchanged_failure: None,
+            repeats: 0,
         };
         let mut answer = String::new();
         let ended = self
@@ -944,6 +1051,7 @@ impl Agent {
         };
         let mut turn = 0;
         let mut streak = Streak::default();
+        let mut echo = Echo::default();
         loop {
             if cancel.is_cancelled() {
                 return Err(AgentError::Cancelled);
@@ -977,7 +1085,9 @@ impl Agent {
             });
             answer.clone_from(&reply.message.content);
             let calls = reply.message.tool_calls.clone();
+            let print = fingerprint(&reply.message.content, &calls);
             messages.push(reply.message);
+            session.turn = turn;
             if calls.is_empty() {
                 if session.last_good.is_some() {
                     return Ok((
@@ -991,6 +1101,9 @@ impl Agent {
                 messages.push(Message::user(correction.message.clone()));
                 session.corrections.push(correction);
                 streak.push(Some(CorrectionKind::NoToolCall));
+                if echo.push(Some(print)) >= SAME_TURN_LIMIT {
+                    return Ok((AgentStatus::Failed, same_turn_reason("no tool call")));
+                }
                 continue;
             }
             // Every call gets an answer (the API wants one per id), but the bounds hold
@@ -1021,12 +1134,38 @@ impl Agent {
                     malformed = true;
                     content
                 } else {
-                    ran = true;
-                    session.tool(call, usage.take(), report).await?
+                    // A failed script sent again is answered with a correction, not run.
+                    let corrections = session.corrections.len();
+                    let content = session.tool(call, usage.take(), report).await?;
+                    ran |= session.corrections.len() == corrections;
+                    content
                 };
                 messages.push(Message::tool(call.id.clone(), content));
             }
-            streak.push((malformed && !ran).then_some(CorrectionKind::MalformedCall));
+            let repeated = session.repeats > 0 && !ran;
+            streak.push(match (ran, malformed, repeated) {
+                (true, _, _) => None,
+                (false, true, _) => Some(CorrectionKind::MalformedCall),
+                (false, false, true) => Some(CorrectionKind::RepeatedScript),
+                (false, false, false) => None,
+            });
+            if session.repeats >= 2 {
+                let first = session.unchanged_failure.as_ref().map_or(0, |f| f.number);
+                return Ok((
+                    AgentStatus::Failed,
+                    format!(
+                        "stopped early: the model sent the failed script of attempt {first} again, unchanged, {} times, told each time that it would fail the same way",
+                        session.repeats
+                    ),
+                ));
+            }
+            let corrected = !ran && (malformed || repeated);
+            if echo.push(corrected.then_some(print)) >= SAME_TURN_LIMIT {
+                return Ok((
+                    AgentStatus::Failed,
+                    same_turn_reason("tool calls that could not run"),
+                ));
+            }
             if session.failed_runs >= config.max_attempts {
                 return Ok((
                     AgentStatus::Failed,

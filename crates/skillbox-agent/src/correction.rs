@@ -24,6 +24,17 @@ pub(crate) trait Corrects: Sized {
     /// The correction for a turn with no tool call; `ran` when a run has been tried.
     fn no_tool_call(turn: u32, text: &str, ran: bool, tools: &[ToolSpec]) -> Self;
     fn malformed_call(turn: u32, call: &ToolCall, tools: &[ToolSpec]) -> Option<Self>;
+    /// The correction for a call that sends `script` (what the attempt records) again,
+    /// unchanged since attempt `attempt` failed for `why`, with nothing changed in
+    /// `root` since.
+    fn repeated_script(
+        turn: u32,
+        call: &ToolCall,
+        script: &str,
+        attempt: u32,
+        why: &str,
+        root: &str,
+    ) -> Self;
 }
 
 impl Corrects for Correction {
@@ -97,18 +108,74 @@ impl Corrects for Correction {
             message,
         })
     }
+
+    fn repeated_script(
+        turn: u32,
+        call: &ToolCall,
+        script: &str,
+        attempt: u32,
+        why: &str,
+        root: &str,
+    ) -> Self {
+        Correction {
+            turn,
+            kind: CorrectionKind::RepeatedScript,
+            tool: Some(call.name.clone()),
+            tool_call_id: Some(call.id.clone()),
+            received: cut(script, RECEIVED_CHARS),
+            message: format!(
+                "{}: this is the script of attempt {attempt}, which failed ({}), and nothing in {root} has changed since, so it would fail the same way; nothing ran. Change the script to fix that error. Sending it unchanged again ends the run.",
+                call.name,
+                cut(why, PARSER_ERROR_CHARS)
+            ),
+        }
+    }
 }
 
-/// What is wrong with the arguments of a call to `spec`, if anything.
+/// What is wrong with the arguments of a call to `spec`, if anything: a required
+/// argument missing, of the wrong type, not one of its enum, or shorter than its
+/// `minLength` (blank counts as empty), then an argument the tool does not take (with
+/// `additionalProperties: false`). A missing argument names what was sent instead, the
+/// commonest way a small model gets the names wrong (`code` for `script`).
 fn problem(spec: &ToolSpec, call: &ToolCall) -> Option<String> {
     if let Some(raw) = &call.raw_arguments {
         return Some(unreadable(raw));
     }
-    let required = spec.parameters["required"].as_array()?;
-    required.iter().filter_map(Value::as_str).find_map(|name| {
+    let properties = spec.parameters["properties"].as_object();
+    let unknown: Vec<&str> = match (call.arguments.as_object(), properties) {
+        (Some(sent), Some(known)) => sent
+            .keys()
+            .filter(|name| !known.contains_key(name.as_str()))
+            .map(String::as_str)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let takes = || {
+        let names: Vec<String> = properties
+            .map(|known| known.keys().map(|k| format!("{k:?}")).collect())
+            .unwrap_or_default();
+        names.join(", ")
+    };
+    let sent_instead = if unknown.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (you sent {}; {} takes {})",
+            quoted(&unknown),
+            spec.name,
+            takes()
+        )
+    };
+    let required = spec.parameters["required"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let wrong = required.iter().filter_map(Value::as_str).find_map(|name| {
         let property = &spec.parameters["properties"][name];
         let value = match call.arguments.get(name) {
-            None | Some(Value::Null) => return Some(format!("argument {name:?} is missing")),
+            None | Some(Value::Null) => {
+                return Some(format!("argument {name:?} is missing{sent_instead}"));
+            }
             Some(value) => value,
         };
         if let Some(expected) = property["type"].as_str()
@@ -120,6 +187,15 @@ fn problem(spec: &ToolSpec, call: &ToolCall) -> Option<String> {
                 article(json_type(value))
             ));
         }
+        if let (Some(min), Some(text)) = (property["minLength"].as_u64(), value.as_str())
+            && (text.trim().chars().count() as u64) < min
+        {
+            return Some(if min == 1 {
+                format!("argument {name:?} is empty")
+            } else {
+                format!("argument {name:?} is shorter than {min} characters")
+            });
+        }
         let allowed = property["enum"].as_array()?;
         (!allowed.contains(value)).then(|| {
             format!(
@@ -128,7 +204,28 @@ fn problem(spec: &ToolSpec, call: &ToolCall) -> Option<String> {
                 join(allowed, ", ")
             )
         })
+    });
+    wrong.or_else(|| {
+        let closed = spec.parameters["additionalProperties"] == Value::Bool(false);
+        (closed && !unknown.is_empty()).then(|| {
+            format!(
+                "{} does not take {} (it takes {})",
+                spec.name,
+                quoted(&unknown),
+                takes()
+            )
+        })
     })
+}
+
+/// `"a"`, `"a" and "b"`, `"a", "b" and "c"`.
+fn quoted(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 /// Why arguments sent as `raw` are not a JSON object: the parser's error and the text
@@ -280,9 +377,57 @@ impl Streak {
             (Some(CorrectionKind::MalformedCall), n) => {
                 format!("{unfinished}; its tool calls were malformed in the last {n}")
             }
+            (Some(CorrectionKind::RepeatedScript), n) => {
+                format!("{unfinished}; it sent a failed script again, unchanged, in the last {n}")
+            }
             (None, _) => unfinished,
         }
     }
+}
+
+/// Corrected turns the same as the one before, in a row, that end a run: the model was
+/// told twice what was wrong and sent the same thing a third time.
+pub(crate) const SAME_TURN_LIMIT: u32 = 3;
+
+/// The model's corrected turns, to stop one that sends the same turn again and again
+/// (a small model at a low temperature does): what it sent (text and calls, ids left
+/// out) and how many times in a row.
+#[derive(Debug, Default)]
+pub(crate) struct Echo {
+    last: Option<String>,
+    times: u32,
+}
+
+impl Echo {
+    /// After each turn: what a turn that was corrected sent, `None` if anything in it
+    /// ran. Returns how many times in a row the same corrected turn has come.
+    pub(crate) fn push(&mut self, corrected: Option<String>) -> u32 {
+        match corrected {
+            Some(turn) if self.last.as_ref() == Some(&turn) => self.times += 1,
+            Some(turn) => {
+                self.last = Some(turn);
+                self.times = 1;
+            }
+            None => *self = Echo::default(),
+        }
+        self.times
+    }
+}
+
+/// A model turn as [`Echo`] compares it: its text and each call's name and arguments
+/// as sent.
+pub(crate) fn fingerprint(text: &str, calls: &[ToolCall]) -> String {
+    let mut print = text.trim().to_string();
+    for call in calls {
+        print.push('\n');
+        print.push_str(&call.name);
+        print.push(' ');
+        match &call.raw_arguments {
+            Some(raw) => print.push_str(raw),
+            None => print.push_str(&call.arguments.to_string()),
+        }
+    }
+    print
 }
 
 #[cfg(test)]

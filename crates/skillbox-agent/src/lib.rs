@@ -14,6 +14,7 @@
 mod agent;
 mod correction;
 mod loopback;
+pub mod model_check;
 pub mod openai;
 mod provider;
 mod skills;

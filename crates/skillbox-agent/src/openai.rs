@@ -1,8 +1,12 @@
 //! `OpenAiProvider`: a `ModelProvider` for any OpenAI-compatible
 //! `POST {base}/chat/completions` endpoint with tool calling (OpenAI, vLLM, llama.cpp,
-//! Ollama, …). Owns the wire format, retries with backoff, timeouts and cancellation.
+//! llama-cpp-python, Ollama, LM Studio, LiteLLM, …). Owns the wire format (the interop
+//! rules of design.md §5.5.1: a request every such server accepts), which answers are
+//! retried and which are the request's fault, timeouts and cancellation.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -156,6 +160,9 @@ pub struct OpenAiProvider {
     config: OpenAiConfig,
     endpoint: reqwest::Url,
     http: reqwest::Client,
+    /// False once the server refused `tool_choice` (vLLM started without
+    /// `--enable-auto-tool-choice` does): from then on it is left out.
+    tool_choice: Arc<AtomicBool>,
 }
 
 impl OpenAiProvider {
@@ -172,11 +179,27 @@ impl OpenAiProvider {
             config,
             endpoint,
             http,
+            tool_choice: Arc::new(AtomicBool::new(true)),
         })
     }
 
     pub fn config(&self) -> &OpenAiConfig {
         &self.config
+    }
+
+    /// The completions endpoint requests go to.
+    pub fn endpoint(&self) -> &reqwest::Url {
+        &self.endpoint
+    }
+
+    /// Whether requests with tools still carry `tool_choice: "auto"` (false once the
+    /// server refused it).
+    pub fn sends_tool_choice(&self) -> bool {
+        self.tool_choice.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
     }
 
     fn timeout_ms(&self) -> u64 {
@@ -210,18 +233,19 @@ impl OpenAiProvider {
         let text = bytes
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default();
-        let error = ProviderError::Http {
-            status: status.as_u16(),
-            body: text.trim().chars().take(ERROR_BODY_CHARS).collect(),
-        };
-        if status == reqwest::StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-            Err(Failure::Retry {
-                error,
+        Err(match classify(status.as_u16(), &text) {
+            Verdict::Retry => Failure::Retry {
+                error: ProviderError::Http {
+                    status: status.as_u16(),
+                    body: cut(text.trim(), ERROR_BODY_CHARS),
+                },
                 after: retry_after,
-            })
-        } else {
-            Err(Failure::Stop(error))
-        }
+            },
+            Verdict::Refused(message) => Failure::Stop(ProviderError::Refused {
+                status: status.as_u16(),
+                message: cut(&message, ERROR_BODY_CHARS),
+            }),
+        })
     }
 
     fn transport(&self, e: &reqwest::Error) -> Failure {
@@ -247,7 +271,36 @@ impl ModelProvider for OpenAiProvider {
         tools: &[ToolSpec],
         cancel: &CancellationToken,
     ) -> Result<Reply, ProviderError> {
-        let body = serde_json::to_vec(&ChatRequest::new(&self.config.model, messages, tools))
+        let with_choice = self.sends_tool_choice() && !tools.is_empty();
+        match self.post(messages, tools, with_choice, cancel).await {
+            // Refused over `tool_choice` alone: once more without it, and never again.
+            Err(ProviderError::Refused { message, .. })
+                if with_choice && names_tool_choice(&message) =>
+            {
+                tracing::warn!(
+                    provider = %self.name(),
+                    "the server refused tool_choice ({message}); sending requests without it"
+                );
+                self.tool_choice.store(false, Ordering::Relaxed);
+                self.post(messages, tools, false, cancel).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl OpenAiProvider {
+    /// One chat request, retried after a 429, a 5xx that is not the request's fault
+    /// or a connect error.
+    async fn post(
+        &self,
+        messages: &[Message],
+        tools: &[ToolSpec],
+        tool_choice: bool,
+        cancel: &CancellationToken,
+    ) -> Result<Reply, ProviderError> {
+        let request = ChatRequest::new(&self.config.model, messages, tools, tool_choice);
+        let body = serde_json::to_vec(&request)
             .map_err(|e| ProviderError::Malformed(format!("cannot encode the request: {e}")))?;
         let body = Bytes::from(body);
         let mut retries = 0u32;
@@ -301,6 +354,99 @@ impl From<Failure> for ProviderError {
     }
 }
 
+/// Whether a refusal is about `tool_choice` (vLLM: `"auto" tool choice requires
+/// --enable-auto-tool-choice …`).
+fn names_tool_choice(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("tool_choice") || lower.contains("tool choice")
+}
+
+/// What an error answer means for the request that got it.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The server is busy or broken: the same request may go through later.
+    Retry,
+    /// The request's own fault (its shape, the model's name, the key, the context
+    /// window): the same request would be refused again. The server's message.
+    Refused(String),
+}
+
+/// Which error answers are worth another try: a 408, a 429 and a 5xx, except a 5xx
+/// whose body says the request failed validation (llama-cpp-python answers a request
+/// its schema refuses with a 500 that says `validation error`). Every other status is
+/// the request's fault.
+fn classify(status: u16, body: &str) -> Verdict {
+    let message = server_message(body);
+    let validation = {
+        let lower = message.to_ascii_lowercase();
+        lower.contains("validation error") || lower.contains("validationerror")
+    };
+    match status {
+        408 | 429 => Verdict::Retry,
+        500..=599 if !validation => Verdict::Retry,
+        401 | 403 => Verdict::Refused(format!(
+            "{message} (check {ENV_API_KEY}: the server did not take the key it was sent)"
+        )),
+        404 => Verdict::Refused(format!(
+            "{message} (check {ENV_MODEL_URL}, the base up to /chat/completions such as http://127.0.0.1:8000/v1, and {ENV_MODEL})"
+        )),
+        300..=399 => Verdict::Refused(format!(
+            "the model URL redirects ({message}): set {ENV_MODEL_URL} to where it leads"
+        )),
+        _ => Verdict::Refused(message),
+    }
+}
+
+/// The message in an error body: OpenAI's `{"error":{"message"}}` (vLLM, llama.cpp,
+/// llama-cpp-python, LiteLLM), Ollama's `{"error":"…"}`, FastAPI's
+/// `{"detail":[{"loc","msg"}]}`, a bare `{"message"}`, else the text itself.
+fn server_message(body: &str) -> String {
+    let text = body.trim();
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(text) else {
+        return if text.is_empty() {
+            "(no body)".to_string()
+        } else {
+            text.to_string()
+        };
+    };
+    let found = json["error"]["message"]
+        .as_str()
+        .or_else(|| json["error"].as_str())
+        .or_else(|| json["message"].as_str())
+        .or_else(|| json["detail"].as_str())
+        .map(str::to_string)
+        .or_else(|| {
+            let details = json["detail"].as_array()?;
+            let lines: Vec<String> = details
+                .iter()
+                .map(|d| {
+                    let at: Vec<String> = d["loc"]
+                        .as_array()
+                        .map(|loc| {
+                            loc.iter()
+                                .map(|part| match part {
+                                    serde_json::Value::String(s) => s.clone(),
+                                    other => other.to_string(),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    format!(
+                        "{}: {}",
+                        at.join("."),
+                        d["msg"].as_str().unwrap_or("invalid")
+                    )
+                })
+                .collect();
+            Some(format!("validation error: {}", lines.join("; ")))
+        });
+    found.unwrap_or_else(|| text.to_string())
+}
+
+fn cut(text: &str, max: usize) -> String {
+    text.chars().take(max).collect()
+}
+
 /// The wait before retry number `retries + 1`: the server's `Retry-After` when it
 /// sent one, else exponential backoff; never more than `MAX_BACKOFF`.
 fn retry_delay(after: Option<Duration>, retries: u32) -> Duration {
@@ -345,7 +491,7 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Option<Bytes>, r
 }
 
 /// reqwest's top-level message hides the cause (`connection refused`, `dns error`, …).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
@@ -361,6 +507,10 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 // ---- wire format: request ----
 
+/// The request: `model`, `messages`, and with tools `tools` and `tool_choice: "auto"`;
+/// nothing else (no `parallel_tool_calls`, `stream`, `max_tokens`, sampling fields):
+/// each of those is refused by some server or model (o-series models refuse
+/// `max_tokens`, several servers `parallel_tool_calls`), and their defaults suit.
 #[derive(Serialize)]
 struct ChatRequest<'a> {
     model: &'a str,
@@ -368,12 +518,20 @@ struct ChatRequest<'a> {
     // OpenAI rejects an empty `tools` array, and `tool_choice` without tools.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
+    // "auto" is OpenAI's default with tools, but llama-cpp-python's
+    // chatml-function-calling offers the tools only when it is sent; vLLM without
+    // --enable-auto-tool-choice refuses it, and then it is left out (`complete`).
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<&'static str>,
 }
 
 impl<'a> ChatRequest<'a> {
-    fn new(model: &'a str, messages: &'a [Message], tools: &'a [ToolSpec]) -> Self {
+    fn new(
+        model: &'a str,
+        messages: &'a [Message],
+        tools: &'a [ToolSpec],
+        tool_choice: bool,
+    ) -> Self {
         ChatRequest {
             model,
             messages: messages.iter().map(WireMessage::from).collect(),
@@ -388,7 +546,7 @@ impl<'a> ChatRequest<'a> {
                     },
                 })
                 .collect(),
-            tool_choice: (!tools.is_empty()).then_some("auto"),
+            tool_choice: (tool_choice && !tools.is_empty()).then_some("auto"),
         }
     }
 }
@@ -396,8 +554,10 @@ impl<'a> ChatRequest<'a> {
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
-    /// `null` for an assistant turn that is only tool calls.
-    content: Option<&'a str>,
+    /// Always a string, `""` for an assistant turn that is only tool calls: OpenAI
+    /// takes `null` there, but llama-cpp-python's schema (and others) want a string
+    /// and answer `null` with an error.
+    content: &'a str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireCallOut<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -412,14 +572,14 @@ impl<'a> From<&'a Message> for WireMessage<'a> {
             Role::Assistant => "assistant",
             Role::Tool => "tool",
         };
-        let only_calls =
-            m.role == Role::Assistant && m.content.is_empty() && !m.tool_calls.is_empty();
         WireMessage {
             role,
-            content: (!only_calls).then_some(m.content.as_str()),
+            content: m.content.as_str(),
             tool_calls: m
                 .tool_calls
                 .iter()
+                // The id as the server gave it: some check the ids of a history
+                // against the calls they made (Mistral's nine characters, for one).
                 .map(|c| WireCallOut {
                     id: &c.id,
                     kind: "function",

@@ -97,8 +97,13 @@ pub enum ProviderError {
     Unreachable(String),
     #[error("model provider timed out after {0} ms")]
     Timeout(u64),
+    /// The server failed (a 5xx, a 429) and kept failing through the retries.
     #[error("model provider answered HTTP {status}: {body}")]
     Http { status: u16, body: String },
+    /// The server refused the request as the request's fault (a 4xx, or a 5xx whose
+    /// body says validation): sending it again would not help. The server's message.
+    #[error("the model server refused skillbox's request (HTTP {status}): {message}")]
+    Refused { status: u16, message: String },
     #[error("model provider returned a malformed answer: {0}")]
     Malformed(String),
     #[error("loopback transcript: {0}")]

@@ -174,9 +174,13 @@ pub enum CorrectionKind {
     /// No tool call, before any run made verified files. Answered with a user message.
     NoToolCall,
     /// A tool call that cannot run: arguments that are not a JSON object, a required
-    /// argument missing or of the wrong type or value, an unknown tool. Answered as that
-    /// call's result, under its id.
+    /// argument missing, empty or of the wrong type or value, an argument the tool does
+    /// not take, an unknown tool. Answered as that call's result, under its id.
     MalformedCall,
+    /// A script (or `run_skill` command) that already failed, sent again unchanged with
+    /// nothing in the workspace changed since: not run again. Answered as that call's
+    /// result, under its id; a second one in a row ends the run.
+    RepeatedScript,
 }
 
 /// A model turn (or one call of it) the loop could not act on, and what it sent back.

@@ -14,13 +14,13 @@ use skillbox_env::CancellationToken;
 use crate::loop_edges::{GENERIC, agent, quiet};
 use crate::openai::{Answer, Server, completion, ok};
 
-fn prose(text: &str) -> Answer {
+pub(crate) fn prose(text: &str) -> Answer {
     ok(completion(json!({"role": "assistant", "content": text})))
 }
 
 /// An answer with one tool call per `(id, name, arguments)`; `arguments` is sent as is,
 /// so a string that is not JSON reaches the provider like a small model's output.
-fn calls(calls: &[(&str, &str, &str)]) -> Answer {
+pub(crate) fn calls(calls: &[(&str, &str, &str)]) -> Answer {
     let calls: Vec<Value> = calls
         .iter()
         .map(|(id, name, arguments)| {
@@ -32,17 +32,25 @@ fn calls(calls: &[(&str, &str, &str)]) -> Answer {
     ))
 }
 
-fn run_script(script: &str) -> String {
+pub(crate) fn run_script(script: &str) -> String {
     json!({"language": "sh", "script": script}).to_string()
 }
 
 /// Runs the agent against `server`; `None` when the native sandbox is not here (skipped).
-async fn run(server: &Server, max_turns: u32) -> Option<AgentOutcome> {
+pub(crate) async fn run(server: &Server, max_turns: u32) -> Option<AgentOutcome> {
+    run_with(
+        server,
+        AgentConfig {
+            max_turns,
+            ..AgentConfig::default()
+        },
+    )
+    .await
+}
+
+/// [`run`] with `config`.
+pub(crate) async fn run_with(server: &Server, config: AgentConfig) -> Option<AgentOutcome> {
     let (agent, _objects) = agent(Arc::new(server.provider(0))).await?;
-    let config = AgentConfig {
-        max_turns,
-        ..AgentConfig::default()
-    };
     let outcome = tokio::time::timeout(
         Duration::from_secs(120),
         agent.run(
@@ -60,7 +68,7 @@ async fn run(server: &Server, max_turns: u32) -> Option<AgentOutcome> {
 }
 
 /// The messages of the `n`th request (from 0) the server received.
-fn messages(server: &Server, n: usize) -> Vec<Value> {
+pub(crate) fn messages(server: &Server, n: usize) -> Vec<Value> {
     server.seen()[n].body["messages"]
         .as_array()
         .expect("messages")
@@ -69,7 +77,7 @@ fn messages(server: &Server, n: usize) -> Vec<Value> {
 
 /// The OpenAI rule every request must keep: an assistant message's tool calls are each
 /// answered, in order, by the tool messages right after it, under their ids.
-fn assert_every_call_answered(messages: &[Value]) {
+pub(crate) fn assert_every_call_answered(messages: &[Value]) {
     for (i, message) in messages.iter().enumerate() {
         let Some(calls) = message["tool_calls"].as_array() else {
             continue;
@@ -84,7 +92,7 @@ fn assert_every_call_answered(messages: &[Value]) {
     }
 }
 
-fn error_of(tool_message: &Value) -> String {
+pub(crate) fn error_of(tool_message: &Value) -> String {
     let content: Value =
         serde_json::from_str(tool_message["content"].as_str().expect("content")).expect("JSON");
     content["error"].as_str().expect("an error").to_string()
@@ -272,11 +280,12 @@ async fn prose_every_turn_fails_at_max_turns_with_each_turn_recorded() {
 async fn malformed_calls_every_turn_fail_at_max_turns() {
     let max_turns = 3;
     let answers = (1..=max_turns + 1)
+        // Each a little different: the same turn three times would end the run early.
         .map(|n| {
             calls(&[(
                 &format!("call_{n}"),
                 "run_script",
-                "{'language': 'sh', 'script': 'echo hi'}",
+                &format!("{{'language': 'sh', 'script': 'echo {n}'}}"),
             )])
         })
         .collect();
@@ -311,4 +320,235 @@ async fn malformed_calls_every_turn_fail_at_max_turns() {
         "{}",
         last[5]
     );
+}
+
+/// What a small model sends when it empties a script: blank is empty, answered by the
+/// schema's `minLength`, and nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_script_is_corrected_and_runs_nothing() {
+    let server = Server::start(vec![
+        calls(&[("call_empty", "run_script", &run_script("  \n"))]),
+        calls(&[("call_good", "run_script", &run_script("echo ok > made.txt"))]),
+        prose("Done."),
+    ])
+    .await;
+    let Some(outcome) = run(&server, 12).await else {
+        return;
+    };
+
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(outcome.attempts.len(), 1, "the empty script did not run");
+    let [correction] = outcome.corrections.as_slice() else {
+        panic!("one correction: {:#?}", outcome.corrections)
+    };
+    assert_eq!(correction.kind, CorrectionKind::MalformedCall);
+    assert!(
+        correction
+            .message
+            .starts_with("run_script: argument \"script\" is empty; nothing ran."),
+        "{}",
+        correction.message
+    );
+    assert_eq!(error_of(&messages(&server, 1)[3]), correction.message);
+}
+
+/// Arguments under the wrong names: what was sent is named beside what the tool takes;
+/// an argument the tool does not take is refused (the schema says
+/// `additionalProperties: false`), not silently dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_argument_names_are_named_beside_the_ones_to_send() {
+    let server = Server::start(vec![
+        calls(&[(
+            "call_names",
+            "run_script",
+            r#"{"lang": "sh", "code": "echo ok > made.txt"}"#,
+        )]),
+        calls(&[(
+            "call_extra",
+            "run_script",
+            r#"{"language": "sh", "script": "echo ok > made.txt", "timeout": 5}"#,
+        )]),
+        calls(&[("call_good", "run_script", &run_script("echo ok > made.txt"))]),
+        prose("Done."),
+    ])
+    .await;
+    let Some(outcome) = run(&server, 12).await else {
+        return;
+    };
+
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(outcome.attempts.len(), 1);
+    let messages: Vec<&str> = outcome
+        .corrections
+        .iter()
+        .map(|c| c.message.as_str())
+        .collect();
+    let [names, extra] = messages.as_slice() else {
+        panic!("two corrections: {messages:#?}")
+    };
+    assert!(
+        names.starts_with(
+            r#"run_script: argument "language" is missing (you sent "code" and "lang"; run_script takes "language", "script"); nothing ran."#
+        ),
+        "{names}"
+    );
+    assert!(
+        extra.starts_with(
+            r#"run_script: run_script does not take "timeout" (it takes "language", "script"); nothing ran."#
+        ),
+        "{extra}"
+    );
+}
+
+/// Paths a small model makes up: outside the workspace, `..`, a folder that is not
+/// there. Each is answered under the call's id with what to give instead, and the run
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonsense_paths_are_answered_and_the_run_goes_on() {
+    let write = |path: &str| json!({"path": path, "content": "x"}).to_string();
+    let server = Server::start(vec![
+        calls(&[
+            ("call_abs", "write_file", &write("/path/to/file.txt")),
+            ("call_up", "write_file", &write("../escape.txt")),
+            ("call_read", "read_file", r#"{"path": "no/such/file.txt"}"#),
+            ("call_deep", "write_file", &write("made/deep/a.txt")),
+        ]),
+        calls(&[(
+            "call_good",
+            "run_script",
+            &run_script("cat made/deep/a.txt > made.txt"),
+        )]),
+        prose("Done."),
+    ])
+    .await;
+    let Some(outcome) = run(&server, 12).await else {
+        return;
+    };
+
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:#?}");
+    let second = messages(&server, 1);
+    assert_every_call_answered(&second);
+    let abs = error_of(&second[3]);
+    assert!(
+        abs.contains("/path/to/file.txt") && abs.contains("outside /workspace"),
+        "{abs}"
+    );
+    let up = error_of(&second[4]);
+    assert!(up.contains("../escape.txt"), "{up}");
+    let read = error_of(&second[5]);
+    assert!(read.contains("no/such/file.txt"), "{read}");
+    let deep: Value = serde_json::from_str(second[6]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(deep["written"], "/workspace/made/deep/a.txt", "{deep}");
+    assert_eq!(outcome.attempts.len(), 1);
+    assert_eq!(outcome.attempts[0].exit_code, Some(0), "{outcome:#?}");
+}
+
+/// A model that loops on the same failing script: the second time it is not run (it
+/// would fail the same way) and the model is told so; the third time ends the run,
+/// well before maxAttempts, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_failing_script_is_not_run_again_and_a_third_time_ends_the_run() {
+    let failing = run_script("echo boom >&2; exit 3");
+    let server = Server::start(vec![
+        calls(&[("call_1", "run_script", &failing)]),
+        calls(&[("call_2", "run_script", &failing)]),
+        calls(&[("call_3", "run_script", &failing)]),
+        prose("never asked for"),
+    ])
+    .await;
+    let Some(outcome) = run_with(
+        &server,
+        AgentConfig {
+            max_attempts: 10,
+            ..AgentConfig::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
+
+    assert_eq!(outcome.status, AgentStatus::Failed, "{outcome:#?}");
+    assert_eq!(outcome.error, None, "a clean stop, not an error");
+    assert_eq!(
+        outcome.reason,
+        "stopped early: the model sent the failed script of attempt 1 again, unchanged, 2 times, told each time that it would fail the same way"
+    );
+    assert_eq!(outcome.attempts.len(), 1, "run once");
+    assert_eq!(server.seen().len(), 3);
+    let kinds: Vec<CorrectionKind> = outcome.corrections.iter().map(|c| c.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            CorrectionKind::RepeatedScript,
+            CorrectionKind::RepeatedScript
+        ]
+    );
+    let told = &outcome.corrections[0];
+    assert_eq!(told.tool_call_id.as_deref(), Some("call_2"));
+    assert_eq!(told.received, "echo boom >&2; exit 3");
+    for needle in [
+        "run_script: this is the script of attempt 1, which failed (exit 3: boom)",
+        "nothing in /workspace has changed since",
+        "nothing ran",
+        "Sending it unchanged again ends the run.",
+    ] {
+        assert!(
+            told.message.contains(needle),
+            "{needle:?} in {}",
+            told.message
+        );
+    }
+    assert_eq!(error_of(&messages(&server, 2)[5]), told.message);
+}
+
+/// The same script after a file was written is a new try, and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_script_after_a_write_runs_again() {
+    let script = run_script("cat input.txt > made.txt");
+    let server = Server::start(vec![
+        calls(&[("call_1", "run_script", &script)]),
+        calls(&[(
+            "call_2",
+            "write_file",
+            r#"{"path": "input.txt", "content": "in"}"#,
+        )]),
+        calls(&[("call_3", "run_script", &script)]),
+        prose("Done."),
+    ])
+    .await;
+    let Some(outcome) = run(&server, 12).await else {
+        return;
+    };
+
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(outcome.corrections, []);
+    let exits: Vec<Option<i32>> = outcome.attempts.iter().map(|a| a.exit_code).collect();
+    assert_eq!(exits, [Some(1), Some(0)]);
+}
+
+/// A model that never calls a tool and sends the same answer each time: the third
+/// identical turn ends the run, before maxTurns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_answer_three_times_ends_the_run_early() {
+    let same = "I cannot run scripts, but here is one:\n```sh\necho hi\n```";
+    let server = Server::start(vec![
+        prose(same),
+        prose(same),
+        prose(same),
+        prose("never asked for"),
+    ])
+    .await;
+    let Some(outcome) = run(&server, 12).await else {
+        return;
+    };
+
+    assert_eq!(outcome.status, AgentStatus::Failed, "{outcome:#?}");
+    assert_eq!(outcome.error, None);
+    assert_eq!(
+        outcome.reason,
+        "stopped early: the model sent the same turn 3 times in a row (no tool call), corrected each time"
+    );
+    assert_eq!(server.seen().len(), 3);
+    assert_eq!(outcome.corrections.len(), 3);
 }

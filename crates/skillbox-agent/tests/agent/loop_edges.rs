@@ -106,11 +106,13 @@ async fn the_shipped_pptx_session_fails_once_then_ships_a_verified_deck() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_runs_stop_at_max_attempts() {
-    let failing = run_script("sh", "echo nope >&2; exit 3");
+    // A different script each time: the same failed script again is not run (it is
+    // corrected, `corrections.rs`).
+    let failing = |n: u32| run_script("sh", &format!("echo nope {n} >&2; exit 3"));
     let provider = loopback(json!([
-        {"toolCalls": [failing]},
-        {"expect": {"exitCode": 3}, "toolCalls": [failing]},
-        {"expect": {"exitCode": 3}, "toolCalls": [failing]},
+        {"toolCalls": [failing(1)]},
+        {"expect": {"exitCode": 3}, "toolCalls": [failing(2)]},
+        {"expect": {"exitCode": 3}, "toolCalls": [failing(3)]},
         {"text": "never reached"}
     ]));
     let Some((agent, _objects)) = agent(provider).await else {
@@ -387,9 +389,9 @@ async fn the_pptx_skill_needs_a_verified_pptx_to_succeed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_calls_in_one_turn_still_stop_at_max_attempts() {
-    let failing = run_script("sh", "exit 9");
+    let failing = |n: u32| run_script("sh", &format!("exit {n}"));
     let provider = loopback(json!([
-        {"toolCalls": [failing, failing, failing, failing, failing]},
+        {"toolCalls": [failing(5), failing(6), failing(7), failing(8), failing(9)]},
         {"text": "never reached"}
     ]));
     let Some((agent, _objects)) = agent(provider).await else {

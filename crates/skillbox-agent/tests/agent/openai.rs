@@ -29,6 +29,8 @@ pub(crate) enum Answer {
     },
     /// Holds the request open until the client goes away.
     Hang,
+    /// Server-sent events, as a streaming server answers `stream: true`.
+    Stream(&'static str),
 }
 
 pub(crate) fn ok(body: Value) -> Answer {
@@ -60,6 +62,10 @@ struct Script {
     answers: Mutex<VecDeque<Answer>>,
     seen: Mutex<Vec<Seen>>,
     hit: Notify,
+    /// Refuse requests that break the interop rules, as the strictest servers do.
+    strict: bool,
+    /// What the strict server refused, one line per request.
+    refused: Mutex<Vec<String>>,
 }
 
 /// A scripted OpenAI-compatible server on loopback: it answers requests in order and
@@ -71,12 +77,30 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) async fn start(answers: Vec<Answer>) -> Server {
+        Server::serve(answers, false).await
+    }
+
+    /// A server that refuses, as llama-cpp-python does (HTTP 500, `validation error`),
+    /// every request that breaks a rule one of the servers people run enforces
+    /// ([`interop_violations`]); the answers go out only to requests that keep them.
+    pub(crate) async fn start_strict(answers: Vec<Answer>) -> Server {
+        Server::serve(answers, true).await
+    }
+
+    async fn serve(answers: Vec<Answer>, strict: bool) -> Server {
         let script = Arc::new(Script {
             answers: Mutex::new(answers.into()),
+            strict,
             ..Script::default()
         });
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(chat))
+            .route(
+                "/v1/models",
+                axum::routing::get(|| async {
+                    axum::Json(json!({"object": "list", "data": [{"id": "test-model", "object": "model"}]}))
+                }),
+            )
             .with_state(script.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -104,15 +128,138 @@ impl Server {
     pub(crate) fn seen(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
         self.script.seen.lock().unwrap()
     }
+
+    /// What the strict server refused (empty: every request kept the rules).
+    pub(crate) fn refused(&self) -> Vec<String> {
+        self.script.refused.lock().unwrap().clone()
+    }
+}
+
+/// The rules a chat request must keep for every OpenAI-compatible server in
+/// design.md §5.5.1, checked as the strictest of them does; each break, named.
+/// - llama-cpp-python (its pydantic schema): every message's `content` is a string
+///   (an assistant turn with only tool calls included); a tool message has a string
+///   `tool_call_id`.
+/// - OpenAI: each tool call of an assistant turn is answered by the tool messages right
+///   after it, under its id; `tool_choice` only with `tools`, and `tools` never empty.
+/// - vLLM: an earlier call's `arguments` are a string holding a JSON object.
+/// - every server: no field beyond `model`, `messages`, `tools`, `tool_choice`
+///   (`parallel_tool_calls`, `stream`, `max_tokens` are each refused by one).
+pub(crate) fn interop_violations(body: &Value) -> Vec<String> {
+    let mut broken = Vec::new();
+    let Some(request) = body.as_object() else {
+        return vec!["the body is not a JSON object".into()];
+    };
+    for key in request.keys() {
+        if !["model", "messages", "tools", "tool_choice"].contains(&key.as_str()) {
+            broken.push(format!("field {key:?} is not one every server takes"));
+        }
+    }
+    if !request.get("model").is_some_and(Value::is_string) {
+        broken.push("model: not a string".into());
+    }
+    match request.get("tools") {
+        Some(Value::Array(tools)) if tools.is_empty() => broken.push("tools: empty".into()),
+        None if request.contains_key("tool_choice") => {
+            broken.push("tool_choice without tools".into());
+        }
+        _ => {}
+    }
+    if let Some(choice) = request.get("tool_choice")
+        && choice != "auto"
+    {
+        broken.push(format!("tool_choice: {choice}, not \"auto\""));
+    }
+    let messages = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if messages.is_empty() {
+        broken.push("messages: none".into());
+    }
+    for (i, message) in messages.iter().enumerate() {
+        if !message["content"].is_string() {
+            broken.push(format!(
+                "messages.{i}.content: {}, not a string",
+                message["content"]
+            ));
+        }
+        match message["role"].as_str() {
+            Some("system" | "user") => {}
+            Some("tool") => {
+                if !message["tool_call_id"].is_string() {
+                    broken.push(format!("messages.{i}.tool_call_id: not a string"));
+                }
+            }
+            Some("assistant") => {
+                let calls = message
+                    .get("tool_calls")
+                    .map(|calls| calls.as_array().cloned().unwrap_or_default());
+                if calls.as_ref().is_some_and(Vec::is_empty) {
+                    broken.push(format!("messages.{i}.tool_calls: empty"));
+                }
+                for (j, call) in calls.iter().flatten().enumerate() {
+                    let at = format!("messages.{i}.tool_calls.{j}");
+                    if call["id"].as_str().is_none_or(str::is_empty) {
+                        broken.push(format!("{at}.id: missing"));
+                    }
+                    if call["type"] != "function" {
+                        broken.push(format!("{at}.type: not \"function\""));
+                    }
+                    let object = call["function"]["arguments"]
+                        .as_str()
+                        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                        .is_some_and(|a| a.is_object());
+                    if !object {
+                        broken.push(format!(
+                            "{at}.function.arguments: not a JSON object in a string"
+                        ));
+                    }
+                    let answer = messages.get(i + 1 + j);
+                    if answer.is_none_or(|m| m["role"] != "tool" || m["tool_call_id"] != call["id"])
+                    {
+                        broken.push(format!(
+                            "{at}: not answered by messages.{} under its id",
+                            i + 1 + j
+                        ));
+                    }
+                }
+            }
+            other => broken.push(format!("messages.{i}.role: {other:?}")),
+        }
+    }
+    broken
 }
 
 async fn chat(State(script): State<Arc<Script>>, headers: HeaderMap, body: Bytes) -> Response {
     let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_string());
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let broken = if script.strict {
+        interop_violations(&body)
+    } else {
+        Vec::new()
+    };
     script.seen.lock().unwrap().push(Seen {
         authorization: header("authorization"),
         content_type: header("content-type"),
-        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        body,
     });
+    if !broken.is_empty() {
+        let message = format!(
+            "{} validation errors for CreateChatCompletionRequest\n{}",
+            broken.len(),
+            broken.join("\n")
+        );
+        script.refused.lock().unwrap().push(message.clone());
+        script.hit.notify_one();
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "application/json")],
+            json!({"error": {"message": message, "type": "internal_server_error", "param": null, "code": null}}).to_string(),
+        )
+            .into_response();
+    }
     let answer = script.answers.lock().unwrap().pop_front();
     script.hit.notify_one();
     match answer {
@@ -132,6 +279,12 @@ async fn chat(State(script): State<Arc<Script>>, headers: HeaderMap, body: Bytes
             response
         }
         Some(Answer::Hang) => std::future::pending().await,
+        Some(Answer::Stream(events)) => (
+            StatusCode::OK,
+            [("content-type", "text/event-stream")],
+            events,
+        )
+            .into_response(),
         // 418 is not retried, so a test that sends too many requests fails loudly.
         None => (StatusCode::IM_A_TEAPOT, "unscripted request").into_response(),
     }
@@ -245,8 +398,9 @@ async fn tool_call_is_parsed_and_request_has_the_wire_shape() {
     assert_eq!(body["messages"][0]["content"], "You write scripts.");
     assert_eq!(body["messages"][1]["content"], "Make a deck.");
     let assistant = &body["messages"][2];
-    assert_eq!(assistant["content"], Value::Null);
-    assert!(assistant.as_object().unwrap().contains_key("content"));
+    // A string, never null: llama-cpp-python refuses null (issue 43).
+    assert_eq!(assistant["content"], "");
+    assert_eq!(interop_violations(body), Vec::<String>::new());
     let call = &assistant["tool_calls"][0];
     assert_eq!(call["id"], "call_1");
     assert_eq!(call["type"], "function");
@@ -378,9 +532,9 @@ async fn persistent_500_gives_up_after_max_retries_with_the_http_error() {
 }
 
 #[tokio::test]
-async fn a_400_is_not_retried_and_its_body_is_cut_to_500_chars() {
+async fn a_400_is_refused_not_retried_with_the_servers_message_cut_to_500_chars() {
     let long = format!(
-        r#"{{"error":{{"message":"bad request {}"}}}}"#,
+        r#"{{"error":{{"message":"bad request {}","type":"invalid_request_error"}}}}"#,
         "é".repeat(2000)
     );
     let server = Server::start(vec![status(400, Some("0"), &long)]).await;
@@ -389,13 +543,178 @@ async fn a_400_is_not_retried_and_its_body_is_cut_to_500_chars() {
         .await
         .unwrap_err();
 
-    let ProviderError::Http { status, body } = error else {
-        panic!("expected Http, got {error:?}")
+    let ProviderError::Refused { status, message } = error else {
+        panic!("expected Refused, got {error:?}")
     };
     assert_eq!(status, 400);
-    assert_eq!(body.chars().count(), 500);
-    assert!(long.starts_with(&body));
+    assert_eq!(message.chars().count(), 500);
+    assert!(message.starts_with("bad request éé"), "{message}");
     assert_eq!(server.seen().len(), 1);
+}
+
+/// llama-cpp-python answers a request its schema refuses with a 500 whose message
+/// says `validation error`: the request's fault, so not retried as if the server were
+/// down, and reported with the server's words (issue 43's run ended `unavailable`).
+#[tokio::test]
+async fn a_500_that_says_validation_is_refused_not_retried() {
+    let body = json!({"error": {
+        "message": "1 validation error for CreateChatCompletionRequest\nmessages.2.ChatCompletionRequestAssistantMessage.content\n  Input should be a valid string [type=string_type, input_value=None, input_type=NoneType]",
+        "type": "internal_server_error", "param": null, "code": null,
+    }});
+    let server = Server::start(vec![status(500, Some("0"), &body.to_string())]).await;
+
+    let error = complete(&server.provider(3), &[Message::user("hi")], &[])
+        .await
+        .unwrap_err();
+
+    let ProviderError::Refused { status, message } = &error else {
+        panic!("expected Refused, got {error:?}")
+    };
+    assert_eq!(*status, 500);
+    assert!(
+        message.starts_with("1 validation error for CreateChatCompletionRequest"),
+        "{message}"
+    );
+    assert!(
+        message.contains("Input should be a valid string"),
+        "{message}"
+    );
+    assert!(
+        error
+            .to_string()
+            .starts_with("the model server refused skillbox's request (HTTP 500): "),
+        "{error}"
+    );
+    assert_eq!(server.seen().len(), 1, "not retried");
+}
+
+/// Each server family's error body gives its message; the statuses that point at the
+/// configuration say which variable to check.
+#[tokio::test]
+async fn refusals_carry_the_servers_message_and_what_to_check() {
+    let cases: Vec<(u16, Value, &[&str])> = vec![
+        (
+            401,
+            json!({"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}),
+            &["Incorrect API key provided", "SKILLBOX_API_KEY"],
+        ),
+        (
+            404,
+            json!({"error": "model \"llama9\" not found, try pulling it first"}),
+            &[
+                "model \"llama9\" not found",
+                "SKILLBOX_MODEL_URL",
+                "SKILLBOX_MODEL",
+            ],
+        ),
+        (
+            422,
+            json!({"detail": [{"loc": ["body", "messages", 2, "content"], "msg": "Input should be a valid string", "type": "string_type"}]}),
+            &["validation error: body.messages.2.content: Input should be a valid string"],
+        ),
+        (
+            400,
+            json!({"message": "tools are not supported by this model"}),
+            &["tools are not supported by this model"],
+        ),
+    ];
+    for (code, body, needles) in cases {
+        let server = Server::start(vec![status(code, None, &body.to_string())]).await;
+        let error = complete(&server.provider(3), &[Message::user("hi")], &[])
+            .await
+            .unwrap_err();
+        let ProviderError::Refused { status, message } = &error else {
+            panic!("{code}: expected Refused, got {error:?}")
+        };
+        assert_eq!(*status, code);
+        for needle in needles {
+            assert!(message.contains(needle), "{code}: {needle:?} in {message}");
+        }
+        assert_eq!(server.seen().len(), 1, "{code}: not retried");
+    }
+    // A 500 that does not say validation is the server's trouble: retried.
+    let server = Server::start(vec![
+        status(
+            500,
+            Some("0"),
+            r#"{"error":{"message":"CUDA out of memory"}}"#,
+        ),
+        ok(completion(json!({"role": "assistant", "content": "back"}))),
+    ])
+    .await;
+    let reply = complete(&server.provider(1), &[Message::user("hi")], &[])
+        .await
+        .unwrap();
+    assert_eq!(reply.message.content, "back");
+}
+
+/// vLLM started without --enable-auto-tool-choice refuses `tool_choice: "auto"`: the
+/// same request goes once more without it, and later ones leave it out.
+#[tokio::test]
+async fn a_refused_tool_choice_is_left_out_from_then_on() {
+    let refusal = json!({"object": "error", "message": "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set", "type": "BadRequestError", "code": 400});
+    let server = Server::start(vec![
+        status(400, None, &refusal.to_string()),
+        ok(completion(json!({"role": "assistant", "content": "one"}))),
+        ok(completion(json!({"role": "assistant", "content": "two"}))),
+    ])
+    .await;
+    let provider = server.provider(0);
+    assert!(provider.sends_tool_choice());
+
+    let first = complete(&provider, &[Message::user("hi")], &[write_file_tool()])
+        .await
+        .unwrap();
+    let second = complete(&provider, &[Message::user("hi")], &[write_file_tool()])
+        .await
+        .unwrap();
+
+    assert_eq!(
+        (
+            first.message.content.as_str(),
+            second.message.content.as_str()
+        ),
+        ("one", "two")
+    );
+    assert!(!provider.sends_tool_choice());
+    let seen = server.seen();
+    let choices: Vec<&Value> = seen.iter().map(|s| &s.body["tool_choice"]).collect();
+    assert_eq!(choices, [&json!("auto"), &Value::Null, &Value::Null]);
+    assert!(seen.iter().all(|s| s.body["tools"].is_array()));
+}
+
+/// The strict server's rules can fail: each break in a request is named.
+#[test]
+fn the_interop_rules_name_each_break() {
+    let good = json!({
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "tool_choice": "auto",
+    });
+    assert_eq!(interop_violations(&good), Vec::<String>::new());
+    let mut bad = good.clone();
+    bad["messages"][1]["content"] = Value::Null;
+    bad["messages"][1]["tool_calls"][0]["function"]["arguments"] = json!("{\"a\": ");
+    bad["messages"][2]["tool_call_id"] = json!("other");
+    bad["parallel_tool_calls"] = json!(true);
+    bad.as_object_mut().unwrap().remove("tools");
+    assert_eq!(
+        interop_violations(&bad),
+        [
+            "field \"parallel_tool_calls\" is not one every server takes",
+            "tool_choice without tools",
+            "messages.1.content: null, not a string",
+            "messages.1.tool_calls.0.function.arguments: not a JSON object in a string",
+            "messages.1.tool_calls.0: not answered by messages.2 under its id",
+        ]
+    );
 }
 
 // Arguments that are not a JSON object are the model's mistake: the call comes through,
