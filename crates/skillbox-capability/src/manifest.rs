@@ -93,7 +93,7 @@ pub struct ManifestLimits {
 }
 
 /// `network`: the hosts a sandboxed capability may reach through skillbox's egress proxy
-/// (DESIGN.md §2.8), as a run's `network`: entries `host`, `host:port`, `*.domain` or
+/// (DESIGN.md §3.8), as a run's `network`: entries `host`, `host:port`, `*.domain` or
 /// `*.domain:port`; an `allow` host without a port means 80 and 443, a `deny` host
 /// without one every port; deny wins; no `allow` entry means no network at all.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

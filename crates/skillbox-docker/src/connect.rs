@@ -1,4 +1,4 @@
-//! Reaching what a running exec serves, from the host side (DESIGN.md §2.3), without
+//! Reaching what a running exec serves, from the host side (DESIGN.md §3.3), without
 //! giving the container a network. Each connection is a relay ([`helpers/relay.pl`])
 //! started in the container as the sandbox's own user: it connects there, to
 //! `127.0.0.1:PORT` on the container's loopback (gVisor's own network stack under

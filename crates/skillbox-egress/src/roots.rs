@@ -1,4 +1,4 @@
-//! Roots the proxy trusts upstream beyond the public web's (DESIGN.md §2.8): the
+//! Roots the proxy trusts upstream beyond the public web's (DESIGN.md §3.8): the
 //! certificates of a private CA the operator names (`--egress-ca FILE`), for a host
 //! whose secrets the proxy adds and whose certificate that CA signed. Checked once,
 //! when the file is read; every sandbox's proxy then takes the checked list.

@@ -1,4 +1,4 @@
-//! Secrets added at egress (DESIGN.md §2.8): the sandbox holds a placeholder; for a
+//! Secrets added at egress (DESIGN.md §3.8): the sandbox holds a placeholder; for a
 //! `CONNECT` to one of a secret's hosts the proxy terminates TLS with a certificate of
 //! the sandbox's own CA (which the sandbox trusts), opens TLS to the real host
 //! (verified against the public roots), and replaces the placeholder with the value in

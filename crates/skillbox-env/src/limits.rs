@@ -169,7 +169,7 @@ pub struct Mount {
     pub sandbox: PathBuf,
 }
 
-/// A host directory a capability declared (DESIGN.md §2.1: `policy.volumes`).
+/// A host directory a capability declared (DESIGN.md §3.1: `policy.volumes`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Volume {
@@ -210,7 +210,7 @@ pub struct SandboxPolicy {
     /// Bytes through the proxy, both ways, over all connections (`limits.egressBytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_bytes: Option<u64>,
-    /// Secrets added at egress, by environment variable name (§2.8): the sandbox sees
+    /// Secrets added at egress, by environment variable name (§3.8): the sandbox sees
     /// placeholders; their values are never serialized (nor printed).
     #[serde(skip)]
     pub secrets: std::collections::BTreeMap<String, skillbox_protocol::SecretSpec>,

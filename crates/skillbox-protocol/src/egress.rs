@@ -50,7 +50,7 @@ pub struct EgressConnection {
 /// `value` in its place in the headers of HTTPS requests bound for `hosts` (and nowhere
 /// else). skillbox puts the value in no sandbox, log, record or artifact; a bound host
 /// that echoes request headers, or writes the value in an answer, hands it to the
-/// sandbox (design.md §2.8).
+/// sandbox (design.md §3.8).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]

@@ -99,7 +99,7 @@ pub struct RunRequest {
     /// without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::NetworkPolicy>,
-    /// Secrets by environment variable name (§2.8): the code sees a placeholder, the
+    /// Secrets by environment variable name (§3.8): the code sees a placeholder, the
     /// proxy sends the value to the secret's hosts only. Needs `network`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub secrets: std::collections::BTreeMap<String, crate::SecretSpec>,
