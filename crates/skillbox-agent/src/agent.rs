@@ -33,6 +33,10 @@ const MAX_CALLS_PER_TURN: usize = 8;
 const DESCRIPTION_CHARS: usize = 300;
 /// Characters of a SKILL.md body `read_skill` hands to the model (the head is kept).
 const SKILL_BODY_CHARS: usize = 32_000;
+/// The bytes of each string argument a refused call keeps in the history the model is
+/// sent again. A refused call ran nothing; a small model's nonsense (a path of a
+/// thousand characters) would otherwise fill its context again every turn.
+const REFUSED_ARGUMENT_KEPT: usize = 200;
 
 /// Bounds of one agent run, and what its sandbox starts with.
 #[derive(Debug, Clone)]
@@ -1086,6 +1090,7 @@ impl Agent {
             answer.clone_from(&reply.message.content);
             let calls = reply.message.tool_calls.clone();
             let print = fingerprint(&reply.message.content, &calls);
+            let asked_at = messages.len();
             messages.push(reply.message);
             session.turn = turn;
             if calls.is_empty() {
@@ -1122,6 +1127,7 @@ impl Agent {
                 } else {
                     None
                 };
+                let mut refused = true;
                 let content = if let Some(why) = skip {
                     json!({"error": format!("skipped: {why}")}).to_string()
                 } else if let Some(correction) = Correction::malformed_call(turn, call, tools) {
@@ -1138,8 +1144,14 @@ impl Agent {
                     let corrections = session.corrections.len();
                     let content = session.tool(call, usage.take(), report).await?;
                     ran |= session.corrections.len() == corrections;
+                    // A script that ran stays as sent: the model fixes it from there.
+                    refused = !matches!(call.name.as_str(), "run_script" | "run_skill")
+                        && is_error_answer(&content);
                     content
                 };
+                if refused && let Some(asked) = messages[asked_at].tool_calls.get_mut(i) {
+                    cut_refused_arguments(&mut asked.arguments);
+                }
                 messages.push(Message::tool(call.id.clone(), content));
             }
             let repeated = session.repeats > 0 && !ran;
@@ -1176,6 +1188,38 @@ impl Agent {
                 ));
             }
         }
+    }
+}
+
+/// Whether a tool's answer is a refusal (`{"error": …}`).
+fn is_error_answer(content: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(content)
+        .is_ok_and(|answer| answer.get("error").is_some())
+}
+
+/// Cuts each string argument of a refused call to [`REFUSED_ARGUMENT_KEPT`] bytes (at
+/// a character boundary), saying so, in the history only: the answer the model got
+/// already said what was wrong with it.
+fn cut_refused_arguments(arguments: &mut serde_json::Value) {
+    let Some(fields) = arguments.as_object_mut() else {
+        return;
+    };
+    for value in fields.values_mut() {
+        let Some(text) = value.as_str() else {
+            continue;
+        };
+        if text.len() <= REFUSED_ARGUMENT_KEPT {
+            continue;
+        }
+        let mut end = REFUSED_ARGUMENT_KEPT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        *value = serde_json::Value::String(format!(
+            "{}… (cut here: {} bytes in all; the call was refused)",
+            &text[..end],
+            text.len()
+        ));
     }
 }
 

@@ -109,3 +109,56 @@ async fn a_refused_request_ends_the_run_as_the_requests_fault() {
     assert_eq!(outcome.attempts.len(), 1, "the attempt before it is kept");
     assert_eq!(server.seen().len(), 2, "not retried");
 }
+
+/// Seen with SmolLM2 (issue 43): a `write_file` with a path of thousands of characters,
+/// refused, came back in every later request as the model sent it and filled a small
+/// context. A refused call's long arguments are cut in the history; a script that ran
+/// stays as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_calls_long_arguments_are_cut_in_the_history() {
+    let nonsense = "a/".repeat(2500);
+    let script = format!("echo {} > made.txt", "x".repeat(600));
+    let server = Server::start_strict(vec![
+        calls(&[(
+            "call_1",
+            "write_file",
+            &json!({"path": nonsense, "content": "y"}).to_string(),
+        )]),
+        calls(&[("call_2", "run_script", &run_script(&script))]),
+        prose("Done."),
+    ])
+    .await;
+    let Some(outcome) = run(&server, 12).await else {
+        return;
+    };
+
+    assert_eq!(server.refused(), Vec::<String>::new());
+    assert_eq!(outcome.status, AgentStatus::Succeeded, "{outcome:#?}");
+    let seen = server.seen();
+    assert_eq!(seen.len(), 3);
+    let arguments = |request: usize, id: &str| -> Value {
+        let messages = seen[request].body["messages"].as_array().unwrap().clone();
+        let call = messages
+            .iter()
+            .filter_map(|m| m["tool_calls"].as_array())
+            .flatten()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("no call {id} in request {request}"))
+            .clone();
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap()
+    };
+    for request in [1, 2] {
+        let path = arguments(request, "call_1")["path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(path.len() < 300, "{} bytes", path.len());
+        assert!(path.starts_with("a/a/a/"), "{path}");
+        assert!(path.contains("5000 bytes in all"), "{path}");
+    }
+    let sent = arguments(2, "call_2");
+    assert!(
+        sent.to_string().contains(&"x".repeat(600)),
+        "the script that ran is kept whole"
+    );
+}
