@@ -174,6 +174,28 @@ ui_browser() {
 }
 ui_browser
 
+# A real S3 server for the tests of `serve --store s3://…` (crates/skillbox-store/tests/s3.rs,
+# crates/skillbox/tests/cli/store.rs): moto's, pinned with what it pulls in
+# (scripts/s3/requirements.txt), in a venv under target/s3, redone only when a pin changes.
+# Offline, or without venv or pip, this says so and goes on: those tests then skip (a
+# failure under SKILLBOX_REQUIRE_ALL=1).
+say "moto's S3 server (from PyPI; skipped when up to date)"
+s3_server() {
+  local dir=$PWD/target/s3 pins=scripts/s3/requirements.txt
+  mkdir -p "$dir"
+  if [ ! -x "$dir/venv/bin/python" ] && ! python3 -m venv "$dir/venv"; then
+    rm -rf "$dir/venv"
+    echo "S3 tests: python3 -m venv failed (apt-get install python3-venv): they will skip" >&2
+  elif ! cmp -s "$pins" "$dir/venv/pinned.txt"; then
+    if "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check -r "$pins"; then
+      cp "$pins" "$dir/venv/pinned.txt"
+    else
+      echo "S3 tests: pip could not install $pins: they will skip" >&2
+    fi
+  fi
+}
+s3_server
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -107,6 +107,9 @@ pub struct RunnerConfig {
     /// Bytes the artifact store may hold (the server's `--store-budget`), given to the
     /// store when the binary opens it for this runner; none: not bounded by puts.
     pub store_budget: Option<u64>,
+    /// Where the artifact store is, as a URL (the server's `--store`: `s3://bucket/prefix`,
+    /// `file:///dir`), opened by the binary for this runner; none: `<data>/objects`.
+    pub store_url: Option<String>,
     /// A container run's sandbox is removed after the run has answered, not before
     /// (up to [`DETACHED_CLEANUPS`] at once; beyond that, before). Only for a process
     /// that calls [`Runner::shutdown`] before it exits (a server), which waits for them.
@@ -133,6 +136,7 @@ impl RunnerConfig {
             skills_workspace: None,
             snapshots: SnapshotLimits::default(),
             store_budget: None,
+            store_url: None,
             detach_cleanup: false,
             upstream_roots: skillbox_egress::UpstreamRoots::default(),
         }

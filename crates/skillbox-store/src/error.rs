@@ -46,9 +46,20 @@ pub enum StoreError {
     /// `object_store` feature is off).
     #[error(
         "artifact store URL {url:?} is not supported by this build \
-         (only file:// and memory:// are): {reason}"
+         (file://, s3:// and memory:// are): {reason}"
     )]
     UnsupportedUrl { url: String, reason: String },
+
+    /// The store named by a URL did not answer a listing when it was opened: no such
+    /// bucket, credentials it refuses, or nothing listening.
+    #[error(
+        "artifact store {url}: cannot list it ({source}); check that the bucket exists, \
+         the AWS_* credentials, and AWS_ENDPOINT_URL for a store that is not Amazon's"
+    )]
+    Unreachable {
+        url: String,
+        source: object_store::Error,
+    },
 
     #[error("artifact {sha256} is not in the store")]
     NotFound { sha256: String },
@@ -139,6 +150,7 @@ impl StoreError {
                 ErrorCode::ResourceExhausted
             }
             StoreError::Backend { source, .. } => backend_code(source),
+            StoreError::Unreachable { .. } => ErrorCode::Unavailable,
             StoreError::Io { source, .. } => io_code(source),
             StoreError::Env(e) => e.code,
             StoreError::Records { .. } | StoreError::Snapshot(_) => ErrorCode::Unknown,

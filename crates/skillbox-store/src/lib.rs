@@ -24,4 +24,4 @@ pub use snapshots::{
     SnapshotEntry, SnapshotLimits, SnapshotSummary, Snapshots, check_scope_key,
     restore as restore_snapshot, save as save_snapshot, scope_id,
 };
-pub use store::{ArtifactStore, ArtifactStream, is_sha256_hex, sha256_hex};
+pub use store::{ArtifactStore, ArtifactStream, REFRESH_AFTER, is_sha256_hex, sha256_hex};

@@ -180,9 +180,20 @@ impl ArtifactStore {
         Ok(Self::new(Arc::new(local), Path::default()))
     }
 
-    /// A store named by a URL: `file:///abs/dir` is [`ArtifactStore::local`]; any other
-    /// URL goes to `object_store::parse_url` (with the default features: `memory://`).
+    /// A store named by a URL: `file:///abs/dir` is [`ArtifactStore::local`];
+    /// `s3://bucket/prefix` an S3 bucket (`ArtifactStore::s3`) with this process's `AWS_*`
+    /// variables; any other URL goes to `object_store::parse_url` (`memory://`).
     pub async fn from_url(url: &str) -> Result<Self, StoreError> {
+        let vars = std::env::vars_os()
+            .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)));
+        Self::from_url_with(url, vars).await
+    }
+
+    /// [`ArtifactStore::from_url`] with the `AWS_*` variables given, not this process's.
+    pub async fn from_url_with(
+        url: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, StoreError> {
         let parsed = Url::parse(url).map_err(|e| StoreError::InvalidUrl {
             url: url.to_string(),
             reason: e.to_string(),
@@ -196,6 +207,9 @@ impl ArtifactStore {
                     .to_string(),
             })?;
             return Self::local(&dir).await;
+        }
+        if parsed.scheme() == "s3" {
+            return Self::s3(&parsed, &shown, vars).await;
         }
         match object_store::parse_url(&parsed) {
             Ok((store, prefix)) => Ok(Self::new(Arc::from(store), prefix)),
@@ -211,6 +225,56 @@ impl ArtifactStore {
                 reason: e.to_string(),
             }),
         }
+    }
+
+    /// A store in the S3 bucket of `url` (`s3://bucket/prefix`), every key under the
+    /// prefix, with what the usual AWS variables in `vars` say: `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, and for a store that
+    /// is not Amazon's, `AWS_ENDPOINT_URL` (with `AWS_ALLOW_HTTP=true` for a plain-HTTP
+    /// one). Puts are conditional (`If-None-Match: *`), so a store must support S3's
+    /// conditional writes (Amazon S3 since 2024, MinIO, R2, Garage, moto). The bucket
+    /// is listed once before this returns: a bucket that is missing or refuses these
+    /// credentials fails here, not at the first run's put.
+    async fn s3(
+        url: &Url,
+        shown: &str,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, StoreError> {
+        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+        // The S3 client's TLS is rustls, which takes its provider from the process:
+        // ring, as everywhere in skillbox. Installed once; a second install is refused
+        // and harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // As `AmazonS3Builder::from_env` reads them, from the variables given.
+        let mut builder = AmazonS3Builder::new();
+        for (key, value) in vars {
+            if key.starts_with("AWS_")
+                && let Ok(key) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>()
+            {
+                builder = builder.with_config(key, value);
+            }
+        }
+        let store = builder
+            .with_url(url.as_str())
+            .build()
+            .map_err(|e| StoreError::InvalidUrl {
+                url: shown.to_string(),
+                reason: e.to_string(),
+            })?;
+        let prefix = Path::from_url_path(url.path()).map_err(|e| StoreError::InvalidUrl {
+            url: shown.to_string(),
+            reason: e.to_string(),
+        })?;
+        let store = Self::new(Arc::new(store), prefix);
+        store
+            .store
+            .list_with_delimiter(Some(&store.objects_prefix()))
+            .await
+            .map_err(|e| StoreError::Unreachable {
+                url: shown.to_string(),
+                source: e,
+            })?;
+        Ok(store)
     }
 
     /// Stores `bytes` under their sha256 and returns it (lowercase hex). Storing bytes
@@ -236,13 +300,16 @@ impl ArtifactStore {
         {
             // Bytes already stored cost nothing more: a put of them is no put.
             return match self.store.head(&path).await {
-                Ok(meta) if meta.size == size => Ok(sha256),
+                Ok(meta) if meta.size == size => {
+                    self.keep_fresh(&path, &meta, bytes).await?;
+                    Ok(sha256)
+                }
                 _ => Err(full),
             };
         }
         let put = self
             .store
-            .put_opts(&path, PutPayload::from(bytes), create)
+            .put_opts(&path, PutPayload::from(bytes.clone()), create)
             .await;
         if let (Some(budget), Err(_)) = (&self.budget, &put) {
             budget.give_back(size);
@@ -266,11 +333,36 @@ impl ArtifactStore {
                         detail: format!("it holds {} bytes, the content has {size}", meta.size),
                     });
                 }
+                self.keep_fresh(&path, &meta, bytes).await?;
                 tracing::debug!(%sha256, size, "artifact already stored");
                 Ok(sha256)
             }
             Err(e) => Err(StoreError::backend("put", e)),
         }
+    }
+
+    /// Makes an object that a put found already stored look just put, to every
+    /// process that shares the store: retention judges by the object's time, and
+    /// another server on the same bucket (or a CLI run on the server's data dir) does
+    /// not see this process's puts. Past [`REFRESH_AFTER`] the same bytes are written
+    /// again over it (an atomic replace, by bytes whose hash is the key: the content
+    /// cannot change); younger, it is left alone.
+    async fn keep_fresh(
+        &self,
+        path: &Path,
+        meta: &object_store::ObjectMeta,
+        bytes: Bytes,
+    ) -> Result<(), StoreError> {
+        let age = age_of(meta);
+        if age < REFRESH_AFTER {
+            return Ok(());
+        }
+        self.store
+            .put_opts(path, PutPayload::from(bytes), PutOptions::default())
+            .await
+            .map_err(|e| StoreError::backend("put", e))?;
+        tracing::debug!(path = %path, age_s = age.as_secs(), "artifact refreshed");
+        Ok(())
     }
 
     /// The whole object named by `sha256`.
@@ -387,6 +479,19 @@ impl ArtifactStore {
             .join(&sha256[..2])
             .join(sha256)
     }
+}
+
+/// How old an object a put finds already stored may be before the put writes it again
+/// ([`ArtifactStore::keep_fresh`]): well inside retention's grace time, so every object
+/// a live run put or found looks less than [`crate::GRACE`] old to every process.
+pub const REFRESH_AFTER: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
+/// How long ago the object was last written (zero for a time ahead of this host's
+/// clock).
+fn age_of(meta: &object_store::ObjectMeta) -> std::time::Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::from(meta.last_modified))
+        .unwrap_or_default()
 }
 
 /// The sha256 of `bytes` as 64 lowercase hex digits: an artifact's key.

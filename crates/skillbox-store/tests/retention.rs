@@ -103,3 +103,52 @@ async fn records_of_ended_runs_go_and_running_ones_stay() {
     }
     assert!(records.get("running").unwrap().is_some());
 }
+
+/// A store shared by several processes (servers on one bucket, a CLI run on a server's
+/// data dir): one that finds an old object already stored makes it look just put, so
+/// another's retention does not remove what a run has just stored.
+#[tokio::test]
+async fn an_old_object_put_again_by_another_process_is_kept_by_a_third() {
+    let dir = tempfile::tempdir().unwrap();
+    let content = "the same deck, made again".repeat(40);
+    let sha = put(dir.path(), &content, 10 * DAY).await;
+    let young = put(dir.path(), "put a minute ago", Duration::from_secs(60)).await;
+    // A second process puts the same bytes: a dedup hit on an object 10 days old.
+    let second = ArtifactStore::local(dir.path()).await.unwrap();
+    assert_eq!(
+        second.put_once(Bytes::from(content.clone())).await.unwrap(),
+        sha
+    );
+    // A dedup hit on a young object leaves it as it was.
+    let before = std::fs::metadata(dir.path().join("objects").join(&young[..2]).join(&young))
+        .unwrap()
+        .modified()
+        .unwrap();
+    second
+        .put_once(Bytes::from_static(b"put a minute ago"))
+        .await
+        .unwrap();
+    let after = std::fs::metadata(dir.path().join("objects").join(&young[..2]).join(&young))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(
+        before, after,
+        "an object younger than REFRESH_AFTER is not written again"
+    );
+    // A third process, which put nothing, prunes past a day: the refreshed object stays.
+    let third = ArtifactStore::local(dir.path()).await.unwrap();
+    let pruned = third
+        .prune(Retention {
+            max_bytes: None,
+            max_age: Some(DAY),
+        })
+        .await
+        .unwrap();
+    assert!(pruned.removed.is_empty(), "{pruned:?}");
+    assert_eq!(
+        third.get(&sha).await.unwrap(),
+        Bytes::from(content),
+        "the object is whole after it was written again"
+    );
+}

@@ -22,11 +22,14 @@ pub async fn runner(data_dir: &Path, install_node: bool) -> Result<Runner, Clien
     runner_with(RunnerConfig::new(data_dir), install_node).await
 }
 
-/// [`runner`] with a config of the caller's.
+/// [`runner`] with a config of the caller's: the store its `store_url` names, else
+/// `<data>/objects`.
 pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Runner, ClientError> {
-    let mut store = ArtifactStore::local(&config.data_dir.join("objects"))
-        .await
-        .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
+    let store = match &config.store_url {
+        Some(url) => ArtifactStore::from_url(url).await,
+        None => ArtifactStore::local(&config.data_dir.join("objects")).await,
+    };
+    let mut store = store.map_err(|e| ClientError::new(e.code(), e.to_string()))?;
     if let Some(max) = config.store_budget {
         store = store
             .with_budget(max)

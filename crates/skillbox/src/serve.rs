@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// 16K of --disk, where the backend can hold it (not gvisor)]
     #[arg(long, value_name = "N")]
     inodes: Option<u64>,
+    /// Where artifacts and snapshots' files are kept: `s3://BUCKET/PREFIX` (credentials,
+    /// region and AWS_ENDPOINT_URL from the usual AWS_* variables) or `file:///DIR`
+    /// [default: DATA_DIR/objects]. Several servers may share one bucket.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
     /// Bytes the artifact store keeps (or none): a run whose files would take it past
     /// fails (507 quota_exceeded), and retention removes the oldest objects past it.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "10G")]
@@ -296,6 +301,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         runner_config.door.root = root.clone();
     }
     runner_config.store_budget = args.store_budget.0;
+    runner_config.store_url = args.store.clone();
     runner_config.snapshots.scopes_per_tenant = args.tenant_max_scopes.max(1);
     if let Some(project) = &args.project {
         match project.canonicalize() {

@@ -11,6 +11,8 @@ use serde_json::Value;
 mod common;
 #[path = "cli/sessions.rs"]
 mod sessions;
+#[path = "cli/store.rs"]
+mod store;
 
 use common::{BIN, assert_workspacex_deck, example, native_or_skip, skillbox, text};
 

@@ -11,6 +11,7 @@
 
 pub mod adversarial;
 pub mod conformance;
+pub mod s3;
 
 pub use conformance::{assert_processes_gone, host_processes_with};
 
