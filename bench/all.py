@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from common import rate
+from common import Warm, hyperfine, rate
 
 SKILLBOX, DATA = sys.argv[1], sys.argv[2]
 QUICK = bool(os.environ.get("QUICK"))
@@ -27,26 +27,6 @@ def log(text):
 
 def ms(seconds):
     return f"{seconds * 1000:.1f} ms"
-
-
-def hyperfine(rounds, runs, commands, prepare=None):
-    """Each command's samples, pooled from `rounds` hyperfine runs; the commands'
-    order is reversed every other round so neither always goes first. `prepare`: a
-    command hyperfine runs before each sample (untimed)."""
-    pooled = {name: [] for name, _ in commands}
-    for round_ in range(rounds):
-        order = commands if round_ % 2 == 0 else list(reversed(commands))
-        with tempfile.NamedTemporaryFile(suffix=".json") as export:
-            args = ["hyperfine", "-N", "--warmup", "3", "--runs", str(runs),
-                    "--export-json", export.name]
-            if prepare:
-                args += ["--prepare", prepare]
-            for name, command in order:
-                args += ["-n", name, command]
-            subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for result in json.load(open(export.name))["results"]:
-                pooled[result["command"]].extend(result["times"])
-    return pooled
 
 
 def table(title, pooled):
@@ -62,32 +42,6 @@ def doctor():
     out = subprocess.run([SKILLBOX, "--data-dir", DATA, "doctor", "--json"],
                          capture_output=True, text=True, check=False).stdout
     return {b["name"]: b for b in json.loads(out)["backends"]}
-
-
-class Warm:
-    """A `skillbox warm` on its own data dir (its socket in it), stopped on exit."""
-
-    def __init__(self, data):
-        self.data = data
-        socket_path = os.path.join(data, "warm.sock")
-        self.process = subprocess.Popen([SKILLBOX, "--data-dir", data, "warm"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(300):
-            try:
-                with socket.socket(socket.AF_UNIX) as s:
-                    s.connect(socket_path)
-                time.sleep(0.5)  # its first sandboxes made ahead
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise SystemExit("bench/all.sh: skillbox warm did not answer")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *_):
-        self.process.terminate()
-        self.process.wait(timeout=60)
 
 
 def free_port():
@@ -163,7 +117,7 @@ def main():
     os.makedirs(warm_data, mode=0o700, exist_ok=True)
     sbw = f"{SKILLBOX} --data-dir {warm_data} exec"
     log("native /bin/true against bwrap")
-    with Warm(warm_data):
+    with Warm(SKILLBOX, warm_data):
         pooled = hyperfine(rounds, runs, [
             ("bwrap --unshare-all", f"{bwrap} /bin/true"),
             ("skillbox native, default limits, with skillbox warm", f"{sbw} -- /bin/true"),
@@ -194,7 +148,7 @@ def main():
 
     # 2. Native node -e 0 against bare node.
     log("native node -e 0 against bare node")
-    with Warm(warm_data):
+    with Warm(SKILLBOX, warm_data):
         pooled = hyperfine(rounds, max(runs // 2, 10), [
             ("bare node -e 0", "node -e 0"),
             ("skillbox native node -e 0, default limits, with skillbox warm", f"{sbw} -- node -e 0"),
