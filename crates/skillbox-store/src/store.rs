@@ -254,7 +254,15 @@ impl ArtifactStore {
                 builder = builder.with_config(key, value);
             }
         }
+        // Bounded: a store that does not answer fails a put, a download or the server's
+        // start within seconds, not after object_store's default of three minutes.
+        let retry = object_store::RetryConfig {
+            max_retries: 4,
+            retry_timeout: std::time::Duration::from_secs(30),
+            ..object_store::RetryConfig::default()
+        };
         let store = builder
+            .with_retry(retry)
             .with_url(url.as_str())
             .build()
             .map_err(|e| StoreError::InvalidUrl {

@@ -216,3 +216,34 @@ async fn a_bucket_that_is_not_there_is_refused_when_the_store_opens() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_store_that_does_not_answer_is_refused_not_waited_for() {
+    let test = "a_store_that_does_not_answer_is_refused_not_waited_for";
+    // Needs no S3 server, but the same skip rule as the others keeps it beside them.
+    let Some(moto) = moto(test) else { return };
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let vars = moto.aws_env().into_iter().map(|(key, value)| {
+        let value = if key == "AWS_ENDPOINT_URL" {
+            format!("http://127.0.0.1:{closed}")
+        } else {
+            value
+        };
+        (key.to_string(), value)
+    });
+    // A hang guard, far above the bounded retries (object_store's own default retries
+    // for three minutes before it gives up).
+    let opened = tokio::time::timeout(
+        std::time::Duration::from_secs(100),
+        ArtifactStore::from_url_with("s3://artifacts/x", vars),
+    )
+    .await
+    .expect("the store's open gave up within its bounded retries");
+    let err = opened.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert!(err.to_string().contains("s3://artifacts/x"), "{err}");
+}
