@@ -139,8 +139,10 @@ pub enum AgentError {
     Sandbox(EnvError),
     #[error("node runtime: {0}")]
     Runtime(String),
+    /// Collecting or storing the run's files failed (a store past its budget is
+    /// `quota_exceeded`, as for a plain run).
     #[error("artifacts: {0}")]
-    Store(String),
+    Store(skillbox_store::StoreError),
     /// The run's skills or scope could not be set up (a name that is not there, a
     /// snapshot that cannot be restored); the message names the field.
     #[error("{0}")]
@@ -166,7 +168,7 @@ impl AgentError {
             AgentError::Provider(_) => ErrorCode::Unavailable,
             AgentError::Sandbox(e) => e.code,
             AgentError::Runtime(_) => ErrorCode::Unavailable,
-            AgentError::Store(_) => ErrorCode::Unknown,
+            AgentError::Store(e) => e.code(),
             AgentError::Workspace(e) => e.code(),
         }
     }
@@ -776,7 +778,7 @@ impl Session<'_> {
                 return Err(AgentError::Cancelled);
             }
             Err(e) if e.code() == ErrorCode::ResourceExhausted => (Vec::new(), Some(e.to_string())),
-            Err(e) => return Err(AgentError::Store(e.to_string())),
+            Err(e) => return Err(AgentError::Store(e)),
         };
         let mut verification = verify(&files);
         if let Some(extension) = self.requires
@@ -1002,7 +1004,7 @@ impl Agent {
         {
             Some(files) => store_all(self.runner.store(), files)
                 .await
-                .map_err(|e| AgentError::Store(e.to_string()))?
+                .map_err(AgentError::Store)?
                 .into_iter()
                 .map(|a| ArtifactInfo {
                     url: skillbox_run::object_url(&a.sha256, &a.path),

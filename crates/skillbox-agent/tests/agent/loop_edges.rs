@@ -552,6 +552,49 @@ async fn a_verified_run_on_the_last_turn_succeeds() {
     assert_eq!(outcome.artifacts[0].path, "result.txt");
 }
 
+/// A store past its budget fails the agent run as it fails a plain run: the error is
+/// `quota_exceeded` (507 over HTTP), not an unknown error, and nothing is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_past_its_budget_fails_the_run_quota_exceeded() {
+    let native = skillbox_native::probe();
+    if !native.available {
+        skillbox_env::testkit::skip(
+            "a_store_past_its_budget_fails_the_run_quota_exceeded",
+            &native.reason.unwrap_or_default(),
+        );
+        return;
+    }
+    let objects = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::local(objects.path())
+        .await
+        .unwrap()
+        .with_budget(1000)
+        .await
+        .unwrap();
+    let runner = Runner::new(RunnerConfig::new(data_dir()), store);
+    let provider = loopback(json!([
+        {"toolCalls": [run_script("sh", "head -c 5000 /dev/urandom > big.bin")]},
+        {"text": "done"},
+    ]));
+    let agent = Agent::new(provider, Arc::new(runner));
+    let err = agent
+        .run(
+            "go",
+            &GENERIC,
+            &AgentConfig::default(),
+            &CancellationToken::new(),
+            &quiet,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), skillbox_env::ErrorCode::QuotaExceeded, "{err}");
+    assert!(err.to_string().contains("budget"), "{err}");
+    let kept = std::fs::read_dir(objects.path().join("objects"))
+        .map(|entries| entries.count())
+        .unwrap_or(0);
+    assert_eq!(kept, 0, "nothing of the run is kept");
+}
+
 /// With a network policy the model's scripts find the egress proxy, a host not on the
 /// list is refused with the reason (fed back as the script's output), and the outcome
 /// lists the connection; without one, the same script has no proxy at all.
