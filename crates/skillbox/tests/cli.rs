@@ -14,7 +14,7 @@ mod sessions;
 #[path = "cli/store.rs"]
 mod store;
 
-use common::{BIN, assert_workspacex_deck, example, native_or_skip, skillbox, text};
+use common::{BIN, Serving, assert_workspacex_deck, example, native_or_skip, skillbox, text};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -1591,17 +1591,6 @@ fn a_killed_server_leaves_what_its_next_start_sweeps() {
     assert!(!left().is_empty(), "nothing was left to sweep");
     let _next = Serving(start_serve(&flags).0);
     wait_for("the next start's sweep", || left().is_empty().then_some(()));
-}
-
-/// A server a test started, stopped (SIGTERM, and waited for) however the test ends.
-struct Serving(std::process::Child);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        // SAFETY: signalling the server this test started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
 }
 
 /// `run --remote` against a server that has API keys: the key from `SKILLBOX_API_KEY`

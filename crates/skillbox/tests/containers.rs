@@ -13,7 +13,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{BIN, assert_workspacex_deck, example, skillbox, text};
+use common::{BIN, Serving, assert_workspacex_deck, example, skillbox, text};
 
 /// The Node runtime and image are shared by these tests.
 fn data_dir() -> std::path::PathBuf {
@@ -525,17 +525,6 @@ fn a_killed_server_leaves_containers_its_next_start_sweeps() {
     assert!(!containers_of(pid).is_empty(), "nothing was left to sweep");
     let _next = Serving(start_serve(&[]).0);
     wait_for("the next start's sweep", || containers_of(pid).is_empty());
-}
-
-/// A server a test started, stopped (SIGTERM, and waited for) however the test ends.
-struct Serving(std::process::Child);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        // SAFETY: signalling the server this test started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
 }
 
 /// A user who may not use the daemon's socket gets `unavailable` naming the socket and

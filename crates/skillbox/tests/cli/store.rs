@@ -8,7 +8,7 @@ use std::process::Command;
 
 use skillbox_env::testkit::s3::MotoServer;
 
-use super::common::{BIN, native_or_skip, skillbox, text};
+use super::common::{BIN, Serving, native_or_skip, skillbox, text};
 use super::shared_data_dir;
 
 fn moto(test: &str) -> Option<MotoServer> {
@@ -21,30 +21,6 @@ fn serve_on(moto: &MotoServer, store: &str) -> (std::process::Child, String) {
     command.arg("--data-dir").arg(shared_data_dir());
     command.envs(moto.aws_env());
     super::common::start_serve(command, &["--store", store])
-}
-
-/// A server this test started: stopped with SIGTERM when the test ends, however it ends.
-struct Serving(std::process::Child);
-
-impl Serving {
-    fn stop(mut self) {
-        let status = self.terminate();
-        assert!(status.success(), "serve should stop cleanly: {status:?}");
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: signalling the server we started.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        self.0.wait().unwrap()
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            self.terminate();
-        }
-    }
 }
 
 #[test]
@@ -131,7 +107,8 @@ fn a_run_s_files_and_its_scope_s_snapshot_live_in_the_bucket() {
         !stdout.contains("AWS_") && !stdout.contains("skillbox-test-secret"),
         "the server's S3 credentials reached the sandbox: {stdout}"
     );
-    server.stop();
+    let status = server.stop();
+    assert!(status.success(), "serve should stop cleanly: {status:?}");
 }
 
 #[test]

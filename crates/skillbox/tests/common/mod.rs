@@ -51,6 +51,30 @@ pub fn start_serve(mut skillbox: Command, extra: &[&str]) -> (std::process::Chil
     (server, addr)
 }
 
+/// A server a test started, stopped (SIGTERM, and waited for) however the test ends.
+pub struct Serving(pub std::process::Child);
+
+impl Serving {
+    /// Stops it now (SIGTERM) and says how it ended.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate().expect("wait for skillbox serve")
+    }
+
+    fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        // SAFETY: signalling the server this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        self.0.wait().ok()
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            self.terminate();
+        }
+    }
+}
+
 /// A script from `examples/`.
 pub fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
