@@ -22,13 +22,24 @@ pub(crate) fn data_dir() -> PathBuf {
 }
 
 pub(crate) async fn agent(provider: Arc<dyn ModelProvider>) -> Option<(Agent, tempfile::TempDir)> {
+    agent_with_budget(provider, Some(1000)).await
+}
+
+/// [`agent`] on a store with a byte budget (`--store-budget`), or none.
+async fn agent_with_budget(
+    provider: Arc<dyn ModelProvider>,
+    budget: Option<u64>,
+) -> Option<(Agent, tempfile::TempDir)> {
     let native = skillbox_native::probe();
     if !native.available {
         skillbox_env::testkit::skip("agent", &native.reason.unwrap_or_default());
         return None;
     }
     let objects = tempfile::tempdir().unwrap();
-    let store = ArtifactStore::local(objects.path()).await.unwrap();
+    let mut store = ArtifactStore::local(objects.path()).await.unwrap();
+    if let Some(max) = budget {
+        store = store.with_budget(max).await.unwrap();
+    }
     let runner = Runner::new(RunnerConfig::new(data_dir()), store);
     Some((Agent::new(provider, Arc::new(runner)), objects))
 }
@@ -556,27 +567,13 @@ async fn a_verified_run_on_the_last_turn_succeeds() {
 /// `quota_exceeded` (507 over HTTP), not an unknown error, and nothing is kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_past_its_budget_fails_the_run_quota_exceeded() {
-    let native = skillbox_native::probe();
-    if !native.available {
-        skillbox_env::testkit::skip(
-            "a_store_past_its_budget_fails_the_run_quota_exceeded",
-            &native.reason.unwrap_or_default(),
-        );
-        return;
-    }
-    let objects = tempfile::tempdir().unwrap();
-    let store = ArtifactStore::local(objects.path())
-        .await
-        .unwrap()
-        .with_budget(1000)
-        .await
-        .unwrap();
-    let runner = Runner::new(RunnerConfig::new(data_dir()), store);
     let provider = loopback(json!([
         {"toolCalls": [run_script("sh", "head -c 5000 /dev/urandom > big.bin")]},
         {"text": "done"},
     ]));
-    let agent = Agent::new(provider, Arc::new(runner));
+    let Some((agent, objects)) = agent_with_budget(provider, Some(1000)).await else {
+        return;
+    };
     let err = agent
         .run(
             "go",
