@@ -120,6 +120,24 @@ if ! target/debug/skillbox --data-dir target/skillbox-image-data setup; then
   [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ] && exit 1
 fi
 
+# A venv at DIR/venv holding the pins of the requirements file PINS, redone only when
+# PINS changed since (DIR/venv/pinned.txt keeps the copy installed). Without venv or pip
+# (offline) it says so, as WHO, naming WHAT will skip, and goes on.
+pinned_venv() {
+  local dir=$1 pins=$2 who=$3 what=$4
+  mkdir -p "$dir"
+  if [ ! -x "$dir/venv/bin/python" ] && ! python3 -m venv "$dir/venv"; then
+    rm -rf "$dir/venv"
+    echo "$who: python3 -m venv failed (apt-get install python3-venv): $what will skip" >&2
+  elif ! cmp -s "$pins" "$dir/venv/pinned.txt"; then
+    if "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check -r "$pins"; then
+      cp "$pins" "$dir/venv/pinned.txt"
+    else
+      echo "$who: pip could not install $pins: $what will skip" >&2
+    fi
+  fi
+}
+
 # The MCP clients skillbox did not write, for crates/skillbox/tests/mcp.rs: the Python
 # `mcp` package (pinned in crates/skillbox/tests/mcp_clients/requirements.txt) in a venv,
 # and the MCP Inspector (pinned with its package-lock.json) by npm ci, both under
@@ -128,17 +146,7 @@ fi
 say "MCP clients (mcp from PyPI, the MCP Inspector from npm; skipped when up to date)"
 mcp_clients() {
   local dir=$PWD/target/mcp-clients pins=crates/skillbox/tests/mcp_clients
-  mkdir -p "$dir"
-  if [ ! -x "$dir/venv/bin/python" ] && ! python3 -m venv "$dir/venv"; then
-    rm -rf "$dir/venv"
-    echo "MCP clients: python3 -m venv failed (apt-get install python3-venv): the Python MCP client tests will skip" >&2
-  elif ! cmp -s "$pins/requirements.txt" "$dir/venv/pinned.txt"; then
-    if "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check -r "$pins/requirements.txt"; then
-      cp "$pins/requirements.txt" "$dir/venv/pinned.txt"
-    else
-      echo "MCP clients: pip could not install $pins/requirements.txt: the Python MCP client tests will skip" >&2
-    fi
-  fi
+  pinned_venv "$dir" "$pins/requirements.txt" "MCP clients" "the Python MCP client tests"
   if ! command -v npm >/dev/null; then
     echo "MCP clients: no npm: the MCP Inspector test will skip" >&2
   elif ! cmp -s "$pins/inspector/package-lock.json" "$dir/inspector/package-lock.json"; then
@@ -158,21 +166,8 @@ mcp_clients
 # download is never run. Offline, or without venv or pip, this says so and goes on: the
 # test then skips (a failure under SKILLBOX_REQUIRE_ALL=1).
 say "Playwright for the UI test (from PyPI; skipped when up to date)"
-ui_browser() {
-  local dir=$PWD/target/ui-browser pins=crates/skillbox/tests/ui_browser/requirements.txt
-  mkdir -p "$dir"
-  if [ ! -x "$dir/venv/bin/python" ] && ! python3 -m venv "$dir/venv"; then
-    rm -rf "$dir/venv"
-    echo "UI test: python3 -m venv failed (apt-get install python3-venv): the browser test will skip" >&2
-  elif ! cmp -s "$pins" "$dir/venv/pinned.txt"; then
-    if PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check -r "$pins"; then
-      cp "$pins" "$dir/venv/pinned.txt"
-    else
-      echo "UI test: pip could not install $pins: the browser test will skip" >&2
-    fi
-  fi
-}
-ui_browser
+PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 pinned_venv "$PWD/target/ui-browser" \
+  crates/skillbox/tests/ui_browser/requirements.txt "UI test" "the browser test"
 
 # A real S3 server for the tests of `serve --store s3://…` (crates/skillbox-store/tests/s3.rs,
 # crates/skillbox/tests/cli/store.rs): moto's, pinned with what it pulls in
@@ -180,21 +175,7 @@ ui_browser
 # Offline, or without venv or pip, this says so and goes on: those tests then skip (a
 # failure under SKILLBOX_REQUIRE_ALL=1).
 say "moto's S3 server (from PyPI; skipped when up to date)"
-s3_server() {
-  local dir=$PWD/target/s3 pins=scripts/s3/requirements.txt
-  mkdir -p "$dir"
-  if [ ! -x "$dir/venv/bin/python" ] && ! python3 -m venv "$dir/venv"; then
-    rm -rf "$dir/venv"
-    echo "S3 tests: python3 -m venv failed (apt-get install python3-venv): they will skip" >&2
-  elif ! cmp -s "$pins" "$dir/venv/pinned.txt"; then
-    if "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check -r "$pins"; then
-      cp "$pins" "$dir/venv/pinned.txt"
-    else
-      echo "S3 tests: pip could not install $pins: they will skip" >&2
-    fi
-  fi
-}
-s3_server
+pinned_venv "$PWD/target/s3" scripts/s3/requirements.txt "S3 tests" "they"
 
 say "cargo fmt --check"
 cargo fmt --all -- --check
