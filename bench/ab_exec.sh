@@ -18,20 +18,12 @@ data=${SKILLBOX_BENCH_DATA:-$PWD/target/bench-data}
 mkdir -p "$data"
 "$2" --data-dir "$data" setup --no-wasm >/dev/null 2>&1
 exec python3 - "$1" "$2" "$data" "${ROUNDS:-4}" "${RUNS:-40}" <<'PY'
-import os, statistics, sys, tempfile
+import os, shutil, statistics, sys
 sys.path.insert(0, "bench")
-from common import Warm, hyperfine
+from common import Warm, bwrap_yardstick, hyperfine
 
 a, b, data, rounds, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-ws = tempfile.mkdtemp()
-os.chmod(ws, 0o755)
-if os.getuid() == 0:
-    os.chown(ws, 65534, 65534)
-bwrap = ("bwrap --unshare-all --die-with-parent --new-session "
-         "--ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 "
-         "--symlink usr/sbin /sbin --ro-bind /etc/ld.so.cache /etc/ld.so.cache "
-         "--proc /proc --dev /dev --tmpfs /tmp "
-         f"--bind {ws} /workspace --chdir /workspace")
+bwrap, ws = bwrap_yardstick()
 warm = {}
 for name, binary in (("A", a), ("B", b)):
     warm[name] = os.path.join(data, f"warm-{name.lower()}")
@@ -54,4 +46,5 @@ print("| exec | A median | B median | B / A | A / yardstick | B / yardstick |")
 print("|---|---:|---:|---:|---:|---:|")
 for what, ma, mb, base, name in rows:
     print(f"| {what} | {ma*1000:.2f} ms | {mb*1000:.2f} ms | **{mb/ma:.3f}** | {ma/base:.2f} | {mb/base:.2f} ({name}) |")
+shutil.rmtree(ws, ignore_errors=True)
 PY

@@ -11,10 +11,9 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-from common import Warm, hyperfine, rate
+from common import Warm, bwrap_yardstick, hyperfine, rate
 
 SKILLBOX, DATA = sys.argv[1], sys.argv[2]
 QUICK = bool(os.environ.get("QUICK"))
@@ -99,15 +98,7 @@ def main():
                f"Linux {platform.release()}, cgroup: {cgroup}, user: {os.getenv('USER') or os.getuid()}")
     sections = []
     bars = []
-    ws = tempfile.mkdtemp()
-    os.chmod(ws, 0o755)
-    if os.getuid() == 0:
-        os.chown(ws, 65534, 65534)
-    bwrap = ("bwrap --unshare-all --die-with-parent --new-session "
-             "--ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 "
-             "--symlink usr/sbin /sbin --ro-bind /etc/ld.so.cache /etc/ld.so.cache "
-             "--ro-bind /etc/ssl/certs /etc/ssl/certs --proc /proc --dev /dev --tmpfs /tmp "
-             f"--bind {ws} /workspace --chdir /workspace")
+    bwrap, ws = bwrap_yardstick()
     sb = f"{SKILLBOX} --data-dir {DATA} exec"
     rounds, runs = (2, 10) if QUICK else (4, 50)
 

@@ -73,3 +73,19 @@ class Warm:
     def __exit__(self, *_):
         self.process.terminate()
         self.process.wait(timeout=60)
+
+
+def bwrap_yardstick():
+    """The bwrap command line the native rows are measured against (its program to
+    follow), and the host directory of its /workspace (the caller removes it): every
+    namespace, the system read-only, a fresh /workspace of the sandbox user's (uid 65534
+    under root), as a skillbox sandbox has."""
+    ws = tempfile.mkdtemp()
+    os.chmod(ws, 0o755)
+    if os.getuid() == 0:
+        os.chown(ws, 65534, 65534)
+    return ("bwrap --unshare-all --die-with-parent --new-session "
+            "--ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib /lib --symlink usr/lib64 /lib64 "
+            "--symlink usr/sbin /sbin --ro-bind /etc/ld.so.cache /etc/ld.so.cache "
+            "--ro-bind /etc/ssl/certs /etc/ssl/certs --proc /proc --dev /dev --tmpfs /tmp "
+            f"--bind {ws} /workspace --chdir /workspace"), ws
