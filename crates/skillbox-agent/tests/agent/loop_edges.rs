@@ -22,7 +22,7 @@ pub(crate) fn data_dir() -> PathBuf {
 }
 
 pub(crate) async fn agent(provider: Arc<dyn ModelProvider>) -> Option<(Agent, tempfile::TempDir)> {
-    agent_with_budget(provider, Some(1000)).await
+    agent_with_budget(provider, None).await
 }
 
 /// [`agent`] on a store with a byte budget (`--store-budget`), or none.
