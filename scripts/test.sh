@@ -32,6 +32,8 @@ install_missing() {
   command -v chromium >/dev/null || lean+=(chromium)
   command -v soffice >/dev/null || lean+=(libreoffice-impress)
   command -v pdftoppm >/dev/null || lean+=(poppler-utils)
+  # The records' tests on Postgres (serve --db) start clusters of their own with it.
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || lean+=(postgresql)
   # The cgroup v2 test boots the host's kernel in qemu (crates/skillbox/tests/cgroup_v2.rs);
   # installed without their recommends (qemu's would bring a GUI).
   local vm=()

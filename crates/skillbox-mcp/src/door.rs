@@ -78,11 +78,11 @@ pub trait Door: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Records that runs of `tenant` made `files`: it may read them from now on.
-    fn grant(&self, tenant: &str, files: &[ArtifactInfo]) -> Result<(), ToolError>;
+    async fn grant(&self, tenant: &str, files: &[ArtifactInfo]) -> Result<(), ToolError>;
 
     /// The content type of object `sha256` when `tenant` may read it; `None` when it may
     /// not (or there is no such object), which a caller reports as not found.
-    fn owned(&self, tenant: &str, sha256: &str) -> Result<Option<String>, ToolError>;
+    async fn owned(&self, tenant: &str, sha256: &str) -> Result<Option<String>, ToolError>;
 
     /// Whether `/v1/objects/{sha256}` serves downloads beside the tools, so that results
     /// and resources carry the link.
@@ -124,7 +124,7 @@ pub struct LocalDoor {
 
 #[async_trait]
 impl Door for LocalDoor {
-    fn grant(&self, _tenant: &str, files: &[ArtifactInfo]) -> Result<(), ToolError> {
+    async fn grant(&self, _tenant: &str, files: &[ArtifactInfo]) -> Result<(), ToolError> {
         let mut made = self
             .made
             .lock()
@@ -135,7 +135,7 @@ impl Door for LocalDoor {
         Ok(())
     }
 
-    fn owned(&self, _tenant: &str, sha256: &str) -> Result<Option<String>, ToolError> {
+    async fn owned(&self, _tenant: &str, sha256: &str) -> Result<Option<String>, ToolError> {
         Ok(self
             .made
             .lock()

@@ -302,7 +302,7 @@ impl SkillboxMcp {
         let result = task
             .await
             .map_err(|e| ToolError::new(ErrorCode::Unknown, format!("the run failed: {e}")))??;
-        self.shared.door.grant(tenant, &result.files)?;
+        self.shared.door.grant(tenant, &result.files).await?;
         let mut links = Vec::new();
         let mut files = Vec::new();
         for file in &result.files {
@@ -868,6 +868,7 @@ impl ServerHandler for SkillboxMcp {
             .shared
             .door
             .owned(&tenant, sha256)
+            .await
             .map_err(internal)?
             .ok_or_else(not_found)?;
         let store = self.shared.runner.store();

@@ -19,7 +19,9 @@ use skillbox_protocol::{
 };
 use skillbox_registry::{BackendRegistry, RegistryConfig};
 use skillbox_skills::{HashCache, Projection, ProjectionConfig, Skill, SkillSet, Sources};
-use skillbox_store::{ArtifactStore, CollectLimits, SnapshotLimits, Snapshots, store_all};
+use skillbox_store::{
+    ArtifactStore, CollectLimits, RecordsDb, SnapshotLimits, Snapshots, store_all,
+};
 
 use crate::runtime::{NodeRuntime, RuntimeError};
 
@@ -110,6 +112,9 @@ pub struct RunnerConfig {
     /// Where the artifact store is, as a URL (the server's `--store`: `s3://bucket/prefix`,
     /// `file:///dir`), opened by the binary for this runner; none: `<data>/objects`.
     pub store_url: Option<String>,
+    /// Where the records are, as a URL (the server's `--db`: `postgres://…`), opened by
+    /// the binary for this runner; none: SQLite files in the data dir.
+    pub db_url: Option<String>,
     /// A container run's sandbox is removed after the run has answered, not before
     /// (up to [`DETACHED_CLEANUPS`] at once; beyond that, before). Only for a process
     /// that calls [`Runner::shutdown`] before it exits (a server), which waits for them.
@@ -137,6 +142,7 @@ impl RunnerConfig {
             snapshots: SnapshotLimits::default(),
             store_budget: None,
             store_url: None,
+            db_url: None,
             detach_cleanup: false,
             upstream_roots: skillbox_egress::UpstreamRoots::default(),
         }
@@ -188,6 +194,8 @@ pub struct Runner {
     /// serves native runs.
     backends: Arc<BackendRegistry>,
     node: NodeRuntime,
+    /// Where records are kept: the data dir's SQLite files, or a shared database.
+    records: RecordsDb,
     /// The scopes' snapshots, opened on first use.
     snapshots: std::sync::OnceLock<Result<Snapshots, String>>,
     /// Removals of sandboxes whose runs have answered ([`RunnerConfig::detach_cleanup`]).
@@ -453,6 +461,7 @@ impl Runner {
         };
         Runner {
             node: NodeRuntime::new(&config.data_dir),
+            records: RecordsDb::sqlite(&config.data_dir),
             backends: Arc::new(BackendRegistry::new(registry)),
             config,
             store,
@@ -462,13 +471,23 @@ impl Runner {
         }
     }
 
-    /// The scopes' snapshots of this data dir (`<data>/snapshots.sqlite`).
+    /// This runner with its records in `records` (a shared database) rather than in
+    /// its data dir.
+    pub fn with_records(mut self, records: RecordsDb) -> Self {
+        self.records = records;
+        self.snapshots = std::sync::OnceLock::new();
+        self
+    }
+
+    /// Where this runner's records are: what a server opens its own tables in.
+    pub fn records(&self) -> &RecordsDb {
+        &self.records
+    }
+
+    /// The scopes' snapshots (`<data>/snapshots.sqlite`, or the shared database).
     pub fn snapshots(&self) -> Result<&Snapshots, RunError> {
         self.snapshots
-            .get_or_init(|| {
-                Snapshots::open(&self.config.data_dir.join("snapshots.sqlite"))
-                    .map_err(|e| e.to_string())
-            })
+            .get_or_init(|| Snapshots::open(&self.records).map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| RunError::Unavailable(format!("snapshots: {e}")))
     }

@@ -1,11 +1,10 @@
 //! [`AgentRuns`]: what the server keeps for agent runs: the records (SQLite, so they
 //! survive a restart), the model, and the bounds on how many run at once.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use skillbox_agent::{LoopbackProvider, ModelProvider};
-use skillbox_store::RunRecords;
+use skillbox_store::{RecordsDb, RunRecords};
 use tokio::sync::Semaphore;
 
 /// Which model agent runs use.
@@ -35,14 +34,17 @@ pub struct AgentRuns {
 }
 
 impl AgentRuns {
-    /// Records live in `<data_dir>/agent-runs.sqlite`.
-    pub fn open(
-        data_dir: &Path,
+    /// Records live in `records` (`<data_dir>/agent-runs.sqlite`, or a shared
+    /// database), kept as the node `node`'s.
+    pub async fn open(
+        records: &RecordsDb,
+        node: &str,
         model: AgentModel,
         max_concurrency: usize,
     ) -> Result<Self, String> {
-        let records =
-            RunRecords::open(&data_dir.join("agent-runs.sqlite")).map_err(|e| e.to_string())?;
+        let records = RunRecords::open(records, node)
+            .await
+            .map_err(|e| e.to_string())?;
         let max_concurrency = max_concurrency.max(1);
         Ok(AgentRuns {
             records,

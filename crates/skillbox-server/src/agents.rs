@@ -2,7 +2,6 @@
 //! sessions as background jobs, each recorded as an [`AgentRun`] as it goes, listed
 //! newest first.
 
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
@@ -35,7 +34,21 @@ pub(crate) fn not_configured() -> Failure {
     )
 }
 
-fn save(agents: &AgentRuns, record: &AgentRun) {
+/// Writes a running run's progress: its attempts so far.
+async fn save_progress(agents: &AgentRuns, record: &AgentRun) {
+    let body = match serde_json::to_string(record) {
+        Ok(body) => body,
+        Err(e) => {
+            tracing::error!(id = %record.id, error = %e, "agent run: cannot render the record");
+            return;
+        }
+    };
+    if let Err(e) = agents.records.update_running(&record.id, &body).await {
+        tracing::warn!(id = %record.id, error = %e, "agent run: cannot save its progress");
+    }
+}
+
+async fn save(agents: &AgentRuns, record: &AgentRun) {
     let body = match serde_json::to_string(record) {
         Ok(body) => body,
         Err(e) => {
@@ -46,6 +59,7 @@ fn save(agents: &AgentRuns, record: &AgentRun) {
     if let Err(e) = agents
         .records
         .update(&record.id, record.status.as_str(), &body)
+        .await
     {
         tracing::error!(id = %record.id, error = %e, "agent run: cannot save the record");
     }
@@ -157,6 +171,7 @@ pub(crate) async fn create(
     agents
         .records
         .insert(&record.id, tenant.as_str(), record.status.as_str(), &body)
+        .await
         .map_err(|e| {
             agents.in_system.fetch_sub(1, Ordering::SeqCst);
             Failure::from(e)
@@ -202,22 +217,30 @@ pub(crate) async fn create(
                     limits,
                     ..AgentConfig::default()
                 };
-                // Each attempt is saved as it happens, so GET shows progress.
-                let live = Mutex::new(record.clone());
+                // Each attempt is saved as it happens, so GET shows progress: a task
+                // writes the latest of them, in order, and only while the record says
+                // running (so a late one never undoes how the run ended).
+                let (live, mut latest) = tokio::sync::watch::channel(record.clone());
+                let saver = {
+                    let agents = agents.clone();
+                    tokio::spawn(async move {
+                        while latest.changed().await.is_ok() {
+                            let progress = latest.borrow_and_update().clone();
+                            save_progress(&agents, &progress).await;
+                        }
+                    })
+                };
                 let report = |event: AgentEvent<'_>| {
-                    if let AgentEvent::Attempt(attempt) = event
-                        && let Ok(mut live) = live.lock()
-                    {
-                        live.attempts.push(attempt.clone());
-                        save(&agents, &live);
+                    if let AgentEvent::Attempt(attempt) = event {
+                        live.send_modify(|live| live.attempts.push(attempt.clone()));
                     }
                 };
                 let result = agent
                     .run(&request.prompt, &skill, &config, &cancel, &report)
                     .await;
-                if let Ok(live) = live.lock() {
-                    record.attempts.clone_from(&live.attempts);
-                }
+                record.attempts.clone_from(&live.borrow().attempts);
+                drop(live);
+                let _ = saver.await;
                 match result {
                     Ok(outcome) => {
                         record.status = outcome.status;
@@ -252,10 +275,10 @@ pub(crate) async fn create(
             },
         };
         // The tenant may download what its run made.
-        if let Err(e) = crate::runs::grant(&state, &tenant, &record.artifacts) {
+        if let Err(e) = crate::runs::grant(&state, &tenant, &record.artifacts).await {
             tracing::error!(id = %record.id, error = ?e, "agent run: cannot record the artifacts' owner");
         }
-        save(&agents, &record);
+        save(&agents, &record).await;
         agents.in_system.fetch_sub(1, Ordering::SeqCst);
     });
     Ok((StatusCode::ACCEPTED, Json(created)))
@@ -280,7 +303,8 @@ pub(crate) async fn get(
     // Another tenant's run is answered exactly as one that does not exist.
     let record = agents
         .records
-        .get(&id)?
+        .get(&id)
+        .await?
         .filter(|record| record.tenant == tenant.as_str())
         .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no agent run {id:?}")))?;
     Ok(Json(read_record(&record)?))
@@ -368,7 +392,8 @@ pub(crate) async fn list(
         Some(id) => Some(
             agents
                 .records
-                .get(id)?
+                .get(id)
+                .await?
                 .filter(|record| record.tenant == tenant.as_str())
                 .ok_or_else(|| {
                     Failure::new(
@@ -381,7 +406,8 @@ pub(crate) async fn list(
     // One more than asked says whether there is a next page.
     let mut records = agents
         .records
-        .list(tenant.as_str(), limit + 1, before.as_ref())?;
+        .list(tenant.as_str(), limit + 1, before.as_ref())
+        .await?;
     let more = records.len() > limit;
     records.truncate(limit);
     let next = more

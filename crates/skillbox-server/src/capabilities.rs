@@ -332,7 +332,7 @@ async fn call(
             content_type: a.content_type,
         })
         .collect();
-    grant(state, tenant, &files)?;
+    grant(state, tenant, &files).await?;
     Ok(CapabilityRun {
         capability: name,
         grant: scope.as_str().to_string(),

@@ -101,16 +101,17 @@ impl AppState {
     }
 
     /// Records that runs of `tenant` made `files`: it may download them from now on.
-    pub fn grant(&self, tenant: &str, files: &[ArtifactInfo]) -> Result<(), Failure> {
-        crate::runs::grant(self, &Tenant(tenant.into()), files)
+    pub async fn grant(&self, tenant: &str, files: &[ArtifactInfo]) -> Result<(), Failure> {
+        crate::runs::grant(self, &Tenant(tenant.into()), files).await
     }
 
     /// The content type of object `sha256` when `tenant` may read it; `None` when it
     /// may not (or there is no such object).
-    pub fn owned(&self, tenant: &str, sha256: &str) -> Result<Option<String>, Failure> {
+    pub async fn owned(&self, tenant: &str, sha256: &str) -> Result<Option<String>, Failure> {
         Ok(self
             .owners
-            .get(tenant, sha256)?
+            .get(tenant, sha256)
+            .await?
             .map(|owned| owned.content_type))
     }
 

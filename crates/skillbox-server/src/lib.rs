@@ -118,8 +118,8 @@ pub async fn serve_on_with(
                 .map(|h| h.to_ascii_lowercase())
                 .collect(),
         });
-    let owners = ObjectOwners::open(&runner.data_dir().join("object-owners.sqlite"))
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let owners =
+        ObjectOwners::open(runner.records()).map_err(|e| std::io::Error::other(e.to_string()))?;
     let config_agents = config.agents.clone();
     let limits = listen::ConnectionLimits {
         header_timeout: config.header_timeout,
@@ -189,17 +189,18 @@ async fn keep_within_retention(state: AppState, shutdown: CancellationToken) {
         // A scope unused for the objects' age is forgotten: its snapshots are kept
         // from retention no longer.
         if let (Some(snapshots), Some(max_age)) = (&snapshots, retention.max_age) {
-            match snapshots.forget_unused(max_age) {
+            match snapshots.forget_unused(max_age).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(scopes = n, "retention: unused scopes forgotten"),
                 Err(e) => tracing::warn!(error = %e, "retention: cannot forget unused scopes"),
             }
         }
         // What a kept workspace snapshot needs stays, whatever its age.
-        let keep = match snapshots
-            .as_ref()
-            .map(skillbox_store::Snapshots::referenced)
-        {
+        let keep = match &snapshots {
+            Some(snapshots) => Some(snapshots.referenced().await),
+            None => None,
+        };
+        let keep = match keep {
             Some(Ok(keep)) => keep,
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "retention: cannot list the snapshots' objects; nothing removed this pass");
@@ -213,7 +214,7 @@ async fn keep_within_retention(state: AppState, shutdown: CancellationToken) {
         };
         match store.prune_keeping(retention, &keep).await {
             Ok(pruned) => {
-                if let Err(e) = state.owners.forget(&pruned.removed) {
+                if let Err(e) = state.owners.forget(&pruned.removed).await {
                     tracing::warn!(error = %e, "retention: cannot forget removed objects");
                 }
                 state.previews.forget(&pruned.removed);
@@ -221,7 +222,7 @@ async fn keep_within_retention(state: AppState, shutdown: CancellationToken) {
             Err(e) => tracing::warn!(error = %e, "retention: the store pass failed"),
         }
         if let (Some(agents), Some(max_age)) = (state.agents(), records_max_age) {
-            match agents.records.prune(max_age) {
+            match agents.records.prune(max_age).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(removed = n, "retention: old agent run records removed"),
                 Err(e) => tracing::warn!(error = %e, "retention: the records pass failed"),

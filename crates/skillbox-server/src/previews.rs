@@ -417,7 +417,7 @@ fn check_sha(sha256: &str) -> Result<(), Failure> {
 }
 
 /// The deck's owner check, exactly as a download's: another tenant's deck is 404.
-fn owned_deck(
+async fn owned_deck(
     state: &AppState,
     tenant: &Tenant,
     sha256: &str,
@@ -425,7 +425,8 @@ fn owned_deck(
     check_sha(sha256)?;
     state
         .owners
-        .get(tenant.as_str(), sha256)?
+        .get(tenant.as_str(), sha256)
+        .await?
         .ok_or_else(|| Failure::new(ErrorCode::NotFound, format!("no artifact {sha256}")))
 }
 
@@ -445,7 +446,7 @@ pub(crate) async fn slides(
     Extension(tenant): Extension<Tenant>,
     UrlPath(sha256): UrlPath<String>,
 ) -> Result<Json<SlidePreviews>, Failure> {
-    let owned = owned_deck(&state, &tenant, &sha256)?;
+    let owned = owned_deck(&state, &tenant, &sha256).await?;
     if owned.content_type != PPTX_TYPE {
         return Err(Failure::new(
             ErrorCode::Invalid,
@@ -821,7 +822,7 @@ pub(crate) async fn slide(
     Extension(tenant): Extension<Tenant>,
     UrlPath((sha256, number)): UrlPath<(String, String)>,
 ) -> Result<Response, Failure> {
-    owned_deck(&state, &tenant, &sha256)?;
+    owned_deck(&state, &tenant, &sha256).await?;
     let number = number
         .parse::<usize>()
         .ok()

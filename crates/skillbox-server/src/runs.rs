@@ -90,8 +90,8 @@ pub(crate) async fn run(
             metrics
                 .artifact_bytes_total
                 .fetch_add(result.files.iter().map(|f| f.size).sum(), Ordering::Relaxed);
-            grant(&state, &tenant, &result.files)?;
-            remember(&state, &tenant, asked, &result);
+            grant(&state, &tenant, &result.files).await?;
+            remember(&state, &tenant, asked, &result).await;
             Ok(Json(result))
         }
         Err(error) => {
@@ -122,7 +122,7 @@ fn first_line(script: &str) -> String {
 
 /// Keeps a summary of a finished plain run for its tenant's list (no output, the first
 /// line of the script, the files). A failure to keep it is logged: the run stands.
-fn remember(
+async fn remember(
     state: &AppState,
     tenant: &Tenant,
     (language, backend, script): (Language, BackendKind, String),
@@ -148,14 +148,14 @@ fn remember(
         duration_ms: result.duration_ms,
         files: result.files.iter().take(PLAIN_RUN_FILES).cloned().collect(),
     };
-    let kept = serde_json::to_string(&summary)
-        .map_err(|e| e.to_string())
-        .and_then(|body| {
-            agents
-                .records
-                .insert_plain(&summary.id, tenant.as_str(), &body, PLAIN_RUNS_KEPT)
-                .map_err(|e| e.to_string())
-        });
+    let kept = match serde_json::to_string(&summary) {
+        Ok(body) => agents
+            .records
+            .insert_plain(&summary.id, tenant.as_str(), &body, PLAIN_RUNS_KEPT)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
     if let Err(e) = kept {
         tracing::warn!(error = %e, "run: cannot keep its summary for the list");
     }
@@ -187,7 +187,8 @@ pub(crate) async fn list(
         Some(id) => Some(
             agents
                 .records
-                .get_plain(id)?
+                .get_plain(id)
+                .await?
                 .filter(|record| record.tenant == tenant.as_str())
                 .ok_or_else(|| {
                     Failure::new(
@@ -199,7 +200,8 @@ pub(crate) async fn list(
     };
     let mut records = agents
         .records
-        .list_plain(tenant.as_str(), limit + 1, before.as_ref())?;
+        .list_plain(tenant.as_str(), limit + 1, before.as_ref())
+        .await?;
     let more = records.len() > limit;
     records.truncate(limit);
     let next = more
@@ -298,7 +300,7 @@ pub(crate) async fn admit_bytes(
 }
 
 /// Records that `tenant` may read `files`: a tenant downloads only what its runs made.
-pub(crate) fn grant(
+pub(crate) async fn grant(
     state: &AppState,
     tenant: &Tenant,
     files: &[ArtifactInfo],
@@ -306,7 +308,8 @@ pub(crate) fn grant(
     for file in files {
         state
             .owners
-            .grant(tenant.as_str(), &file.sha256, file.size, &file.content_type)?;
+            .grant(tenant.as_str(), &file.sha256, file.size, &file.content_type)
+            .await?;
     }
     Ok(())
 }
@@ -542,7 +545,8 @@ pub(crate) async fn get_object(
     let missing = || Failure::new(ErrorCode::NotFound, format!("no artifact {sha256}"));
     let owned = state
         .owners
-        .get(tenant.as_str(), &sha256)?
+        .get(tenant.as_str(), &sha256)
+        .await?
         .ok_or_else(missing)?;
     let size = store.head(&sha256).await?.ok_or_else(missing)?;
     let mut builder = Response::builder().header(header::ACCEPT_RANGES, "bytes");

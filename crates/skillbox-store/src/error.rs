@@ -117,6 +117,28 @@ pub enum StoreError {
     #[error("run records: {op}: {detail}")]
     Records { op: String, detail: String },
 
+    /// The records' database did not answer (no connection to be had, or it went).
+    #[error(
+        "run records: {op}: the database does not answer ({detail}); check that it is up \
+         and reachable (serve --db)"
+    )]
+    RecordsUnavailable { op: String, detail: String },
+
+    /// The `--db` URL cannot be parsed.
+    #[error("invalid records database URL {url}: {reason}")]
+    InvalidDbUrl { url: String, reason: String },
+
+    /// The `--db` URL asks for what this build cannot give.
+    #[error("records database URL {url} is not supported: {reason}")]
+    UnsupportedDbUrl { url: String, reason: String },
+
+    /// The database the URL names did not answer when it was opened.
+    #[error(
+        "records database {url}: cannot connect or set up its tables ({detail}); check \
+         that Postgres is up, the user and password, and that the database exists"
+    )]
+    DbUnreachable { url: String, detail: String },
+
     /// A workspace snapshot could not be saved or restored; the message says why.
     #[error("snapshot: {0}")]
     Snapshot(String),
@@ -142,8 +164,15 @@ impl StoreError {
     /// The stable code for this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            StoreError::InvalidKey { .. } | StoreError::InvalidUrl { .. } => ErrorCode::Invalid,
-            StoreError::UnsupportedUrl { .. } => ErrorCode::NotSupported,
+            StoreError::InvalidKey { .. }
+            | StoreError::InvalidUrl { .. }
+            | StoreError::InvalidDbUrl { .. } => ErrorCode::Invalid,
+            StoreError::UnsupportedUrl { .. } | StoreError::UnsupportedDbUrl { .. } => {
+                ErrorCode::NotSupported
+            }
+            StoreError::RecordsUnavailable { .. } | StoreError::DbUnreachable { .. } => {
+                ErrorCode::Unavailable
+            }
             StoreError::NotFound { .. } => ErrorCode::NotFound,
             StoreError::Corrupt { .. } => ErrorCode::Unknown,
             StoreError::TooLarge { .. } | StoreError::TooMany { .. } => {

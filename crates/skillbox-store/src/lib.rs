@@ -4,6 +4,7 @@
 //! [`store_all`] puts them in the store.
 
 mod collect;
+mod db;
 mod error;
 mod owners;
 mod records;
@@ -15,6 +16,7 @@ pub use collect::{
     CollectLimits, CollectedFile, StoredArtifact, collect_artifacts, collection_walk, content_type,
     store_all,
 };
+pub use db::{Db, Engine, RecordsDb};
 pub use error::{CollectLimit, StoreError};
 pub use owners::{ObjectOwners, OwnedObject};
 pub use records::{LOCAL_TENANT, PlainRunRecord, RunRecord, RunRecords};
@@ -24,4 +26,8 @@ pub use snapshots::{
     SnapshotEntry, SnapshotLimits, SnapshotSummary, Snapshots, check_scope_key,
     restore as restore_snapshot, save as save_snapshot, scope_id,
 };
+/// Every component's schema: what a Postgres database is brought up to when connected.
+pub(crate) const ALL_SCHEMAS: [&db::Schema; 3] =
+    [&records::SCHEMA, &owners::SCHEMA, &snapshots::SCHEMA];
+
 pub use store::{ArtifactStore, ArtifactStream, REFRESH_AFTER, is_sha256_hex, sha256_hex};

@@ -3,22 +3,22 @@
 //!
 //! A snapshot is content-addressed in the artifact store: every file's bytes under their
 //! SHA-256, and a manifest (paths, kinds, modes, hashes) under its own, which is the
-//! snapshot's id. The scope's list of snapshots is a table in `<data>/snapshots.sqlite`,
+//! snapshot's id. The scope's list of snapshots is a table in `<data>/snapshots.sqlite`
+//! (or in the shared database),
 //! written only once every object is stored: a run killed while saving leaves the
 //! previous snapshot as the latest. The last few are kept per scope; every object a
 //! kept snapshot needs is listed, so store retention can spare it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use skillbox_env::{CancellationToken, ExecutionEnv, FileKind, FileRead, MAX_TREE_DEPTH, Tree};
 
+use crate::db::{Db, Migration, RecordsDb, Schema, Statement, Step, params};
 use crate::error::StoreError;
-use crate::records::{db_error, now_ms};
+use crate::records::now_ms;
 use crate::store::{ArtifactStore, sha256_hex};
 
 /// Scopes one tenant keeps when nothing else is configured (`serve --tenant-max-scopes`).
@@ -95,11 +95,64 @@ pub struct SnapshotSummary {
     pub bytes: u64,
 }
 
-/// The scopes' snapshots, in SQLite.
+/// The scopes' snapshots, in the records' database.
 #[derive(Debug, Clone)]
 pub struct Snapshots {
-    db: Arc<Mutex<Connection>>,
+    db: Db,
 }
+
+pub(crate) const SCHEMA: Schema = Schema {
+    component: "snapshots",
+    sqlite: &[Migration {
+        version: 1,
+        steps: &[
+            Step::Sql(
+                "CREATE TABLE IF NOT EXISTS snapshots (
+                     scope TEXT NOT NULL,
+                     seq INTEGER NOT NULL,
+                     manifest TEXT NOT NULL,
+                     files INTEGER NOT NULL,
+                     bytes INTEGER NOT NULL,
+                     created_ms INTEGER NOT NULL,
+                     PRIMARY KEY (scope, seq)
+                 );
+                 CREATE TABLE IF NOT EXISTS snapshot_objects (
+                     manifest TEXT NOT NULL,
+                     sha256 TEXT NOT NULL,
+                     PRIMARY KEY (manifest, sha256)
+                 );",
+            ),
+            // Whose scope a snapshot is, so a tenant's scopes can be counted (a table
+            // made before that holds its rows under the tenant "").
+            Step::AddColumn {
+                table: "snapshots",
+                column: "tenant",
+                decl: "tenant TEXT NOT NULL DEFAULT ''",
+            },
+        ],
+    }],
+    postgres: &[Migration {
+        version: 1,
+        steps: &[Step::Sql(
+            "CREATE TABLE snapshots (
+                 scope TEXT NOT NULL,
+                 seq BIGINT NOT NULL,
+                 manifest TEXT NOT NULL,
+                 files BIGINT NOT NULL,
+                 bytes BIGINT NOT NULL,
+                 created_ms BIGINT NOT NULL,
+                 tenant TEXT NOT NULL,
+                 PRIMARY KEY (scope, seq)
+             );
+             CREATE INDEX snapshots_by_tenant ON snapshots (tenant);
+             CREATE TABLE snapshot_objects (
+                 manifest TEXT NOT NULL,
+                 sha256 TEXT NOT NULL,
+                 PRIMARY KEY (manifest, sha256)
+             );",
+        )],
+    }],
+};
 
 /// The key a scope is kept under: its tenant and its name, hashed.
 pub fn scope_id(tenant: &str, scope: &str) -> String {
@@ -117,94 +170,54 @@ pub fn check_scope_key(scope: &str) -> Result<(), String> {
 }
 
 impl Snapshots {
-    /// Opens (creating) `path`.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| StoreError::Io {
-                op: "create the snapshots dir",
-                path: parent.display().to_string(),
-                source,
-            })?;
-        }
-        let db = Connection::open(path).map_err(db_error("open the snapshots"))?;
-        db.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             PRAGMA busy_timeout = 5000;
-             CREATE TABLE IF NOT EXISTS snapshots (
-                 scope TEXT NOT NULL,
-                 seq INTEGER NOT NULL,
-                 manifest TEXT NOT NULL,
-                 files INTEGER NOT NULL,
-                 bytes INTEGER NOT NULL,
-                 created_ms INTEGER NOT NULL,
-                 PRIMARY KEY (scope, seq)
-             );
-             CREATE TABLE IF NOT EXISTS snapshot_objects (
-                 manifest TEXT NOT NULL,
-                 sha256 TEXT NOT NULL,
-                 PRIMARY KEY (manifest, sha256)
-             );",
-        )
-        .map_err(db_error("create the snapshots tables"))?;
-        // Whose scope a snapshot is, so a tenant's scopes can be counted (a table made
-        // before that holds its rows under the tenant "").
-        let has_tenant = db
-            .prepare("SELECT 1 FROM pragma_table_info('snapshots') WHERE name = 'tenant'")
-            .and_then(|mut query| query.exists([]))
-            .map_err(db_error("read the snapshots table"))?;
-        if !has_tenant {
-            db.execute_batch("ALTER TABLE snapshots ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
-                .map_err(db_error("add the snapshots' tenant"))?;
-        }
-        Ok(Snapshots {
-            db: Arc::new(Mutex::new(db)),
-        })
-    }
-
-    fn with<T>(
-        &self,
-        op: &str,
-        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
-    ) -> Result<T, StoreError> {
-        let mut db = self.db.lock().map_err(|_| StoreError::Records {
-            op: op.to_string(),
-            detail: "lock poisoned".into(),
-        })?;
-        f(&mut db).map_err(db_error(op))
+    /// Opens (creating) `<data>/snapshots.sqlite`, or the shared database's tables.
+    pub fn open(at: &RecordsDb) -> Result<Self, StoreError> {
+        let db = at.open(
+            "snapshots.sqlite",
+            "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = 5000;",
+            &SCHEMA,
+        )?;
+        Ok(Snapshots { db })
     }
 
     /// The scope's latest snapshot.
-    pub fn latest(&self, scope: &str) -> Result<Option<SnapshotSummary>, StoreError> {
-        self.with("read the latest snapshot", |db| {
-            db.query_row(
-                "SELECT manifest, files, bytes FROM snapshots WHERE scope = ?1 ORDER BY seq DESC LIMIT 1",
+    pub async fn latest(&self, scope: &str) -> Result<Option<SnapshotSummary>, StoreError> {
+        let Some(row) = self
+            .db
+            .query_one(
+                "read the latest snapshot",
+                "SELECT manifest, files, bytes FROM snapshots WHERE scope = ?1
+                 ORDER BY seq DESC LIMIT 1",
                 params![scope],
-                |row| {
-                    Ok(SnapshotSummary {
-                        id: row.get(0)?,
-                        files: row.get::<_, i64>(1)? as usize,
-                        bytes: row.get::<_, i64>(2)? as u64,
-                    })
-                },
             )
-            .optional()
-        })
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(SnapshotSummary {
+            id: row.text(0)?,
+            files: row.int(1)?.max(0) as usize,
+            bytes: row.int(2)?.max(0) as u64,
+        }))
     }
 
     /// Whether `tenant` may save a snapshot of `scope`: a scope it keeps already, or a
     /// new one while it keeps fewer than `max` scopes.
-    fn may_save(&self, tenant: &str, scope: &str, max: usize) -> Result<(), StoreError> {
-        let (known, scopes) = self.with("count the tenant's scopes", |db| {
-            let known = db
-                .prepare("SELECT 1 FROM snapshots WHERE scope = ?1 LIMIT 1")?
-                .exists(params![scope])?;
-            let scopes: i64 = db.query_row(
-                "SELECT COUNT(DISTINCT scope) FROM snapshots WHERE tenant = ?1",
-                params![tenant],
-                |row| row.get(0),
-            )?;
-            Ok((known, scopes as usize))
-        })?;
+    async fn may_save(&self, tenant: &str, scope: &str, max: usize) -> Result<(), StoreError> {
+        let row = self
+            .db
+            .query_one(
+                "count the tenant's scopes",
+                "SELECT
+                     (SELECT COUNT(*) FROM snapshots WHERE scope = ?1),
+                     (SELECT COUNT(DISTINCT scope) FROM snapshots WHERE tenant = ?2)",
+                params![scope, tenant],
+            )
+            .await?;
+        let (known, scopes) = match row {
+            Some(row) => (row.int(0)? > 0, row.int(1)?.max(0) as usize),
+            None => (false, 0),
+        };
         if !known && scopes >= max {
             return Err(StoreError::TooManyScopes { max });
         }
@@ -213,32 +226,41 @@ impl Snapshots {
 
     /// Forgets every scope whose latest snapshot is older than `max_age` (retention):
     /// its objects are then no longer kept. Returns how many scopes went.
-    pub fn forget_unused(&self, max_age: std::time::Duration) -> Result<usize, StoreError> {
+    pub async fn forget_unused(&self, max_age: std::time::Duration) -> Result<usize, StoreError> {
         let before = now_ms() - i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
-        self.with("forget unused scopes", |db| {
-            let tx = db.transaction()?;
-            let unused = "SELECT scope FROM snapshots GROUP BY scope HAVING MAX(created_ms) < ?1";
-            let scopes: i64 = tx.query_row(
-                &format!("SELECT COUNT(*) FROM ({unused})"),
-                params![before],
-                |row| row.get(0),
-            )?;
-            tx.execute(
-                &format!("DELETE FROM snapshots WHERE scope IN ({unused})"),
-                params![before],
-            )?;
-            tx.execute(
-                "DELETE FROM snapshot_objects WHERE manifest NOT IN (SELECT manifest FROM snapshots)",
-                [],
-            )?;
-            tx.commit()?;
-            Ok(scopes as usize)
-        })
+        const UNUSED: &str =
+            "SELECT scope FROM snapshots GROUP BY scope HAVING MAX(created_ms) < ?1";
+        let count = format!("SELECT COUNT(*) FROM ({UNUSED}) AS unused");
+        let delete = format!("DELETE FROM snapshots WHERE scope IN ({UNUSED})");
+        let done = self
+            .db
+            .transaction(
+                "forget unused scopes",
+                &[
+                    Statement {
+                        sql: &count,
+                        params: params![before],
+                    },
+                    Statement {
+                        sql: &delete,
+                        params: params![before],
+                    },
+                    Statement {
+                        sql: FORGET_UNREFERENCED,
+                        params: params![],
+                    },
+                ],
+            )
+            .await?;
+        match done.first().and_then(|d| d.rows.first()) {
+            Some(row) => Ok(row.int(0)?.max(0) as usize),
+            None => Ok(0),
+        }
     }
 
     /// Makes `summary` (all of whose objects are stored) the scope's latest, in one
     /// transaction, and forgets all but its last `keep`.
-    fn record(
+    async fn record(
         &self,
         tenant: &str,
         scope: &str,
@@ -246,67 +268,87 @@ impl Snapshots {
         objects: &HashSet<String>,
         keep: usize,
     ) -> Result<(), StoreError> {
-        self.with("record a snapshot", |db| {
-            let tx = db.transaction()?;
-            let seq: i64 = tx.query_row(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM snapshots WHERE scope = ?1",
-                params![scope],
-                |row| row.get(0),
-            )?;
-            for sha in objects {
-                tx.execute(
-                    "INSERT OR IGNORE INTO snapshot_objects (manifest, sha256) VALUES (?1, ?2)",
-                    params![summary.id, sha],
-                )?;
-            }
-            tx.execute(
-                "INSERT INTO snapshots (scope, seq, manifest, files, bytes, created_ms, tenant) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    scope,
-                    seq,
-                    summary.id,
-                    summary.files as i64,
-                    summary.bytes as i64,
-                    now_ms(),
-                    tenant
+        // The objects go as one JSON array, spread into rows by the engine: one
+        // statement however many files the snapshot holds.
+        let objects = serde_json::to_string(&objects.iter().collect::<Vec<_>>())
+            .map_err(|e| snapshot_error(format!("list a snapshot's objects: {e}")))?;
+        let spread = self.db.pick(
+            "SELECT ?1, value FROM json_each(?2)",
+            "SELECT ?1::text, jsonb_array_elements_text(?2::text::jsonb)",
+        );
+        // `WHERE true` keeps SQLite from reading `ON CONFLICT` as a join's `ON`.
+        let insert_objects = format!(
+            "INSERT INTO snapshot_objects (manifest, sha256) {spread} WHERE true
+             ON CONFLICT DO NOTHING"
+        );
+        self.db
+            .transaction(
+                "record a snapshot",
+                &[
+                    Statement {
+                        sql: &insert_objects,
+                        params: params![&summary.id, objects],
+                    },
+                    Statement {
+                        sql: "INSERT INTO snapshots (scope, seq, manifest, files, bytes, created_ms, tenant)
+                              VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM snapshots WHERE scope = ?1),
+                                      ?2, ?3, ?4, ?5, ?6)",
+                        params: params![
+                            scope,
+                            &summary.id,
+                            i64::try_from(summary.files).unwrap_or(i64::MAX),
+                            i64::try_from(summary.bytes).unwrap_or(i64::MAX),
+                            now_ms(),
+                            tenant
+                        ],
+                    },
+                    Statement {
+                        sql: "DELETE FROM snapshots WHERE scope = ?1
+                              AND seq <= (SELECT MAX(seq) FROM snapshots WHERE scope = ?1) - ?2",
+                        params: params![scope, i64::try_from(keep.max(1)).unwrap_or(i64::MAX)],
+                    },
+                    Statement {
+                        sql: FORGET_UNREFERENCED,
+                        params: params![],
+                    },
                 ],
-            )?;
-            tx.execute(
-                "DELETE FROM snapshots WHERE scope = ?1 AND seq <= ?2",
-                params![scope, seq - keep.max(1) as i64],
-            )?;
-            tx.execute(
-                "DELETE FROM snapshot_objects WHERE manifest NOT IN (SELECT manifest FROM snapshots)",
-                [],
-            )?;
-            tx.commit()
-        })
+            )
+            .await
+            .map(drop)
     }
 
     /// Every object a kept snapshot needs (its manifest and its files): what store
     /// retention must not remove.
-    pub fn referenced(&self) -> Result<HashSet<String>, StoreError> {
-        self.with("list the snapshots' objects", |db| {
-            let mut query = db.prepare(
+    pub async fn referenced(&self) -> Result<HashSet<String>, StoreError> {
+        self.db
+            .query(
+                "list the snapshots' objects",
                 "SELECT manifest FROM snapshots UNION SELECT sha256 FROM snapshot_objects",
-            )?;
-            let rows = query.query_map([], |row| row.get::<_, String>(0))?;
-            rows.collect()
-        })
+                params![],
+            )
+            .await?
+            .iter()
+            .map(|row| row.text(0))
+            .collect()
     }
 
     /// The number of snapshots kept for `scope`.
-    pub fn count(&self, scope: &str) -> Result<usize, StoreError> {
-        self.with("count snapshots", |db| {
-            db.query_row(
+    pub async fn count(&self, scope: &str) -> Result<usize, StoreError> {
+        let row = self
+            .db
+            .query_one(
+                "count snapshots",
                 "SELECT COUNT(*) FROM snapshots WHERE scope = ?1",
                 params![scope],
-                |row| row.get::<_, i64>(0),
             )
-            .map(|n| n as usize)
-        })
+            .await?;
+        Ok(row.map(|r| r.int(0)).transpose()?.unwrap_or(0).max(0) as usize)
     }
 }
+
+/// Forgets the objects of snapshots no longer kept.
+const FORGET_UNREFERENCED: &str =
+    "DELETE FROM snapshot_objects WHERE manifest NOT IN (SELECT manifest FROM snapshots)";
 
 fn snapshot_error(message: String) -> StoreError {
     StoreError::Snapshot(message)
@@ -343,7 +385,9 @@ pub async fn save(
     cancel: &CancellationToken,
 ) -> Result<SnapshotSummary, StoreError> {
     // Refused before anything is read or stored.
-    snapshots.may_save(tenant, scope, limits.scopes_per_tenant)?;
+    snapshots
+        .may_save(tenant, scope, limits.scopes_per_tenant)
+        .await?;
     let walked = env
         .walk(root, &[crate::collect::SCRATCH_DIR], limits.entries, cancel)
         .await
@@ -454,7 +498,9 @@ pub async fn save(
     let id = store.put_once(Bytes::from(body)).await?;
     let summary = SnapshotSummary { id, files, bytes };
     // Only now, with every object stored, does it become the latest.
-    snapshots.record(tenant, scope, &summary, &objects, limits.keep)?;
+    snapshots
+        .record(tenant, scope, &summary, &objects, limits.keep)
+        .await?;
     Ok(summary)
 }
 
@@ -476,7 +522,7 @@ pub async fn restore(
     scope: &str,
     cancel: &CancellationToken,
 ) -> Result<Option<Restored>, StoreError> {
-    let Some(latest) = snapshots.latest(scope)? else {
+    let Some(latest) = snapshots.latest(scope).await? else {
         return Ok(None);
     };
     let body = store.get(&latest.id).await?;

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use skillbox_store::{ArtifactStore, Retention, RunRecords};
+use skillbox_store::{ArtifactStore, Retention};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -82,26 +82,6 @@ async fn an_object_put_again_is_in_its_grace_time_whatever_its_file_says() {
         .unwrap();
     assert!(pruned.removed.is_empty(), "{pruned:?}");
     assert!(store.head(&sha).await.unwrap().is_some());
-}
-
-#[tokio::test]
-async fn records_of_ended_runs_go_and_running_ones_stay() {
-    let dir = tempfile::tempdir().unwrap();
-    let records = RunRecords::open(&dir.path().join("runs.sqlite")).unwrap();
-    records.insert("ended", "t", "running", "{}").unwrap();
-    records.update("ended", "succeeded", "{}").unwrap();
-    records.insert("running", "t", "running", "{}").unwrap();
-    assert_eq!(records.prune(DAY).unwrap(), 0, "nothing is a day old");
-    // Ended "before now": poll with a bound, the clock's millisecond may not have turned.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while records.get("ended").unwrap().is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the ended record stayed"
-        );
-        records.prune(Duration::ZERO).unwrap();
-    }
-    assert!(records.get("running").unwrap().is_some());
 }
 
 /// A store shared by several processes (servers on one bucket, a CLI run on a server's

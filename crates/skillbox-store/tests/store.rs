@@ -4,6 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests fail loudly")]
 
+#[macro_use]
+mod engines;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -11,6 +14,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use engines::Engine;
 use futures_util::StreamExt;
 use skillbox_env::{
     BackendKind, CancellationToken, DirEntry, EnvError, EnvResult, ErrorCode, ExecRequest,
@@ -914,16 +918,19 @@ async fn changed_inputs_are_read_in_chunks_not_all_at_once() {
 // ---------------------------------------------------------------------------------------
 // Snapshots
 
+on_both_engines!(
+    a_snapshot_is_saved_restored_and_kept_from_retention,
+    a_tenant_keeps_a_bounded_number_of_scopes_and_unused_ones_are_forgotten,
+);
+
 /// A scope's snapshot is saved and restored through the env: files with their content
 /// and modes, empty directories, no symlink; the last `keep` are kept, and retention
 /// spares every object they need.
-#[tokio::test]
-async fn a_snapshot_is_saved_restored_and_kept_from_retention() {
+async fn a_snapshot_is_saved_restored_and_kept_from_retention(engine: Engine) {
     use skillbox_store::{SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();
-    let data = tempfile::tempdir().unwrap();
-    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let snapshots = Snapshots::open(&engine.records).unwrap();
     let never = CancellationToken::new();
     let first = Workspace::new();
     first.write("deps/lib.py", b"VALUE = 1\n");
@@ -950,8 +957,11 @@ async fn a_snapshot_is_saved_restored_and_kept_from_retention() {
     .await
     .unwrap();
     assert_eq!(saved.files, 3);
-    assert_eq!(snapshots.latest("scope-a").unwrap(), Some(saved.clone()));
-    assert_eq!(snapshots.latest("scope-b").unwrap(), None);
+    assert_eq!(
+        snapshots.latest("scope-a").await.unwrap(),
+        Some(saved.clone())
+    );
+    assert_eq!(snapshots.latest("scope-b").await.unwrap(), None);
 
     let second = Workspace::new();
     second.write("deps/lib.py", b"stale");
@@ -989,7 +999,7 @@ async fn a_snapshot_is_saved_restored_and_kept_from_retention() {
     assert!(restored.files.contains_key(Path::new("deps/lib.py")));
 
     // Kept from retention however old; forgotten past `keep`.
-    let referenced = snapshots.referenced().unwrap();
+    let referenced = snapshots.referenced().await.unwrap();
     assert!(referenced.contains(&saved.id));
     assert_eq!(referenced.len(), 4, "the manifest and three distinct files");
     let pruned = store
@@ -1019,19 +1029,19 @@ async fn a_snapshot_is_saved_restored_and_kept_from_retention() {
         .await
         .unwrap();
     }
-    assert_eq!(snapshots.count("scope-a").unwrap(), 1);
-    assert!(!snapshots.referenced().unwrap().contains(&saved.id));
+    assert_eq!(snapshots.count("scope-a").await.unwrap(), 1);
+    assert!(!snapshots.referenced().await.unwrap().contains(&saved.id));
 }
 
 /// A save cut short (here: a read fails halfway, as a killed run's would stop) stores
 /// some objects but never makes itself the latest: the previous snapshot still is.
 #[tokio::test]
 async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
-    use skillbox_store::{SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
+    use skillbox_store::{RecordsDb, SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();
     let data = tempfile::tempdir().unwrap();
-    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let snapshots = Snapshots::open(&RecordsDb::sqlite(data.path())).unwrap();
     let never = CancellationToken::new();
     let ws = Workspace::forbidding(&["c.txt"]);
     ws.write("a.txt", b"one");
@@ -1070,7 +1080,7 @@ async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
             .is_some(),
         "b.txt was stored before the failure"
     );
-    assert_eq!(snapshots.latest("s").unwrap(), Some(before.clone()));
+    assert_eq!(snapshots.latest("s").await.unwrap(), Some(before.clone()));
     let fresh = Workspace::new();
     restore_snapshot(&fresh.env, &fresh.root, &store, &snapshots, "s", &never)
         .await
@@ -1086,12 +1096,12 @@ async fn a_save_cut_short_leaves_the_previous_snapshot_as_latest() {
 /// at restore, at once, naming the bound, with nothing placed.
 #[tokio::test]
 async fn a_workspace_deeper_than_a_tree_holds_is_neither_saved_nor_restored() {
-    use skillbox_store::{SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
+    use skillbox_store::{RecordsDb, SnapshotLimits, Snapshots, restore_snapshot, save_snapshot};
     let bound = skillbox_env::MAX_TREE_DEPTH.to_string();
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();
     let data = tempfile::tempdir().unwrap();
-    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let snapshots = Snapshots::open(&RecordsDb::sqlite(data.path())).unwrap();
     let never = CancellationToken::new();
     let deep: PathBuf = std::iter::repeat_n("d", 1900).collect();
     let ws = Workspace::new();
@@ -1109,7 +1119,7 @@ async fn a_workspace_deeper_than_a_tree_holds_is_neither_saved_nor_restored() {
     .await
     .expect_err("a workspace 1,900 deep is not saved");
     assert!(refused.to_string().contains(&bound), "{refused}");
-    assert_eq!(snapshots.latest("s").unwrap(), None);
+    assert_eq!(snapshots.latest("s").await.unwrap(), None);
 
     // A snapshot of that tree saved before the bound: its manifest, and its row.
     let entries: Vec<serde_json::Value> = deep
@@ -1236,13 +1246,11 @@ async fn puts_count_against_the_store_budget() {
 /// A tenant keeps at most `scopes_per_tenant` scopes (a save to one more is refused,
 /// `quota_exceeded`, nothing stored, the other tenant unaffected); a scope unused for
 /// the retention age is forgotten, and then a new one may be saved.
-#[tokio::test]
-async fn a_tenant_keeps_a_bounded_number_of_scopes_and_unused_ones_are_forgotten() {
+async fn a_tenant_keeps_a_bounded_number_of_scopes_and_unused_ones_are_forgotten(engine: Engine) {
     use skillbox_store::{SnapshotLimits, Snapshots, save_snapshot};
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();
-    let data = tempfile::tempdir().unwrap();
-    let snapshots = Snapshots::open(&data.path().join("snapshots.sqlite")).unwrap();
+    let snapshots = Snapshots::open(&engine.records).unwrap();
     let never = CancellationToken::new();
     let ws = Workspace::new();
     ws.write("deps/lib.py", b"VALUE = 1\n");
@@ -1265,7 +1273,7 @@ async fn a_tenant_keeps_a_bounded_number_of_scopes_and_unused_ones_are_forgotten
         refused.to_string().contains("--tenant-max-scopes"),
         "{refused}"
     );
-    assert_eq!(snapshots.latest("a-three").unwrap(), None);
+    assert_eq!(snapshots.latest("a-three").await.unwrap(), None);
     let new_sha = skillbox_store::sha256_hex(b"only in the refused save");
     assert_eq!(store.head(&new_sha).await.unwrap(), None, "nothing stored");
     save("b", "b-one")
@@ -1275,21 +1283,21 @@ async fn a_tenant_keeps_a_bounded_number_of_scopes_and_unused_ones_are_forgotten
     assert_eq!(
         snapshots
             .forget_unused(std::time::Duration::from_secs(3600))
+            .await
             .unwrap(),
         0
     );
-    let db = rusqlite::Connection::open(data.path().join("snapshots.sqlite")).unwrap();
-    db.execute(
+    engine.exec(
+        "snapshots.sqlite",
         "UPDATE snapshots SET created_ms = 0 WHERE scope = 'a-two'",
-        [],
-    )
-    .unwrap();
+    );
     assert_eq!(
         snapshots
             .forget_unused(std::time::Duration::from_secs(3600))
+            .await
             .unwrap(),
         1
     );
-    assert_eq!(snapshots.latest("a-two").unwrap(), None);
+    assert_eq!(snapshots.latest("a-two").await.unwrap(), None);
     save("a", "a-three").await.expect("room again");
 }

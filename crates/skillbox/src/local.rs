@@ -8,7 +8,7 @@ use bytes::Bytes;
 use skillbox_client::{ClientError, RunRequest, RunResult, SkillSandbox};
 use skillbox_env::CancellationToken;
 use skillbox_run::{Runner, RunnerConfig};
-use skillbox_store::ArtifactStore;
+use skillbox_store::{ArtifactStore, RecordsDb};
 
 #[derive(Debug)]
 pub struct LocalSandbox {
@@ -36,7 +36,18 @@ pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Run
             .await
             .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
     }
-    let runner = Runner::new(config, store);
+    let records = match &config.db_url {
+        Some(url) => Some(
+            RecordsDb::postgres(url)
+                .await
+                .map_err(|e| ClientError::new(e.code(), e.to_string()))?,
+        ),
+        None => None,
+    };
+    let mut runner = Runner::new(config, store);
+    if let Some(records) = records {
+        runner = runner.with_records(records);
+    }
     if install_node {
         runner
             .prepare(&|line| eprintln!("skillbox: {line}"))

@@ -100,6 +100,15 @@ pub struct ServeArgs {
     /// [default: DATA_DIR/objects]. Several servers may share one bucket.
     #[arg(long, value_name = "URL")]
     store: Option<String>,
+    /// Where records are kept (runs, agent runs, objects' owners, snapshots):
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB` [default: SQLite files in DATA_DIR].
+    /// Several servers may share one database, each with its own --node.
+    #[arg(long, value_name = "URL", env = "SKILLBOX_DB", hide_env_values = true)]
+    db: Option<String>,
+    /// This server's name among those sharing a --db: the runs it left running when
+    /// it stopped are the ones it closes when it starts [default: the host name].
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
     /// Bytes the artifact store keeps (or none): a run whose files would take it past
     /// fails (507 quota_exceeded), and retention removes the oldest objects past it.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "10G")]
@@ -302,6 +311,7 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     }
     runner_config.store_budget = args.store_budget.0;
     runner_config.store_url = args.store.clone();
+    runner_config.db_url = args.db.clone();
     runner_config.snapshots.scopes_per_tenant = args.tenant_max_scopes.max(1);
     if let Some(project) = &args.project {
         match project.canonicalize() {
@@ -390,7 +400,10 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
             }
         }
     };
-    match skillbox_server::AgentRuns::open(data_dir, model, config.max_concurrency) {
+    let node = args.node.clone().unwrap_or_else(host_name);
+    match skillbox_server::AgentRuns::open(runner.records(), &node, model, config.max_concurrency)
+        .await
+    {
         Ok(agents) => config.agents = Some(agents),
         Err(e) => {
             eprintln!("skillbox serve: agent runs: {e}");
@@ -540,4 +553,13 @@ async fn setup_wasm(data_dir: &Path) -> Result<(), String> {
         eprintln!("skillbox setup: wasm guest {name}: {how}");
     }
     Ok(())
+}
+
+/// This machine's host name (the default --node), or `local` when it has none.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "local".into())
 }

@@ -68,12 +68,12 @@ impl Door for ServerDoor {
         Ok(Box::new(held.map_err(tool_error)?))
     }
 
-    fn grant(&self, tenant: &str, files: &[ArtifactInfo]) -> Result<(), ToolError> {
-        self.state.grant(tenant, files).map_err(tool_error)
+    async fn grant(&self, tenant: &str, files: &[ArtifactInfo]) -> Result<(), ToolError> {
+        self.state.grant(tenant, files).await.map_err(tool_error)
     }
 
-    fn owned(&self, tenant: &str, sha256: &str) -> Result<Option<String>, ToolError> {
-        self.state.owned(tenant, sha256).map_err(tool_error)
+    async fn owned(&self, tenant: &str, sha256: &str) -> Result<Option<String>, ToolError> {
+        self.state.owned(tenant, sha256).await.map_err(tool_error)
     }
 
     fn serves_downloads(&self) -> bool {

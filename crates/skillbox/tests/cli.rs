@@ -9,6 +9,8 @@ use std::process::Command;
 use serde_json::Value;
 
 mod common;
+#[path = "cli/nodes.rs"]
+mod nodes;
 #[path = "cli/sessions.rs"]
 mod sessions;
 #[path = "cli/store.rs"]

@@ -525,46 +525,15 @@ fn mcp_stops_on_sigterm_with_its_sandbox_removed() {
     assert!(removed[0].contains("skillbox is stopping"), "{log}");
 }
 
-/// One HTTP/1.1 exchange with `serve` on a connection of its own: the status, the
-/// headers (names lowercase) and the body as text (an SSE answer's `data:` lines whole).
+/// One exchange with `serve`'s `/mcp` ([`common::http`]).
 fn http(
     serve: &Serve,
     method: &str,
     headers: &[(&str, &str)],
     body: Option<&Value>,
 ) -> (u16, Vec<(String, String)>, String) {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(&serve.addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut request = format!(
-        "{method} /mcp HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        serve.addr,
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(&body);
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    let answer = text(&answer);
-    let (head, rest) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {answer:?}"));
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    (status, headers, rest.to_string())
+    common::http(&serve.addr, method, "/mcp", headers, &body)
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {

@@ -11,6 +11,7 @@
 
 pub mod adversarial;
 pub mod conformance;
+pub mod postgres;
 pub mod s3;
 
 pub use conformance::{assert_processes_gone, host_processes_with};
@@ -274,4 +275,12 @@ macro_rules! adversarial_suite {
             );
         }
     };
+}
+
+/// A TCP port of 127.0.0.1 free now, for a server a test starts.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("a free port: {e}"))
 }

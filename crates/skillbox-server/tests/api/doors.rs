@@ -314,7 +314,14 @@ async fn tenants_see_only_their_own_runs_and_objects() {
     let store = ArtifactStore::local(&data.path().join("objects"))
         .await
         .unwrap();
-    let agents = AgentRuns::open(data.path(), AgentModel::Loopback, 2).unwrap();
+    let agents = AgentRuns::open(
+        &skillbox_store::RecordsDb::sqlite(data.path()),
+        "test",
+        AgentModel::Loopback,
+        2,
+    )
+    .await
+    .unwrap();
     let Some(server) = start_with(
         ServerConfig {
             addr: local(),

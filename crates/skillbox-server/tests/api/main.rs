@@ -780,7 +780,14 @@ async fn agent_server_with(
 ) -> Option<Server> {
     // One store for runs and agent runs, under the data dir, as `skillbox serve` has it.
     let store = ArtifactStore::local(&data.join("objects")).await.unwrap();
-    let agents = skillbox_server::AgentRuns::open(data, model, 2).unwrap();
+    let agents = skillbox_server::AgentRuns::open(
+        &skillbox_store::RecordsDb::sqlite(data),
+        "test",
+        model,
+        2,
+    )
+    .await
+    .unwrap();
     let config = ServerConfig {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         agents: Some(agents),
@@ -833,7 +840,16 @@ async fn agent_runs_take_the_servers_disk_bound() {
         let model = skillbox_server::AgentModel::Transcript(transcript.to_string());
         let config = ServerConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            agents: Some(skillbox_server::AgentRuns::open(data.path(), model, 2).unwrap()),
+            agents: Some(
+                skillbox_server::AgentRuns::open(
+                    &skillbox_store::RecordsDb::sqlite(data.path()),
+                    "test",
+                    model,
+                    2,
+                )
+                .await
+                .unwrap(),
+            ),
             ..ServerConfig::default()
         };
         let mut runner = RunnerConfig::new(shared_data_dir());
@@ -1045,10 +1061,13 @@ async fn a_shutdown_mid_run_records_the_run_as_failed() {
     server.shutdown.cancel();
     skillbox_env::testkit::assert_processes_gone(&needle, "after shutdown").await;
     drop(server);
-    let records = skillbox_store::RunRecords::open(&data.join("agent-runs.sqlite")).unwrap();
+    let records =
+        skillbox_store::RunRecords::open(&skillbox_store::RecordsDb::sqlite(&data), "test")
+            .await
+            .unwrap();
     let mut record = None;
     for _ in 0..500 {
-        let r = records.get(&id).unwrap().expect("the record");
+        let r = records.get(&id).await.unwrap().expect("the record");
         if r.status != "running" {
             record = Some(r);
             break;

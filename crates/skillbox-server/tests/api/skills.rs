@@ -192,10 +192,12 @@ async fn agent_runs_place_their_skills_and_run_them_by_name() {
     // The shared data dir has the Node runtime; the records and objects are this test's.
     let records = tempfile::tempdir().unwrap();
     let agents = skillbox_server::AgentRuns::open(
-        records.path(),
+        &skillbox_store::RecordsDb::sqlite(records.path()),
+        "test",
         skillbox_server::AgentModel::Transcript(transcript),
         2,
     )
+    .await
     .unwrap();
     let objects = tempfile::tempdir().unwrap();
     let store = ArtifactStore::local(objects.path()).await.unwrap();

@@ -21,7 +21,14 @@ const DEMO: &str = "Make a 3-slide pitch deck for WorkspaceX.";
 
 async fn keyed_agent_server(data: &std::path::Path, png_previews: bool) -> Option<Server> {
     let store = ArtifactStore::local(&data.join("objects")).await.unwrap();
-    let agents = AgentRuns::open(data, AgentModel::Loopback, 2).unwrap();
+    let agents = AgentRuns::open(
+        &skillbox_store::RecordsDb::sqlite(data),
+        "test",
+        AgentModel::Loopback,
+        2,
+    )
+    .await
+    .unwrap();
     // Tenant names of these tests only: the object owners are shared by every test
     // here, and a demo deck made in the same second is the same bytes whoever makes it,
     // so a tenant `b` here would own what another test's tenant `a` made.

@@ -1,0 +1,150 @@
+//! Several `skillbox serve` nodes sharing one Postgres database (`--db`, Debian's
+//! PostgreSQL, a cluster of the test's own) and one bucket (`--store`, moto's S3): what
+//! one node ran, every node serves, and each node's records name it.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+use skillbox_env::testkit::postgres::PostgresServer;
+use skillbox_env::testkit::s3::MotoServer;
+
+use super::common::{BIN, Serving, http, native_or_skip, text};
+use super::shared_data_dir;
+
+/// A node: `skillbox serve` on the shared data dir with `--store`, `--node` and the
+/// database in `SKILLBOX_DB` (what `--db` defaults to).
+fn node(moto: &MotoServer, db: &str, name: &str) -> (Serving, String) {
+    let mut command = Command::new(BIN);
+    command.arg("--data-dir").arg(shared_data_dir());
+    command.envs(moto.aws_env());
+    command.env("SKILLBOX_DB", db);
+    let (child, addr) =
+        super::common::start_serve(command, &["--store", "s3://shared/nodes", "--node", name]);
+    (Serving(child), addr)
+}
+
+fn json_of(status: u16, body: &str) -> Value {
+    assert!((200..300).contains(&status), "{status}: {body}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[test]
+fn two_nodes_on_one_database_and_bucket_serve_each_others_runs() {
+    let test = "two_nodes_on_one_database_and_bucket_serve_each_others_runs";
+    if !native_or_skip(test) {
+        return;
+    }
+    let Some(moto) = MotoServer::start(test, Path::new(env!("CARGO_TARGET_TMPDIR"))) else {
+        return;
+    };
+    let Some(postgres) = PostgresServer::start(test) else {
+        return;
+    };
+    moto.create_bucket("shared");
+    let (a, addr_a) = node(&moto, &postgres.url(), "node-a");
+    let (b, addr_b) = node(&moto, &postgres.url(), "node-b");
+    let json_header = [("Content-Type", "application/json")];
+
+    // A plain run on node a: its file, its owner and its summary are b's to serve too.
+    let nonce = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let request = json!({
+        "language": "sh",
+        "script": format!("printf 'made %s\\n' {nonce} > report.txt; env"),
+    });
+    let (status, _, body) = http(
+        &addr_a,
+        "POST",
+        "/v1/run",
+        &json_header,
+        &request.to_string(),
+    );
+    let run = json_of(status, &body);
+    // The server's database URL is its own, never in a sandbox's environment.
+    let env = run["stdout"].as_str().unwrap_or_default();
+    assert!(
+        env.contains("PATH=") && !env.contains("SKILLBOX_DB") && !env.contains("postgres://"),
+        "{env}"
+    );
+    let sha256 = run["files"][0]["sha256"]
+        .as_str()
+        .expect("a file")
+        .to_string();
+    let (status, _, got) = http(&addr_b, "GET", &format!("/v1/objects/{sha256}"), &[], "");
+    assert_eq!(status, 200, "node b serves node a's file: {got}");
+    assert_eq!(got, format!("made {nonce}\n"));
+    let (status, _, body) = http(&addr_b, "GET", "/v1/runs", &[], "");
+    let listed = json_of(status, &body);
+    assert!(
+        listed["runs"].as_array().is_some_and(|runs| runs
+            .iter()
+            .any(|r| r["files"][0]["sha256"] == sha256.as_str())),
+        "node b lists node a's run: {listed}"
+    );
+
+    // An agent run started on node b is read, to its end, from node a.
+    let (status, _, body) = http(
+        &addr_b,
+        "POST",
+        "/v1/agent/runs",
+        &json_header,
+        &json!({"prompt": "a deck", "maxAttempts": 3}).to_string(),
+    );
+    let created = json_of(status, &body);
+    let id = created["id"].as_str().expect("an id").to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let ended = loop {
+        let (status, _, body) = http(&addr_a, "GET", &format!("/v1/agent/runs/{id}"), &[], "");
+        let record = json_of(status, &body);
+        if record["status"] != "running" {
+            break record;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running: {record}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(ended["status"], "succeeded", "{ended}");
+    assert_eq!(
+        postgres.psql(&format!("SELECT node FROM agent_runs WHERE id = '{id}'")),
+        "node-b",
+        "the record names the node that ran it"
+    );
+    // The owners are in the shared database, where either node finds them.
+    assert!(
+        postgres
+            .psql("SELECT count(*) FROM object_owners")
+            .parse::<u32>()
+            .unwrap()
+            >= 2,
+        "the plain run's file and the deck are owned in the shared database"
+    );
+    for server in [a, b] {
+        let status = server.stop();
+        assert!(status.success(), "serve should stop cleanly: {status:?}");
+    }
+}
+
+#[test]
+fn serve_with_a_database_that_does_not_answer_stops_at_its_start_saying_why() {
+    let out = Command::new(BIN)
+        .arg("--data-dir")
+        .arg(shared_data_dir())
+        .args(["serve", "--addr", "127.0.0.1:0", "--db"])
+        .arg("postgres://skillbox:hunter2@127.0.0.1:1/records")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("postgres://skillbox@127.0.0.1:1/records") && !stderr.contains("hunter2"),
+        "{stderr}"
+    );
+}
