@@ -131,6 +131,22 @@ pub async fn serve_on_with(
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
     state.extensions = extensions(&state);
     tokio::spawn(keep_within_retention(state.clone(), shutdown.clone()));
+    // Beside other nodes on a shared database: say this one is alive, and close the
+    // runs of one that has gone silent.
+    let nodes = match (state.agents(), state.runner.records()) {
+        (Some(agents), records @ skillbox_store::RecordsDb::Postgres(_)) => {
+            let nodes = skillbox_store::Nodes::open(records)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            tokio::spawn(agent_runs::watch_nodes(
+                nodes.clone(),
+                agents.records.clone(),
+                state.config.node_silence,
+                shutdown.clone(),
+            ));
+            Some((nodes, agents.records.node().to_string()))
+        }
+        _ => None,
+    };
     state.hosts = hosts;
     // A server starts with an empty table: what an earlier one started died with it.
     let forgotten = state.services.forget_dead(skillbox_capability::SERVE);
@@ -171,6 +187,12 @@ pub async fn serve_on_with(
     // Agent runs end on the cancel; give them a moment to record how they ended.
     if let Some(agents) = &config_agents {
         agents.wait(std::time::Duration::from_secs(30)).await;
+    }
+    // Its runs are recorded: no other node need close them.
+    if let Some((nodes, me)) = nodes
+        && let Err(e) = nodes.leave(&me).await
+    {
+        tracing::warn!(error = %e, "skillbox serve: cannot take this node off the database's list");
     }
     Ok(())
 }

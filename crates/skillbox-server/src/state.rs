@@ -59,6 +59,9 @@ pub struct ServerConfig {
     pub retention: skillbox_store::Retention,
     /// Agent run records that ended longer ago than this are removed.
     pub records_max_age: Option<Duration>,
+    /// On a shared database: how long another node may be silent before this one
+    /// takes it for dead and closes the runs it left running.
+    pub node_silence: Duration,
     /// The capabilities of `/v1/capabilities` (none by default).
     pub capabilities: CapabilityConfig,
     /// How many sessions stay open, and for how long.
@@ -113,6 +116,7 @@ impl Default for ServerConfig {
                 max_age: Some(Duration::from_secs(7 * 24 * 3600)),
             },
             records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
+            node_silence: Duration::from_secs(30),
             capabilities: CapabilityConfig::default(),
             sessions: crate::sessions::SessionConfig::default(),
             png_previews: true,

@@ -6,6 +6,7 @@
 mod collect;
 mod db;
 mod error;
+mod nodes;
 mod owners;
 mod records;
 mod retention;
@@ -18,6 +19,7 @@ pub use collect::{
 };
 pub use db::{Db, Engine, RecordsDb};
 pub use error::{CollectLimit, StoreError};
+pub use nodes::{Nodes, SilentNode};
 pub use owners::{ObjectOwners, OwnedObject};
 pub use records::{LOCAL_TENANT, PlainRunRecord, RunRecord, RunRecords};
 pub use retention::{GRACE, Pruned, Retention};
@@ -27,7 +29,11 @@ pub use snapshots::{
     restore as restore_snapshot, save as save_snapshot, scope_id,
 };
 /// Every component's schema: what a Postgres database is brought up to when connected.
-pub(crate) const ALL_SCHEMAS: [&db::Schema; 3] =
-    [&records::SCHEMA, &owners::SCHEMA, &snapshots::SCHEMA];
+pub(crate) const ALL_SCHEMAS: [&db::Schema; 4] = [
+    &records::SCHEMA,
+    &owners::SCHEMA,
+    &snapshots::SCHEMA,
+    &nodes::SCHEMA,
+];
 
 pub use store::{ArtifactStore, ArtifactStream, REFRESH_AFTER, is_sha256_hex, sha256_hex};

@@ -152,6 +152,11 @@ impl RunRecords {
         Ok(records)
     }
 
+    /// The node this process is.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
     /// Marks `failed` the runs `node` left running (a node found dead), with `reason`
     /// in their body. Returns how many.
     pub async fn close_running(&self, node: &str, reason: &str) -> Result<u64, StoreError> {

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use engines::Engine;
 use skillbox_env::ErrorCode;
-use skillbox_store::{ObjectOwners, OwnedObject, RecordsDb, RunRecord, RunRecords, StoreError};
+use skillbox_store::{
+    Nodes, ObjectOwners, OwnedObject, RecordsDb, RunRecord, RunRecords, StoreError,
+};
 
 on_both_engines!(
     records_round_trip_and_a_restart_closes_what_was_running,
@@ -20,6 +22,7 @@ on_both_engines!(
     progress_never_undoes_how_a_run_ended,
     a_tenant_sees_only_what_its_runs_made,
     a_database_migrated_past_this_build_is_refused,
+    a_silent_node_is_claimed_once_and_a_node_that_speaks_is_not,
 );
 
 fn json(body: &str) -> serde_json::Value {
@@ -288,6 +291,47 @@ async fn a_database_migrated_past_this_build_is_refused(engine: Engine) {
     assert!(
         text.contains("schema version 99") && text.contains("newer skillbox"),
         "{text}"
+    );
+}
+
+async fn a_silent_node_is_claimed_once_and_a_node_that_speaks_is_not(engine: Engine) {
+    let nodes = Nodes::open(&engine.records).expect("open");
+    for name in ["a", "b", "c"] {
+        nodes.beat(name, true).await.expect("beat");
+    }
+    let minute = Duration::from_secs(60);
+    assert!(nodes.silent("a", minute).await.expect("silent").is_empty());
+    // b and c were last seen long ago; c speaks again before anyone claims it.
+    engine.exec(
+        "nodes.sqlite",
+        "UPDATE nodes SET seen_ms = 1 WHERE name IN ('b', 'c')",
+    );
+    let silent = nodes.silent("a", minute).await.expect("silent");
+    let names: Vec<&str> = silent.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["b", "c"], "never the asking node itself");
+    assert!(
+        nodes
+            .silent("b", minute)
+            .await
+            .expect("silent")
+            .iter()
+            .all(|n| n.name != "b")
+    );
+    nodes.beat("c", false).await.expect("c speaks");
+    assert!(nodes.claim_dead(&silent[0]).await.expect("claim b"));
+    assert!(
+        !nodes.claim_dead(&silent[0]).await.expect("claim b again"),
+        "one node closes a dead node's runs"
+    );
+    assert!(
+        !nodes.claim_dead(&silent[1]).await.expect("claim c"),
+        "a node that spoke since is not dead"
+    );
+    nodes.leave("a").await.expect("leave");
+    let left = nodes.silent("x", Duration::ZERO).await.expect("silent");
+    assert_eq!(
+        left.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+        ["c"]
     );
 }
 

@@ -109,6 +109,10 @@ pub struct ServeArgs {
     /// it stopped are the ones it closes when it starts [default: the host name].
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
+    /// With --db: how long another node may be silent before this one takes it for
+    /// dead and records its running agent runs failed (30s, 2m).
+    #[arg(long, value_parser = crate::units::parse_duration, default_value = "30s")]
+    node_silence: std::time::Duration,
     /// Bytes the artifact store keeps (or none): a run whose files would take it past
     /// fails (507 quota_exceeded), and retention removes the oldest objects past it.
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "10G")]
@@ -282,6 +286,11 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         max_age: args.retain.0,
     };
     config.records_max_age = args.retain_records.0;
+    if args.node_silence < std::time::Duration::from_secs(1) {
+        eprintln!("skillbox serve: --node-silence must be at least 1s");
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
+    config.node_silence = args.node_silence;
     config.capabilities = match capabilities(&args.capability_roots, args.project.as_deref()) {
         Ok(capabilities) => capabilities,
         Err(e) => {

@@ -14,13 +14,14 @@ use super::shared_data_dir;
 
 /// A node: `skillbox serve` on the shared data dir with `--store`, `--node` and the
 /// database in `SKILLBOX_DB` (what `--db` defaults to).
-fn node(moto: &MotoServer, db: &str, name: &str) -> (Serving, String) {
+fn node(moto: &MotoServer, db: &str, name: &str, extra: &[&str]) -> (Serving, String) {
     let mut command = Command::new(BIN);
     command.arg("--data-dir").arg(shared_data_dir());
     command.envs(moto.aws_env());
     command.env("SKILLBOX_DB", db);
-    let (child, addr) =
-        super::common::start_serve(command, &["--store", "s3://shared/nodes", "--node", name]);
+    let mut args = vec!["--store", "s3://shared/nodes", "--node", name];
+    args.extend_from_slice(extra);
+    let (child, addr) = super::common::start_serve(command, &args);
     (Serving(child), addr)
 }
 
@@ -42,8 +43,8 @@ fn two_nodes_on_one_database_and_bucket_serve_each_others_runs() {
         return;
     };
     moto.create_bucket("shared");
-    let (a, addr_a) = node(&moto, &postgres.url(), "node-a");
-    let (b, addr_b) = node(&moto, &postgres.url(), "node-b");
+    let (a, addr_a) = node(&moto, &postgres.url(), "node-a", &[]);
+    let (b, addr_b) = node(&moto, &postgres.url(), "node-b", &[]);
     let json_header = [("Content-Type", "application/json")];
 
     // A plain run on node a: its file, its owner and its summary are b's to serve too.
@@ -130,6 +131,87 @@ fn two_nodes_on_one_database_and_bucket_serve_each_others_runs() {
         let status = server.stop();
         assert!(status.success(), "serve should stop cleanly: {status:?}");
     }
+}
+
+/// Node b is killed (SIGKILL) in the middle of an agent run: node a, which shares its
+/// database, finds it silent and records the run failed, saying why, and goes on
+/// serving; b's name is off the list of nodes.
+#[test]
+fn a_node_killed_mid_run_has_its_run_closed_by_another() {
+    let test = "a_node_killed_mid_run_has_its_run_closed_by_another";
+    if !native_or_skip(test) {
+        return;
+    }
+    let Some(moto) = MotoServer::start(test, Path::new(env!("CARGO_TARGET_TMPDIR"))) else {
+        return;
+    };
+    let Some(postgres) = PostgresServer::start(test) else {
+        return;
+    };
+    moto.create_bucket("shared");
+    // A model whose one script waits far longer than the test.
+    let transcript = tempfile::NamedTempFile::new().unwrap();
+    let turns = json!({"turns": [
+        {"text": "Waiting.", "toolCalls": [{"name": "run_script", "arguments": {
+            "language": "node", "script": "setTimeout(() => {}, 600000);"}}]},
+        {"text": "Done."},
+    ]});
+    std::fs::write(transcript.path(), turns.to_string()).unwrap();
+    let silence = ["--node-silence", "2s"];
+    let (a, addr_a) = node(&moto, &postgres.url(), "node-a", &silence);
+    let mut with_transcript = silence.to_vec();
+    with_transcript.extend(["--transcript", transcript.path().to_str().unwrap()]);
+    let (mut b, addr_b) = node(&moto, &postgres.url(), "node-b", &with_transcript);
+    let (status, _, body) = http(
+        &addr_b,
+        "POST",
+        "/v1/agent/runs",
+        &[("Content-Type", "application/json")],
+        &json!({"prompt": "wait", "maxAttempts": 1}).to_string(),
+    );
+    let id = json_of(status, &body)["id"]
+        .as_str()
+        .expect("an id")
+        .to_string();
+    let record = |addr: &str| {
+        let (status, _, body) = http(addr, "GET", &format!("/v1/agent/runs/{id}"), &[], "");
+        json_of(status, &body)
+    };
+    assert_eq!(record(&addr_a)["status"], "running");
+    b.0.kill().unwrap();
+    b.0.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let closed = loop {
+        let now = record(&addr_a);
+        if now["status"] != "running" {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node a never closed the dead node's run: {now}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(closed["status"], "failed", "{closed}");
+    assert!(
+        closed["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("node node-b stopped answering")),
+        "{closed}"
+    );
+    assert_eq!(
+        postgres.psql("SELECT name FROM nodes ORDER BY name"),
+        "node-a"
+    );
+    let (status, _, _) = http(&addr_a, "GET", "/healthz", &[], "");
+    assert_eq!(status, 200, "node a goes on serving");
+    let status = a.stop();
+    assert!(status.success(), "serve should stop cleanly: {status:?}");
+    assert_eq!(
+        postgres.psql("SELECT count(*) FROM nodes"),
+        "0",
+        "a node that stops takes itself off the list"
+    );
 }
 
 #[test]
