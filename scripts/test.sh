@@ -34,6 +34,8 @@ install_missing() {
   command -v pdftoppm >/dev/null || lean+=(poppler-utils)
   # The records' tests on Postgres (serve --db) start clusters of their own with it.
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || lean+=(postgresql)
+  # scripts/cluster.sh puts three nodes behind it.
+  [ -x /usr/sbin/haproxy ] || lean+=(haproxy)
   # The cgroup v2 test boots the host's kernel in qemu (crates/skillbox/tests/cgroup_v2.rs);
   # installed without their recommends (qemu's would bring a GUI).
   local vm=()
@@ -119,7 +121,7 @@ export SKILLBOX_WASM_HOME=$PWD/target/wasm-home
 cargo build -p skillbox
 if ! target/debug/skillbox --data-dir target/skillbox-image-data setup; then
   echo "skillbox setup failed: the wasm guest tests will fail or skip" >&2
-  [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ] && exit 1
+  if [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ]; then exit 1; fi
 fi
 
 # A venv at DIR/venv holding the pins of the requirements file PINS, redone only when
@@ -221,6 +223,18 @@ python_status=0
 python_client || python_status=$?
 if [ "$python_status" = 1 ] || { [ "$python_status" = 2 ] && [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ]; }; then
   exit 1
+fi
+
+# Three nodes on one Postgres database and one bucket, behind HAProxy, each in a network
+# namespace of its own (scripts/cluster.sh), with the debug binary the tests used. It
+# needs root; under SKILLBOX_REQUIRE_ALL=1 a machine that cannot run it fails.
+say "three nodes behind a balancer (scripts/cluster.sh)"
+if [ "$(id -u)" = 0 ] && [ -x /usr/sbin/haproxy ] && [ -x target/s3/venv/bin/moto_server ] &&
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+  scripts/cluster.sh target/debug/skillbox
+else
+  echo "cluster: needs root, haproxy, postgresql and moto's server (target/s3/venv): not run" >&2
+  if [ "${SKILLBOX_REQUIRE_ALL:-}" = 1 ]; then exit 1; fi
 fi
 
 # The release binary is built differently (static-pie): check that it is static and that

@@ -8,6 +8,7 @@ from skillbox import (
     AuthenticationError,
     Client,
     ConnectionFailed,
+    Gone,
     InvalidRequest,
     NotFound,
     Overloaded,
@@ -25,6 +26,7 @@ def test_errors_by_code_then_status() -> None:
     assert type(error_for("unauthenticated", "x", 401)) is AuthenticationError
     assert type(error_for("aborted", "x", 503)) is Unavailable
     assert type(error_for("quota_exceeded", "x", 507)) is QuotaExceeded
+    assert type(error_for("gone", "x", 410)) is Gone
     assert type(error_for("something_new", "x", 507)) is QuotaExceeded
     overloaded = error_for("overloaded", "too many", 429, retry_after=5.0)
     assert isinstance(overloaded, Overloaded) and overloaded.retry_after == 5.0

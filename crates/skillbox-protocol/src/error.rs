@@ -36,6 +36,9 @@ pub enum ErrorCode {
     Unauthenticated,
     /// Storing it would take the artifact store past its byte budget.
     QuotaExceeded,
+    /// What the request names lived on a node of the cluster that is no longer there
+    /// (a session whose server died): it will not come back.
+    Gone,
     /// Anything else; also what a code this version does not know reads as.
     #[serde(other)]
     Unknown,
@@ -43,7 +46,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::Aborted,
         ErrorCode::Timeout,
         ErrorCode::NotFound,
@@ -61,6 +64,7 @@ impl ErrorCode {
         ErrorCode::MethodNotAllowed,
         ErrorCode::Unauthenticated,
         ErrorCode::QuotaExceeded,
+        ErrorCode::Gone,
         ErrorCode::Unknown,
     ];
 
@@ -85,6 +89,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::Gone => "gone",
         }
     }
 }

@@ -2,12 +2,10 @@
 //! survive a restart), the model, and the bounds on how many run at once.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use skillbox_agent::{LoopbackProvider, ModelProvider};
-use skillbox_store::{Nodes, RecordsDb, RunRecords, SilentNode};
+use skillbox_store::{RecordsDb, RunRecords};
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 /// Which model agent runs use.
 #[derive(Debug, Clone)]
@@ -97,63 +95,6 @@ impl AgentRuns {
                 skillbox_agent::openai::OpenAiProvider::new(config.clone())
                     .map_err(|e| e.to_string())?,
             )),
-        }
-    }
-}
-
-/// Until `shutdown`: says every `silence / 3` that this node is alive, and closes, as
-/// `failed`, the runs of any other node silent for `silence` (a node killed, or cut
-/// off): their clients get an end. One node closes each (the one that removes it).
-pub(crate) async fn watch_nodes(
-    nodes: Nodes,
-    records: RunRecords,
-    silence: Duration,
-    shutdown: CancellationToken,
-) {
-    let me = records.node().to_string();
-    let every = (silence / 3).max(Duration::from_millis(100));
-    let mut starting = true;
-    loop {
-        if let Err(e) = nodes.beat(&me, starting).await {
-            tracing::warn!(error = %e, node = %me, "nodes: cannot say this node is alive");
-        } else {
-            starting = false;
-        }
-        match nodes.silent(&me, silence).await {
-            Ok(silent) => {
-                for node in silent {
-                    close_dead(&nodes, &records, &node, silence).await;
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "nodes: cannot list silent nodes"),
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-    }
-}
-
-async fn close_dead(nodes: &Nodes, records: &RunRecords, node: &SilentNode, silence: Duration) {
-    match nodes.claim_dead(node).await {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => {
-            tracing::warn!(error = %e, node = %node.name, "nodes: cannot remove a silent node");
-            return;
-        }
-    }
-    let reason = format!(
-        "interrupted: node {} stopped answering (silent for more than {} s)",
-        node.name,
-        silence.as_secs_f64()
-    );
-    match records.close_running(&node.name, &reason).await {
-        Ok(closed) => {
-            tracing::warn!(node = %node.name, closed, "nodes: a node went silent; its running agent runs are recorded failed")
-        }
-        Err(e) => {
-            tracing::error!(error = %e, node = %node.name, "nodes: cannot close a dead node's runs")
         }
     }
 }

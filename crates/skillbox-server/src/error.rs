@@ -17,6 +17,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::Gone => StatusCode::GONE,
         ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         ErrorCode::AlreadyExists => StatusCode::CONFLICT,
         ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -152,6 +153,7 @@ mod tests {
             (ErrorCode::UnsupportedMediaType, 415),
             (ErrorCode::ResourceExhausted, 422),
             (ErrorCode::QuotaExceeded, 507),
+            (ErrorCode::Gone, 410),
             (ErrorCode::Overloaded, 429),
             (ErrorCode::Unavailable, 503),
         ] {

@@ -8,6 +8,7 @@ mod agent_runs;
 mod agents;
 mod auth;
 mod capabilities;
+mod cluster;
 mod download;
 mod error;
 mod extension;
@@ -131,22 +132,29 @@ pub async fn serve_on_with(
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
     state.extensions = extensions(&state);
     tokio::spawn(keep_within_retention(state.clone(), shutdown.clone()));
-    // Beside other nodes on a shared database: say this one is alive, and close the
-    // runs of one that has gone silent.
-    let nodes = match (state.agents(), state.runner.records()) {
-        (Some(agents), records @ skillbox_store::RecordsDb::Postgres(_)) => {
-            let nodes = skillbox_store::Nodes::open(records)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            tokio::spawn(agent_runs::watch_nodes(
-                nodes.clone(),
-                agents.records.clone(),
-                state.config.node_silence,
-                shutdown.clone(),
-            ));
-            Some((nodes, agents.records.node().to_string()))
-        }
-        _ => None,
-    };
+    // Beside other nodes on a shared database: say this one is alive, close the runs
+    // of one that has gone silent, forward requests for another's sessions.
+    if let (Some(agents), records @ skillbox_store::RecordsDb::Postgres(_)) =
+        (state.agents(), state.runner.records())
+    {
+        let nodes = skillbox_store::Nodes::open(records)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let address = match &state.config.advertise {
+            Some(address) => address.clone(),
+            None => format!("http://{addr}"),
+        };
+        let cluster = Arc::new(
+            cluster::Cluster::new(nodes, agents.records.node().to_string(), address)
+                .map_err(std::io::Error::other)?,
+        );
+        tokio::spawn(cluster::watch_nodes(
+            cluster.clone(),
+            agents.records.clone(),
+            state.config.node_silence,
+            shutdown.clone(),
+        ));
+        state.cluster = Some(cluster);
+    }
     state.hosts = hosts;
     // A server starts with an empty table: what an earlier one started died with it.
     let forgotten = state.services.forget_dead(skillbox_capability::SERVE);
@@ -189,8 +197,8 @@ pub async fn serve_on_with(
         agents.wait(std::time::Duration::from_secs(30)).await;
     }
     // Its runs are recorded: no other node need close them.
-    if let Some((nodes, me)) = nodes
-        && let Err(e) = nodes.leave(&me).await
+    if let Some(cluster) = &state.cluster
+        && let Err(e) = cluster.nodes.leave(&cluster.me).await
     {
         tracing::warn!(error = %e, "skillbox serve: cannot take this node off the database's list");
     }

@@ -145,6 +145,22 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/capabilities/{name}/start", post(capabilities::start))
         .route("/v1/skills", get(skills::list))
         .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .merge(one_session(&state))
+        .route("/v1/services", get(capabilities::services))
+        .route("/v1/services/{name}", get(capabilities::service))
+        .route("/v1/services/{name}/stop", post(capabilities::stop))
+        .merge(extensions)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::guard))
+        .with_state(state)
+}
+
+/// The routes of one session, `/v1/sessions/{id}…`: a session of another node (on a
+/// shared database) is forwarded there before any handler runs.
+fn one_session(state: &AppState) -> Router<AppState> {
+    Router::new()
         .route(
             "/v1/sessions/{id}",
             get(sessions::get).delete(sessions::delete),
@@ -161,15 +177,10 @@ pub fn router(state: AppState) -> Router {
                 .delete(sessions::files::remove_file),
         )
         .route("/v1/sessions/{id}/ls", get(sessions::files::ls))
-        .route("/v1/services", get(capabilities::services))
-        .route("/v1/services/{name}", get(capabilities::service))
-        .route("/v1/services/{name}/stop", post(capabilities::stop))
-        .merge(extensions)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(state.clone(), auth::guard))
-        .with_state(state)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::cluster::forward,
+        ))
 }
 
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {

@@ -399,6 +399,11 @@ pub(crate) async fn create(
         ..base
     };
     let id = new_id("ses_", 16)?;
+    // On a shared database, the id names this node, where the session lives.
+    let id = match &state.cluster {
+        Some(cluster) => cluster.session_id(&id),
+        None => id,
+    };
     let place = state.sessions.reserve(&id, &tenant)?;
     let skills = state
         .runner

@@ -62,6 +62,9 @@ pub struct ServerConfig {
     /// On a shared database: how long another node may be silent before this one
     /// takes it for dead and closes the runs it left running.
     pub node_silence: Duration,
+    /// On a shared database: the URL other nodes reach this one at (`--advertise`);
+    /// none: `http://` and the address it listens on.
+    pub advertise: Option<String>,
     /// The capabilities of `/v1/capabilities` (none by default).
     pub capabilities: CapabilityConfig,
     /// How many sessions stay open, and for how long.
@@ -117,6 +120,7 @@ impl Default for ServerConfig {
             },
             records_max_age: Some(Duration::from_secs(30 * 24 * 3600)),
             node_silence: Duration::from_secs(30),
+            advertise: None,
             capabilities: CapabilityConfig::default(),
             sessions: crate::sessions::SessionConfig::default(),
             png_previews: true,
@@ -154,6 +158,8 @@ pub struct AppState {
     /// What is composed above the server (`/mcp`); none in the copies the extensions
     /// hold.
     pub(crate) extensions: Vec<Arc<dyn crate::Extension>>,
+    /// This node among those sharing a records database (`serve --db`); none alone.
+    pub(crate) cluster: Option<Arc<crate::cluster::Cluster>>,
     runs: CancellationToken,
 }
 
@@ -193,6 +199,7 @@ impl AppState {
             tenant_runs: Arc::default(),
             hosts: None,
             extensions: Vec::new(),
+            cluster: None,
             runs,
         }
     }

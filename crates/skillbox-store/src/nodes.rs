@@ -28,6 +28,7 @@ pub(crate) const SCHEMA: Schema = Schema {
         steps: &[Step::Sql(
             "CREATE TABLE IF NOT EXISTS nodes (
                  name TEXT PRIMARY KEY,
+                 address TEXT NOT NULL,
                  started_ms INTEGER NOT NULL,
                  seen_ms INTEGER NOT NULL
              )",
@@ -38,6 +39,7 @@ pub(crate) const SCHEMA: Schema = Schema {
         steps: &[Step::Sql(
             "CREATE TABLE nodes (
                  name TEXT PRIMARY KEY,
+                 address TEXT NOT NULL,
                  started_ms BIGINT NOT NULL,
                  seen_ms BIGINT NOT NULL
              )",
@@ -57,19 +59,37 @@ impl Nodes {
         Ok(Nodes { db })
     }
 
-    /// `name` is alive now (the first beat of a process starts it anew).
-    pub async fn beat(&self, name: &str, starting: bool) -> Result<(), StoreError> {
+    /// `name`, reached at `address`, is alive now (the first beat of a process starts
+    /// it anew).
+    pub async fn beat(&self, name: &str, address: &str, starting: bool) -> Result<(), StoreError> {
         let sql = if starting {
-            "INSERT INTO nodes (name, started_ms, seen_ms) VALUES (?1, ?2, ?2)
-             ON CONFLICT (name) DO UPDATE SET started_ms = ?2, seen_ms = ?2"
+            "INSERT INTO nodes (name, address, started_ms, seen_ms) VALUES (?1, ?2, ?3, ?3)
+             ON CONFLICT (name) DO UPDATE SET address = ?2, started_ms = ?3, seen_ms = ?3"
         } else {
-            "INSERT INTO nodes (name, started_ms, seen_ms) VALUES (?1, ?2, ?2)
-             ON CONFLICT (name) DO UPDATE SET seen_ms = ?2"
+            "INSERT INTO nodes (name, address, started_ms, seen_ms) VALUES (?1, ?2, ?3, ?3)
+             ON CONFLICT (name) DO UPDATE SET address = ?2, seen_ms = ?3"
         };
         self.db
-            .execute("say this node is alive", sql, params![name, now_ms()])
+            .execute(
+                "say this node is alive",
+                sql,
+                params![name, address, now_ms()],
+            )
             .await
             .map(drop)
+    }
+
+    /// Where node `name` is reached, while it is listed.
+    pub async fn address(&self, name: &str) -> Result<Option<String>, StoreError> {
+        self.db
+            .query_one(
+                "find a node",
+                "SELECT address FROM nodes WHERE name = ?1",
+                params![name],
+            )
+            .await?
+            .map(|row| row.text(0))
+            .transpose()
     }
 
     /// The nodes other than `me` not seen for `silent` or longer.

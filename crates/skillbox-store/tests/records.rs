@@ -297,7 +297,10 @@ async fn a_database_migrated_past_this_build_is_refused(engine: Engine) {
 async fn a_silent_node_is_claimed_once_and_a_node_that_speaks_is_not(engine: Engine) {
     let nodes = Nodes::open(&engine.records).expect("open");
     for name in ["a", "b", "c"] {
-        nodes.beat(name, true).await.expect("beat");
+        nodes
+            .beat(name, &format!("http://{name}:8080"), true)
+            .await
+            .expect("beat");
     }
     let minute = Duration::from_secs(60);
     assert!(nodes.silent("a", minute).await.expect("silent").is_empty());
@@ -317,7 +320,14 @@ async fn a_silent_node_is_claimed_once_and_a_node_that_speaks_is_not(engine: Eng
             .iter()
             .all(|n| n.name != "b")
     );
-    nodes.beat("c", false).await.expect("c speaks");
+    nodes
+        .beat("c", "http://c:9090", false)
+        .await
+        .expect("c speaks");
+    assert_eq!(
+        nodes.address("c").await.expect("address").as_deref(),
+        Some("http://c:9090")
+    );
     assert!(nodes.claim_dead(&silent[0]).await.expect("claim b"));
     assert!(
         !nodes.claim_dead(&silent[0]).await.expect("claim b again"),
@@ -327,6 +337,7 @@ async fn a_silent_node_is_claimed_once_and_a_node_that_speaks_is_not(engine: Eng
         !nodes.claim_dead(&silent[1]).await.expect("claim c"),
         "a node that spoke since is not dead"
     );
+    assert_eq!(nodes.address("b").await.expect("address"), None);
     nodes.leave("a").await.expect("leave");
     let left = nodes.silent("x", Duration::ZERO).await.expect("silent");
     assert_eq!(

@@ -105,10 +105,15 @@ pub struct ServeArgs {
     /// Several servers may share one database, each with its own --node.
     #[arg(long, value_name = "URL", env = "SKILLBOX_DB", hide_env_values = true)]
     db: Option<String>,
-    /// This server's name among those sharing a --db: the runs it left running when
-    /// it stopped are the ones it closes when it starts [default: the host name].
+    /// This server's name among those sharing a --db (letters, digits, `-` and `_`, at
+    /// most 63): the runs it left running when it stopped are the ones it closes when
+    /// it starts, and its sessions' ids name it [default: the host name].
     #[arg(long, value_name = "NAME")]
     node: Option<String>,
+    /// With --db: the URL the other servers reach this one at, to forward requests
+    /// for its sessions [default: http:// and --addr, which must then not be 0.0.0.0].
+    #[arg(long, value_name = "URL")]
+    advertise: Option<String>,
     /// With --db: how long another node may be silent before this one takes it for
     /// dead and records its running agent runs failed (30s, 2m).
     #[arg(long, value_parser = crate::units::parse_duration, default_value = "30s")]
@@ -291,6 +296,21 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         return ExitCode::from(crate::EXIT_USAGE);
     }
     config.node_silence = args.node_silence;
+    if args.db.is_some() && args.advertise.is_none() && args.addr.ip().is_unspecified() {
+        eprintln!(
+            "skillbox serve: --db with --addr {}: give --advertise URL, where the other \
+             servers reach this one (http://HOST:PORT)",
+            args.addr
+        );
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
+    if let Some(url) = &args.advertise
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        eprintln!("skillbox serve: --advertise {url}: an http:// or https:// URL");
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
+    config.advertise = args.advertise.clone();
     config.capabilities = match capabilities(&args.capability_roots, args.project.as_deref()) {
         Ok(capabilities) => capabilities,
         Err(e) => {
@@ -410,6 +430,18 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
         }
     };
     let node = args.node.clone().unwrap_or_else(host_name);
+    if node.is_empty()
+        || node.len() > 63
+        || !node
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        eprintln!(
+            "skillbox serve: --node {node:?}: letters, digits, `-` and `_`, 1 to 63 of them \
+             (the host name is the default: give --node when it is not like that)"
+        );
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
     match skillbox_server::AgentRuns::open(runner.records(), &node, model, config.max_concurrency)
         .await
     {

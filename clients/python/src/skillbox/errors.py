@@ -90,6 +90,11 @@ class QuotaExceeded(SkillboxError):
     its budget (``--store-budget``); none of it was kept."""
 
 
+class Gone(SkillboxError):
+    """410 ``gone``: what the request names (a session) lived on a server of the cluster
+    that is no longer there; it will not come back. Open a new one."""
+
+
 class Overloaded(SkillboxError):
     """429 ``overloaded``: too many sessions, execs or runs, for this tenant or the server.
 
@@ -169,6 +174,7 @@ _BY_CODE: dict[str, type[SkillboxError]] = {
     "resource_exhausted": ResourceExhausted,
     "overloaded": Overloaded,
     "quota_exceeded": QuotaExceeded,
+    "gone": Gone,
     "not_supported": NotSupported,
     "unavailable": Unavailable,
     "aborted": Unavailable,
@@ -181,6 +187,7 @@ _BY_STATUS: dict[int, type[SkillboxError]] = {
     403: PermissionDenied,
     404: NotFound,
     409: Conflict,
+    410: Gone,
     413: PayloadTooLarge,
     422: ResourceExhausted,
     429: Overloaded,

@@ -127,6 +127,43 @@ fn two_nodes_on_one_database_and_bucket_serve_each_others_runs() {
             >= 2,
         "the plain run's file and the deck are owned in the shared database"
     );
+
+    // A session opened on node a is used 50 times, through either node alike: its id
+    // names node a, and node b forwards what it gets for it there.
+    let (status, _, body) = http(&addr_a, "POST", "/v1/sessions", &json_header, "{}");
+    let session = json_of(status, &body);
+    let sid = session["id"].as_str().expect("an id").to_string();
+    assert!(sid.ends_with(".node-a"), "{sid}");
+    for round in 0..50 {
+        let (write_to, read_from) = if round % 2 == 0 {
+            (&addr_b, &addr_a)
+        } else {
+            (&addr_a, &addr_b)
+        };
+        let path = format!("/v1/sessions/{sid}/files/round-{round}.txt");
+        let (status, _, body) = http(write_to, "PUT", &path, &[], &format!("round {round}"));
+        assert!((200..300).contains(&status), "{round}: {status} {body}");
+        let exec = json!({"shell": format!("cat round-{round}.txt; ls | wc -l")}).to_string();
+        let (status, _, events) = http(
+            read_from,
+            "POST",
+            &format!("/v1/sessions/{sid}/exec"),
+            &json_header,
+            &exec,
+        );
+        assert_eq!(status, 200, "{round}: {events}");
+        let output: String = events
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter_map(|event| event["data"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(output, format!("round {round}{}\n", round + 1), "{events}");
+    }
+    let (status, _, body) = http(&addr_b, "DELETE", &format!("/v1/sessions/{sid}"), &[], "");
+    assert!((200..300).contains(&status), "{status}: {body}");
+    let (status, _, _) = http(&addr_a, "GET", &format!("/v1/sessions/{sid}"), &[], "");
+    assert_eq!(status, 404, "deleted through node b, gone from node a");
+
     for server in [a, b] {
         let status = server.stop();
         assert!(status.success(), "serve should stop cleanly: {status:?}");
@@ -178,6 +215,19 @@ fn a_node_killed_mid_run_has_its_run_closed_by_another() {
         json_of(status, &body)
     };
     assert_eq!(record(&addr_a)["status"], "running");
+    let (status, _, body) = http(
+        &addr_b,
+        "POST",
+        "/v1/sessions",
+        &[("Content-Type", "application/json")],
+        "{}",
+    );
+    let sid = json_of(status, &body)["id"]
+        .as_str()
+        .expect("an id")
+        .to_string();
+    let (status, _, _) = http(&addr_a, "GET", &format!("/v1/sessions/{sid}"), &[], "");
+    assert_eq!(status, 200, "node b's session, through node a");
     b.0.kill().unwrap();
     b.0.wait().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -205,6 +255,17 @@ fn a_node_killed_mid_run_has_its_run_closed_by_another() {
     );
     let (status, _, _) = http(&addr_a, "GET", "/healthz", &[], "");
     assert_eq!(status, 200, "node a goes on serving");
+    // The session lived on node b: it is gone, and says so.
+    let (status, _, body) = http(&addr_a, "GET", &format!("/v1/sessions/{sid}"), &[], "");
+    assert_eq!(status, 410, "{body}");
+    let error = json_of(200, &body);
+    assert_eq!(error["error"]["code"], "gone", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("node-b") && m.contains("open a new session")),
+        "{error}"
+    );
     let status = a.stop();
     assert!(status.success(), "serve should stop cleanly: {status:?}");
     assert_eq!(
