@@ -91,9 +91,9 @@ echo "cluster: the Node runtime in $seed"
 "$bin" --data-dir "$seed" setup --no-wasm >"$work/setup.log" 2>&1 ||
   { cat "$work/setup.log" >&2; exit 1; }
 
-echo "cluster: an API key, one data dir per node"
-token=$("$bin" keys new acme --file "$work/keys" 2>/dev/null)
-printf '%s' "$token" > "$work/token"
+echo "cluster: API keys of two tenants, one data dir per node"
+"$bin" keys new acme --file "$work/keys" 2>/dev/null > "$work/token"
+"$bin" keys new globex --file "$work/keys" 2>/dev/null > "$work/token-globex"
 # A model whose one script outlasts the check, so a node can be killed mid-run.
 cat > "$work/transcript.json" <<'JSON'
 {"turns": [

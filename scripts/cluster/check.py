@@ -64,6 +64,8 @@ class Cluster:
         self.nodes = dict(pair.split("=", 1) for pair in os.environ["CLUSTER_NODES"].split(","))
         with open(f"{work}/token") as f:
             self.token = f.read().strip()
+        with open(f"{work}/token-globex") as f:
+            self.other_token = f.read().strip()
         self.failures = 0
         # Files of runs the cluster answered: what must outlive a node.
         self.acknowledged: list[tuple[str, bytes]] = []
@@ -156,9 +158,38 @@ class Cluster:
             out = "".join(json.loads(line).get("data", "")
                           for line in body.decode().splitlines() if line.strip())
             assert out == f"{i}{i + 1}\n", f"exec {i}: {out!r}"
+        # The forward is a door too: what reaches the session's node is what the client
+        # could ask for itself. Without a key: 401 at the node it lands on; another
+        # tenant's key: 404 wherever it lands (its own node, or forwarded); a forged
+        # forward mark reaches no other node (404 where it lands) and is no key.
+        path = f"/v1/sessions/{sid}"
+        for base in self.nodes.values():
+            status, _ = request("GET", base + path)
+            assert status == 401, f"no key at {base}: {status}"
+            status, _ = request("GET", base + path, token=self.other_token)
+            assert status == 404, f"another tenant at {base}: {status}"
+        for name, base in self.nodes.items():
+            req = urllib.request.Request(base + path)
+            req.add_header("Authorization", f"Bearer {self.token}")
+            req.add_header("X-Skillbox-Forwarded-By", "forged")
+            try:
+                with urllib.request.urlopen(req, timeout=30) as answer:
+                    status = answer.status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            assert status == (200 if name == home else 404), f"forged mark at {name}: {status}"
+            req = urllib.request.Request(base + path)
+            req.add_header("X-Skillbox-Forwarded-By", home)
+            try:
+                with urllib.request.urlopen(req, timeout=30) as answer:
+                    status = answer.status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            assert status == 401, f"a forward mark without a key at {name}: {status}"
         status, _ = self.call("DELETE", f"/v1/sessions/{sid}")
         assert 200 <= status < 300, f"delete: {status}"
-        return f"{sid} lives on {home}; 100 requests through the balancer"
+        return (f"{sid} lives on {home}; 100 requests through the balancer; no key, another "
+                "tenant's key and a forged forward mark refused at every node")
 
     def a_node_killed_mid_run_loses_nothing_acknowledged(self) -> str:
         # More acknowledged runs, spread by the balancer over the nodes.
