@@ -7,8 +7,12 @@
 # node; a session is used 50 times; a node killed with SIGKILL mid-run: the others go
 # on, nothing acknowledged is lost), and everything is stopped and removed.
 #
-#   scripts/cluster.sh [BINARY]     # as root; BINARY defaults to target/debug/skillbox
-#                                   # (the target dir: $CARGO_TARGET_DIR, else target/)
+#   scripts/cluster.sh [BINARY] [-- CMD…]
+#
+# As root. BINARY defaults to target/debug/skillbox (the target dir: $CARGO_TARGET_DIR,
+# else target/). With `-- CMD…`, CMD runs against the cluster instead of the checks
+# (bench/scale.sh does), with the CLUSTER_* variables below; CLUSTER_SERVE_FLAGS adds
+# flags to every node's `serve`.
 #
 # Needs: root (namespaces), ip, iptables when a FORWARD policy drops bridged traffic,
 # Debian's postgresql and haproxy, and moto's server in <target>/s3/venv (scripts/test.sh
@@ -17,7 +21,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=${CARGO_TARGET_DIR:-$PWD/target}
-bin=$(realpath "${1:-$target/debug/skillbox}")
+bin=$target/debug/skillbox
+if [ $# -gt 0 ] && [ "$1" != -- ]; then bin=$1; shift; fi
+[ "${1:-}" = -- ] && shift
+command=("$@")
+bin=$(realpath "$bin")
 moto=$target/s3/venv/bin/moto_server
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 for need in "$bin" "$moto" "$pg_bin/initdb" /usr/sbin/haproxy; do
@@ -107,7 +115,7 @@ for n in 1 2 3; do
   ip netns exec "sbxc-n$n" env SKILLBOX_DB="$db" "$bin" --data-dir "$work/node$n" serve \
     --addr "$net.1$n:8080" --node "n$n" --node-silence 3s --api-keys "$work/keys" \
     --store s3://cluster/skillbox --transcript "$work/transcript.json" \
-    >"$work/node$n.log" 2>&1 &
+    ${CLUSTER_SERVE_FLAGS:-} >"$work/node$n.log" 2>&1 &
   pids+=($!)
   echo "$!" > "$work/node$n.pid"
 done
@@ -115,6 +123,7 @@ done
 cat > "$work/haproxy.cfg" <<CFG
 global
   maxconn 4000
+  stats socket $work/haproxy.sock mode 600 level admin
 defaults
   mode http
   timeout connect 5s
@@ -137,10 +146,15 @@ echo "cluster: haproxy on 127.0.0.1:$lb_port"
 haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 &
 pids+=($!)
 
+# What the checks (or CMD) are told: where the balancer, the nodes and the database
+# are, psql, and the work dir (token, token-globex, nodeN.pid, haproxy.sock).
 export CLUSTER_WORK=$work CLUSTER_LB=http://127.0.0.1:$lb_port CLUSTER_DB=$db \
   CLUSTER_NODES="n1=http://$net.11:8080,n2=http://$net.12:8080,n3=http://$net.13:8080" \
-  CLUSTER_PSQL=$pg_bin/psql
-if ! python3 scripts/cluster/check.py run; then
-  for n in 1 2 3; do echo "--- node$n.log"; tail -20 "$work/node$n.log"; done >&2
-  exit 1
+  CLUSTER_PSQL=$pg_bin/psql CLUSTER_BIN=$bin
+node_logs() { for n in 1 2 3; do echo "--- node$n.log"; tail -20 "$work/node$n.log"; done >&2; }
+if [ ${#command[@]} -gt 0 ]; then
+  python3 scripts/cluster/check.py wait || { node_logs; exit 1; }
+  "${command[@]}"
+  exit
 fi
+python3 scripts/cluster/check.py run || { node_logs; exit 1; }

@@ -45,7 +45,7 @@ enum Command {
     /// files it makes.
     Run(run::RunArgs),
     /// Serve the HTTP API (POST /v1/run, artifact downloads, /metrics, /openapi.json).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Install what runs need ahead of the first run: the Node runtime, and the wasm
     /// backend's guests (CPython and QuickJS for WASI), compiled for this host.
     Setup(serve::SetupArgs),
@@ -212,7 +212,7 @@ fn main() -> ExitCode {
             Command::Image(args) => image::run(args, &data_dir).await,
             Command::Exec(args) => exec::run(args, &data_dir).await,
             Command::Run(args) => run::run(args, &data_dir).await,
-            Command::Serve(args) => serve::serve(args, &data_dir).await,
+            Command::Serve(args) => serve::serve(*args, &data_dir).await,
             Command::Setup(args) => serve::setup(args, &data_dir).await,
             Command::Agent(args) => agent::run(args, &data_dir).await,
             Command::Keys(args) => keys::run(args),

@@ -80,6 +80,12 @@ pub struct ServeArgs {
     /// Runs one tenant may have running or waiting [default: 4 × the number of cores]
     #[arg(long, value_name = "N")]
     tenant_max_runs: Option<usize>,
+    /// Sessions (/v1/sessions) open at once on this server; one more gets 429.
+    #[arg(long, value_name = "N", default_value_t = skillbox_server::SessionConfig::default().bounds.max_total)]
+    max_sessions: usize,
+    /// Sessions one tenant may have open at once on this server; one more gets 429.
+    #[arg(long, value_name = "N", default_value_t = skillbox_server::SessionConfig::default().bounds.max_per_tenant)]
+    tenant_max_sessions: usize,
     /// MCP sessions (/mcp) open at once on this server; one more `initialize` gets 429.
     #[arg(long, value_name = "N", default_value_t = skillbox_mcp::SessionBounds::default().max_total)]
     max_mcp_sessions: usize,
@@ -282,6 +288,8 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
     if let Some(n) = args.tenant_max_runs {
         config.tenant_max_runs = n.max(1);
     }
+    config.sessions.bounds.max_total = args.max_sessions.max(1);
+    config.sessions.bounds.max_per_tenant = args.tenant_max_sessions.max(1);
     let mcp_sessions = skillbox_mcp::SessionBounds {
         max_total: args.max_mcp_sessions.max(1),
         max_per_tenant: args.tenant_max_mcp_sessions.max(1),
