@@ -170,6 +170,54 @@ pub(crate) async fn forward(
     }
 }
 
+/// The sessions of the tenant whose key is in `headers` on every other listed node
+/// (`GET /v1/sessions` asked of each, marked as forwarded so none asks further). A node
+/// that does not answer within 5 s is left out, and logged.
+pub(crate) async fn sessions_elsewhere(
+    cluster: &Cluster,
+    headers: &axum::http::HeaderMap,
+) -> Vec<skillbox_protocol::SessionInfo> {
+    let nodes = match cluster.nodes.all().await {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            tracing::warn!(error = %e, "sessions: cannot list the other nodes");
+            return Vec::new();
+        }
+    };
+    let asks = nodes
+        .into_iter()
+        .filter(|(name, _)| *name != cluster.me)
+        .map(|(name, address)| async move {
+            let mut ask = cluster
+                .client
+                .get(format!("{}/v1/sessions", address.trim_end_matches('/')))
+                .timeout(Duration::from_secs(5))
+                .header(&FORWARDED_BY, cluster.me.as_str());
+            if let Some(key) = headers.get(header::AUTHORIZATION) {
+                ask = ask.header(header::AUTHORIZATION, key);
+            }
+            let answer = async {
+                ask.send()
+                    .await?
+                    .error_for_status()?
+                    .json::<skillbox_protocol::SessionList>()
+                    .await
+            };
+            match answer.await {
+                Ok(list) => list.sessions,
+                Err(e) => {
+                    tracing::warn!(node = %name, error = %e, "sessions: a node did not list its sessions");
+                    Vec::new()
+                }
+            }
+        });
+    futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// Sends `request` to the node at `address` and streams its answer back.
 async fn relay(cluster: &Cluster, node: &str, address: &str, request: Request) -> Response {
     let (parts, body) = request.into_parts();

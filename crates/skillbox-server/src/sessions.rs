@@ -516,6 +516,7 @@ pub(crate) async fn create(
 pub(crate) async fn list(
     State(state): State<AppState>,
     Extension(tenant): Extension<Tenant>,
+    headers: axum::http::HeaderMap,
 ) -> Json<SessionList> {
     let mut sessions: Vec<SessionInfo> = state
         .sessions
@@ -524,6 +525,13 @@ pub(crate) async fn list(
         .iter()
         .map(|s| s.info())
         .collect();
+    // On a shared database, the tenant's sessions on the other nodes too (unless this
+    // is one of those asks).
+    if let Some(cluster) = &state.cluster
+        && !headers.contains_key(&crate::cluster::FORWARDED_BY)
+    {
+        sessions.extend(crate::cluster::sessions_elsewhere(cluster, &headers).await);
+    }
     sessions.sort_by_key(|s| s.created_at_ms);
     Json(SessionList { sessions })
 }

@@ -79,6 +79,20 @@ impl Nodes {
             .map(drop)
     }
 
+    /// Every listed node: its name and where it is reached, by name.
+    pub async fn all(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.db
+            .query(
+                "list the nodes",
+                "SELECT name, address FROM nodes ORDER BY name",
+                params![],
+            )
+            .await?
+            .iter()
+            .map(|row| Ok((row.text(0)?, row.text(1)?)))
+            .collect()
+    }
+
     /// Where node `name` is reached, while it is listed.
     pub async fn address(&self, name: &str) -> Result<Option<String>, StoreError> {
         self.db

@@ -134,6 +134,16 @@ fn two_nodes_on_one_database_and_bucket_serve_each_others_runs() {
     let session = json_of(status, &body);
     let sid = session["id"].as_str().expect("an id").to_string();
     assert!(sid.ends_with(".node-a"), "{sid}");
+    // Either node lists it: each asks the others for the tenant's sessions.
+    for addr in [&addr_a, &addr_b] {
+        let (status, _, body) = http(addr, "GET", "/v1/sessions", &[], "");
+        let listed = json_of(status, &body);
+        let ids: Vec<&str> = listed["sessions"]
+            .as_array()
+            .map(|all| all.iter().filter_map(|s| s["id"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(ids, [sid.as_str()], "{addr}: {listed}");
+    }
     for round in 0..50 {
         let (write_to, read_from) = if round % 2 == 0 {
             (&addr_b, &addr_a)
