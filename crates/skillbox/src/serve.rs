@@ -437,19 +437,18 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
             }
         }
     };
-    let node = args.node.clone().unwrap_or_else(host_name);
-    if node.is_empty()
-        || node.len() > 63
-        || !node
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    {
-        eprintln!(
-            "skillbox serve: --node {node:?}: letters, digits, `-` and `_`, 1 to 63 of them \
-             (the host name is the default: give --node when it is not like that)"
-        );
-        return ExitCode::from(crate::EXIT_USAGE);
-    }
+    let node = match &args.node {
+        Some(node) if !is_node_name(node) => {
+            eprintln!(
+                "skillbox serve: --node {node:?}: letters, digits, `-` and `_`, 1 to 63 of them"
+            );
+            return ExitCode::from(crate::EXIT_USAGE);
+        }
+        Some(node) => node.clone(),
+        None => {
+            node_of_host(&std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default())
+        }
+    };
     match skillbox_server::AgentRuns::open(runner.records(), &node, model, config.max_concurrency)
         .await
     {
@@ -604,11 +603,58 @@ async fn setup_wasm(data_dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// This machine's host name (the default --node), or `local` when it has none.
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_string())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "local".into())
+/// What `--node` takes: 1 to 63 letters, digits, `-` and `_`.
+fn is_node_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The default `--node`: the host name made a node name (its first label, any other
+/// character `-`, at most 63), or `local` when nothing is left of it (a machine whose
+/// host name was never set reads `(none)`).
+fn node_of_host(host: &str) -> String {
+    let label = host.trim().split('.').next().unwrap_or_default();
+    let name: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    let name = name.trim_matches('-');
+    if name.is_empty() {
+        "local".into()
+    } else {
+        name.to_string()
+    }
+}
+
+#[cfg(test)]
+mod node_name_tests {
+    use super::*;
+
+    /// Whatever the host name, the default is a node name: serve never refuses to
+    /// start for it (a VM without one reads `(none)`).
+    #[test]
+    fn every_host_name_gives_a_node_name() {
+        for (host, node) in [
+            ("worker-7\n", "worker-7"),
+            ("worker-7.eu.internal", "worker-7"),
+            ("(none)\n", "none"),
+            ("", "local"),
+            ("((()))", "local"),
+            ("ünïcode", "n-code"),
+        ] {
+            assert_eq!(node_of_host(host), node, "{host:?}");
+            assert!(is_node_name(&node_of_host(host)), "{host:?}");
+        }
+        assert!(is_node_name(&node_of_host(&"a".repeat(200))));
+        assert!(!is_node_name("a b") && !is_node_name("") && !is_node_name(&"a".repeat(64)));
+    }
 }
