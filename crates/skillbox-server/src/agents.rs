@@ -34,8 +34,9 @@ pub(crate) fn not_configured() -> Failure {
     )
 }
 
-/// Writes a running run's progress: its attempts so far.
-async fn save_progress(agents: &AgentRuns, record: &AgentRun) {
+/// Writes `record`: as a running run's progress (only while its record says running),
+/// or as how it ended.
+async fn save(agents: &AgentRuns, record: &AgentRun, progress: bool) {
     let body = match serde_json::to_string(record) {
         Ok(body) => body,
         Err(e) => {
@@ -43,25 +44,16 @@ async fn save_progress(agents: &AgentRuns, record: &AgentRun) {
             return;
         }
     };
-    if let Err(e) = agents.records.update_running(&record.id, &body).await {
-        tracing::warn!(id = %record.id, error = %e, "agent run: cannot save its progress");
-    }
-}
-
-async fn save(agents: &AgentRuns, record: &AgentRun) {
-    let body = match serde_json::to_string(record) {
-        Ok(body) => body,
-        Err(e) => {
-            tracing::error!(id = %record.id, error = %e, "agent run: cannot render the record");
-            return;
-        }
+    let saved = if progress {
+        agents.records.update_running(&record.id, &body).await
+    } else {
+        agents
+            .records
+            .update(&record.id, record.status.as_str(), &body)
+            .await
     };
-    if let Err(e) = agents
-        .records
-        .update(&record.id, record.status.as_str(), &body)
-        .await
-    {
-        tracing::error!(id = %record.id, error = %e, "agent run: cannot save the record");
+    if let Err(e) = saved {
+        tracing::error!(id = %record.id, progress, error = %e, "agent run: cannot save the record");
     }
 }
 
@@ -226,7 +218,7 @@ pub(crate) async fn create(
                     tokio::spawn(async move {
                         while latest.changed().await.is_ok() {
                             let progress = latest.borrow_and_update().clone();
-                            save_progress(&agents, &progress).await;
+                            save(&agents, &progress, true).await;
                         }
                     })
                 };
@@ -278,7 +270,7 @@ pub(crate) async fn create(
         if let Err(e) = crate::runs::grant(&state, &tenant, &record.artifacts).await {
             tracing::error!(id = %record.id, error = ?e, "agent run: cannot record the artifacts' owner");
         }
-        save(&agents, &record).await;
+        save(&agents, &record, false).await;
         agents.in_system.fetch_sub(1, Ordering::SeqCst);
     });
     Ok((StatusCode::ACCEPTED, Json(created)))

@@ -739,13 +739,6 @@ impl RecordsDb {
             RecordsDb::Postgres(db) => Ok(db.clone()),
         }
     }
-
-    pub fn engine(&self) -> Engine {
-        match self {
-            RecordsDb::Sqlite { .. } => Engine::Sqlite,
-            RecordsDb::Postgres(_) => Engine::Postgres,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -98,10 +98,6 @@ impl PostgresServer {
         format!("postgres://skillbox@127.0.0.1:{}/postgres", self.port)
     }
 
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// Runs `sql` with psql and returns what it printed (unaligned, tuples only:
     /// one row a line, columns split by `|`); panics when psql fails.
     pub fn psql(&self, sql: &str) -> String {

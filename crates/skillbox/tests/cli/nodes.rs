@@ -25,6 +25,18 @@ fn node(moto: &MotoServer, db: &str, name: &str, extra: &[&str]) -> (Serving, St
     (Serving(child), addr)
 }
 
+/// What the nodes share: moto with the bucket `shared`, and a Postgres; `None` (the test
+/// skipped) when this host cannot run native sandboxes or either server.
+fn shared(test: &str) -> Option<(MotoServer, PostgresServer)> {
+    if !native_or_skip(test) {
+        return None;
+    }
+    let moto = MotoServer::start(test, Path::new(env!("CARGO_TARGET_TMPDIR")))?;
+    let postgres = PostgresServer::start(test)?;
+    moto.create_bucket("shared");
+    Some((moto, postgres))
+}
+
 fn json_of(status: u16, body: &str) -> Value {
     assert!((200..300).contains(&status), "{status}: {body}");
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
@@ -33,16 +45,9 @@ fn json_of(status: u16, body: &str) -> Value {
 #[test]
 fn two_nodes_on_one_database_and_bucket_serve_each_others_runs() {
     let test = "two_nodes_on_one_database_and_bucket_serve_each_others_runs";
-    if !native_or_skip(test) {
-        return;
-    }
-    let Some(moto) = MotoServer::start(test, Path::new(env!("CARGO_TARGET_TMPDIR"))) else {
+    let Some((moto, postgres)) = shared(test) else {
         return;
     };
-    let Some(postgres) = PostgresServer::start(test) else {
-        return;
-    };
-    moto.create_bucket("shared");
     let (a, addr_a) = node(&moto, &postgres.url(), "node-a", &[]);
     let (b, addr_b) = node(&moto, &postgres.url(), "node-b", &[]);
     let json_header = [("Content-Type", "application/json")];
@@ -186,16 +191,9 @@ fn two_nodes_on_one_database_and_bucket_serve_each_others_runs() {
 #[test]
 fn a_node_killed_mid_run_has_its_run_closed_by_another() {
     let test = "a_node_killed_mid_run_has_its_run_closed_by_another";
-    if !native_or_skip(test) {
-        return;
-    }
-    let Some(moto) = MotoServer::start(test, Path::new(env!("CARGO_TARGET_TMPDIR"))) else {
+    let Some((moto, postgres)) = shared(test) else {
         return;
     };
-    let Some(postgres) = PostgresServer::start(test) else {
-        return;
-    };
-    moto.create_bucket("shared");
     // A model whose one script waits far longer than the test.
     let transcript = tempfile::NamedTempFile::new().unwrap();
     let turns = json!({"turns": [
