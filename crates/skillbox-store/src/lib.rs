@@ -3,6 +3,7 @@
 //! by default); [`collect_artifacts`] finds them in a workspace through the env, and
 //! [`store_all`] puts them in the store.
 
+mod budget;
 mod collect;
 mod db;
 mod error;
@@ -29,11 +30,12 @@ pub use snapshots::{
     restore as restore_snapshot, save as save_snapshot, scope_id,
 };
 /// Every component's schema: what a Postgres database is brought up to when connected.
-pub(crate) const ALL_SCHEMAS: [&db::Schema; 4] = [
+pub(crate) const ALL_SCHEMAS: [&db::Schema; 5] = [
     &records::SCHEMA,
     &owners::SCHEMA,
     &snapshots::SCHEMA,
     &nodes::SCHEMA,
+    &budget::SCHEMA,
 ];
 
 pub use store::{ArtifactStore, ArtifactStream, REFRESH_AFTER, is_sha256_hex, sha256_hex};

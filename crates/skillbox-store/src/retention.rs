@@ -71,6 +71,9 @@ impl ArtifactStore {
         retention: Retention,
         keep: &std::collections::HashSet<String>,
     ) -> Result<Pruned, StoreError> {
+        if let Some(budget) = self.budget() {
+            budget.forget_old_removals().await;
+        }
         let mut objects: Vec<(SystemTime, String, u64)> = self
             .inner()
             .list(Some(&self.objects_prefix()))
@@ -95,7 +98,7 @@ impl ArtifactStore {
                 match self.inner().delete(&self.object_path(&sha256)).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                         if let Some(budget) = self.budget() {
-                            budget.give_back(size);
+                            budget.give_back_removed(&sha256, modified, size).await;
                         }
                         total -= size;
                         pruned.removed_bytes += size;

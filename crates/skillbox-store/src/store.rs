@@ -37,6 +37,8 @@ use object_store::{
 use sha2::{Digest, Sha256};
 use url::Url;
 
+use crate::budget::Budget;
+use crate::db::RecordsDb;
 use crate::error::StoreError;
 
 /// Write-once, content-addressed artifact storage.
@@ -46,40 +48,6 @@ pub struct ArtifactStore {
     prefix: Path,
     recent: crate::retention::RecentPuts,
     budget: Option<Arc<Budget>>,
-}
-
-/// The bytes all objects may take together, and what they take now (counted from a
-/// listing when the budget is set, then kept by every put and every removal).
-#[derive(Debug)]
-pub(crate) struct Budget {
-    max: u64,
-    used: std::sync::atomic::AtomicU64,
-}
-
-impl Budget {
-    /// Takes `bytes` of the budget, or none of it when they do not fit.
-    fn take(&self, bytes: u64) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering;
-        self.used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                used.checked_add(bytes).filter(|total| *total <= self.max)
-            })
-            .map(|_| ())
-            .map_err(|used| StoreError::QuotaExceeded {
-                needed: bytes,
-                used,
-                budget: self.max,
-            })
-    }
-
-    pub(crate) fn give_back(&self, bytes: u64) {
-        use std::sync::atomic::Ordering;
-        let _ = self
-            .used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                Some(used.saturating_sub(bytes))
-            });
-    }
 }
 
 /// An object being read in chunks; the stream ends with [`StoreError::Corrupt`] instead
@@ -110,13 +78,48 @@ impl ArtifactStore {
     }
 
     /// This store with a budget of `max_bytes` for all objects together (the server's
-    /// `--store-budget`): a put of new bytes that would take it past is
-    /// [`StoreError::QuotaExceeded`], and nothing of it is written. What is stored now
-    /// is counted first, from a listing.
+    /// `--store-budget`), counted in this process: a put of new bytes that would take it
+    /// past is [`StoreError::QuotaExceeded`], and nothing of it is written. What is
+    /// stored now is counted first, from a listing.
     pub async fn with_budget(mut self, max_bytes: u64) -> Result<Self, StoreError> {
+        let used = self.stored_bytes().await?;
+        self.budget = Some(Arc::new(Budget::local(max_bytes, used)));
+        Ok(self)
+    }
+
+    /// This store with a budget of `max_bytes`, counted where `records` are: in this
+    /// process on SQLite files (a data dir is one server's: [`Self::with_budget`]),
+    /// and on Postgres in one row of the database for this store (its bucket or
+    /// directory and its prefix), which every server sharing the database and the
+    /// store takes from and gives back to, so their puts together cannot pass it.
+    ///
+    /// The row is set from a listing of the store here, as each server starts: the
+    /// listing is the truth. It can miss by a put's size: a put another server has
+    /// taken its bytes for but not yet written while this one lists is not counted
+    /// (under by its size), and an object another server removes meanwhile still is
+    /// (over). A server killed between a put's take and its write, or before a failed
+    /// put gives back, leaves those bytes counted (over, never under: the store stays
+    /// within its budget) until the next server start counts again. Every server
+    /// sharing the store should have the same budget: each refuses a put past its own.
+    pub async fn with_budget_in(
+        mut self,
+        max_bytes: u64,
+        records: &RecordsDb,
+    ) -> Result<Self, StoreError> {
+        let RecordsDb::Postgres(db) = records else {
+            return self.with_budget(max_bytes).await;
+        };
+        let used = self.stored_bytes().await?;
+        let name = format!("{}/{}", self.store, self.prefix);
+        let budget = Budget::shared(max_bytes, db.clone(), name, used).await?;
+        self.budget = Some(Arc::new(budget));
+        Ok(self)
+    }
+
+    /// The bytes of every object stored now, from a listing.
+    async fn stored_bytes(&self) -> Result<u64, StoreError> {
         use futures_util::TryStreamExt;
-        let used: u64 = self
-            .store
+        self.store
             .list(Some(&self.objects_prefix()))
             .map_err(|e| StoreError::backend("list", e))
             .try_fold(0u64, |total, meta| async move {
@@ -127,12 +130,7 @@ impl ArtifactStore {
                     total
                 })
             })
-            .await?;
-        self.budget = Some(Arc::new(Budget {
-            max: max_bytes,
-            used: used.into(),
-        }));
-        Ok(self)
+            .await
     }
 
     /// Whether the contents not stored yet among `contents` would fit the budget now
@@ -153,15 +151,7 @@ impl ArtifactStore {
                 bytes += content.len() as u64;
             }
         }
-        let used = budget.used.load(std::sync::atomic::Ordering::SeqCst);
-        if used.saturating_add(bytes) > budget.max {
-            return Err(StoreError::QuotaExceeded {
-                needed: bytes,
-                used,
-                budget: budget.max,
-            });
-        }
-        Ok(())
+        budget.fits(bytes).await
     }
 
     /// A store in the local directory `dir`, created if missing.
@@ -289,8 +279,9 @@ impl ArtifactStore {
     /// that are already there is a no-op; an existing object is never replaced. With a
     /// budget, new bytes that would take the store past it are
     /// [`StoreError::QuotaExceeded`], and nothing is written. The budget counts what
-    /// this store's puts and prunes do: another process writing the same directory (a
-    /// CLI run on the server's data dir) is seen at the next open.
+    /// the puts and prunes of this store do (of every server's, for a budget counted in
+    /// a shared database): another process writing the same directory (a CLI run on the
+    /// server's data dir) is seen at the next open.
     pub async fn put_once(&self, bytes: Bytes) -> Result<String, StoreError> {
         let sha256 = sha256_hex(&bytes);
         // Before the put: retention never removes what a live run is storing.
@@ -304,7 +295,7 @@ impl ArtifactStore {
         // Taken before the put, so puts at once cannot go past the budget together;
         // given back when the bytes were there already, or the put failed.
         if let Some(budget) = &self.budget
-            && let Err(full) = budget.take(size)
+            && let Err(refused) = budget.take(size).await
         {
             // Bytes already stored cost nothing more: a put of them is no put.
             return match self.store.head(&path).await {
@@ -312,7 +303,7 @@ impl ArtifactStore {
                     self.keep_fresh(&path, &meta, bytes).await?;
                     Ok(sha256)
                 }
-                _ => Err(full),
+                _ => Err(refused),
             };
         }
         let put = self
@@ -320,7 +311,7 @@ impl ArtifactStore {
             .put_opts(&path, PutPayload::from(bytes.clone()), create)
             .await;
         if let (Some(budget), Err(_)) = (&self.budget, &put) {
-            budget.give_back(size);
+            budget.give_back(size).await;
         }
         match put {
             Ok(_) => {

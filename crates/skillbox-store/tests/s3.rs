@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use skillbox_env::ErrorCode;
 use skillbox_env::testkit::s3::MotoServer;
-use skillbox_store::{ArtifactStore, StoreError, sha256_hex};
+use skillbox_store::{ArtifactStore, RecordsDb, StoreError, sha256_hex};
 
 fn moto(test: &str) -> Option<MotoServer> {
     MotoServer::start(test, Path::new(env!("CARGO_TARGET_TMPDIR")))
@@ -179,6 +179,55 @@ async fn a_budget_counts_what_the_bucket_holds_and_refuses_past_it() {
     second.put_once(old).await.unwrap();
     second.put_once(Bytes::from(vec![9u8; 500])).await.unwrap();
     assert_eq!(moto.keys("artifacts", "shared/").len(), 2);
+}
+
+/// Servers on one bucket and one Postgres database count one budget for it, whichever
+/// of them puts; a store under another prefix has a count of its own.
+#[tokio::test]
+async fn servers_on_one_bucket_and_database_count_one_budget() {
+    let test = "servers_on_one_bucket_and_database_count_one_budget";
+    let Some(moto) = moto(test) else { return };
+    let Some(postgres) = skillbox_env::testkit::postgres::PostgresServer::start(test) else {
+        return;
+    };
+    moto.create_bucket("artifacts");
+    let node = |url: &'static str| {
+        let (moto, postgres) = (&moto, &postgres);
+        async move {
+            let records = RecordsDb::postgres(&postgres.url()).await.unwrap();
+            open(moto, url)
+                .await
+                .unwrap()
+                .with_budget_in(1000, &records)
+                .await
+                .unwrap()
+        }
+    };
+    let a = node("s3://artifacts/shared").await;
+    let b = node("s3://artifacts/shared").await;
+    a.put_once(Bytes::from(vec![1u8; 600])).await.unwrap();
+    let err = b.put_once(Bytes::from(vec![2u8; 600])).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::QuotaExceeded {
+                used: 600,
+                budget: 1000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        moto.keys("artifacts", "shared/").len(),
+        1,
+        "nothing written"
+    );
+    let other = node("s3://artifacts/other").await;
+    other
+        .put_once(Bytes::from(vec![2u8; 600]))
+        .await
+        .expect("another prefix, another count");
 }
 
 #[tokio::test]

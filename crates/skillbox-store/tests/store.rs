@@ -921,6 +921,7 @@ async fn changed_inputs_are_read_in_chunks_not_all_at_once() {
 on_both_engines!(
     a_snapshot_is_saved_restored_and_kept_from_retention,
     a_tenant_keeps_a_bounded_number_of_scopes_and_unused_ones_are_forgotten,
+    servers_on_one_database_count_one_store_budget,
 );
 
 /// A scope's snapshot is saved and restored through the env: files with their content
@@ -1240,6 +1241,154 @@ async fn puts_count_against_the_store_budget() {
         .unwrap();
     assert_eq!(pruned.removed.len(), 2, "{pruned:?}");
     aged.put_once(second).await.expect("room again");
+}
+
+/// A server on `objects` with a budget of 1000 bytes counted where `records` are.
+async fn server_store(objects: &Path, records: &skillbox_store::RecordsDb) -> ArtifactStore {
+    ArtifactStore::local(objects)
+        .await
+        .unwrap()
+        .with_budget_in(1000, records)
+        .await
+        .unwrap()
+}
+
+/// Sets the file time of the object `sha256` in the store at `objects`.
+fn set_object_time(objects: &Path, sha256: &str, time: std::time::SystemTime) {
+    let path = objects.join("objects").join(&sha256[..2]).join(sha256);
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(time)
+        .unwrap();
+}
+
+/// The bytes of every object in the store at `objects`, from its files.
+fn bytes_stored(objects: &Path) -> u64 {
+    files_under(&objects.join("objects"))
+        .iter()
+        .map(|rel| {
+            std::fs::metadata(objects.join("objects").join(rel))
+                .unwrap()
+                .len()
+        })
+        .sum()
+}
+
+/// `--store-budget` across servers: two on one store and one Postgres database take
+/// from one count, so their puts together never pass the budget (one of two at once is
+/// refused), and what one's retention removes makes room for the other's puts. On
+/// SQLite files each counts its own, as before: a data dir is one server's.
+async fn servers_on_one_database_count_one_store_budget(engine: Engine) {
+    let objects = tempfile::tempdir().unwrap();
+    let a = server_store(objects.path(), &engine.records).await;
+    let b = server_store(objects.path(), &engine.reopen().await).await;
+    a.put_once(Bytes::from(vec![1u8; 600])).await.unwrap();
+    let second = Bytes::from(vec![2u8; 600]);
+    if !matches!(engine.records, skillbox_store::RecordsDb::Postgres(_)) {
+        b.put_once(second).await.expect("b counts its own puts");
+        return;
+    }
+    let refused = b.put_once(second.clone()).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            StoreError::QuotaExceeded {
+                needed: 600,
+                used: 600,
+                budget: 1000
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(b.head(&sha256_hex(&second)).await.unwrap(), None);
+
+    // 400 bytes left, and 300 asked through each at once: one is refused.
+    let (through_a, through_b) = tokio::join!(
+        a.put_once(Bytes::from(vec![3u8; 300])),
+        b.put_once(Bytes::from(vec![4u8; 300])),
+    );
+    let refused: Vec<_> = [&through_a, &through_b]
+        .into_iter()
+        .filter_map(|put| put.as_ref().err())
+        .collect();
+    assert_eq!(refused.len(), 1, "{through_a:?} {through_b:?}");
+    assert_eq!(refused[0].code(), ErrorCode::QuotaExceeded, "{refused:?}");
+    assert_eq!(bytes_stored(objects.path()), 900);
+    let fresh = Bytes::from(vec![5u8; 600]);
+    a.put_once(fresh.clone()).await.unwrap_err();
+
+    // b's retention removes what a put (an hour old; what b itself put, if it won the
+    // race, is in its grace time): that room is a's.
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for rel in files_under(&objects.path().join("objects")) {
+        let sha = rel.rsplit('/').next().unwrap();
+        set_object_time(objects.path(), sha, hour_ago);
+    }
+    let pruned = b
+        .prune(skillbox_store::Retention {
+            max_bytes: Some(0),
+            max_age: None,
+        })
+        .await
+        .unwrap();
+    assert!(pruned.removed_bytes >= 600, "{pruned:?}");
+    let left = bytes_stored(objects.path());
+    assert_eq!(left, pruned.kept_bytes);
+    a.put_once(fresh).await.expect("room made by b's retention");
+    // Counted exactly: the rest of the budget fits, and not a byte more.
+    let rest = usize::try_from(1000 - 600 - left).unwrap();
+    a.put_once(Bytes::from(vec![6u8; rest])).await.unwrap();
+    let full = b.put_once(Bytes::from_static(b"!")).await.unwrap_err();
+    assert!(
+        matches!(full, StoreError::QuotaExceeded { used: 1000, .. }),
+        "{full:?}"
+    );
+}
+
+/// Two servers' retention passes that listed the same object both delete it (S3's
+/// delete does not say whether it was still there): its bytes are given back once, not
+/// twice, or the count would fall under what the store holds.
+#[tokio::test]
+async fn an_object_two_servers_remove_at_once_is_given_back_once() {
+    let Some(engine) =
+        Engine::postgres("an_object_two_servers_remove_at_once_is_given_back_once").await
+    else {
+        return;
+    };
+    let objects = tempfile::tempdir().unwrap();
+    let a = server_store(objects.path(), &engine.records).await;
+    let b = server_store(objects.path(), &engine.reopen().await).await;
+    let c = server_store(objects.path(), &engine.reopen().await).await;
+    a.put_once(Bytes::from(vec![1u8; 400])).await.unwrap();
+    let old = Bytes::from(vec![2u8; 300]);
+    let old_sha = a.put_once(old.clone()).await.unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    set_object_time(objects.path(), &old_sha, hour_ago);
+    let all = skillbox_store::Retention {
+        max_bytes: Some(0),
+        max_age: None,
+    };
+    assert_eq!(
+        b.prune(all).await.unwrap().removed,
+        std::slice::from_ref(&old_sha)
+    );
+    // c listed the store before b's delete: the object is there for it, as it was.
+    let path = objects.path().join("objects").join(&old_sha[..2]);
+    std::fs::create_dir_all(&path).unwrap();
+    std::fs::write(path.join(&old_sha), &old).unwrap();
+    set_object_time(objects.path(), &old_sha, hour_ago);
+    assert_eq!(c.prune(all).await.unwrap().removed, [old_sha]);
+
+    // 400 bytes stored and counted: 600 fit, then not a byte more.
+    assert_eq!(bytes_stored(objects.path()), 400);
+    a.put_once(Bytes::from(vec![3u8; 600])).await.unwrap();
+    let full = b.put_once(Bytes::from_static(b"!")).await.unwrap_err();
+    assert!(
+        matches!(full, StoreError::QuotaExceeded { used: 1000, .. }),
+        "{full:?}"
+    );
 }
 
 /// Issue 38, row 6: scope keys per tenant were unbounded, each keeping 3 snapshots.
