@@ -30,24 +30,20 @@ pub async fn runner_with(config: RunnerConfig, install_node: bool) -> Result<Run
         None => ArtifactStore::local(&config.data_dir.join("objects")).await,
     };
     let mut store = store.map_err(|e| ClientError::new(e.code(), e.to_string()))?;
+    let records = match &config.db_url {
+        Some(url) => RecordsDb::postgres(url)
+            .await
+            .map_err(|e| ClientError::new(e.code(), e.to_string()))?,
+        None => RecordsDb::sqlite(&config.data_dir),
+    };
+    // Counted where the records are: shared by the servers on one Postgres database.
     if let Some(max) = config.store_budget {
         store = store
-            .with_budget(max)
+            .with_budget_in(max, &records)
             .await
             .map_err(|e| ClientError::new(e.code(), e.to_string()))?;
     }
-    let records = match &config.db_url {
-        Some(url) => Some(
-            RecordsDb::postgres(url)
-                .await
-                .map_err(|e| ClientError::new(e.code(), e.to_string()))?,
-        ),
-        None => None,
-    };
-    let mut runner = Runner::new(config, store);
-    if let Some(records) = records {
-        runner = runner.with_records(records);
-    }
+    let runner = Runner::new(config, store).with_records(records);
     if install_node {
         runner
             .prepare(&|line| eprintln!("skillbox: {line}"))

@@ -126,6 +126,8 @@ pub struct ServeArgs {
     node_silence: std::time::Duration,
     /// Bytes the artifact store keeps (or none): a run whose files would take it past
     /// fails (507 quota_exceeded), and retention removes the oldest objects past it.
+    /// With --db, one count for every server sharing the database and the store (give
+    /// each the same).
     #[arg(long, value_parser = crate::units::parse_size_bound, default_value = "10G")]
     store_budget: crate::units::Bound,
     /// Scopes (`scopeKey`) one tenant keeps snapshots of; a run's save to a new scope
