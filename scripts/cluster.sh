@@ -99,9 +99,9 @@ echo "cluster: the Node runtime in $seed"
 "$bin" --data-dir "$seed" setup --no-wasm >"$work/setup.log" 2>&1 ||
   { cat "$work/setup.log" >&2; exit 1; }
 
-echo "cluster: API keys of two tenants, one data dir per node"
-"$bin" keys new acme --file "$work/keys" 2>/dev/null > "$work/token"
-"$bin" keys new globex --file "$work/keys" 2>/dev/null > "$work/token-globex"
+echo "cluster: API keys of two tenants in the database (every node answers them), one data dir per node"
+SKILLBOX_DB="$db" "$bin" keys new acme 2>/dev/null > "$work/token"
+SKILLBOX_DB="$db" "$bin" keys new globex 2>/dev/null > "$work/token-globex"
 # A model whose one script outlasts the check, so a node can be killed mid-run.
 cat > "$work/transcript.json" <<'JSON'
 {"turns": [
@@ -113,7 +113,7 @@ for n in 1 2 3; do
   mkdir -p "$work/node$n"
   cp -a "$seed/runtimes" "$work/node$n/"
   ip netns exec "sbxc-n$n" env SKILLBOX_DB="$db" "$bin" --data-dir "$work/node$n" serve \
-    --addr "$net.1$n:8080" --node "n$n" --node-silence 3s --api-keys "$work/keys" \
+    --addr "$net.1$n:8080" --node "n$n" --node-silence 3s \
     --store s3://cluster/skillbox --transcript "$work/transcript.json" \
     ${CLUSTER_SERVE_FLAGS:-} >"$work/node$n.log" 2>&1 &
   pids+=($!)

@@ -106,6 +106,16 @@ class Cluster:
             self.failures += 1
             print(f"FAIL  {what}: {e}", flush=True)
 
+    def alive(self, node: str) -> bool:
+        """Whether the node's process is still running (not ended, nor a zombie)."""
+        with open(f"{self.work}/{node.replace('n', 'node')}.pid") as f:
+            pid = int(f.read())
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
     def wait_ready(self) -> str:
         deadline = time.monotonic() + 300
         for name, base in self.nodes.items():
@@ -117,6 +127,8 @@ class Cluster:
                     pass
                 if time.monotonic() > deadline:
                     raise AssertionError(f"node {name} at {base} never answered /healthz")
+                if not self.alive(name):
+                    raise AssertionError(f"node {name} ended before it answered /healthz")
                 time.sleep(0.2)
         # The balancer's own checks take each node in.
         while request("GET", self.lb + "/healthz", timeout=5)[0] != 200:

@@ -6,6 +6,10 @@
 //!   instead (hashed as they are read). A request names its key as
 //!   `Authorization: Bearer TOKEN`; its hash is compared with every stored hash in
 //!   constant time, and the request then acts as that key's tenant.
+//! - **Keys in the records database.** A server on a shared database (`--db`) also
+//!   answers the keys kept there (`skillbox keys new TENANT --db URL`), so every node
+//!   answers the same keys and a revoked one is refused by all of them from their next
+//!   request. A token not among the file's keys is looked up by its hash there.
 //! - **Host.** A server bound to loopback is reachable from any web page the machine's
 //!   browser opens, through DNS rebinding (a foreign name that resolves to 127.0.0.1).
 //!   Such a request carries the foreign name in its `Host` header, so a loopback server
@@ -37,10 +41,12 @@ impl Tenant {
     }
 }
 
-/// The API keys a server accepts, as hashes bound to tenants.
+/// The API keys a server accepts, as hashes bound to tenants: its own (a file, the
+/// environment), and those of the records database when it shares one.
 #[derive(Clone, Default)]
 pub struct ApiKeys {
     keys: Vec<(Tenant, [u8; 32])>,
+    shared: Option<skillbox_store::KeyRecords>,
 }
 
 impl fmt::Debug for ApiKeys {
@@ -48,6 +54,7 @@ impl fmt::Debug for ApiKeys {
         // The hashes stay out of logs too.
         f.debug_struct("ApiKeys")
             .field("keys", &self.keys.len())
+            .field("shared", &self.shared.is_some())
             .finish()
     }
 }
@@ -69,6 +76,10 @@ fn check_tenant(name: &str) -> Result<(), String> {
 
 fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
+}
+
+fn hex(hash: &[u8; 32]) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn parse_hex32(text: &str) -> Option<[u8; 32]> {
@@ -116,7 +127,7 @@ impl ApiKeys {
                 })?;
             keys.push((Tenant(tenant.into()), hash));
         }
-        Ok(ApiKeys { keys })
+        Ok(ApiKeys { keys, shared: None })
     }
 
     /// From `TENANT=TOKEN` pairs separated by commas (`SKILLBOX_API_KEYS`).
@@ -134,24 +145,38 @@ impl ApiKeys {
             }
             keys.push((Tenant(tenant.into()), hash(token)));
         }
-        Ok(ApiKeys { keys })
+        Ok(ApiKeys { keys, shared: None })
     }
 
     /// Both sets together.
     pub fn extend(&mut self, other: ApiKeys) {
         self.keys.extend(other.keys);
+        self.shared = self.shared.take().or(other.shared);
     }
 
+    /// These keys and those kept in a records database.
+    pub fn with_shared(mut self, shared: skillbox_store::KeyRecords) -> Self {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// Whether these keys are the server's own only, and none.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.shared.is_none()
     }
 
+    /// How many keys the server holds itself (those of a database are not counted).
     pub fn len(&self) -> usize {
         self.keys.len()
     }
 
-    /// The tenant whose key `token` is. Every stored hash is compared, whatever matched.
-    pub fn tenant_of(&self, token: &str) -> Option<Tenant> {
+    /// The tenant whose key `token` is. Every one of the server's own hashes is
+    /// compared, whatever matched; a token none of them holds is then looked up in the
+    /// database, when keys are kept there too (whose failure is the error).
+    pub async fn tenant_of(
+        &self,
+        token: &str,
+    ) -> Result<Option<Tenant>, skillbox_store::StoreError> {
         let presented = hash(token);
         let mut found = None;
         for (tenant, stored) in &self.keys {
@@ -159,15 +184,28 @@ impl ApiKeys {
                 found = Some(tenant.clone());
             }
         }
-        found
+        match (found, &self.shared) {
+            (Some(tenant), _) => Ok(Some(tenant)),
+            (None, None) => Ok(None),
+            (None, Some(shared)) => Ok(shared
+                .tenant_of(&hex(&presented))
+                .await?
+                .map(|t| Tenant(t.into()))),
+        }
+    }
+
+    /// A new random token for `tenant`, and its hash as 64 hex digits.
+    pub fn new_token(tenant: &str) -> Result<(String, String), String> {
+        check_tenant(tenant)?;
+        let secret = skillbox_protocol::random::hex(32).map_err(|e| format!("a new key: {e}"))?;
+        let token = format!("sbx_{secret}");
+        let digest = hex(&hash(&token));
+        Ok((token, digest))
     }
 
     /// A new random token for `tenant`, and the key file line that accepts it.
     pub fn new_key(tenant: &str) -> Result<(String, String), String> {
-        check_tenant(tenant)?;
-        let secret = skillbox_protocol::random::hex(32).map_err(|e| format!("a new key: {e}"))?;
-        let token = format!("sbx_{secret}");
-        let digest: String = hash(&token).iter().map(|b| format!("{b:02x}")).collect();
+        let (token, digest) = Self::new_token(tenant)?;
         Ok((token, format!("{tenant} sha256:{digest}")))
     }
 }
@@ -264,13 +302,27 @@ pub(crate) async fn guard(
                 .and_then(|h| h.to_str().ok())
                 .and_then(|h| h.strip_prefix("Bearer "))
                 .map(str::trim);
-            match token.and_then(|t| keys.tenant_of(t)) {
-                Some(tenant) => tenant,
-                None => {
-                    let why = if token.is_some() {
-                        "this API key is not known here"
-                    } else {
-                        "send an API key as `Authorization: Bearer TOKEN`"
+            let found = match token {
+                Some(token) => keys.tenant_of(token).await,
+                None => Ok(None),
+            };
+            match found {
+                Ok(Some(tenant)) => tenant,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot look up an API key");
+                    let response =
+                        Failure::new(e.code(), format!("cannot check the API key now: {e}"))
+                            .into_response();
+                    return closing_if_unread(&request, response);
+                }
+                Ok(None) => {
+                    let why = match (token, &keys.shared) {
+                        (Some(_), _) => "this API key is not known here",
+                        (None, Some(_)) => {
+                            "send an API key as `Authorization: Bearer TOKEN` (`skillbox keys \
+                             new TENANT --db URL` makes one every node answers)"
+                        }
+                        (None, None) => "send an API key as `Authorization: Bearer TOKEN`",
                     };
                     let mut response =
                         Failure::new(ErrorCode::Unauthenticated, why).into_response();
@@ -353,8 +405,16 @@ fn closing_if_unread(request: &Request, mut response: Response) -> Response {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_new_key_is_accepted_by_its_line_and_nothing_else() {
+    /// The tenant `keys` gives `token`, by name.
+    async fn tenant(keys: &ApiKeys, token: &str) -> Option<String> {
+        keys.tenant_of(token)
+            .await
+            .expect("no database")
+            .map(|t| t.0.to_string())
+    }
+
+    #[tokio::test]
+    async fn a_new_key_is_accepted_by_its_line_and_nothing_else() {
         let (token, line) = ApiKeys::new_key("acme").expect("key");
         let (other, other_line) = ApiKeys::new_key("globex").expect("key");
         let keys = ApiKeys::parse(
@@ -363,10 +423,10 @@ mod tests {
         )
         .expect("parses");
         assert_eq!(keys.len(), 2);
-        assert_eq!(keys.tenant_of(&token).map(|t| t.0), Some("acme".into()));
-        assert_eq!(keys.tenant_of(&other).map(|t| t.0), Some("globex".into()));
-        assert_eq!(keys.tenant_of("sbx_nope"), None);
-        assert_eq!(keys.tenant_of(""), None);
+        assert_eq!(tenant(&keys, &token).await, Some("acme".to_string()));
+        assert_eq!(tenant(&keys, &other).await, Some("globex".to_string()));
+        assert_eq!(tenant(&keys, "sbx_nope").await, None);
+        assert_eq!(tenant(&keys, "").await, None);
         // The file holds the hash, not the token.
         assert!(!line.contains(&token[4..]));
     }
@@ -384,12 +444,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn env_pairs_are_hashed_on_read() {
+    #[tokio::test]
+    async fn env_pairs_are_hashed_on_read() {
         let keys = ApiKeys::from_pairs("a=0123456789abcdef, b=fedcba9876543210").expect("pairs");
         assert_eq!(
-            keys.tenant_of("0123456789abcdef").map(|t| t.0),
-            Some("a".into())
+            tenant(&keys, "0123456789abcdef").await,
+            Some("a".to_string())
         );
         assert!(ApiKeys::from_pairs("a=short").is_err());
         assert!(ApiKeys::from_pairs("justatoken").is_err());

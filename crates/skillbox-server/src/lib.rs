@@ -62,9 +62,34 @@ pub async fn serve_with(
     shutdown: CancellationToken,
     extensions: Extensions,
 ) -> std::io::Result<()> {
+    let config = with_shared_keys(config, runner.records())?;
     check_exposure(config.addr, &config)?;
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
     serve_on_with(listener, config, runner, shutdown, extensions).await
+}
+
+/// On a shared records database, keys are checked (unless `insecure_no_auth` and the
+/// server has no keys of its own), and the database's keys count beside the server's
+/// own: the nodes of one database answer the same keys, and a node on loopback is no
+/// less shared than one that is not.
+fn with_shared_keys(
+    mut config: ServerConfig,
+    records: &skillbox_store::RecordsDb,
+) -> std::io::Result<ServerConfig> {
+    if matches!(records, skillbox_store::RecordsDb::Postgres(_))
+        && (config.keys.is_some() || !config.insecure_no_auth)
+    {
+        let shared = skillbox_store::KeyRecords::open(records)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let own = config.keys.as_deref().cloned().unwrap_or_default();
+        tracing::info!(
+            own = own.len(),
+            "API keys: the database's, and {} of this server's own",
+            own.len()
+        );
+        config.keys = Some(Arc::new(own.with_shared(shared)));
+    }
+    Ok(config)
 }
 
 /// Refuses to serve a non-loopback address without keys, unless told to.
@@ -109,6 +134,7 @@ pub async fn serve_on_with(
     extensions: Extensions,
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
+    let config = with_shared_keys(config, runner.records())?;
     check_exposure(addr, &config)?;
     // Names a browser may reach a loopback server under, against DNS rebinding.
     let hosts =

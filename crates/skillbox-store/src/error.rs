@@ -158,6 +158,10 @@ pub enum StoreError {
          store's --retain is forgotten"
     )]
     TooManyScopes { max: usize },
+
+    /// A value given to a record that cannot be one (a key id of the wrong length).
+    #[error("{what}: {reason}")]
+    InvalidRecord { what: String, reason: String },
 }
 
 impl StoreError {
@@ -166,7 +170,8 @@ impl StoreError {
         match self {
             StoreError::InvalidKey { .. }
             | StoreError::InvalidUrl { .. }
-            | StoreError::InvalidDbUrl { .. } => ErrorCode::Invalid,
+            | StoreError::InvalidDbUrl { .. }
+            | StoreError::InvalidRecord { .. } => ErrorCode::Invalid,
             StoreError::UnsupportedUrl { .. } | StoreError::UnsupportedDbUrl { .. } => {
                 ErrorCode::NotSupported
             }

@@ -7,6 +7,7 @@ mod budget;
 mod collect;
 mod db;
 mod error;
+mod keys;
 mod nodes;
 mod owners;
 mod records;
@@ -20,6 +21,7 @@ pub use collect::{
 };
 pub use db::{Db, Engine, RecordsDb};
 pub use error::{CollectLimit, StoreError};
+pub use keys::{KEY_ID_DIGITS, KeyRecord, KeyRecords};
 pub use nodes::{Nodes, SilentNode};
 pub use owners::{ObjectOwners, OwnedObject};
 pub use records::{LOCAL_TENANT, PlainRunRecord, RunRecord, RunRecords};
@@ -32,6 +34,7 @@ pub use snapshots::{
 /// Every component's schema: what a Postgres database is brought up to when connected.
 pub(crate) const ALL_SCHEMAS: [&db::Schema; 5] = [
     &records::SCHEMA,
+    &keys::SCHEMA,
     &owners::SCHEMA,
     &snapshots::SCHEMA,
     &nodes::SCHEMA,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use engines::Engine;
 use skillbox_env::ErrorCode;
 use skillbox_store::{
-    Nodes, ObjectOwners, OwnedObject, RecordsDb, RunRecord, RunRecords, StoreError,
+    KeyRecords, Nodes, ObjectOwners, OwnedObject, RecordsDb, RunRecord, RunRecords, StoreError,
 };
 
 on_both_engines!(
@@ -23,6 +23,7 @@ on_both_engines!(
     a_tenant_sees_only_what_its_runs_made,
     a_database_migrated_past_this_build_is_refused,
     a_silent_node_is_claimed_once_and_a_node_that_speaks_is_not,
+    a_kept_key_is_found_by_its_hash_listed_by_its_id_and_revoked,
 );
 
 fn json(body: &str) -> serde_json::Value {
@@ -343,6 +344,60 @@ async fn a_silent_node_is_claimed_once_and_a_node_that_speaks_is_not(engine: Eng
     assert_eq!(
         left.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
         ["c"]
+    );
+}
+
+async fn a_kept_key_is_found_by_its_hash_listed_by_its_id_and_revoked(engine: Engine) {
+    let keys = KeyRecords::open(&engine.records).expect("open");
+    let acme = "a".repeat(64);
+    let globex = format!("{}{}", "a".repeat(15), "b".repeat(49));
+    assert_eq!(keys.add("acme", &acme).await.expect("add"), "a".repeat(16));
+    let globex_id = keys.add("globex", &globex).await.expect("add");
+    assert_eq!(globex_id, format!("{}b", "a".repeat(15)));
+    // Another node (a restart) finds both.
+    let again = KeyRecords::open(&engine.reopen().await).expect("reopen");
+    assert_eq!(
+        again.tenant_of(&acme).await.expect("look up").as_deref(),
+        Some("acme")
+    );
+    assert_eq!(
+        again.tenant_of(&globex).await.expect("look up").as_deref(),
+        Some("globex")
+    );
+    assert_eq!(
+        again.tenant_of(&"c".repeat(64)).await.expect("look up"),
+        None
+    );
+    let listed = again.list().await.expect("list");
+    assert_eq!(
+        listed
+            .iter()
+            .map(|k| (k.id.as_str(), k.tenant.as_str()))
+            .collect::<Vec<_>>(),
+        [("aaaaaaaaaaaaaaaa", "acme"), (globex_id.as_str(), "globex")]
+    );
+    // Not a hash, not an id: refused with what a key and an id are, nothing kept or gone.
+    let e = keys
+        .add("acme", "sha256:abc")
+        .await
+        .expect_err("not a hash");
+    assert_eq!(e.code(), ErrorCode::Invalid, "{e}");
+    for id in ["aaaa", "%", &format!("{}%", "a".repeat(15))] {
+        let e = keys.revoke(id).await.expect_err(id);
+        assert!(e.to_string().contains("16 hex digits"), "{e}");
+    }
+    assert_eq!(keys.list().await.expect("list").len(), 2);
+    // Revoked by id, exactly that one: every node refuses it from then on.
+    assert!(
+        keys.revoke(&globex_id.to_uppercase())
+            .await
+            .expect("revoke")
+    );
+    assert!(!keys.revoke(&globex_id).await.expect("revoke again"));
+    assert_eq!(again.tenant_of(&globex).await.expect("look up"), None);
+    assert_eq!(
+        again.tenant_of(&acme).await.expect("look up").as_deref(),
+        Some("acme")
     );
 }
 

@@ -44,7 +44,9 @@ pub struct ServeArgs {
     /// API keys: a file of `TENANT sha256:HEX` lines (`skillbox keys new` writes them);
     /// SKILLBOX_API_KEYS may add `TENANT=TOKEN` pairs. With keys, every request but
     /// /healthz and the web UI's files (/, /ui/…) needs `Authorization: Bearer TOKEN`;
-    /// the UI asks for a key and sends it.
+    /// the UI asks for a key and sends it. With --db, keys are always checked (unless
+    /// --insecure-no-auth and no keys here), and those kept in the database
+    /// (`skillbox keys new TENANT --db URL`) count too: every node answers them.
     #[arg(long, value_name = "FILE", env = "SKILLBOX_API_KEYS_FILE")]
     api_keys: Option<std::path::PathBuf>,
     /// Serve a non-loopback --addr without API keys: anyone who can reach it runs code.
@@ -328,7 +330,12 @@ pub async fn serve(args: ServeArgs, data_dir: &Path) -> ExitCode {
             return ExitCode::from(crate::EXIT_USAGE);
         }
     };
-    if config.keys.is_none() && !args.insecure_no_auth && !args.addr.ip().is_loopback() {
+    // With --db the database's keys are checked (the server's start adds them).
+    if config.keys.is_none()
+        && args.db.is_none()
+        && !args.insecure_no_auth
+        && !args.addr.ip().is_loopback()
+    {
         eprintln!(
             "skillbox serve: {} is not a loopback address and no API keys are set: anyone who \
              can reach it could run code here. Give keys (--api-keys FILE, made with \

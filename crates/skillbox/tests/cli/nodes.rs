@@ -12,9 +12,17 @@ use skillbox_env::testkit::s3::MotoServer;
 use super::common::{BIN, Serving, http, native_or_skip, text};
 use super::shared_data_dir;
 
-/// A node: `skillbox serve` on the shared data dir with `--store`, `--node` and the
-/// database in `SKILLBOX_DB` (what `--db` defaults to).
+/// A node without keys (a shared database otherwise has every node check them):
+/// `skillbox serve` on the shared data dir with `--store`, `--node` and the database in
+/// `SKILLBOX_DB` (what `--db` defaults to).
 fn node(moto: &MotoServer, db: &str, name: &str, extra: &[&str]) -> (Serving, String) {
+    let mut args = vec!["--insecure-no-auth"];
+    args.extend_from_slice(extra);
+    keyed_node(moto, db, name, &args)
+}
+
+/// [`node`] as it starts by default: answering the database's keys.
+fn keyed_node(moto: &MotoServer, db: &str, name: &str, extra: &[&str]) -> (Serving, String) {
     let mut command = Command::new(BIN);
     command.arg("--data-dir").arg(shared_data_dir());
     command.envs(moto.aws_env());
@@ -281,6 +289,151 @@ fn a_node_killed_mid_run_has_its_run_closed_by_another() {
         "0",
         "a node that stops takes itself off the list"
     );
+}
+
+/// `skillbox keys` on the database: a key made once is answered by every node, acts as
+/// its tenant on each, and once revoked is refused by all of them at their next request.
+#[test]
+fn keys_kept_in_the_database_are_answered_by_every_node() {
+    let test = "keys_kept_in_the_database_are_answered_by_every_node";
+    let Some((moto, postgres)) = shared(test) else {
+        return;
+    };
+    let keys = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("keys")
+            .args(args)
+            .env("SKILLBOX_DB", postgres.url())
+            .output()
+            .expect("skillbox keys");
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, acme, said) = keys(&["new", "acme"]);
+    assert_eq!(code, Some(0), "{said}");
+    let acme = acme.trim().to_string();
+    assert!(
+        acme.starts_with("sbx_") && said.contains("to the database"),
+        "{said}"
+    );
+    let (code, globex, said) = keys(&["new", "globex"]);
+    assert_eq!(code, Some(0), "{said}");
+    let globex = globex.trim().to_string();
+    let (code, listed, said) = keys(&["list", "--json"]);
+    assert_eq!(code, Some(0), "{said}");
+    let listed: Vec<Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0]["tenant"], "acme");
+    // Neither token nor whole hash is ever listed.
+    let all = format!("{listed:?}");
+    assert!(
+        !all.contains(&acme[4..]) && !all.contains(&globex[4..]),
+        "{all}"
+    );
+    let acme_id = listed[0]["id"].as_str().expect("an id").to_string();
+
+    let (a, addr_a) = keyed_node(&moto, &postgres.url(), "node-a", &[]);
+    let (b, addr_b) = keyed_node(&moto, &postgres.url(), "node-b", &[]);
+    let bearer = |token: &str| format!("Bearer {token}");
+    for addr in [&addr_a, &addr_b] {
+        let (status, _, body) = http(addr, "GET", "/v1/runs", &[], "");
+        assert_eq!(status, 401, "no key on a shared database: {body}");
+        assert!(body.contains("keys new TENANT --db"), "{body}");
+        let (status, _, body) = http(
+            addr,
+            "GET",
+            "/v1/runs",
+            &[("Authorization", "Bearer sbx_not-a-key-anyone-made")],
+            "",
+        );
+        assert_eq!(status, 401, "{body}");
+    }
+    // acme's run on a is acme's on b, and not globex's on either.
+    let request = json!({"language": "sh", "script": "echo made > mine.txt"});
+    let (status, _, body) = http(
+        &addr_a,
+        "POST",
+        "/v1/run",
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", &bearer(&acme)),
+        ],
+        &request.to_string(),
+    );
+    let run = json_of(status, &body);
+    let sha256 = run["files"][0]["sha256"].as_str().expect("a file");
+    let object = format!("/v1/objects/{sha256}");
+    let (status, _, got) = http(
+        &addr_b,
+        "GET",
+        &object,
+        &[("Authorization", &bearer(&acme))],
+        "",
+    );
+    assert_eq!((status, got.as_str()), (200, "made\n"));
+    let (status, _, body) = http(
+        &addr_b,
+        "GET",
+        "/v1/runs",
+        &[("Authorization", &bearer(&acme))],
+        "",
+    );
+    assert!(
+        json_of(status, &body).to_string().contains(sha256),
+        "{body}"
+    );
+    for addr in [&addr_a, &addr_b] {
+        let (status, _, body) = http(
+            addr,
+            "GET",
+            "/v1/runs",
+            &[("Authorization", &bearer(&globex))],
+            "",
+        );
+        assert!(
+            !json_of(status, &body).to_string().contains(sha256),
+            "{body}"
+        );
+        let (status, _, _) = http(
+            addr,
+            "GET",
+            &object,
+            &[("Authorization", &bearer(&globex))],
+            "",
+        );
+        assert_eq!(status, 404, "another tenant's file is not globex's");
+    }
+
+    // Revoked once, refused by both nodes from the next request; globex still answered.
+    let (code, _, said) = keys(&["revoke", "0123"]);
+    assert_eq!(code, Some(2), "an id that is no id: {said}");
+    assert!(said.contains("16 hex digits"), "{said}");
+    let (code, _, said) = keys(&["revoke", &acme_id]);
+    assert_eq!(code, Some(0), "{said}");
+    let (code, _, said) = keys(&["revoke", &acme_id]);
+    assert_eq!(code, Some(2), "revoked twice: {said}");
+    assert!(said.contains("no key"), "{said}");
+    for addr in [&addr_a, &addr_b] {
+        let (status, _, body) = http(
+            addr,
+            "GET",
+            "/v1/runs",
+            &[("Authorization", &bearer(&acme))],
+            "",
+        );
+        assert_eq!(status, 401, "{body}");
+        let (status, _, body) = http(
+            addr,
+            "GET",
+            "/v1/runs",
+            &[("Authorization", &bearer(&globex))],
+            "",
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    drop((a, b));
 }
 
 #[test]
