@@ -32,7 +32,7 @@ pub use snapshots::{
     restore as restore_snapshot, save as save_snapshot, scope_id,
 };
 /// Every component's schema: what a Postgres database is brought up to when connected.
-pub(crate) const ALL_SCHEMAS: [&db::Schema; 5] = [
+pub(crate) const ALL_SCHEMAS: [&db::Schema; 6] = [
     &records::SCHEMA,
     &keys::SCHEMA,
     &owners::SCHEMA,
