@@ -1,10 +1,12 @@
 //! A real Postgres server for the tests of `--db postgres://…`: Debian's PostgreSQL
 //! (`postgresql`, which scripts/test.sh installs), a cluster of its own in a temp dir,
 //! on a free port of 127.0.0.1, stopped and removed when dropped. Its own `psql` looks
-//! at what skillbox wrote, beside skillbox's client.
+//! at what skillbox wrote, beside skillbox's client. [`PostgresServer::start_with_tls`]
+//! also serves TLS, with a certificate for `localhost` and 127.0.0.1 signed by a CA made
+//! for that server alone.
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -14,6 +16,8 @@ pub struct PostgresServer {
     child: Child,
     port: u16,
     bin: PathBuf,
+    /// With TLS: the PEM file of the CA that signed the server's certificate.
+    ca_file: Option<PathBuf>,
     /// The cluster and its socket; removed after the server has stopped.
     _cluster: tempfile::TempDir,
 }
@@ -23,6 +27,17 @@ impl PostgresServer {
     /// PostgreSQL is not installed: `$SKILLBOX_PG_BIN`, else the newest
     /// `/usr/lib/postgresql/*/bin`.
     pub fn start(test: &str) -> Option<PostgresServer> {
+        Self::start_with(test, false)
+    }
+
+    /// [`PostgresServer::start`], serving TLS (`ssl=on`) as well as plain connections,
+    /// with a certificate for `localhost` and 127.0.0.1 signed by a CA of its own
+    /// ([`PostgresServer::ca_file`]).
+    pub fn start_with_tls(test: &str) -> Option<PostgresServer> {
+        Self::start_with(test, true)
+    }
+
+    fn start_with(test: &str, tls: bool) -> Option<PostgresServer> {
         let Some(bin) = binaries() else {
             super::skip(
                 test,
@@ -56,8 +71,21 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&initdb.stderr)
         );
+        let ca_file = tls.then(|| write_certificates(dir.path(), uid, gid));
         let port = super::free_port();
-        let child = Command::new(bin.join("postgres"))
+        let mut postgres = Command::new(bin.join("postgres"));
+        if ca_file.is_some() {
+            postgres.args(["-c", "ssl=on"]);
+            postgres.arg("-c").arg(format!(
+                "ssl_cert_file={}",
+                dir.path().join("server.crt").display()
+            ));
+            postgres.arg("-c").arg(format!(
+                "ssl_key_file={}",
+                dir.path().join("server.key").display()
+            ));
+        }
+        let child = postgres
             .arg("-D")
             .arg(&data)
             .args(["-p", &port.to_string(), "-k"])
@@ -77,6 +105,7 @@ impl PostgresServer {
             child,
             port,
             bin,
+            ca_file,
             _cluster: dir,
         };
         // Ready when its pid file says so (what `pg_ctl -w` waits for).
@@ -96,6 +125,17 @@ impl PostgresServer {
     /// The URL of database `postgres` as user `skillbox`: what `--db` takes.
     pub fn url(&self) -> String {
         format!("postgres://skillbox@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port it listens on, at 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The PEM file of the CA that signed the server's certificate (started with
+    /// [`PostgresServer::start_with_tls`]), for `sslrootcert=`.
+    pub fn ca_file(&self) -> Option<&Path> {
+        self.ca_file.as_deref()
     }
 
     /// Runs `sql` with psql and returns what it printed (unaligned, tuples only:
@@ -131,6 +171,36 @@ impl Drop for PostgresServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A fresh CA (`ca.pem`) and a certificate for `localhost` and 127.0.0.1 it signed
+/// (`server.crt`, its key `server.key`) in `dir`; the key the server's user's alone,
+/// as Postgres insists. Returns the CA's file.
+fn write_certificates(dir: &Path, uid: u32, gid: u32) -> PathBuf {
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "skillbox test Postgres CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("a CA key: {e}"));
+    let ca = rcgen::CertifiedIssuer::self_signed(params, ca_key)
+        .unwrap_or_else(|e| panic!("a test CA: {e}"));
+    let key = rcgen::KeyPair::generate().unwrap_or_else(|e| panic!("a server key: {e}"));
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".into()])
+        .and_then(|params| params.signed_by(&key, &ca))
+        .unwrap_or_else(|e| panic!("a server certificate: {e}"));
+    let write = |name: &str, text: &str, mode: u32| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .and_then(|()| std::os::unix::fs::chown(&path, Some(uid), Some(gid)))
+            .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+        path
+    };
+    write("server.crt", &leaf.pem(), 0o644);
+    write("server.key", &key.serialize_pem(), 0o600);
+    write("ca.pem", &ca.pem(), 0o644)
 }
 
 /// Where PostgreSQL's programs are, if anywhere.
