@@ -17,6 +17,7 @@ use rusqlite::types::ValueRef;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 use crate::error::StoreError;
+use crate::pg_tls;
 
 /// One parameter of a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,31 +208,43 @@ impl Db {
     }
 
     /// Connects to the Postgres database `url` names and brings every one of `schemas`
-    /// up to date. Only plain connections are made: a URL that asks for TLS
-    /// (`sslmode=require`) is refused rather than served without it.
+    /// up to date. `sslmode=require` (or `verify-ca`, `verify-full`) connects over TLS,
+    /// the server's certificate and name verified against the public web roots and the
+    /// CA file of `sslrootcert=PATH`; `disable` and the default `prefer` connect in
+    /// plain text ([`crate::pg_tls`]).
     pub(crate) async fn postgres(url: &str, schemas: &[&Schema]) -> Result<Db, StoreError> {
-        let mut config: tokio_postgres::Config =
-            url.parse()
-                .map_err(|e: tokio_postgres::Error| StoreError::InvalidDbUrl {
-                    url: redact(url),
-                    reason: e.to_string(),
-                })?;
-        if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(StoreError::UnsupportedDbUrl {
-                url: redact(url),
-                reason: "sslmode=require: this build connects to Postgres without TLS; \
-                         reach it over a private network or a Unix socket, with \
-                         sslmode=disable"
-                    .into(),
-            });
+        let invalid = |reason: String| StoreError::InvalidDbUrl {
+            url: redact(url),
+            reason,
+        };
+        let (rest, options) = pg_tls::take_options(url);
+        let mut config: tokio_postgres::Config = rest
+            .parse()
+            .map_err(|e: tokio_postgres::Error| invalid(error_chain(&e)))?;
+        if config.get_ssl_mode() != tokio_postgres::config::SslMode::Require {
+            if let Some(path) = &options.root_cert {
+                return Err(invalid(format!(
+                    "sslrootcert={} names a CA for TLS, and TLS is only used with \
+                     sslmode=require: add it",
+                    path.display()
+                )));
+            }
+            // `prefer` as well: never TLS that nobody verifies.
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
         }
+        let extra_roots = match &options.root_cert {
+            Some(path) => pg_tls::read_root_cert(path)
+                .map_err(|e| invalid(format!("sslrootcert={}: {e}", path.display())))?,
+            None => Vec::new(),
+        };
+        let tls = pg_tls::MakeRustls::new(extra_roots).map_err(invalid)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_WAIT);
         }
         let name: Arc<str> = describe(&config).into();
         let manager = deadpool_postgres::Manager::from_config(
             config,
-            tokio_postgres::NoTls,
+            tls,
             deadpool_postgres::ManagerConfig {
                 recycling_method: deadpool_postgres::RecyclingMethod::Fast,
             },
@@ -340,7 +353,7 @@ impl Db {
                     .await
                     .map_err(|e| StoreError::RecordsUnavailable {
                         op: op.to_string(),
-                        detail: format!("{name}: {e}"),
+                        detail: format!("{name}: {}", pool_error(&e)),
                     })?;
                 run_postgres(&mut client, statements, in_transaction)
                     .await
@@ -359,7 +372,7 @@ impl Db {
             .await
             .map_err(|e| StoreError::RecordsUnavailable {
                 op: op.clone(),
-                detail: format!("{name}: {e}"),
+                detail: format!("{name}: {}", pool_error(&e)),
             })?;
         let tx = client.transaction().await.map_err(postgres_error(&op))?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
@@ -686,6 +699,15 @@ fn io_cause(e: &tokio_postgres::Error) -> bool {
         next = source.source();
     }
     false
+}
+
+/// Why the pool gave no connection: a connection that could not be made says why
+/// (TLS refused, say), not only that it failed.
+fn pool_error(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => error_chain(e),
+        other => other.to_string(),
+    }
 }
 
 fn error_chain(e: &tokio_postgres::Error) -> String {

@@ -128,10 +128,6 @@ pub enum StoreError {
     #[error("invalid records database URL {url}: {reason}")]
     InvalidDbUrl { url: String, reason: String },
 
-    /// The `--db` URL asks for what this build cannot give.
-    #[error("records database URL {url} is not supported: {reason}")]
-    UnsupportedDbUrl { url: String, reason: String },
-
     /// The database the URL names did not answer when it was opened.
     #[error(
         "records database {url}: cannot connect or set up its tables ({detail}); check \
@@ -172,9 +168,7 @@ impl StoreError {
             | StoreError::InvalidUrl { .. }
             | StoreError::InvalidDbUrl { .. }
             | StoreError::InvalidRecord { .. } => ErrorCode::Invalid,
-            StoreError::UnsupportedUrl { .. } | StoreError::UnsupportedDbUrl { .. } => {
-                ErrorCode::NotSupported
-            }
+            StoreError::UnsupportedUrl { .. } => ErrorCode::NotSupported,
             StoreError::RecordsUnavailable { .. } | StoreError::DbUnreachable { .. } => {
                 ErrorCode::Unavailable
             }

@@ -10,6 +10,7 @@ mod error;
 mod keys;
 mod nodes;
 mod owners;
+mod pg_tls;
 mod records;
 mod retention;
 mod snapshots;

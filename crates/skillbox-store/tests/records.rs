@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use engines::Engine;
 use skillbox_env::ErrorCode;
+use skillbox_env::testkit::postgres::PostgresServer;
 use skillbox_store::{
     KeyRecords, Nodes, ObjectOwners, OwnedObject, RecordsDb, RunRecord, RunRecords, StoreError,
 };
@@ -476,16 +477,36 @@ async fn a_sqlite_file_from_before_tenants_is_migrated() {
 #[tokio::test]
 async fn a_database_url_that_cannot_be_served_is_refused_with_its_reason() {
     let refused = |e: StoreError| (e.code(), e.to_string());
-    let (code, text) = refused(
-        RecordsDb::postgres("postgres://u:hunter2@127.0.0.1:1/db?sslmode=require")
-            .await
-            .expect_err("TLS asked"),
-    );
-    assert_eq!(code, ErrorCode::NotSupported, "{text}");
-    assert!(
-        text.contains("sslmode=require") && !text.contains("hunter2"),
-        "{text}"
-    );
+    // A CA file that is not there, or not PEM, is named; so is a CA with TLS not
+    // asked for (it would be read for nothing).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_pem = dir.path().join("not-a-ca.pem");
+    std::fs::write(&not_pem, "hello").expect("write");
+    for (query, names) in [
+        (
+            "sslmode=require&sslrootcert=/nonexistent/ca.pem",
+            "/nonexistent/ca.pem",
+        ),
+        (
+            &format!("sslmode=verify-full&sslrootcert={}", not_pem.display()),
+            &not_pem.display().to_string(),
+        ),
+        (
+            &format!("sslrootcert={}", not_pem.display()),
+            "sslmode=require",
+        ),
+    ] {
+        let (code, text) = refused(
+            RecordsDb::postgres(&format!("postgres://u:hunter2@127.0.0.1:1/db?{query}"))
+                .await
+                .expect_err(query),
+        );
+        assert_eq!(code, ErrorCode::Invalid, "{query}: {text}");
+        assert!(
+            text.contains("sslrootcert") && text.contains(names) && !text.contains("hunter2"),
+            "{query}: {text}"
+        );
+    }
     let (code, text) = refused(
         RecordsDb::postgres("postgres://u@127.0.0.1:99999/db")
             .await
@@ -502,5 +523,142 @@ async fn a_database_url_that_cannot_be_served_is_refused_with_its_reason() {
     assert!(
         text.contains("postgres://u@127.0.0.1:1/db") && !text.contains("hunter2"),
         "{text}"
+    );
+}
+
+/// The `application_name` the TLS tests connect with, to find their connections.
+const TLS_APP: &str = "skillbox-tls-test";
+
+/// Whether each connection the server holds from `app` is over TLS (`t` or `f`, one
+/// a line).
+fn tls_of_connections(server: &PostgresServer, app: &str) -> String {
+    server.psql(&format!(
+        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.application_name = '{app}'"
+    ))
+}
+
+/// `sslmode=require` with the server's CA named: records go over TLS, the server's
+/// certificate and name verified, and the server sees nothing of skillbox's in plain
+/// text; `verify-full` (libpq's) is the same. `prefer` stays plain text.
+#[tokio::test]
+async fn records_go_to_postgres_over_tls_verified_against_the_named_ca() {
+    let test = "records_go_to_postgres_over_tls_verified_against_the_named_ca";
+    let Some(server) = PostgresServer::start_with_tls(test) else {
+        return;
+    };
+    let ca = server
+        .ca_file()
+        .expect("the server's CA")
+        .display()
+        .to_string();
+    for (url, mode) in [
+        (server.url(), "require"),
+        (
+            server.url().replace("127.0.0.1", "localhost"),
+            "verify-full",
+        ),
+    ] {
+        let url = format!("{url}?sslmode={mode}&sslrootcert={ca}&application_name={TLS_APP}");
+        let db = RecordsDb::postgres(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        let records = RunRecords::open(&db, "n1").await.expect("open");
+        records
+            .insert(mode, "t1", "running", "{}")
+            .await
+            .expect("insert");
+        let read = records.get(mode).await.expect("get").expect("the record");
+        assert_eq!(
+            (read.status.as_str(), read.tenant.as_str()),
+            ("running", "t1")
+        );
+        let seen = tls_of_connections(&server, TLS_APP);
+        assert!(
+            !seen.is_empty() && seen.lines().all(|ssl| ssl == "t"),
+            "{url}: {seen:?}"
+        );
+    }
+    let plain = format!(
+        "{}?sslmode=prefer&application_name={TLS_APP}-plain",
+        server.url()
+    );
+    let _db = RecordsDb::postgres(&plain).await.expect("plain");
+    let seen = tls_of_connections(&server, &format!("{TLS_APP}-plain"));
+    assert!(
+        !seen.is_empty() && seen.lines().all(|ssl| ssl == "f"),
+        "{plain}: {seen:?}"
+    );
+}
+
+/// A certificate nobody vouched for, or for another name, is refused: TLS is never
+/// used unverified, and nothing connects.
+#[tokio::test]
+async fn a_postgres_certificate_that_cannot_be_verified_is_refused() {
+    let test = "a_postgres_certificate_that_cannot_be_verified_is_refused";
+    let Some(server) = PostgresServer::start_with_tls(test) else {
+        return;
+    };
+    let ca = server
+        .ca_file()
+        .expect("the server's CA")
+        .display()
+        .to_string();
+    let port = server.port();
+    for (url, why) in [
+        // The CA not named: an issuer nobody trusts.
+        (
+            format!(
+                "{}?sslmode=require&application_name={TLS_APP}",
+                server.url()
+            ),
+            "UnknownIssuer",
+        ),
+        // The CA named, another host's name asked for at the server's address.
+        (
+            format!(
+                "postgres://skillbox:hunter2@db.example:{port}/postgres?hostaddr=127.0.0.1\
+                 &sslmode=require&sslrootcert={ca}&application_name={TLS_APP}"
+            ),
+            "db.example",
+        ),
+    ] {
+        let e = RecordsDb::postgres(&url).await.expect_err(&url);
+        let text = e.to_string();
+        assert_eq!(e.code(), ErrorCode::Unavailable, "{text}");
+        assert!(
+            text.contains("invalid peer certificate")
+                && text.contains(why)
+                && text.contains("sslrootcert")
+                && !text.contains("hunter2"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        tls_of_connections(&server, TLS_APP),
+        "",
+        "nothing connected"
+    );
+}
+
+/// `sslmode=require` at a server without TLS is refused, never served in plain text.
+#[tokio::test]
+async fn tls_asked_of_a_postgres_without_it_is_refused() {
+    let Some(server) = PostgresServer::start("tls_asked_of_a_postgres_without_it_is_refused")
+    else {
+        return;
+    };
+    let url = format!(
+        "{}?sslmode=require&application_name={TLS_APP}",
+        server.url()
+    );
+    let e = RecordsDb::postgres(&url).await.expect_err("no TLS there");
+    let text = e.to_string();
+    assert_eq!(e.code(), ErrorCode::Unavailable, "{text}");
+    assert!(text.contains("server does not support TLS"), "{text}");
+    assert_eq!(
+        tls_of_connections(&server, TLS_APP),
+        "",
+        "nothing connected"
     );
 }
