@@ -17,7 +17,8 @@ pub struct KeysArgs {
 /// The records database of `skillbox serve --db`.
 #[derive(Debug, Args)]
 struct Database {
-    /// The records database the servers share: `postgres://USER:PASSWORD@HOST:PORT/DB`.
+    /// The records database the servers share: `postgres://USER:PASSWORD@HOST:PORT/DB`
+    /// (`?sslmode=require&sslrootcert=CA.pem` for TLS, as with `serve --db`).
     #[arg(long, value_name = "URL", env = "SKILLBOX_DB", hide_env_values = true)]
     db: String,
 }

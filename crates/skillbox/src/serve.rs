@@ -109,8 +109,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "URL")]
     store: Option<String>,
     /// Where records are kept (runs, agent runs, objects' owners, snapshots):
-    /// `postgres://USER:PASSWORD@HOST:PORT/DB` [default: SQLite files in DATA_DIR].
-    /// Several servers may share one database, each with its own --node.
+    /// `postgres://USER:PASSWORD@HOST:PORT/DB` [default: SQLite files in DATA_DIR];
+    /// `?sslmode=require` for TLS, the server's certificate verified against the web
+    /// roots and `&sslrootcert=CA.pem`. Several servers may share one database, each
+    /// with its own --node.
     #[arg(long, value_name = "URL", env = "SKILLBOX_DB", hide_env_values = true)]
     db: Option<String>,
     /// This server's name among those sharing a --db (letters, digits, `-` and `_`, at
