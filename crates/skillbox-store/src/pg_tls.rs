@@ -30,8 +30,6 @@ const MAX_ROOT_CERT_BYTES: u64 = 1024 * 1024;
 pub(crate) struct TlsOptions {
     /// `sslrootcert=PATH`: a PEM file of CA certificates trusted besides the web's.
     pub root_cert: Option<PathBuf>,
-    /// `sslmode=verify-ca` or `verify-full` was given (now `require`).
-    pub verify_mode: bool,
 }
 
 /// `url` without `sslrootcert`, and with `sslmode=verify-ca`/`verify-full` as
@@ -46,10 +44,8 @@ pub(crate) fn take_options(url: &str) -> (String, TlsOptions) {
                 options.root_cert = Some(PathBuf::from(path));
                 Some(None)
             }
-            ("sslmode", "verify-ca" | "verify-full") => {
-                options.verify_mode = true;
-                Some(Some("require".into()))
-            }
+            // Verified as `require` is: the chain and the name, always.
+            ("sslmode", "verify-ca" | "verify-full") => Some(Some("require".into())),
             _ => None,
         }
     };
@@ -312,8 +308,7 @@ mod tests {
         assert_eq!(
             options,
             TlsOptions {
-                root_cert: Some("/etc/ca pg.pem".into()),
-                verify_mode: true
+                root_cert: Some("/etc/ca pg.pem".into())
             }
         );
         let (rest, options) = take_options("postgres://u@db/x?sslrootcert=/ca.pem");
@@ -333,7 +328,6 @@ mod tests {
             "host=db user=u password='a b\\'c' sslmode=require dbname=x"
         );
         assert_eq!(options.root_cert, Some("/etc/my ca.pem".into()));
-        assert!(options.verify_mode);
         // Not pairs at all: left for tokio-postgres to refuse.
         assert_eq!(take_options("host=db 'x").0, "host=db 'x");
         assert_eq!(take_options("nonsense").0, "nonsense");
