@@ -366,7 +366,9 @@ pub async fn run(
     // spend a `once` grant on the attempt.
     let spec = sandbox_spec(capability, project, trust.data_dir())?;
     let selection = outputs(capability)?;
-    let scope = off_the_runtime(|| trust.authorize(capability, project))
+    let scope = trust
+        .authorize(capability, project)
+        .await
         .map_err(|e| EnvError::new(e.code, e.message))?;
     let kind = manifest.environment;
     let host = manifest.environment == Environment::Host;
@@ -375,7 +377,7 @@ pub async fn run(
         Err(e) => {
             // Nothing ran: a `once` grant is given back for the next attempt.
             if scope == Scope::Once
-                && let Err(back) = off_the_runtime(|| trust.grant(capability, Scope::Once, project))
+                && let Err(back) = trust.grant(capability, Scope::Once, project).await
             {
                 tracing::warn!(error = %back, capability = capability.name(), "capability: cannot give a once grant back");
             }

@@ -278,7 +278,9 @@ impl ServiceTable {
         // Worked out before the grant is checked: one that cannot start does not spend a
         // `once` grant.
         let mut spec = crate::router::sandbox_spec(capability, project, trust.data_dir())?;
-        crate::router::off_the_runtime(|| trust.authorize(capability, project))
+        trust
+            .authorize(capability, project)
+            .await
             .map_err(|e| EnvError::new(e.code, e.message))?;
 
         let listen = listen.unwrap_or_else(|| Listen::Unix(self.default_socket(&name)));

@@ -43,6 +43,16 @@ fn capability(root: &Path, dir: &str, manifest: &str, entry: Option<&str>) -> Pa
     dir
 }
 
+/// `work` to its end on this thread (a thread of its own, for calls at once that each
+/// take the grants' lock as a process would).
+fn on_thread<T>(work: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(work)
+}
+
 #[test]
 fn a_manifest_parses_into_its_declared_answers() {
     let m = parse(GOOD).unwrap();
@@ -457,8 +467,8 @@ fn loaded(root: &Path, manifest: &str) -> skillbox_capability::Capability {
 /// A grants write that a killed process left half done (its temp file, named after a
 /// pid this process has now: a server that is pid 1 of its container, restarted) does
 /// not stop this process's grants.
-#[test]
-fn a_grants_write_a_killed_process_left_does_not_block_grants() {
+#[tokio::test]
+async fn a_grants_write_a_killed_process_left_does_not_block_grants() {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let word_count = loaded(root.path(), GOOD);
@@ -469,17 +479,19 @@ fn a_grants_write_a_killed_process_left_does_not_block_grants() {
     let trust = TrustStore::open(data.path());
     trust
         .grant(&word_count, Scope::Project, root.path())
+        .await
         .unwrap();
     assert_eq!(
         TrustStore::open(data.path())
             .authorize(&word_count, root.path())
+            .await
             .unwrap(),
         Scope::Project
     );
 }
 
-#[test]
-fn a_host_capability_never_gets_more_than_a_session() {
+#[tokio::test]
+async fn a_host_capability_never_gets_more_than_a_session() {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let project = root.path();
@@ -488,11 +500,14 @@ fn a_host_capability_never_gets_more_than_a_session() {
         &GOOD.replace("environment: native", "environment: host"),
     );
     let trust = TrustStore::open(data.path());
-    let e = trust.grant(&host, Scope::Project, project).unwrap_err();
+    let e = trust
+        .grant(&host, Scope::Project, project)
+        .await
+        .unwrap_err();
     assert_eq!(e.code, ErrorCode::PermissionDenied);
     assert!(e.message.contains("session at most"), "{e}");
     // Ungranted: refused, naming what it needs and the command.
-    let e = trust.authorize(&host, project).unwrap_err();
+    let e = trust.authorize(&host, project).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::PermissionDenied);
     assert!(e.message.contains("run_capability:host"), "{e}");
     assert!(
@@ -501,17 +516,20 @@ fn a_host_capability_never_gets_more_than_a_session() {
         "{e}"
     );
     // Once: one run, then refused again.
-    trust.grant(&host, Scope::Once, project).unwrap();
-    assert_eq!(trust.authorize(&host, project).unwrap(), Scope::Once);
-    assert!(trust.authorize(&host, project).is_err());
+    trust.grant(&host, Scope::Once, project).await.unwrap();
+    assert_eq!(trust.authorize(&host, project).await.unwrap(), Scope::Once);
+    assert!(trust.authorize(&host, project).await.is_err());
     // Many runs under session grants never turn into a project grant.
-    trust.grant(&host, Scope::Session, project).unwrap();
+    trust.grant(&host, Scope::Session, project).await.unwrap();
     for _ in 0..5 {
-        assert_eq!(trust.authorize(&host, project).unwrap(), Scope::Session);
+        assert_eq!(
+            trust.authorize(&host, project).await.unwrap(),
+            Scope::Session
+        );
     }
     let later = TrustStore::open(data.path());
     assert!(
-        later.authorize(&host, project).is_err(),
+        later.authorize(&host, project).await.is_err(),
         "a session grant outlived its process"
     );
     // A hand-edited project grant for it counts for nothing.
@@ -524,44 +542,49 @@ fn a_host_capability_never_gets_more_than_a_session() {
     assert!(
         TrustStore::open(data.path())
             .authorize(&host, project)
+            .await
             .is_err()
     );
 }
 
-#[test]
-fn project_grants_persist_cover_what_was_declared_and_a_deny_wins() {
+#[tokio::test]
+async fn project_grants_persist_cover_what_was_declared_and_a_deny_wins() {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let project = root.path();
     let native = loaded(root.path(), GOOD);
     let trust = TrustStore::open(data.path());
-    trust.grant(&native, Scope::Project, project).unwrap();
+    trust.grant(&native, Scope::Project, project).await.unwrap();
     let again = TrustStore::open(data.path());
-    assert_eq!(again.authorize(&native, project).unwrap(), Scope::Project);
+    assert_eq!(
+        again.authorize(&native, project).await.unwrap(),
+        Scope::Project
+    );
     // Another project: not granted there.
     let elsewhere = tempfile::tempdir().unwrap();
-    assert!(again.authorize(&native, elsewhere.path()).is_err());
+    assert!(again.authorize(&native, elsewhere.path()).await.is_err());
     // The manifest asks for more than was granted: refused, naming only what is new.
     let greedy = loaded(
         root.path(),
         &GOOD.replace("  - network:none", "  - network:none\n  - run_command:curl"),
     );
-    let e = again.authorize(&greedy, project).unwrap_err();
+    let e = again.authorize(&greedy, project).await.unwrap_err();
     assert!(e.message.contains("needs run_command:curl;"), "{e}");
     // A deny wins over the grant, and lifting it restores it.
-    again.deny("word-count", project).unwrap();
-    let e = again.authorize(&native, project).unwrap_err();
+    again.deny("word-count", project).await.unwrap();
+    let e = again.authorize(&native, project).await.unwrap_err();
     assert!(e.message.contains("denied"), "{e}");
-    again.allow("word-count", project).unwrap();
-    assert!(again.authorize(&native, project).is_ok());
+    again.allow("word-count", project).await.unwrap();
+    assert!(again.authorize(&native, project).await.is_ok());
     // Revoked: gone for every process.
-    assert_eq!(again.revoke("word-count", project).unwrap(), 1);
+    assert_eq!(again.revoke("word-count", project).await.unwrap(), 1);
     assert!(
         TrustStore::open(data.path())
             .authorize(&native, project)
+            .await
             .is_err()
     );
-    let (grants, denied) = again.list(project).unwrap();
+    let (grants, denied) = again.list(project).await.unwrap();
     assert!(grants.is_empty() && denied.is_empty());
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(data.path().join("trust.json"))
@@ -574,8 +597,8 @@ fn project_grants_persist_cover_what_was_declared_and_a_deny_wins() {
 /// A grant covers the hosts a manifest's `network` allowed when it was granted: a new
 /// host, or a `deny` entry dropped (which reaches more), needs a new grant; one more
 /// `deny` entry (which reaches less) does not.
-#[test]
-fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
+#[tokio::test]
+async fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let project = root.path();
@@ -593,16 +616,22 @@ fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
     assert_eq!(policy.allow, ["*.example.org"]);
     assert_eq!(policy.deny, ["secret.example.org"]);
     let trust = TrustStore::open(data.path());
-    trust.grant(&fetcher, Scope::Project, project).unwrap();
-    assert_eq!(trust.authorize(&fetcher, project).unwrap(), Scope::Project);
+    trust
+        .grant(&fetcher, Scope::Project, project)
+        .await
+        .unwrap();
+    assert_eq!(
+        trust.authorize(&fetcher, project).await.unwrap(),
+        Scope::Project
+    );
 
     let wider = with("  allow: [\"*.example.org\", pypi.org]\n  deny: [secret.example.org]\n");
-    let e = trust.authorize(&wider, project).unwrap_err();
+    let e = trust.authorize(&wider, project).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::PermissionDenied);
     assert!(e.message.contains("needs network:allow:pypi.org;"), "{e}");
 
     let undenied = with("  allow: [\"*.example.org\"]\n");
-    let e = trust.authorize(&undenied, project).unwrap_err();
+    let e = trust.authorize(&undenied, project).await.unwrap_err();
     assert!(
         e.message
             .contains("network:deny:secret.example.org no longer declared"),
@@ -611,7 +640,10 @@ fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
 
     let narrower =
         with("  allow: [\"*.example.org\"]\n  deny: [secret.example.org, a.example.org]\n");
-    assert_eq!(trust.authorize(&narrower, project).unwrap(), Scope::Project);
+    assert_eq!(
+        trust.authorize(&narrower, project).await.unwrap(),
+        Scope::Project
+    );
 
     // An empty section is no network, as none is: nothing to grant beyond running.
     let none = with("  allow: []\n");
@@ -622,16 +654,19 @@ fn a_grant_covers_the_network_it_was_given_for_and_no_more() {
 /// host directory it sees, a variable passed in from the caller (a secret, say), and
 /// serving. Each is named among what it needs, and a grant given without it does not
 /// cover it.
-#[test]
-fn a_grant_covers_the_volumes_variables_and_serving_it_was_given_for_and_no_more() {
+#[tokio::test]
+async fn a_grant_covers_the_volumes_variables_and_serving_it_was_given_for_and_no_more() {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let shared = tempfile::tempdir().unwrap();
     let project = root.path();
     let plain = loaded(root.path(), &GOOD.replace("env: [LANG]\n", ""));
     let trust = TrustStore::open(data.path());
-    trust.grant(&plain, Scope::Project, project).unwrap();
-    assert_eq!(trust.authorize(&plain, project).unwrap(), Scope::Project);
+    trust.grant(&plain, Scope::Project, project).await.unwrap();
+    assert_eq!(
+        trust.authorize(&plain, project).await.unwrap(),
+        Scope::Project
+    );
 
     let volume = format!(
         "volumes:\n  - host: {}\n    sandbox: /shared\n",
@@ -647,16 +682,22 @@ fn a_grant_covers_the_volumes_variables_and_serving_it_was_given_for_and_no_more
         needs.contains(&seen) && needs.contains(&"env:API_TOKEN".to_string()),
         "{needs:?}"
     );
-    let e = trust.authorize(&peeking, project).unwrap_err();
+    let e = trust.authorize(&peeking, project).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::PermissionDenied);
     assert!(
         e.message.contains(&format!("needs env:API_TOKEN, {seen};")),
         "{e}"
     );
     // Granted with them, it runs; the grant lists them.
-    let grant = trust.grant(&peeking, Scope::Project, project).unwrap();
+    let grant = trust
+        .grant(&peeking, Scope::Project, project)
+        .await
+        .unwrap();
     assert!(grant.covers.contains(&seen), "{:?}", grant.covers);
-    assert_eq!(trust.authorize(&peeking, project).unwrap(), Scope::Project);
+    assert_eq!(
+        trust.authorize(&peeking, project).await.unwrap(),
+        Scope::Project
+    );
 
     // A oneshot granted, then declared persistent: serving is new.
     let serving = loaded(
@@ -665,15 +706,15 @@ fn a_grant_covers_the_volumes_variables_and_serving_it_was_given_for_and_no_more
             .replace("env: [LANG]\n", &format!("{volume}env: [API_TOKEN]\n"))
             .replace("lifecycle: oneshot", "lifecycle: persistent\nport: 8080"),
     );
-    let e = trust.authorize(&serving, project).unwrap_err();
+    let e = trust.authorize(&serving, project).await.unwrap_err();
     assert!(e.message.contains("needs lifecycle:persistent;"), "{e}");
 }
 
 /// Two processes sharing a data dir (the CLI beside a server: two stores here, each
 /// with its own in-process lock) change the grants file at once: no grant or deny is
 /// lost, and one `once` grant runs one call between them.
-#[test]
-fn two_processes_changing_the_grants_at_once_lose_nothing() {
+#[tokio::test]
+async fn two_processes_changing_the_grants_at_once_lose_nothing() {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let project = root.path();
@@ -691,25 +732,25 @@ fn two_processes_changing_the_grants_at_once_lose_nothing() {
     std::thread::scope(|s| {
         for (i, capability) in capabilities.iter().enumerate() {
             let store = if i % 2 == 0 { &one } else { &two };
-            s.spawn(move || store.grant(capability, Scope::Project, project).unwrap());
+            s.spawn(move || on_thread(store.grant(capability, Scope::Project, project)).unwrap());
         }
         for (i, name) in names.iter().enumerate() {
             let store = if i % 2 == 0 { &two } else { &one };
-            s.spawn(move || store.deny(name, project).unwrap());
+            s.spawn(move || on_thread(store.deny(name, project)).unwrap());
         }
     });
-    let (grants, denied) = TrustStore::open(data.path()).list(project).unwrap();
+    let (grants, denied) = TrustStore::open(data.path()).list(project).await.unwrap();
     assert_eq!(grants.len(), names.len(), "grants were lost: {grants:#?}");
     assert_eq!(denied.len(), names.len(), "denies were lost: {denied:?}");
 
     let native = loaded(root.path(), GOOD);
     let native = &native;
     for _ in 0..20 {
-        one.grant(native, Scope::Once, project).unwrap();
+        one.grant(native, Scope::Once, project).await.unwrap();
         let allowed = std::thread::scope(|s| {
             let calls: Vec<_> = [&one, &two, &one, &two]
                 .into_iter()
-                .map(|store| s.spawn(move || store.authorize(native, project)))
+                .map(|store| s.spawn(move || on_thread(store.authorize(native, project))))
                 .collect();
             calls
                 .into_iter()
@@ -726,8 +767,8 @@ fn two_processes_changing_the_grants_at_once_lose_nothing() {
 
 /// A process that holds the grants' lock (stopped mid-change, say) makes a change fail
 /// after a bounded wait, naming the lock, instead of hanging every other process.
-#[test]
-fn a_held_grants_lock_fails_a_change_in_bounded_time() {
+#[tokio::test]
+async fn a_held_grants_lock_fails_a_change_in_bounded_time() {
     use std::os::fd::AsFd;
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
@@ -742,6 +783,7 @@ fn a_held_grants_lock_fails_a_change_in_bounded_time() {
     let started = std::time::Instant::now();
     let e = TrustStore::open(data.path())
         .grant(&native, Scope::Project, root.path())
+        .await
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Unavailable, "{e}");
     assert!(e.message.contains("trust.lock"), "{e}");
@@ -749,23 +791,24 @@ fn a_held_grants_lock_fails_a_change_in_bounded_time() {
     drop(lock);
     TrustStore::open(data.path())
         .grant(&native, Scope::Project, root.path())
+        .await
         .unwrap();
 }
 
 /// A server authorizes many calls at once: one `once` grant still runs one of them, and
 /// the grants file stays whole.
-#[test]
-fn a_once_grant_is_used_up_by_one_of_many_calls_at_once() {
+#[tokio::test]
+async fn a_once_grant_is_used_up_by_one_of_many_calls_at_once() {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let project = root.path();
     let native = loaded(root.path(), GOOD);
     let trust = TrustStore::open(data.path());
     for _ in 0..20 {
-        trust.grant(&native, Scope::Once, project).unwrap();
+        trust.grant(&native, Scope::Once, project).await.unwrap();
         let allowed = std::thread::scope(|s| {
             let calls: Vec<_> = (0..8)
-                .map(|_| s.spawn(|| trust.authorize(&native, project)))
+                .map(|_| s.spawn(|| on_thread(trust.authorize(&native, project))))
                 .collect();
             calls
                 .into_iter()
@@ -799,4 +842,112 @@ fn a_missing_name_says_what_did_not_load_under_it() {
         registry.missing("nope"),
         "no capability \"nope\"; have: word-count"
     );
+}
+
+/// Grants kept in a records database, as servers sharing it (`serve --db`) and
+/// `skillbox cap --db` keep them: what one node grants, denies or revokes, the other
+/// decides by, the ceiling holds as in a file, and one `once` grant runs one call of
+/// many at once across both nodes.
+async fn grants_in_a_database_hold_for_every_node(
+    one: skillbox_store::RecordsDb,
+    two: skillbox_store::RecordsDb,
+) {
+    use skillbox_capability::Standing;
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let project = root.path();
+    let native = loaded(root.path(), GOOD);
+    let host = loaded(
+        root.path(),
+        &GOOD
+            .replace("environment: native", "environment: host")
+            .replace("name: word-count", "name: on-host"),
+    );
+    let node = |records: &skillbox_store::RecordsDb| {
+        TrustStore::in_records(
+            data.path(),
+            skillbox_store::GrantRecords::open(records).unwrap(),
+        )
+    };
+    let (a, b) = (node(&one), node(&two));
+    let e = b.authorize(&native, project).await.unwrap_err();
+    assert!(e.message.contains("is not granted"), "{e}");
+    a.grant(&native, Scope::Project, project).await.unwrap();
+    assert_eq!(b.authorize(&native, project).await.unwrap(), Scope::Project);
+    assert_eq!(
+        b.standing(&native, project).await.unwrap(),
+        Standing::Granted(Scope::Project)
+    );
+    // Granted again: one grant, not two.
+    b.grant(&native, Scope::Project, project).await.unwrap();
+    assert_eq!(a.list(project).await.unwrap().0.len(), 1);
+    // Another project: nothing there; and nothing of it reached the data dir.
+    let elsewhere = tempfile::tempdir().unwrap();
+    assert!(a.authorize(&native, elsewhere.path()).await.is_err());
+    assert!(!data.path().join("trust.json").exists());
+    // A deny on one node wins on the other, and lifting it there restores the grant.
+    b.deny("word-count", project).await.unwrap();
+    let e = a.authorize(&native, project).await.unwrap_err();
+    assert!(e.message.contains("denied"), "{e}");
+    assert_eq!(
+        a.standing(&native, project).await.unwrap(),
+        Standing::Denied
+    );
+    a.allow("word-count", project).await.unwrap();
+    assert!(b.authorize(&native, project).await.is_ok());
+    // A host capability: never above a session, database or not.
+    let e = a.grant(&host, Scope::Project, project).await.unwrap_err();
+    assert!(e.message.contains("session at most"), "{e}");
+    // One once grant, eight calls at once on two nodes: one runs.
+    for _ in 0..10 {
+        a.grant(&host, Scope::Once, project).await.unwrap();
+        let calls = (0..8).map(|i| {
+            let store = if i % 2 == 0 { &a } else { &b };
+            store.authorize(&host, project)
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let ran = results
+            .iter()
+            .filter(|r| match r {
+                Ok(scope) => *scope == Scope::Once,
+                Err(e) => {
+                    assert_eq!(e.code, ErrorCode::PermissionDenied, "{e}");
+                    false
+                }
+            })
+            .count();
+        assert_eq!(ran, 1, "one once grant ran {ran} calls: {results:?}");
+    }
+    // A session grant stays with its node.
+    a.grant(&host, Scope::Session, project).await.unwrap();
+    assert_eq!(a.authorize(&host, project).await.unwrap(), Scope::Session);
+    assert!(b.authorize(&host, project).await.is_err());
+    // Revoked on one node: refused on both.
+    assert_eq!(b.revoke("word-count", project).await.unwrap(), 1);
+    assert!(a.authorize(&native, project).await.is_err());
+    assert!(b.authorize(&native, project).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_in_postgres_hold_for_every_node() {
+    let test = "grants_in_postgres_hold_for_every_node";
+    let Some(server) = skillbox_env::testkit::postgres::PostgresServer::start(test) else {
+        return;
+    };
+    let connect = || async {
+        skillbox_store::RecordsDb::postgres(&server.url())
+            .await
+            .expect("connect")
+    };
+    grants_in_a_database_hold_for_every_node(connect().await, connect().await).await;
+}
+
+#[tokio::test]
+async fn grants_in_sqlite_hold_for_every_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    grants_in_a_database_hold_for_every_node(
+        skillbox_store::RecordsDb::sqlite(dir.path()),
+        skillbox_store::RecordsDb::sqlite(dir.path()),
+    )
+    .await;
 }

@@ -66,29 +66,30 @@ async fn blocking<T: Send + 'static>(
     })
 }
 
-fn listed(
+async fn listed(
     registry: &CapabilityRegistry,
     trust: &TrustStore,
     project: &std::path::Path,
 ) -> CapabilityList {
     let mut unreadable = None;
-    let capabilities = registry
-        .iter()
-        .map(|c| CapabilityInfo {
+    let mut capabilities = Vec::new();
+    for c in registry.iter() {
+        let grant = match trust.standing(c, project).await {
+            Ok(standing) => standing.describe().to_string(),
+            Err(e) => {
+                unreadable.get_or_insert(e.message);
+                "unknown".to_string()
+            }
+        };
+        capabilities.push(CapabilityInfo {
             name: c.name().to_string(),
             description: c.manifest.description.clone(),
             version: c.manifest.version.clone(),
             environment: c.manifest.environment,
             lifecycle: c.manifest.lifecycle.as_str().to_string(),
-            grant: match trust.standing(c, project) {
-                Ok(standing) => standing.describe().to_string(),
-                Err(e) => {
-                    unreadable.get_or_insert(e.message);
-                    "unknown".to_string()
-                }
-            },
-        })
-        .collect();
+            grant,
+        });
+    }
     let mut errors: Vec<String> = registry.errors().iter().map(ToString::to_string).collect();
     errors.extend(unreadable);
     CapabilityList {
@@ -108,16 +109,9 @@ fn listed(
 )]
 pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<CapabilityList>, Failure> {
     let config = state.config.capabilities.clone();
-    let trust = state.trust.clone();
-    let list = blocking(move || {
-        listed(
-            &CapabilityRegistry::load(&config.roots),
-            &trust,
-            &config.project,
-        )
-    })
-    .await?;
-    Ok(Json(list))
+    let roots = config.roots.clone();
+    let registry = blocking(move || CapabilityRegistry::load(&roots)).await?;
+    Ok(Json(listed(&registry, &state.trust, &config.project).await))
 }
 
 /// The call a request asks for: its stdin decoded, its files checked as `POST /v1/run`

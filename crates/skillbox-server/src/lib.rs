@@ -158,6 +158,16 @@ pub async fn serve_on_with(
     let mut state = AppState::new(config, runner, owners, shutdown.child_token());
     state.extensions = extensions(&state);
     tokio::spawn(keep_within_retention(state.clone(), shutdown.clone()));
+    // On a shared database, capability grants are the database's: every node decides
+    // alike, and a `once` grant is used up by one run of all.
+    if let records @ skillbox_store::RecordsDb::Postgres(_) = state.runner.records() {
+        let grants = skillbox_store::GrantRecords::open(records)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        state.trust = Arc::new(skillbox_capability::TrustStore::in_records(
+            state.runner.data_dir(),
+            grants,
+        ));
+    }
     // Beside other nodes on a shared database: say this one is alive, close the runs
     // of one that has gone silent, forward requests for another's sessions.
     if let (Some(agents), records @ skillbox_store::RecordsDb::Postgres(_)) =

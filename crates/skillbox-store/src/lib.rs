@@ -7,6 +7,7 @@ mod budget;
 mod collect;
 mod db;
 mod error;
+mod grants;
 mod keys;
 mod nodes;
 mod owners;
@@ -22,6 +23,7 @@ pub use collect::{
 };
 pub use db::{Db, Engine, RecordsDb};
 pub use error::{CollectLimit, StoreError};
+pub use grants::{GrantRecords, KeptGrant};
 pub use keys::{KEY_ID_DIGITS, KeyRecord, KeyRecords};
 pub use nodes::{Nodes, SilentNode};
 pub use owners::{ObjectOwners, OwnedObject};
@@ -33,8 +35,9 @@ pub use snapshots::{
     restore as restore_snapshot, save as save_snapshot, scope_id,
 };
 /// Every component's schema: what a Postgres database is brought up to when connected.
-pub(crate) const ALL_SCHEMAS: [&db::Schema; 6] = [
+pub(crate) const ALL_SCHEMAS: [&db::Schema; 7] = [
     &records::SCHEMA,
+    &grants::SCHEMA,
     &keys::SCHEMA,
     &owners::SCHEMA,
     &snapshots::SCHEMA,

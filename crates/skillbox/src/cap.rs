@@ -19,6 +19,16 @@ pub struct CapArgs {
     /// <data>/capabilities.
     #[arg(long = "root", global = true, value_name = "DIR")]
     roots: Vec<PathBuf>,
+    /// Keep and read grants in the records database `skillbox serve --db` nodes share
+    /// (`postgres://…`) instead of the data dir: what is granted there, every node runs.
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "SKILLBOX_DB",
+        hide_env_values = true
+    )]
+    db: Option<String>,
     #[command(subcommand)]
     command: CapCommand,
 }
@@ -152,11 +162,17 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
     let mut roots = vec![project.join("capabilities"), data_dir.join("capabilities")];
     roots.extend(args.roots.iter().cloned());
     let registry = CapabilityRegistry::load(&roots);
-    let trust = TrustStore::open(data_dir);
-    let granted = |capability: &Capability| -> String {
-        match trust.standing(capability, &project) {
-            Ok(standing) => standing.describe().to_string(),
-            Err(e) => e.message,
+    let trust = match &args.db {
+        None => TrustStore::open(data_dir),
+        Some(url) => {
+            let grants = match skillbox_store::RecordsDb::postgres(url)
+                .await
+                .and_then(|records| skillbox_store::GrantRecords::open(&records))
+            {
+                Ok(grants) => grants,
+                Err(e) => return failed(&e.to_string()),
+            };
+            TrustStore::in_records(data_dir, grants)
         }
     };
     match args.command {
@@ -218,6 +234,8 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
             .await
         }
         CapCommand::List { json } => {
+            let standings = standings(&trust, registry.iter(), &project).await;
+            let granted = |c: &Capability| standings.get(c.name()).cloned().unwrap_or_default();
             if json {
                 let list: Vec<serde_json::Value> = registry
                     .iter()
@@ -259,6 +277,8 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return usage(&e),
             };
+            let standings = standings(&trust, [capability], &project).await;
+            let granted = |c: &Capability| standings.get(c.name()).cloned().unwrap_or_default();
             let shown = serde_json::json!({
                 "manifest": capability.manifest,
                 "dir": capability.dir,
@@ -281,7 +301,7 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
                 GrantScope::Once => Scope::Once,
                 GrantScope::Project => Scope::Project,
             };
-            match trust.grant(capability, scope, &project) {
+            match trust.grant(capability, scope, &project).await {
                 Ok(grant) => {
                     eprintln!(
                         "skillbox cap: granted {name} ({}) in {}: {}",
@@ -294,7 +314,7 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
                 Err(e) => usage(&e.message),
             }
         }
-        CapCommand::Revoke { name } => match trust.revoke(&name, &project) {
+        CapCommand::Revoke { name } => match trust.revoke(&name, &project).await {
             Ok(n) => {
                 eprintln!(
                     "skillbox cap: revoked {n} grant(s) of {name} in {}",
@@ -304,15 +324,33 @@ pub async fn run(args: CapArgs, data_dir: &Path) -> ExitCode {
             }
             Err(e) => failed(&e.message),
         },
-        CapCommand::Deny { name } => match trust.deny(&name, &project) {
+        CapCommand::Deny { name } => match trust.deny(&name, &project).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => failed(&e.message),
         },
-        CapCommand::Allow { name } => match trust.allow(&name, &project) {
+        CapCommand::Allow { name } => match trust.allow(&name, &project).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => failed(&e.message),
         },
     }
+}
+
+/// Where each of `capabilities` stands in `project`, by name (the error's message
+/// when that cannot be read).
+async fn standings<'a>(
+    trust: &TrustStore,
+    capabilities: impl IntoIterator<Item = &'a Capability>,
+    project: &Path,
+) -> std::collections::HashMap<String, String> {
+    let mut standings = std::collections::HashMap::new();
+    for c in capabilities {
+        let standing = match trust.standing(c, project).await {
+            Ok(standing) => standing.describe().to_string(),
+            Err(e) => e.message,
+        };
+        standings.insert(c.name().to_string(), standing);
+    }
+    standings
 }
 
 struct Call {

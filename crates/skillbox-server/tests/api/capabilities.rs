@@ -74,17 +74,19 @@ async fn serve(roots: Vec<PathBuf>, keys: Option<Arc<ApiKeys>>) -> Served {
 
 impl Served {
     /// Grants `name` as `skillbox cap grant` does: through the trust store of the data dir.
-    fn grant(&self, name: &str, scope: Scope) {
+    async fn grant(&self, name: &str, scope: Scope) {
         let registry = CapabilityRegistry::load(&self.roots);
         TrustStore::open(self.data.path())
             .grant(registry.get(name).unwrap(), scope, &self.project)
+            .await
             .unwrap();
     }
 
-    fn standing(&self, name: &str) -> Standing {
+    async fn standing(&self, name: &str) -> Standing {
         let registry = CapabilityRegistry::load(&self.roots);
         TrustStore::open(self.data.path())
             .standing(registry.get(name).unwrap(), &self.project)
+            .await
             .unwrap()
     }
 
@@ -166,8 +168,8 @@ async fn capabilities_are_listed_with_their_grants_and_what_did_not_load() {
     );
 
     // A grant shows; a host one at its ceiling as given.
-    served.grant("word-count", Scope::Project);
-    served.grant("git-report", Scope::Once);
+    served.grant("word-count", Scope::Project).await;
+    served.grant("git-report", Scope::Once).await;
     let list = served.list().await;
     assert_eq!(listed(&list, "word-count")["grant"], "project");
     assert_eq!(listed(&list, "git-report")["grant"], "once");
@@ -243,7 +245,7 @@ async fn a_capability_runs_over_http_only_once_granted() {
         "{message}"
     );
 
-    served.grant("word-count", Scope::Project);
+    served.grant("word-count", Scope::Project).await;
     let (status, ran) = served.call("word-count", &body).await;
     assert_eq!(status, 200, "{ran}");
     assert_eq!(ran["capability"], "word-count");
@@ -314,7 +316,7 @@ async fn a_read_write_volume_over_the_project_s_capabilities_is_refused_over_htt
     owned(&capabilities);
     owned(&served.project.join("notes"));
     for name in ["planter", "scribe"] {
-        served.grant(name, Scope::Project);
+        served.grant(name, Scope::Project).await;
     }
     let (status, refused) = served.call("planter", &json!({})).await;
     assert_eq!(status, 403, "{refused}");
@@ -360,7 +362,7 @@ async fn a_once_grant_runs_one_capability_call_with_its_stdin() {
         return;
     }
     let served = serve(vec![examples()], None).await;
-    served.grant("fmt-json", Scope::Once);
+    served.grant("fmt-json", Scope::Once).await;
     let body = json!({"stdin": "{\"b\": [1, 2], \"a\": true}"});
     let (status, ran) = served.call("fmt-json", &body).await;
     assert_eq!(status, 200, "{ran}");
@@ -371,7 +373,7 @@ async fn a_once_grant_runs_one_capability_call_with_its_stdin() {
     );
     assert_eq!(ran["files"], json!([]), "no write_file, no file");
     // The same bytes as base64.
-    served.grant("fmt-json", Scope::Once);
+    served.grant("fmt-json", Scope::Once).await;
     let (status, ran) = served
         .call(
             "fmt-json",
@@ -383,7 +385,7 @@ async fn a_once_grant_runs_one_capability_call_with_its_stdin() {
     // Used up.
     let (status, refused) = served.call("fmt-json", &body).await;
     assert_eq!(status, 403, "a once grant ran twice: {refused}");
-    assert_eq!(served.standing("fmt-json"), Standing::NotGranted);
+    assert_eq!(served.standing("fmt-json").await, Standing::NotGranted);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,7 +393,7 @@ async fn a_host_capability_is_never_run_over_http() {
     let served = serve(vec![examples()], None).await;
     for granted in [false, true] {
         if granted {
-            served.grant("git-report", Scope::Once);
+            served.grant("git-report", Scope::Once).await;
         }
         let (status, refused) = served.call("git-report", &json!({})).await;
         assert_eq!(status, 403, "{refused}");
@@ -405,7 +407,7 @@ async fn a_host_capability_is_never_run_over_http() {
     }
     // The CLI's once grant is still there for the CLI.
     assert_eq!(
-        served.standing("git-report"),
+        served.standing("git-report").await,
         Standing::Granted(Scope::Once)
     );
 }
@@ -517,7 +519,7 @@ async fn docker_capability_child() {
         "run through a_docker_capability_without_a_daemon_is_unavailable"
     );
     let served = serve(vec![examples()], None).await;
-    served.grant("csv-summary", Scope::Project);
+    served.grant("csv-summary", Scope::Project).await;
     let (status, body) = served
         .call(
             "csv-summary",
@@ -565,7 +567,7 @@ async fn a_persistent_capability_is_started_listed_and_stopped_and_ends_with_the
     let (status, refused) = start("git-report").await;
     assert_eq!(status, 403, "a host capability never over HTTP: {refused}");
 
-    served.grant("http-notes", Scope::Project);
+    served.grant("http-notes", Scope::Project).await;
     let (status, info) = start("http-notes").await;
     assert_eq!(status, 200, "{info}");
     assert_eq!(info["state"], "ready");
@@ -677,7 +679,7 @@ async fn services_belong_to_their_tenant_and_names_are_never_paths() {
     let keys =
         Arc::new(ApiKeys::from_pairs(&format!("ana={},bob={}", tokens[0], tokens[1])).unwrap());
     let served = serve(vec![examples()], Some(keys)).await;
-    served.grant("http-notes", Scope::Project);
+    served.grant("http-notes", Scope::Project).await;
     let as_tenant = |token: &str, method: reqwest::Method, path: &str| {
         served
             .server
