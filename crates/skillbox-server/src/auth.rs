@@ -78,10 +78,6 @@ fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-fn hex(hash: &[u8; 32]) -> String {
-    hash.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn parse_hex32(text: &str) -> Option<[u8; 32]> {
     if text.len() != 64 {
         return None;
@@ -188,7 +184,7 @@ impl ApiKeys {
             (Some(tenant), _) => Ok(Some(tenant)),
             (None, None) => Ok(None),
             (None, Some(shared)) => Ok(shared
-                .tenant_of(&hex(&presented))
+                .tenant_of(&skillbox_store::sha256_hex(token.as_bytes()))
                 .await?
                 .map(|t| Tenant(t.into()))),
         }
@@ -199,7 +195,7 @@ impl ApiKeys {
         check_tenant(tenant)?;
         let secret = skillbox_protocol::random::hex(32).map_err(|e| format!("a new key: {e}"))?;
         let token = format!("sbx_{secret}");
-        let digest = hex(&hash(&token));
+        let digest = skillbox_store::sha256_hex(token.as_bytes());
         Ok((token, digest))
     }
 

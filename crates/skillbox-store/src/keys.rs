@@ -50,10 +50,6 @@ pub(crate) const SCHEMA: Schema = Schema {
     }],
 };
 
-fn is_digest(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
 impl KeyRecords {
     /// The keys' table (`<data>/keys.sqlite` on SQLite).
     pub fn open(at: &RecordsDb) -> Result<Self, StoreError> {
@@ -68,7 +64,7 @@ impl KeyRecords {
     /// Keeps the key whose token hashes to `digest` (64 lowercase hex digits) for
     /// `tenant`, and returns its id.
     pub async fn add(&self, tenant: &str, digest: &str) -> Result<String, StoreError> {
-        if !is_digest(digest) {
+        if !crate::is_sha256_hex(digest) {
             return Err(StoreError::InvalidRecord {
                 what: "an API key's hash".into(),
                 reason: "not 64 lowercase hex digits".into(),
@@ -133,7 +129,8 @@ impl KeyRecords {
             });
         }
         // Compared on the prefix itself, not with LIKE: the id is all hex digits, and
-        // substr reads the same on both engines.
+        // substr reads the same on both engines. Its length is KEY_ID_DIGITS:
+        const _: () = assert!(KEY_ID_DIGITS == 16, "the statement below takes 16 digits");
         let removed = self
             .db
             .execute(
